@@ -1,0 +1,71 @@
+// Options for communicators and single operations.
+// Default values come from the built-in defaults, overridden by HOLDFAST_*
+// environment variables (see docs/configuration.md); a field set in code wins
+// over both. Plain structs: copy them freely; not shared between threads.
+#ifndef HOLDFAST_OPTIONS_H_
+#define HOLDFAST_OPTIONS_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/time/time.h"
+
+namespace holdfast {
+
+class Clock;
+
+// Defaults after environment overrides. Each reads its variable once.
+namespace defaults {
+absl::Duration OpTimeout();          // HOLDFAST_TIMEOUT_MS (60000)
+absl::Duration ConnectTimeout();     // HOLDFAST_CONNECT_TIMEOUT_MS (60000)
+absl::Duration WatchdogInterval();   // HOLDFAST_WATCHDOG_INTERVAL_MS (10)
+size_t TraceCapacity();              // HOLDFAST_TRACE_CAPACITY (4096)
+std::string TraceDir();              // HOLDFAST_TRACE_DIR ("": no file dump)
+std::string BindAddress();           // HOLDFAST_BIND_ADDR ("127.0.0.1")
+std::string Interface();             // HOLDFAST_IFACE ("": use BindAddress)
+}  // namespace defaults
+
+struct CommunicatorOptions {
+  // This process's rank in [0, size) and the group size (>= 1).
+  int rank = -1;
+  int size = 0;
+  // The membership generation this communicator belongs to. Rendezvous keys,
+  // trace records and abort notices carry it.
+  int64_t generation = 0;
+
+  // Deadline of an operation that sets none itself, counted from the moment
+  // it is issued.
+  absl::Duration timeout = defaults::OpTimeout();
+  // Deadline for all ranks to meet and connect in Create().
+  absl::Duration connect_timeout = defaults::ConnectTimeout();
+  // How often the watchdog looks at in-flight deadlines.
+  absl::Duration watchdog_interval = defaults::WatchdogInterval();
+
+  // Where the transport listens: an address or host name, or a network
+  // interface name (which wins when set).
+  std::string bind_address = defaults::BindAddress();
+  std::string interface = defaults::Interface();
+
+  // Entries in the per-rank trace ring, and a directory to write the ring to
+  // as JSON when the communicator aborts ("" writes no file).
+  size_t trace_capacity = defaults::TraceCapacity();
+  std::string trace_dir = defaults::TraceDir();
+
+  // Clock for deadlines and trace timestamps; null means the real clock.
+  // Not owned; must outlive the communicator.
+  Clock* clock = nullptr;
+};
+
+struct OpOptions {
+  // Deadline of this operation; zero or negative means the communicator's
+  // default.
+  absl::Duration timeout = absl::ZeroDuration();
+  // Send/Recv only: a user tag; a Send matches the Recv with the same tag,
+  // count and dtype.
+  uint32_t tag = 0;
+};
+
+}  // namespace holdfast
+
+#endif  // HOLDFAST_OPTIONS_H_

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Installs holdfast's system dependencies from Debian packages (idempotent,
+# non-interactive), then configures and builds into build/.
+#
+#   scripts/setup.sh [--no-build] [--build-type Release|Debug|RelWithDebInfo]
+#                    [--sanitize address|thread]
+#
+# Environment: BUILD_DIR (default build), CMAKE_ARGS (extra CMake flags),
+# HOLDFAST_WITH_NCCL (AUTO|ON|OFF, default AUTO).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+build=1
+build_type=Release
+sanitize=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --no-build) build=0 ;;
+    --build-type) build_type="$2"; shift ;;
+    --sanitize) sanitize="$2"; shift ;;
+    -h|--help) sed -n 2,10p "$0"; exit 0 ;;
+    *) echo "setup.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+packages=(
+  build-essential cmake ninja-build pkg-config git
+  libgloo-dev libabsl-dev catch2 pybind11-dev
+  libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
+  libtorch-dev python3-torch python3-dev python3-pytest python3-numpy
+  nlohmann-json3-dev libxxhash-dev libcli11-dev libspdlog-dev libfmt-dev
+  clang-format
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup.sh: installing ${missing[*]}"
+  sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  # Update the package lists only when they are absent or older than a day.
+  if [ -z "$(find /var/lib/apt/lists -maxdepth 1 -name '*Packages*' -mtime -1 2>/dev/null | head -1)" ]; then
+    $sudo apt-get update -q
+  fi
+  if ! $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"; then
+    # A stale list can name versions the mirror no longer has: refresh once.
+    $sudo apt-get update -q
+    $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+  fi
+fi
+
+[ "$build" -eq 1 ] || exit 0
+
+build_dir="${BUILD_DIR:-build}"
+flags=(-G Ninja -DCMAKE_BUILD_TYPE="$build_type"
+       -DHOLDFAST_WITH_NCCL="${HOLDFAST_WITH_NCCL:-AUTO}")
+[ -n "$sanitize" ] && flags+=(-DHOLDFAST_SANITIZE="$sanitize")
+# shellcheck disable=SC2206
+[ -n "${CMAKE_ARGS:-}" ] && flags+=(${CMAKE_ARGS})
+cmake -S . -B "$build_dir" "${flags[@]}"
+cmake --build "$build_dir" -j "$(nproc)"

@@ -1,0 +1,77 @@
+// Backend: one communicator of one generation over a concrete transport
+// (Gloo TCP now, NCCL later). Created from a rendezvous store, rank and size.
+// Backends know nothing of the controller, deadlines' policy or tracing:
+// src/comm/ layers those on top.
+//
+// Threading: Run is called from one thread at a time (the communicator's
+// worker). Abort may be called from any thread, concurrently with Run.
+#ifndef HOLDFAST_SRC_BACKEND_BACKEND_H_
+#define HOLDFAST_SRC_BACKEND_BACKEND_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include "absl/strings/string_view.h"
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "holdfast/store.h"
+#include "holdfast/types.h"
+
+namespace holdfast::backend {
+
+// One operation, already validated by the communicator.
+struct OpSpec {
+  OpType type = OpType::kBarrier;
+  const void* send = nullptr;  // AllGather, ReduceScatter, AllToAll, Send
+  void* recv = nullptr;        // everything else, and the in-place ops
+  size_t count = 0;            // as in the Communicator call
+  DataType dtype = DataType::kFloat32;
+  ReduceOp reduce = ReduceOp::kSum;
+  int peer = -1;               // Broadcast root, Send/Recv peer
+  // Matching tag: derived from the op's signature, so operations that differ
+  // across ranks never match each other (they time out instead of
+  // exchanging bytes of the wrong size).
+  uint32_t tag = 0;
+  // Transport-level time limit; a safety net behind the watchdog.
+  absl::Duration timeout = absl::Seconds(60);
+};
+
+struct BackendOptions {
+  int rank = 0;
+  int size = 1;
+  int64_t generation = 0;
+  std::string bind_address;
+  std::string interface;
+  absl::Duration connect_timeout = absl::Seconds(60);
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual absl::string_view name() const = 0;
+
+  // Runs `op` to completion. Errors: Unavailable when a peer's connection is
+  // lost (the peer's rank attached with SetPeer when known), DeadlineExceeded
+  // when the transport's own time limit passes, Aborted after Abort(),
+  // Internal for a transport bug.
+  virtual absl::Status Run(const OpSpec& op) = 0;
+
+  // Makes a Run in progress return within milliseconds and every later Run
+  // fail with Aborted. Closes the connections, so peers blocked on this rank
+  // see the loss at once. Idempotent.
+  virtual void Abort(absl::string_view reason) = 0;
+};
+
+// Gloo over TCP. Connects a full mesh through `store` (keys are namespaced
+// by generation). DeadlineExceeded if the group does not assemble within
+// options.connect_timeout; Unavailable if the transport cannot be set up.
+absl::StatusOr<std::unique_ptr<Backend>> CreateGlooBackend(
+    std::shared_ptr<Store> store, const BackendOptions& options);
+
+}  // namespace holdfast::backend
+
+#endif  // HOLDFAST_SRC_BACKEND_BACKEND_H_

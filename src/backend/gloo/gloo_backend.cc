@@ -1,0 +1,365 @@
+// Gloo TCP backend. Collectives use Gloo's algorithms where Gloo has a
+// tagged, timeout-aware one (allreduce, broadcast, allgather, alltoall,
+// barrier); reduce-scatter and send/recv run on Gloo's unbound buffers.
+//
+// Abort: Gloo has no context-wide abort, but tcp::Pair offers
+// signalExceptionExternal(), which fails every operation pending on the pair,
+// wakes its waiters and closes the socket (so the peer sees EOF at once).
+// Abort() calls it on every pair.
+//
+// Gloo reports errors by throwing; nothing thrown here leaves this file.
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/alltoall.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/tcp/pair.h>
+#include <gloo/transport/unbound_buffer.h>
+#include <gloo/types.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "src/backend/backend.h"
+#include "src/backend/gloo/gloo_store.h"
+#include "src/backend/gloo/reduce.h"
+#include "src/common/status_util.h"
+
+namespace holdfast::backend {
+namespace {
+
+namespace tcp = ::gloo::transport::tcp;
+
+// Slot prefixes for the algorithms written here; Gloo's own use small values.
+constexpr uint8_t kReduceScatterSlotPrefix = 0xa1;
+constexpr uint8_t kP2PSlotPrefix = 0xa2;
+
+std::chrono::milliseconds ToChrono(absl::Duration d) {
+  return std::chrono::milliseconds(
+      std::max<int64_t>(1, absl::ToInt64Milliseconds(d)));
+}
+
+// tcp::Pair::signalExceptionExternal() and peer() are protected in this Gloo
+// version. A derived class may name them as pointers to members of Pair, which
+// can then be applied to any Pair. Never instantiated.
+struct PairAccess : tcp::Pair {
+  static void Fail(tcp::Pair* pair, const std::string& msg) {
+    (pair->*(&PairAccess::signalExceptionExternal))(msg);
+  }
+  static std::string PeerAddress(const tcp::Pair* pair) {
+    return (pair->*(&PairAccess::peer))().str();
+  }
+};
+
+// Calls f(T{}) with an unsigned type of the element's size: Gloo only needs
+// the element size, the arithmetic is in the reduce function.
+template <typename F>
+void WithStorage(DataType dtype, F&& f) {
+  switch (DataTypeSize(dtype)) {
+    case 1: f(uint8_t{}); break;
+    case 2: f(uint16_t{}); break;
+    case 4: f(uint32_t{}); break;
+    default: f(uint64_t{}); break;
+  }
+}
+
+class GlooBackend final : public Backend {
+ public:
+  GlooBackend(const BackendOptions& options,
+              std::shared_ptr<::gloo::rendezvous::Context> context,
+              std::shared_ptr<::gloo::transport::Device> device)
+      : options_(options),
+        context_(std::move(context)),
+        device_(std::move(device)) {
+    peer_addresses_.resize(options_.size);
+    for (int j = 0; j < options_.size; ++j) {
+      if (j == options_.rank) continue;
+      auto* pair = dynamic_cast<tcp::Pair*>(context_->getPair(j).get());
+      if (pair != nullptr) peer_addresses_[j] = PairAccess::PeerAddress(pair);
+    }
+  }
+
+  ~GlooBackend() override {
+    Abort("communicator destroyed");
+    // Pairs must go before the device whose loop they are registered with.
+    context_.reset();
+    device_.reset();
+  }
+
+  absl::string_view name() const override { return "gloo"; }
+
+  absl::Status Run(const OpSpec& op) override {
+    if (aborted_.load(std::memory_order_acquire)) return AbortedStatus();
+    try {
+      switch (op.type) {
+        case OpType::kAllReduce: return AllReduce(op);
+        case OpType::kBroadcast: return Broadcast(op);
+        case OpType::kAllGather: return AllGather(op);
+        case OpType::kReduceScatter: return ReduceScatter(op);
+        case OpType::kAllToAll: return AllToAll(op);
+        case OpType::kBarrier: return Barrier(op);
+        case OpType::kSend: return Send(op);
+        case OpType::kRecv: return Recv(op);
+      }
+      return absl::InvalidArgumentError("gloo: unknown operation type");
+    } catch (const ::gloo::IoException& e) {
+      return Translate(e.what());
+    } catch (const ::gloo::Exception& e) {
+      return Translate(e.what());
+    } catch (const std::exception& e) {
+      if (aborted_.load(std::memory_order_acquire)) return AbortedStatus();
+      return absl::InternalError(absl::StrCat("gloo: ", e.what()));
+    }
+  }
+
+  void Abort(absl::string_view reason) override {
+    {
+      absl::MutexLock lock(&mu_);
+      if (aborted_.load(std::memory_order_relaxed)) return;
+      abort_reason_ = std::string(reason);
+      aborted_.store(true, std::memory_order_release);
+    }
+    if (!context_) return;
+    const std::string msg = absl::StrCat("holdfast abort: ", reason);
+    for (int j = 0; j < options_.size; ++j) {
+      if (j == options_.rank) continue;
+      auto* pair = dynamic_cast<tcp::Pair*>(context_->getPair(j).get());
+      if (pair == nullptr) continue;
+      try {
+        PairAccess::Fail(pair, msg);
+      } catch (const std::exception&) {
+        // The pair is already broken; nothing more to signal.
+      }
+    }
+  }
+
+ private:
+  absl::Status AbortedStatus() {
+    absl::MutexLock lock(&mu_);
+    return absl::AbortedError(
+        absl::StrCat("communicator aborted: ", abort_reason_));
+  }
+
+  // Maps a Gloo exception message to a status, naming the peer whose
+  // address appears in it.
+  absl::Status Translate(absl::string_view what) {
+    if (aborted_.load(std::memory_order_acquire)) return AbortedStatus();
+    if (absl::StrContains(what, "Timed out") ||
+        absl::StrContains(what, "timeout")) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("gloo transport timeout: ", what));
+    }
+    const int peer = PeerInMessage(what);
+    if (peer < 0) {
+      return absl::UnavailableError(
+          absl::StrCat("gloo connection lost: ", what));
+    }
+    absl::Status s = absl::UnavailableError(absl::StrCat(
+        "lost connection to rank ", peer, " (", peer_addresses_[peer],
+        "): ", what));
+    SetPeer(&s, peer);
+    return s;
+  }
+
+  int PeerInMessage(absl::string_view what) const {
+    for (int j = 0; j < options_.size; ++j) {
+      const std::string& addr = peer_addresses_[j];
+      if (addr.empty()) continue;
+      size_t pos = what.find(addr);
+      while (pos != absl::string_view::npos) {
+        const size_t end = pos + addr.size();
+        // "[127.0.0.1]:4000" must not match inside "[127.0.0.1]:40001".
+        if (end == what.size() || !isdigit(static_cast<unsigned char>(what[end]))) {
+          return j;
+        }
+        pos = what.find(addr, pos + 1);
+      }
+    }
+    return -1;
+  }
+
+  absl::Status AllReduce(const OpSpec& op) {
+    gloo::ReduceFn fn = gloo::GetReduceFn(op.dtype, op.reduce);
+    ::gloo::AllreduceOptions opts(context_);
+    WithStorage(op.dtype, [&](auto t) {
+      using T = decltype(t);
+      opts.setOutput(static_cast<T*>(op.recv), op.count);
+    });
+    opts.setReduceFunction(fn);
+    opts.setTag(op.tag);
+    opts.setTimeout(ToChrono(op.timeout));
+    ::gloo::allreduce(opts);
+    if (op.reduce == ReduceOp::kAverage) {
+      gloo::DivideInPlace(op.recv, op.count, op.dtype, options_.size);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Broadcast(const OpSpec& op) {
+    ::gloo::BroadcastOptions opts(context_);
+    WithStorage(op.dtype, [&](auto t) {
+      using T = decltype(t);
+      opts.setOutput(static_cast<T*>(op.recv), op.count);
+    });
+    opts.setRoot(op.peer);
+    opts.setTag(op.tag);
+    opts.setTimeout(ToChrono(op.timeout));
+    ::gloo::broadcast(opts);
+    return absl::OkStatus();
+  }
+
+  absl::Status AllGather(const OpSpec& op) {
+    ::gloo::AllgatherOptions opts(context_);
+    WithStorage(op.dtype, [&](auto t) {
+      using T = decltype(t);
+      opts.setInput(const_cast<T*>(static_cast<const T*>(op.send)), op.count);
+      opts.setOutput(static_cast<T*>(op.recv), op.count * options_.size);
+    });
+    opts.setTag(op.tag);
+    opts.setTimeout(ToChrono(op.timeout));
+    ::gloo::allgather(opts);
+    return absl::OkStatus();
+  }
+
+  absl::Status AllToAll(const OpSpec& op) {
+    ::gloo::AlltoallOptions opts(context_);
+    WithStorage(op.dtype, [&](auto t) {
+      using T = decltype(t);
+      const size_t n = op.count * options_.size;
+      opts.setInput(const_cast<T*>(static_cast<const T*>(op.send)), n);
+      opts.setOutput(static_cast<T*>(op.recv), n);
+    });
+    opts.setTag(op.tag);
+    opts.setTimeout(ToChrono(op.timeout));
+    ::gloo::alltoall(opts);
+    return absl::OkStatus();
+  }
+
+  absl::Status Barrier(const OpSpec& op) {
+    ::gloo::BarrierOptions opts(context_);
+    opts.setTag(op.tag);
+    opts.setTimeout(ToChrono(op.timeout));
+    ::gloo::barrier(opts);
+    return absl::OkStatus();
+  }
+
+  // Ring reduce-scatter: N-1 steps; at step s rank r sends its partial block
+  // (r-s-1) to r+1 and folds the block (r-s-2) arriving from r-1 into its
+  // copy. After the last step block r holds every rank's contribution.
+  absl::Status ReduceScatter(const OpSpec& op) {
+    const int n = options_.size;
+    const int r = options_.rank;
+    const size_t block = op.count * DataTypeSize(op.dtype);
+    if (n == 1) {
+      std::memcpy(op.recv, op.send, block);
+      return absl::OkStatus();
+    }
+    gloo::ReduceFn fn = gloo::GetReduceFn(op.dtype, op.reduce);
+    std::vector<uint8_t> acc(static_cast<const uint8_t*>(op.send),
+                             static_cast<const uint8_t*>(op.send) + block * n);
+    std::vector<uint8_t> incoming(block);
+    auto acc_buf = context_->createUnboundBuffer(acc.data(), acc.size());
+    auto in_buf = context_->createUnboundBuffer(incoming.data(), block);
+    const uint64_t slot = ::gloo::Slot::build(kReduceScatterSlotPrefix, op.tag);
+    const auto timeout = ToChrono(op.timeout);
+    const int right = (r + 1) % n;
+    const int left = (r + n - 1) % n;
+    for (int s = 0; s < n - 1; ++s) {
+      const size_t send_block = static_cast<size_t>((r - s - 1 + 2 * n) % n);
+      const size_t recv_block = static_cast<size_t>((r - s - 2 + 2 * n) % n);
+      acc_buf->send(right, slot, send_block * block, block);
+      in_buf->recv(left, slot, 0, block);
+      if (!in_buf->waitRecv(timeout)) return AbortedStatus();
+      uint8_t* dst = acc.data() + recv_block * block;
+      fn(dst, dst, incoming.data(), op.count);
+      if (!acc_buf->waitSend(timeout)) return AbortedStatus();
+    }
+    std::memcpy(op.recv, acc.data() + static_cast<size_t>(r) * block, block);
+    if (op.reduce == ReduceOp::kAverage) {
+      gloo::DivideInPlace(op.recv, op.count, op.dtype, n);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Send(const OpSpec& op) {
+    const size_t bytes = op.count * DataTypeSize(op.dtype);
+    auto buf = context_->createUnboundBuffer(const_cast<void*>(op.send), bytes);
+    buf->send(op.peer, ::gloo::Slot::build(kP2PSlotPrefix, op.tag));
+    if (!buf->waitSend(ToChrono(op.timeout))) return AbortedStatus();
+    return absl::OkStatus();
+  }
+
+  absl::Status Recv(const OpSpec& op) {
+    const size_t bytes = op.count * DataTypeSize(op.dtype);
+    auto buf = context_->createUnboundBuffer(op.recv, bytes);
+    buf->recv(op.peer, ::gloo::Slot::build(kP2PSlotPrefix, op.tag));
+    if (!buf->waitRecv(ToChrono(op.timeout))) return AbortedStatus();
+    return absl::OkStatus();
+  }
+
+  const BackendOptions options_;
+  std::shared_ptr<::gloo::rendezvous::Context> context_;
+  std::shared_ptr<::gloo::transport::Device> device_;
+  std::vector<std::string> peer_addresses_;  // by rank; "" for self
+
+  absl::Mutex mu_;
+  std::atomic<bool> aborted_{false};
+  std::string abort_reason_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateGlooBackend(
+    std::shared_ptr<Store> store, const BackendOptions& options) {
+  tcp::attr attr;
+  if (!options.interface.empty()) {
+    attr.iface = options.interface;
+  } else {
+    attr.hostname = options.bind_address;
+  }
+  std::shared_ptr<::gloo::transport::Device> device;
+  try {
+    device = tcp::CreateDevice(attr);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat(
+        "gloo: cannot listen on ",
+        options.interface.empty() ? "address '" + options.bind_address
+                                  : "interface '" + options.interface,
+        "': ", e.what()));
+  }
+
+  auto context =
+      std::make_shared<::gloo::rendezvous::Context>(options.rank, options.size);
+  context->setTimeout(ToChrono(options.connect_timeout));
+  gloo::GlooStore gloo_store(
+      NewPrefixStore(absl::StrCat("holdfast/g", options.generation, "/gloo/"),
+                     std::move(store)),
+      options.connect_timeout);
+  try {
+    context->connectFullMesh(gloo_store, device);
+  } catch (const std::exception& e) {
+    const absl::string_view what = e.what();
+    const std::string msg = absl::StrCat(
+        "rendezvous of rank ", options.rank, " of ", options.size,
+        " (generation ", options.generation, ") failed: ", what);
+    if (absl::StrContains(what, "DEADLINE_EXCEEDED") ||
+        absl::StrContains(what, "Timed out") ||
+        absl::StrContains(what, "timeout")) {
+      return absl::DeadlineExceededError(msg);
+    }
+    return absl::UnavailableError(msg);
+  }
+  return std::unique_ptr<Backend>(
+      new GlooBackend(options, std::move(context), std::move(device)));
+}
+
+}  // namespace holdfast::backend

@@ -1,0 +1,592 @@
+#include "src/comm/communicator_impl.h"
+
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "holdfast/status.h"
+#include "src/common/config.h"
+#include "src/common/logging.h"
+#include "src/common/status_util.h"
+
+namespace holdfast {
+namespace comm {
+namespace {
+
+// Grace given to the transport's own time limit beyond the op deadline: the
+// watchdog acts first; the transport limit only backs it up.
+constexpr absl::Duration kTransportGrace = absl::Seconds(5);
+
+OpState FinalState(const absl::Status& s) {
+  if (s.ok()) return OpState::kCompleted;
+  if (s.code() == absl::StatusCode::kDeadlineExceeded) return OpState::kTimedOut;
+  if (s.code() == absl::StatusCode::kAborted) return OpState::kAborted;
+  return OpState::kFailed;
+}
+
+// The matching tag: operations that differ in kind, size, type, reduction,
+// root or position never share a tag, so Gloo never pairs their messages.
+uint32_t MatchTag(const backend::OpSpec& spec, int64_t match_seq,
+                  uint32_t user_tag) {
+  struct {
+    int64_t match_seq;
+    uint64_t count;
+    int32_t root;
+    uint32_t user_tag;
+    uint8_t kind;
+    uint8_t dtype;
+    uint8_t reduce;
+    uint8_t pad = 0;
+  } key{};
+  key.match_seq = match_seq;
+  key.count = spec.count;
+  // Send and Recv must hash alike; their peers differ by construction.
+  const bool p2p = !IsCollective(spec.type);
+  key.kind = p2p ? 0xff : static_cast<uint8_t>(spec.type);
+  key.root = spec.type == OpType::kBroadcast ? spec.peer : -1;
+  key.user_tag = user_tag;
+  key.dtype = static_cast<uint8_t>(spec.dtype);
+  key.reduce = (spec.type == OpType::kAllReduce ||
+                spec.type == OpType::kReduceScatter)
+                   ? static_cast<uint8_t>(spec.reduce)
+                   : 0;
+  return static_cast<uint32_t>(XXH3_64bits(&key, sizeof(key)));
+}
+
+}  // namespace
+
+CommunicatorImpl::CommunicatorImpl(const CommunicatorOptions& options,
+                                   std::shared_ptr<Store> store,
+                                   std::unique_ptr<backend::Backend> backend)
+    : options_(options),
+      clock_(options.clock != nullptr ? options.clock : Clock::Real()),
+      store_(std::move(store)),
+      backend_(std::move(backend)),
+      ring_(options.trace_capacity) {
+  sends_to_.assign(options_.size, 0);
+  recvs_from_.assign(options_.size, 0);
+  worker_ = std::thread([this] { WorkerLoop(); });
+  watchdog_ = std::thread([this] { WatchdogLoop(); });
+}
+
+CommunicatorImpl::~CommunicatorImpl() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+    if (!aborted_) {
+      aborted_ = true;
+      abort_status_ = absl::AbortedError("communicator destroyed");
+    }
+    for (auto& q : queue_) {
+      FinishLocked(q.get(), absl::AbortedError(absl::StrCat(
+                                Describe(q->record), ": communicator destroyed")));
+    }
+    queue_.clear();
+    if (running_ && !running_->forced.has_value()) {
+      running_->forced = absl::AbortedError(absl::StrCat(
+          Describe(running_->record), ": communicator destroyed"));
+    }
+  }
+  // Unblocks the worker if it is inside the transport. Quiet: destroying a
+  // communicator is not a failure, so no notice and no trace dump.
+  backend_->Abort("communicator destroyed");
+  worker_.join();
+  watchdog_.join();
+}
+
+std::string CommunicatorImpl::Describe(const TraceRecord& r) const {
+  std::string s = absl::StrCat(OpTypeName(r.op), " seq=", r.seq);
+  if (IsCollective(r.op)) absl::StrAppend(&s, " coll_seq=", r.coll_seq);
+  absl::StrAppend(&s, " gen=", r.generation, " rank=", options_.rank, "/",
+                  options_.size);
+  if (r.op == OpType::kBroadcast) absl::StrAppend(&s, " root=", r.peer);
+  if (!IsCollective(r.op)) absl::StrAppend(&s, " peer=", r.peer);
+  if (r.op != OpType::kBarrier) {
+    absl::StrAppend(&s, " (", r.count, " x ", DataTypeName(r.dtype));
+    if (r.op == OpType::kAllReduce || r.op == OpType::kReduceScatter) {
+      absl::StrAppend(&s, ", ", ReduceOpName(r.reduce));
+    }
+    absl::StrAppend(&s, ")");
+  }
+  return s;
+}
+
+std::string CommunicatorImpl::NoticeKey(int rank) const {
+  return absl::StrCat("holdfast/g", options_.generation, "/abort/", rank);
+}
+
+absl::Status CommunicatorImpl::Validate(const backend::OpSpec& spec) const {
+  const size_t esize = DataTypeSize(spec.dtype);
+  if (esize == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unsupported dtype ", static_cast<int>(spec.dtype)));
+  }
+  if ((spec.type == OpType::kAllReduce ||
+       spec.type == OpType::kReduceScatter) &&
+      static_cast<int>(spec.reduce) >= kNumReduceOps) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unsupported reduction ", static_cast<int>(spec.reduce)));
+  }
+  if (spec.type == OpType::kBroadcast &&
+      (spec.peer < 0 || spec.peer >= options_.size)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "root ", spec.peer, " is out of range [0, ", options_.size, ")"));
+  }
+  if (!IsCollective(spec.type)) {
+    if (spec.peer < 0 || spec.peer >= options_.size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "peer ", spec.peer, " is out of range [0, ", options_.size, ")"));
+    }
+    if (spec.peer == options_.rank) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("peer ", spec.peer, " is this rank itself"));
+    }
+  }
+  // Overflow of count * size * element size.
+  const size_t blocks =
+      (spec.type == OpType::kAllGather || spec.type == OpType::kReduceScatter ||
+       spec.type == OpType::kAllToAll)
+          ? static_cast<size_t>(options_.size)
+          : 1;
+  if (spec.count > SIZE_MAX / esize / blocks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("count ", spec.count, " overflows the buffer size"));
+  }
+  if (spec.type != OpType::kBarrier && spec.count > 0) {
+    const bool needs_send = spec.type == OpType::kAllGather ||
+                            spec.type == OpType::kReduceScatter ||
+                            spec.type == OpType::kAllToAll ||
+                            spec.type == OpType::kSend;
+    if (needs_send && spec.send == nullptr) {
+      return absl::InvalidArgumentError("send buffer is null");
+    }
+    if (spec.type != OpType::kSend && spec.recv == nullptr) {
+      return absl::InvalidArgumentError(
+          needs_send ? "receive buffer is null" : "buffer is null");
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::shared_ptr<Work> CommunicatorImpl::Submit(backend::OpSpec spec,
+                                               uint64_t bytes,
+                                               const OpOptions& options) {
+  auto p = std::make_shared<Pending>();
+  const absl::Status valid = Validate(spec);
+  absl::MutexLock lock(&mu_);
+  const uint64_t seq = next_seq_++;
+  TraceRecord& r = p->record;
+  r.seq = seq;
+  r.generation = options_.generation;
+  r.op = spec.type;
+  r.dtype = spec.dtype;
+  r.reduce = spec.reduce;
+  r.peer = spec.peer;
+  r.count = spec.count;
+  r.bytes = bytes;
+  r.enqueued_ns = clock_->NowNanos();
+  if (!valid.ok()) {
+    // Rejected calls are traced too, but consume no matching position.
+    ring_.Begin(r);
+    ring_.Transition(seq, OpState::kFailed, r.enqueued_ns,
+                     static_cast<int32_t>(valid.code()));
+    return WorkImpl::Done(seq, Annotate(valid, Describe(r)));
+  }
+  if (aborted_) {
+    ring_.Begin(r);
+    ring_.Transition(seq, OpState::kAborted, r.enqueued_ns,
+                     static_cast<int32_t>(absl::StatusCode::kAborted));
+    return WorkImpl::Done(
+        seq, absl::AbortedError(absl::StrCat(
+                 Describe(r), ": communicator already aborted: ",
+                 abort_status_.message())));
+  }
+  int64_t match_seq;
+  if (IsCollective(spec.type)) {
+    match_seq = next_coll_seq_++;
+  } else if (spec.type == OpType::kSend) {
+    match_seq = sends_to_[spec.peer]++;
+  } else {
+    match_seq = recvs_from_[spec.peer]++;
+  }
+  r.coll_seq = match_seq;
+  spec.tag = MatchTag(spec, match_seq, options.tag);
+  p->timeout = options.timeout > absl::ZeroDuration() ? options.timeout
+                                                      : options_.timeout;
+  spec.timeout = p->timeout + kTransportGrace;
+  p->deadline_ns = r.enqueued_ns + absl::ToInt64Nanoseconds(p->timeout);
+  p->spec = spec;
+  p->work = std::make_shared<WorkImpl>(seq);
+  ring_.Begin(r);
+  queue_.push_back(p);
+  return p->work;
+}
+
+void CommunicatorImpl::FinishLocked(Pending* p, const absl::Status& status) {
+  ring_.Transition(p->record.seq, FinalState(status), clock_->NowNanos(),
+                   static_cast<int32_t>(status.code()));
+  p->work->Finish(status);
+}
+
+void CommunicatorImpl::WorkerLoop() {
+  for (;;) {
+    std::shared_ptr<Pending> p;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stop_ || !queue_.empty();
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (queue_.empty()) return;  // stopping
+      p = queue_.front();
+      queue_.pop_front();
+      running_ = p;
+      ring_.Transition(p->record.seq, OpState::kStarted, clock_->NowNanos());
+    }
+
+    absl::Status result = absl::OkStatus();
+    if (p->spec.count > 0 || p->spec.type == OpType::kBarrier) {
+      result = backend_->Run(p->spec);
+    }
+
+    if (!result.ok()) {
+      bool decided;
+      {
+        absl::MutexLock lock(&mu_);
+        decided = p->forced.has_value() || aborted_;
+      }
+      if (!decided) {
+        // A failure this rank saw first (typically a lost peer).
+        const absl::Status cause = ExplainFailure(result);
+        std::vector<std::shared_ptr<Pending>> finish;
+        bool began;
+        {
+          absl::MutexLock lock(&mu_);
+          began = BeginAbortLocked(cause, p.get(), &finish);
+        }
+        if (began) CompleteAbort(cause, std::move(finish));
+      }
+    }
+
+    absl::MutexLock lock(&mu_);
+    running_ = nullptr;
+    absl::Status final_status;
+    if (p->forced.has_value()) {
+      final_status = *p->forced;
+    } else if (result.ok()) {
+      final_status = absl::OkStatus();
+    } else {
+      final_status = Annotate(result, Describe(p->record));
+    }
+    FinishLocked(p.get(), final_status);
+  }
+}
+
+void CommunicatorImpl::WatchdogLoop() {
+  for (;;) {
+    absl::Status cause;
+    std::vector<std::shared_ptr<Pending>> finish;
+    bool began = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (mu_.AwaitWithTimeout(absl::Condition(&stop_),
+                               options_.watchdog_interval)) {
+        return;
+      }
+      if (aborted_) continue;
+      const int64_t now = clock_->NowNanos();
+      Pending* expired = nullptr;
+      if (running_ && running_->deadline_ns <= now) expired = running_.get();
+      for (auto& q : queue_) {
+        if (expired == nullptr && q->deadline_ns <= now) expired = q.get();
+      }
+      if (expired == nullptr) continue;
+      const char* where = expired == running_.get()
+                              ? "still in progress"
+                              : "never started: an earlier op held the queue";
+      cause = absl::DeadlineExceededError(absl::StrCat(
+          Describe(expired->record), ": timed out after ",
+          absl::FormatDuration(expired->timeout), " (", where,
+          "); a peer may be frozen, slow or issuing a different op"));
+      began = BeginAbortLocked(cause, expired, &finish);
+    }
+    if (began) CompleteAbort(cause, std::move(finish));
+  }
+}
+
+bool CommunicatorImpl::BeginAbortLocked(
+    absl::Status cause, Pending* trigger,
+    std::vector<std::shared_ptr<Pending>>* finish) {
+  if (aborted_) return false;
+  aborted_ = true;
+  abort_status_ = cause;
+  const std::string aborted_msg =
+      absl::StrCat("communicator aborted: ", cause.message());
+  auto outcome = [&](Pending* p) {
+    if (p == trigger) {
+      // The trigger's own message already describes it, unless the cause
+      // came from elsewhere (a peer's notice); then prefix it.
+      return cause.message().find(Describe(p->record)) == 0
+                 ? cause
+                 : Annotate(cause, Describe(p->record));
+    }
+    return absl::AbortedError(
+        absl::StrCat(Describe(p->record), ": ", aborted_msg));
+  };
+  if (running_) running_->forced = outcome(running_.get());
+  if (trigger != nullptr && trigger != running_.get()) {
+    trigger->forced = outcome(trigger);
+  }
+  for (auto& q : queue_) {
+    q->forced = outcome(q.get());
+    finish->push_back(q);
+  }
+  queue_.clear();
+  // Queued ops never touched their buffers: finish them now, so waiters
+  // return at once. The running op finishes when the transport lets go.
+  for (auto& q : *finish) FinishLocked(q.get(), *q->forced);
+  return true;
+}
+
+void CommunicatorImpl::CompleteAbort(
+    const absl::Status& cause, std::vector<std::shared_ptr<Pending>> finish) {
+  (void)finish;  // already finished under the lock
+  // 1. Tell peers why, before closing the connections they will see drop.
+  nlohmann::json notice = {
+      {"rank", options_.rank},
+      {"code", static_cast<int>(cause.code())},
+      {"message", std::string(cause.message())},
+      {"peer", GetPeer(cause).value_or(-1)},
+  };
+  absl::Status written = store_->Set(NoticeKey(options_.rank), notice.dump());
+  if (!written.ok()) {
+    HOLDFAST_LOG_WARN("rank {}: could not leave an abort notice: {}",
+                      options_.rank, written.ToString());
+  }
+  // 2. Close the transport: the worker's blocked call returns now.
+  backend_->Abort(cause.message());
+  HOLDFAST_LOG_ERROR("rank {}/{} gen {}: communicator aborted: {}",
+                     options_.rank, options_.size, options_.generation,
+                     cause.ToString());
+  // 3. Keep the evidence.
+  if (!options_.trace_dir.empty()) {
+    const std::string path =
+        absl::StrCat(options_.trace_dir, "/trace-g", options_.generation,
+                     "-r", options_.rank, "-p", getpid(), ".json");
+    std::ofstream out(path);
+    out << DumpTrace();
+    if (out) {
+      HOLDFAST_LOG_INFO("rank {}: trace written to {}", options_.rank, path);
+    } else {
+      HOLDFAST_LOG_WARN("rank {}: could not write trace to {}", options_.rank,
+                        path);
+    }
+  }
+}
+
+absl::Status CommunicatorImpl::ExplainFailure(const absl::Status& error) {
+  std::optional<int> peer = GetPeer(error);
+  if (!peer.has_value()) return error;
+  absl::StatusOr<std::optional<std::string>> raw =
+      store_->TryGet(NoticeKey(*peer));
+  if (!raw.ok() || !raw->has_value()) return error;  // the peer just died
+  nlohmann::json notice =
+      nlohmann::json::parse(**raw, nullptr, /*allow_exceptions=*/false);
+  if (!notice.is_object() || !notice["code"].is_number_integer() ||
+      !notice["message"].is_string()) {
+    return error;
+  }
+  const int code = notice["code"].get<int>();
+  if (code <= 0 || code > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
+    return error;
+  }
+  absl::Status adopted(
+      static_cast<absl::StatusCode>(code),
+      absl::StrCat(notice["message"].get<std::string>(), " [reported by rank ",
+                   *peer, "]"));
+  const int root_peer =
+      notice["peer"].is_number_integer() ? notice["peer"].get<int>() : -1;
+  SetPeer(&adopted, root_peer >= 0 ? root_peer : *peer);
+  return adopted;
+}
+
+void CommunicatorImpl::Abort(absl::string_view reason) {
+  const absl::Status cause = absl::AbortedError(absl::StrCat(
+      "rank ", options_.rank, " aborted the communicator: ", reason));
+  std::vector<std::shared_ptr<Pending>> finish;
+  bool began;
+  {
+    absl::MutexLock lock(&mu_);
+    began = BeginAbortLocked(cause, nullptr, &finish);
+  }
+  if (began) CompleteAbort(cause, std::move(finish));
+}
+
+absl::Status CommunicatorImpl::health() const {
+  absl::MutexLock lock(&mu_);
+  return aborted_ ? abort_status_ : absl::OkStatus();
+}
+
+std::vector<TraceRecord> CommunicatorImpl::TraceSnapshot() const {
+  return ring_.Snapshot();
+}
+
+std::string CommunicatorImpl::DumpTrace() const {
+  std::string reason;
+  {
+    absl::MutexLock lock(&mu_);
+    if (aborted_) reason = abort_status_.ToString();
+  }
+  return trace::ToJson(ring_.Snapshot(), options_.rank, options_.size,
+                       options_.generation, clock_->NowNanos(),
+                       absl::ToUnixNanos(absl::Now()), reason);
+}
+
+// ---- operation entry points ------------------------------------------------
+
+std::shared_ptr<Work> CommunicatorImpl::AllReduce(void* data, size_t count,
+                                                  DataType dtype, ReduceOp op,
+                                                  const OpOptions& options) {
+  backend::OpSpec s;
+  s.type = OpType::kAllReduce;
+  s.recv = data;
+  s.count = count;
+  s.dtype = dtype;
+  s.reduce = op;
+  return Submit(s, count * DataTypeSize(dtype), options);
+}
+
+std::shared_ptr<Work> CommunicatorImpl::Broadcast(void* data, size_t count,
+                                                  DataType dtype, int root,
+                                                  const OpOptions& options) {
+  backend::OpSpec s;
+  s.type = OpType::kBroadcast;
+  s.recv = data;
+  s.count = count;
+  s.dtype = dtype;
+  s.peer = root;
+  return Submit(s, count * DataTypeSize(dtype), options);
+}
+
+std::shared_ptr<Work> CommunicatorImpl::AllGather(const void* send, void* recv,
+                                                  size_t count, DataType dtype,
+                                                  const OpOptions& options) {
+  backend::OpSpec s;
+  s.type = OpType::kAllGather;
+  s.send = send;
+  s.recv = recv;
+  s.count = count;
+  s.dtype = dtype;
+  return Submit(s, count * DataTypeSize(dtype) * options_.size, options);
+}
+
+std::shared_ptr<Work> CommunicatorImpl::ReduceScatter(
+    const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
+    const OpOptions& options) {
+  backend::OpSpec s;
+  s.type = OpType::kReduceScatter;
+  s.send = send;
+  s.recv = recv;
+  s.count = count;
+  s.dtype = dtype;
+  s.reduce = op;
+  return Submit(s, count * DataTypeSize(dtype) * options_.size, options);
+}
+
+std::shared_ptr<Work> CommunicatorImpl::AllToAll(const void* send, void* recv,
+                                                 size_t count, DataType dtype,
+                                                 const OpOptions& options) {
+  backend::OpSpec s;
+  s.type = OpType::kAllToAll;
+  s.send = send;
+  s.recv = recv;
+  s.count = count;
+  s.dtype = dtype;
+  return Submit(s, count * DataTypeSize(dtype) * options_.size, options);
+}
+
+std::shared_ptr<Work> CommunicatorImpl::Barrier(const OpOptions& options) {
+  backend::OpSpec s;
+  s.type = OpType::kBarrier;
+  return Submit(s, 0, options);
+}
+
+std::shared_ptr<Work> CommunicatorImpl::Send(const void* data, size_t count,
+                                             DataType dtype, int peer,
+                                             const OpOptions& options) {
+  backend::OpSpec s;
+  s.type = OpType::kSend;
+  s.send = data;
+  s.count = count;
+  s.dtype = dtype;
+  s.peer = peer;
+  return Submit(s, count * DataTypeSize(dtype), options);
+}
+
+std::shared_ptr<Work> CommunicatorImpl::Recv(void* data, size_t count,
+                                             DataType dtype, int peer,
+                                             const OpOptions& options) {
+  backend::OpSpec s;
+  s.type = OpType::kRecv;
+  s.recv = data;
+  s.count = count;
+  s.dtype = dtype;
+  s.peer = peer;
+  return Submit(s, count * DataTypeSize(dtype), options);
+}
+
+}  // namespace comm
+
+// ---- factory -----------------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Create(
+    std::shared_ptr<Store> store, const CommunicatorOptions& options) {
+  HOLDFAST_RETURN_IF_ERROR(config::Validate());
+  if (store == nullptr) {
+    return absl::InvalidArgumentError("Communicator::Create: store is null");
+  }
+  if (options.size < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Communicator::Create: size must be >= 1, got ", options.size));
+  }
+  if (options.rank < 0 || options.rank >= options.size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Communicator::Create: rank ", options.rank,
+                     " is out of range [0, ", options.size, ")"));
+  }
+  if (options.generation < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Communicator::Create: generation must be >= 0, got ",
+        options.generation));
+  }
+  if (options.timeout <= absl::ZeroDuration() ||
+      options.connect_timeout <= absl::ZeroDuration() ||
+      options.watchdog_interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "Communicator::Create: timeout, connect_timeout and "
+        "watchdog_interval must be positive");
+  }
+  if (options.trace_capacity < 1) {
+    return absl::InvalidArgumentError(
+        "Communicator::Create: trace_capacity must be >= 1");
+  }
+  backend::BackendOptions bo;
+  bo.rank = options.rank;
+  bo.size = options.size;
+  bo.generation = options.generation;
+  bo.bind_address = options.bind_address;
+  bo.interface = options.interface;
+  bo.connect_timeout = options.connect_timeout;
+  HOLDFAST_ASSIGN_OR_RETURN(std::unique_ptr<backend::Backend> backend,
+                            backend::CreateGlooBackend(store, bo));
+  return std::unique_ptr<Communicator>(new comm::CommunicatorImpl(
+      options, std::move(store), std::move(backend)));
+}
+
+}  // namespace holdfast

@@ -1,0 +1,132 @@
+// CommunicatorImpl: turns a Backend into a Communicator that never hangs.
+//
+// Operations are queued and run in issue order by one worker thread. A
+// watchdog thread compares every queued or running operation's deadline with
+// the clock; the first one missed aborts the communicator. A backend error
+// (a lost peer) aborts it too. Aborting fails everything in flight, leaves an
+// abort notice in the store (so peers that see this rank's connections close
+// learn why), closes the transport, and dumps the trace ring.
+//
+// Threading: public methods are thread-safe. mu_ guards the queue and the
+// abort state; the backend is driven by the worker alone, except Abort().
+#ifndef HOLDFAST_SRC_COMM_COMMUNICATOR_IMPL_H_
+#define HOLDFAST_SRC_COMM_COMMUNICATOR_IMPL_H_
+
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "holdfast/clock.h"
+#include "holdfast/communicator.h"
+#include "src/backend/backend.h"
+#include "src/comm/work_impl.h"
+#include "src/trace/trace_ring.h"
+
+namespace holdfast::comm {
+
+class CommunicatorImpl final : public Communicator {
+ public:
+  // Takes ownership of a connected backend. `store` is where abort notices
+  // are written and read.
+  CommunicatorImpl(const CommunicatorOptions& options,
+                   std::shared_ptr<Store> store,
+                   std::unique_ptr<backend::Backend> backend);
+  ~CommunicatorImpl() override;
+
+  int rank() const override { return options_.rank; }
+  int size() const override { return options_.size; }
+  int64_t generation() const override { return options_.generation; }
+
+  std::shared_ptr<Work> AllReduce(void* data, size_t count, DataType dtype,
+                                  ReduceOp op,
+                                  const OpOptions& options) override;
+  std::shared_ptr<Work> Broadcast(void* data, size_t count, DataType dtype,
+                                  int root, const OpOptions& options) override;
+  std::shared_ptr<Work> AllGather(const void* send, void* recv, size_t count,
+                                  DataType dtype,
+                                  const OpOptions& options) override;
+  std::shared_ptr<Work> ReduceScatter(const void* send, void* recv,
+                                      size_t count, DataType dtype,
+                                      ReduceOp op,
+                                      const OpOptions& options) override;
+  std::shared_ptr<Work> AllToAll(const void* send, void* recv, size_t count,
+                                 DataType dtype,
+                                 const OpOptions& options) override;
+  std::shared_ptr<Work> Barrier(const OpOptions& options) override;
+  std::shared_ptr<Work> Send(const void* data, size_t count, DataType dtype,
+                             int peer, const OpOptions& options) override;
+  std::shared_ptr<Work> Recv(void* data, size_t count, DataType dtype,
+                             int peer, const OpOptions& options) override;
+
+  void Abort(absl::string_view reason) override;
+  absl::Status health() const override;
+  std::string DumpTrace() const override;
+  std::vector<TraceRecord> TraceSnapshot() const override;
+
+ private:
+  struct Pending {
+    backend::OpSpec spec;
+    TraceRecord record;
+    std::shared_ptr<WorkImpl> work;
+    int64_t deadline_ns = 0;
+    absl::Duration timeout;
+    // Set when the op's outcome was decided by an abort; wins over whatever
+    // the backend returns.
+    std::optional<absl::Status> forced;
+  };
+
+  // Validates, numbers, traces and queues one operation.
+  std::shared_ptr<Work> Submit(backend::OpSpec spec, uint64_t bytes,
+                               const OpOptions& options);
+  absl::Status Validate(const backend::OpSpec& spec) const;
+
+  void WorkerLoop();
+  void WatchdogLoop();
+
+  // Decides the outcome of every op in flight: `trigger` (if any) fails with
+  // `cause`, everything else with Aborted. Returns false if the communicator
+  // was already aborted. Queued ops to finish are appended to `finish`.
+  bool BeginAbortLocked(absl::Status cause, Pending* trigger,
+                        std::vector<std::shared_ptr<Pending>>* finish)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The unlocked half: notice, transport abort, trace dump, finishing.
+  void CompleteAbort(const absl::Status& cause,
+                     std::vector<std::shared_ptr<Pending>> finish);
+  // For a backend error naming a peer, the peer's own abort notice (if it
+  // left one) explains the loss better than "connection closed".
+  absl::Status ExplainFailure(const absl::Status& error);
+  void FinishLocked(Pending* p, const absl::Status& status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  std::string Describe(const TraceRecord& r) const;
+  std::string NoticeKey(int rank) const;
+
+  const CommunicatorOptions options_;
+  Clock* const clock_;
+  const std::shared_ptr<Store> store_;
+  const std::unique_ptr<backend::Backend> backend_;
+  trace::TraceRing ring_;
+
+  mutable absl::Mutex mu_;
+  std::deque<std::shared_ptr<Pending>> queue_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<Pending> running_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t next_coll_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<int64_t> sends_to_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> recvs_from_ ABSL_GUARDED_BY(mu_);
+  bool aborted_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status abort_status_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+
+  std::thread worker_;
+  std::thread watchdog_;
+};
+
+}  // namespace holdfast::comm
+
+#endif  // HOLDFAST_SRC_COMM_COMMUNICATOR_IMPL_H_

@@ -1,0 +1,36 @@
+#include "src/comm/work_impl.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace holdfast::comm {
+
+std::shared_ptr<WorkImpl> WorkImpl::Done(uint64_t seq, absl::Status status) {
+  auto work = std::make_shared<WorkImpl>(seq);
+  work->Finish(std::move(status));
+  return work;
+}
+
+bool WorkImpl::IsCompleted() const {
+  absl::MutexLock lock(&mu_);
+  return done_;
+}
+
+absl::Status WorkImpl::Wait(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  if (!mu_.AwaitWithTimeout(absl::Condition(&done_), timeout)) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "Work::Wait for op seq=", seq_, " gave up after ",
+        absl::FormatDuration(timeout),
+        "; the operation is still in flight under its own deadline"));
+  }
+  return status_;
+}
+
+void WorkImpl::Finish(absl::Status status) {
+  absl::MutexLock lock(&mu_);
+  if (done_) return;
+  status_ = std::move(status);
+  done_ = true;
+}
+
+}  // namespace holdfast::comm

@@ -1,0 +1,37 @@
+// WorkImpl: the Work handed to callers. Finished exactly once by the
+// communicator; waited on by any number of threads.
+#ifndef HOLDFAST_SRC_COMM_WORK_IMPL_H_
+#define HOLDFAST_SRC_COMM_WORK_IMPL_H_
+
+#include <memory>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "holdfast/work.h"
+
+namespace holdfast::comm {
+
+class WorkImpl final : public Work {
+ public:
+  explicit WorkImpl(uint64_t seq) : seq_(seq) {}
+
+  // A Work that is already finished with `status`.
+  static std::shared_ptr<WorkImpl> Done(uint64_t seq, absl::Status status);
+
+  bool IsCompleted() const override;
+  absl::Status Wait(absl::Duration timeout) override;
+  uint64_t seq() const override { return seq_; }
+
+  // Sets the final status and wakes waiters. Only the first call counts.
+  void Finish(absl::Status status);
+
+ private:
+  const uint64_t seq_;
+  mutable absl::Mutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace holdfast::comm
+
+#endif  // HOLDFAST_SRC_COMM_WORK_IMPL_H_

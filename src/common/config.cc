@@ -1,0 +1,129 @@
+#include "src/common/config.h"
+
+#include <cstdlib>
+#include <map>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "holdfast/options.h"
+
+namespace holdfast::config {
+namespace {
+
+enum class Kind { kInt, kString };
+
+struct Entry {
+  Param param;
+  Kind kind;
+};
+
+// The registry. Keep docs/configuration.md in step with it.
+const std::vector<Entry>& Registry() {
+  static const auto* entries = new std::vector<Entry>{
+      {{"HOLDFAST_TIMEOUT_MS", "60000",
+        "default deadline of one operation, in milliseconds"},
+       Kind::kInt},
+      {{"HOLDFAST_CONNECT_TIMEOUT_MS", "60000",
+        "deadline for all ranks to meet when a communicator is created"},
+       Kind::kInt},
+      {{"HOLDFAST_WATCHDOG_INTERVAL_MS", "10",
+        "how often the watchdog checks in-flight deadlines"},
+       Kind::kInt},
+      {{"HOLDFAST_TRACE_CAPACITY", "4096", "entries in the per-rank trace ring"},
+       Kind::kInt},
+      {{"HOLDFAST_TRACE_DIR", "",
+        "directory the trace ring is written to on abort (empty: none)"},
+       Kind::kString},
+      {{"HOLDFAST_BIND_ADDR", "127.0.0.1",
+        "address or host name the transport listens on"},
+       Kind::kString},
+      {{"HOLDFAST_IFACE", "",
+        "network interface the transport listens on (wins over the address)"},
+       Kind::kString},
+      {{"HOLDFAST_LOG_LEVEL", "info",
+        "trace, debug, info, warn, error or off"},
+       Kind::kString},
+  };
+  return *entries;
+}
+
+const Entry* Find(const char* env) {
+  for (const Entry& e : Registry()) {
+    if (absl::string_view(e.param.env) == env) return &e;
+  }
+  return nullptr;
+}
+
+bool ParsePositiveInt(const char* text, int64_t* out) {
+  return absl::SimpleAtoi(text, out) && *out > 0;
+}
+
+}  // namespace
+
+const std::vector<Param>& AllParams() {
+  static const auto* params = [] {
+    auto* v = new std::vector<Param>;
+    for (const Entry& e : Registry()) v->push_back(e.param);
+    return v;
+  }();
+  return *params;
+}
+
+absl::Status Validate() {
+  for (const Entry& e : Registry()) {
+    const char* value = std::getenv(e.param.env);
+    if (value == nullptr || e.kind != Kind::kInt) continue;
+    int64_t parsed;
+    if (!ParsePositiveInt(value, &parsed)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(e.param.env, "='", value,
+                       "' is not a positive integer (", e.param.help, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+int64_t IntParam(const char* env) {
+  const Entry* e = Find(env);
+  int64_t fallback = 0;
+  if (e != nullptr) ParsePositiveInt(e->param.default_value, &fallback);
+  const char* value = std::getenv(env);
+  int64_t parsed;
+  if (value != nullptr && ParsePositiveInt(value, &parsed)) return parsed;
+  return fallback;
+}
+
+std::string StringParam(const char* env) {
+  const char* value = std::getenv(env);
+  if (value != nullptr) return value;
+  const Entry* e = Find(env);
+  return e != nullptr ? e->param.default_value : "";
+}
+
+}  // namespace holdfast::config
+
+namespace holdfast::defaults {
+
+absl::Duration OpTimeout() {
+  static const int64_t ms = config::IntParam("HOLDFAST_TIMEOUT_MS");
+  return absl::Milliseconds(ms);
+}
+absl::Duration ConnectTimeout() {
+  static const int64_t ms = config::IntParam("HOLDFAST_CONNECT_TIMEOUT_MS");
+  return absl::Milliseconds(ms);
+}
+absl::Duration WatchdogInterval() {
+  static const int64_t ms = config::IntParam("HOLDFAST_WATCHDOG_INTERVAL_MS");
+  return absl::Milliseconds(ms);
+}
+size_t TraceCapacity() {
+  static const int64_t n = config::IntParam("HOLDFAST_TRACE_CAPACITY");
+  return static_cast<size_t>(n);
+}
+std::string TraceDir() { return config::StringParam("HOLDFAST_TRACE_DIR"); }
+std::string BindAddress() {
+  return config::StringParam("HOLDFAST_BIND_ADDR");
+}
+std::string Interface() { return config::StringParam("HOLDFAST_IFACE"); }
+
+}  // namespace holdfast::defaults

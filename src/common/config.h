@@ -1,0 +1,35 @@
+// The one place where HOLDFAST_* environment variables are read. Each
+// tunable is one HOLDFAST_PARAM line in config.cc and one row of
+// docs/configuration.md. Thread-safe: values are read once, on first use.
+#ifndef HOLDFAST_SRC_COMMON_CONFIG_H_
+#define HOLDFAST_SRC_COMMON_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace holdfast::config {
+
+struct Param {
+  const char* env;
+  const char* default_value;
+  const char* help;
+};
+
+// Every parameter, for documentation and `--help` output.
+const std::vector<Param>& AllParams();
+
+// OK if every HOLDFAST_* variable that is set parses; otherwise
+// InvalidArgument naming the variable and its value.
+absl::Status Validate();
+
+// Value of an integer parameter (its default if unset or malformed).
+int64_t IntParam(const char* env);
+// Value of a string parameter (its default if unset).
+std::string StringParam(const char* env);
+
+}  // namespace holdfast::config
+
+#endif  // HOLDFAST_SRC_COMMON_CONFIG_H_

@@ -1,0 +1,23 @@
+// Internal helpers for building holdfast statuses: context prefixes and the
+// peer rank attached as a payload, so upper layers can tell which peer an
+// error concerns without parsing messages. Pure functions; thread-safe.
+#ifndef HOLDFAST_SRC_COMMON_STATUS_UTIL_H_
+#define HOLDFAST_SRC_COMMON_STATUS_UTIL_H_
+
+#include <optional>
+#include "absl/strings/string_view.h"
+
+#include "absl/status/status.h"
+
+namespace holdfast {
+
+// `status` with "prefix: " put before its message; OK stays OK.
+absl::Status Annotate(const absl::Status& status, absl::string_view prefix);
+
+// Attaches / reads the rank of the peer an error concerns.
+void SetPeer(absl::Status* status, int peer);
+std::optional<int> GetPeer(const absl::Status& status);
+
+}  // namespace holdfast
+
+#endif  // HOLDFAST_SRC_COMMON_STATUS_UTIL_H_
