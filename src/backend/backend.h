@@ -4,7 +4,8 @@
 // src/comm/ layers those on top.
 //
 // Threading: Run is called from one thread at a time (the communicator's
-// worker). Abort may be called from any thread, concurrently with Run.
+// worker); Post and Wait from others, concurrently with Run. Abort may be
+// called from any thread at any time.
 #ifndef HOLDFAST_SRC_BACKEND_BACKEND_H_
 #define HOLDFAST_SRC_BACKEND_BACKEND_H_
 
@@ -48,6 +49,12 @@ struct BackendOptions {
   absl::Duration connect_timeout = absl::Seconds(60);
 };
 
+// A posted Send or Recv; owned by the caller until Wait returns.
+class PendingP2P {
+ public:
+  virtual ~PendingP2P() = default;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -59,6 +66,14 @@ class Backend {
   // when the transport's own time limit passes, Aborted after Abort(),
   // Internal for a transport bug.
   virtual absl::Status Run(const OpSpec& op) = 0;
+
+  // Posts a Send or Recv without waiting for the peer, so that point-to-point
+  // patterns (rings, pipelines) cannot deadlock behind one another. May be
+  // called concurrently with Run. Errors as for Run.
+  virtual absl::StatusOr<std::unique_ptr<PendingP2P>> Post(
+      const OpSpec& op) = 0;
+  // Blocks until a posted op completes (or fails, or Abort is called).
+  virtual absl::Status Wait(PendingP2P& op) = 0;
 
   // Makes a Run in progress return within milliseconds and every later Run
   // fail with Aborted. Closes the connections, so peers blocked on this rank

@@ -34,28 +34,21 @@ OpState FinalState(const absl::Status& s) {
 // root or position never share a tag, so Gloo never pairs their messages.
 uint32_t MatchTag(const backend::OpSpec& spec, int64_t match_seq,
                   uint32_t user_tag) {
-  struct {
-    int64_t match_seq;
-    uint64_t count;
-    int32_t root;
-    uint32_t user_tag;
-    uint8_t kind;
-    uint8_t dtype;
-    uint8_t reduce;
-    uint8_t pad = 0;
-  } key{};
-  key.match_seq = match_seq;
-  key.count = spec.count;
   // Send and Recv must hash alike; their peers differ by construction.
   const bool p2p = !IsCollective(spec.type);
-  key.kind = p2p ? 0xff : static_cast<uint8_t>(spec.type);
-  key.root = spec.type == OpType::kBroadcast ? spec.peer : -1;
-  key.user_tag = user_tag;
-  key.dtype = static_cast<uint8_t>(spec.dtype);
-  key.reduce = (spec.type == OpType::kAllReduce ||
-                spec.type == OpType::kReduceScatter)
-                   ? static_cast<uint8_t>(spec.reduce)
-                   : 0;
+  const bool reduces = spec.type == OpType::kAllReduce ||
+                       spec.type == OpType::kReduceScatter;
+  // Explicit words: no padding bytes may reach the hash.
+  const uint64_t key[5] = {
+      static_cast<uint64_t>(match_seq),
+      static_cast<uint64_t>(spec.count),
+      static_cast<uint64_t>(
+          static_cast<int64_t>(spec.type == OpType::kBroadcast ? spec.peer : -1)),
+      uint64_t{user_tag},
+      uint64_t{p2p ? 0xffu : static_cast<uint8_t>(spec.type)} |
+          uint64_t{static_cast<uint8_t>(spec.dtype)} << 8 |
+          uint64_t{reduces ? static_cast<uint8_t>(spec.reduce) : 0u} << 16,
+  };
   return static_cast<uint32_t>(XXH3_64bits(&key, sizeof(key)));
 }
 
@@ -69,9 +62,8 @@ CommunicatorImpl::CommunicatorImpl(const CommunicatorOptions& options,
       store_(std::move(store)),
       backend_(std::move(backend)),
       ring_(options.trace_capacity) {
-  sends_to_.assign(options_.size, 0);
-  recvs_from_.assign(options_.size, 0);
   worker_ = std::thread([this] { WorkerLoop(); });
+  p2p_thread_ = std::thread([this] { P2PLoop(); });
   watchdog_ = std::thread([this] { WatchdogLoop(); });
 }
 
@@ -92,11 +84,18 @@ CommunicatorImpl::~CommunicatorImpl() {
       running_->forced = absl::AbortedError(absl::StrCat(
           Describe(running_->record), ": communicator destroyed"));
     }
+    for (auto& p : p2p_) {
+      if (!p->forced.has_value()) {
+        p->forced = absl::AbortedError(
+            absl::StrCat(Describe(p->record), ": communicator destroyed"));
+      }
+    }
   }
   // Unblocks the worker if it is inside the transport. Quiet: destroying a
   // communicator is not a failure, so no notice and no trace dump.
   backend_->Abort("communicator destroyed");
   worker_.join();
+  p2p_thread_.join();
   watchdog_.join();
 }
 
@@ -211,9 +210,9 @@ std::shared_ptr<Work> CommunicatorImpl::Submit(backend::OpSpec spec,
   if (IsCollective(spec.type)) {
     match_seq = next_coll_seq_++;
   } else if (spec.type == OpType::kSend) {
-    match_seq = sends_to_[spec.peer]++;
+    match_seq = sends_to_[{spec.peer, options.tag}]++;
   } else {
-    match_seq = recvs_from_[spec.peer]++;
+    match_seq = recvs_from_[{spec.peer, options.tag}]++;
   }
   r.coll_seq = match_seq;
   spec.tag = MatchTag(spec, match_seq, options.tag);
@@ -224,13 +223,32 @@ std::shared_ptr<Work> CommunicatorImpl::Submit(backend::OpSpec spec,
   p->spec = spec;
   p->work = std::make_shared<WorkImpl>(seq);
   ring_.Begin(r);
-  queue_.push_back(p);
+  if (IsCollective(spec.type)) {
+    queue_.push_back(p);
+  } else {
+    // Posting never blocks; doing it under mu_ keeps the per-peer order
+    // equal to the numbering above.
+    if (spec.count > 0) {
+      absl::StatusOr<std::unique_ptr<backend::PendingP2P>> posted =
+          backend_->Post(p->spec);
+      if (posted.ok()) {
+        p->posted = std::move(*posted);
+      } else {
+        p->post_status = posted.status();
+      }
+    }
+    ring_.Transition(seq, OpState::kStarted, clock_->NowNanos());
+    p2p_.push_back(p);
+  }
   return p->work;
 }
 
 void CommunicatorImpl::FinishLocked(Pending* p, const absl::Status& status) {
-  ring_.Transition(p->record.seq, FinalState(status), clock_->NowNanos(),
-                   static_cast<int32_t>(status.code()));
+  if (!p->traced_final) {
+    ring_.Transition(p->record.seq, FinalState(status), clock_->NowNanos(),
+                     static_cast<int32_t>(status.code()));
+    p->traced_final = true;
+  }
   p->work->Finish(status);
 }
 
@@ -249,43 +267,64 @@ void CommunicatorImpl::WorkerLoop() {
       running_ = p;
       ring_.Transition(p->record.seq, OpState::kStarted, clock_->NowNanos());
     }
-
     absl::Status result = absl::OkStatus();
     if (p->spec.count > 0 || p->spec.type == OpType::kBarrier) {
       result = backend_->Run(p->spec);
     }
+    Complete(p, std::move(result));
+  }
+}
 
-    if (!result.ok()) {
-      bool decided;
+void CommunicatorImpl::P2PLoop() {
+  for (;;) {
+    std::shared_ptr<Pending> p;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stop_ || !p2p_.empty();
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (p2p_.empty()) return;  // stopping
+      p = p2p_.front();  // stays listed (for the watchdog) until complete
+    }
+    absl::Status result = p->post_status;
+    if (result.ok() && p->posted != nullptr) result = backend_->Wait(*p->posted);
+    Complete(p, std::move(result));
+  }
+}
+
+void CommunicatorImpl::Complete(const std::shared_ptr<Pending>& p,
+                                absl::Status result) {
+  if (!result.ok()) {
+    bool decided;
+    {
+      absl::MutexLock lock(&mu_);
+      decided = p->forced.has_value() || aborted_;
+    }
+    if (!decided) {
+      // A failure this rank saw first (typically a lost peer).
+      const absl::Status cause = ExplainFailure(result);
+      std::vector<std::shared_ptr<Pending>> finish;
+      bool began;
       {
         absl::MutexLock lock(&mu_);
-        decided = p->forced.has_value() || aborted_;
+        began = BeginAbortLocked(cause, p.get(), &finish);
       }
-      if (!decided) {
-        // A failure this rank saw first (typically a lost peer).
-        const absl::Status cause = ExplainFailure(result);
-        std::vector<std::shared_ptr<Pending>> finish;
-        bool began;
-        {
-          absl::MutexLock lock(&mu_);
-          began = BeginAbortLocked(cause, p.get(), &finish);
-        }
-        if (began) CompleteAbort(cause, std::move(finish));
-      }
+      if (began) CompleteAbort(cause, std::move(finish));
     }
-
-    absl::MutexLock lock(&mu_);
-    running_ = nullptr;
-    absl::Status final_status;
-    if (p->forced.has_value()) {
-      final_status = *p->forced;
-    } else if (result.ok()) {
-      final_status = absl::OkStatus();
-    } else {
-      final_status = Annotate(result, Describe(p->record));
-    }
-    FinishLocked(p.get(), final_status);
   }
+  absl::MutexLock lock(&mu_);
+  if (running_ == p) running_ = nullptr;
+  if (!p2p_.empty() && p2p_.front() == p) p2p_.pop_front();
+  absl::Status final_status;
+  if (p->forced.has_value()) {
+    final_status = *p->forced;
+  } else if (result.ok()) {
+    final_status = absl::OkStatus();
+  } else {
+    final_status = Annotate(result, Describe(p->record));
+  }
+  FinishLocked(p.get(), final_status);
 }
 
 void CommunicatorImpl::WatchdogLoop() {
@@ -303,13 +342,19 @@ void CommunicatorImpl::WatchdogLoop() {
       const int64_t now = clock_->NowNanos();
       Pending* expired = nullptr;
       if (running_ && running_->deadline_ns <= now) expired = running_.get();
+      for (auto& q : p2p_) {
+        if (expired == nullptr && q->deadline_ns <= now) expired = q.get();
+      }
       for (auto& q : queue_) {
         if (expired == nullptr && q->deadline_ns <= now) expired = q.get();
       }
       if (expired == nullptr) continue;
-      const char* where = expired == running_.get()
-                              ? "still in progress"
-                              : "never started: an earlier op held the queue";
+      const bool queued = !IsCollective(expired->record.op)
+                              ? false
+                              : expired != running_.get();
+      const char* where =
+          queued ? "never started: an earlier op held the queue"
+                 : "still in progress";
       cause = absl::DeadlineExceededError(absl::StrCat(
           Describe(expired->record), ": timed out after ",
           absl::FormatDuration(expired->timeout), " (", where,
@@ -339,24 +384,29 @@ bool CommunicatorImpl::BeginAbortLocked(
     return absl::AbortedError(
         absl::StrCat(Describe(p->record), ": ", aborted_msg));
   };
-  if (running_) running_->forced = outcome(running_.get());
-  if (trigger != nullptr && trigger != running_.get()) {
-    trigger->forced = outcome(trigger);
-  }
+  // Ops still inside the transport: their outcome is decided (and traced)
+  // now; their Work finishes once the transport lets go of their buffers.
+  auto decide = [&](Pending* p) {
+    p->forced = outcome(p);
+    ring_.Transition(p->record.seq, FinalState(*p->forced), clock_->NowNanos(),
+                     static_cast<int32_t>(p->forced->code()));
+    p->traced_final = true;
+  };
+  if (running_) decide(running_.get());
+  for (auto& q : p2p_) decide(q.get());
+  if (trigger != nullptr && !trigger->forced.has_value()) decide(trigger);
+  // Queued ops never touched their buffers: CompleteAbort finishes them as
+  // soon as the evidence is kept, without waiting for the transport.
   for (auto& q : queue_) {
-    q->forced = outcome(q.get());
+    decide(q.get());
     finish->push_back(q);
   }
   queue_.clear();
-  // Queued ops never touched their buffers: finish them now, so waiters
-  // return at once. The running op finishes when the transport lets go.
-  for (auto& q : *finish) FinishLocked(q.get(), *q->forced);
   return true;
 }
 
 void CommunicatorImpl::CompleteAbort(
     const absl::Status& cause, std::vector<std::shared_ptr<Pending>> finish) {
-  (void)finish;  // already finished under the lock
   // 1. Tell peers why, before closing the connections they will see drop.
   nlohmann::json notice = {
       {"rank", options_.rank},
@@ -369,18 +419,17 @@ void CommunicatorImpl::CompleteAbort(
     HOLDFAST_LOG_WARN("rank {}: could not leave an abort notice: {}",
                       options_.rank, written.ToString());
   }
-  // 2. Close the transport: the worker's blocked call returns now.
-  backend_->Abort(cause.message());
   HOLDFAST_LOG_ERROR("rank {}/{} gen {}: communicator aborted: {}",
                      options_.rank, options_.size, options_.generation,
                      cause.ToString());
-  // 3. Keep the evidence.
+  // 2. Keep the evidence, before any waiter is released.
   if (!options_.trace_dir.empty()) {
     const std::string path =
         absl::StrCat(options_.trace_dir, "/trace-g", options_.generation,
                      "-r", options_.rank, "-p", getpid(), ".json");
     std::ofstream out(path);
     out << DumpTrace();
+    out.close();
     if (out) {
       HOLDFAST_LOG_INFO("rank {}: trace written to {}", options_.rank, path);
     } else {
@@ -388,6 +437,11 @@ void CommunicatorImpl::CompleteAbort(
                         path);
     }
   }
+  // 3. Close the transport: a blocked call returns now, and peers blocked on
+  // this rank see its connections drop.
+  backend_->Abort(cause.message());
+  absl::MutexLock lock(&mu_);
+  for (auto& q : finish) FinishLocked(q.get(), *q->forced);
 }
 
 absl::Status CommunicatorImpl::ExplainFailure(const absl::Status& error) {

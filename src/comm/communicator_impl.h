@@ -1,6 +1,8 @@
 // CommunicatorImpl: turns a Backend into a Communicator that never hangs.
 //
-// Operations are queued and run in issue order by one worker thread. A
+// Collectives are queued and run in issue order by one worker thread.
+// Send/Recv are posted to the transport at once (so point-to-point patterns
+// cannot deadlock behind each other) and completed by a second thread. A
 // watchdog thread compares every queued or running operation's deadline with
 // the clock; the first one missed aborts the communicator. A backend error
 // (a lost peer) aborts it too. Aborting fails everything in flight, leaves an
@@ -13,6 +15,7 @@
 #define HOLDFAST_SRC_COMM_COMMUNICATOR_IMPL_H_
 
 #include <deque>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -78,6 +81,11 @@ class CommunicatorImpl final : public Communicator {
     // Set when the op's outcome was decided by an abort; wins over whatever
     // the backend returns.
     std::optional<absl::Status> forced;
+    // True once the ring holds this op's final state.
+    bool traced_final = false;
+    // Send/Recv: the posted transport op, or why posting failed.
+    std::unique_ptr<backend::PendingP2P> posted;
+    absl::Status post_status;
   };
 
   // Validates, numbers, traces and queues one operation.
@@ -86,7 +94,11 @@ class CommunicatorImpl final : public Communicator {
   absl::Status Validate(const backend::OpSpec& spec) const;
 
   void WorkerLoop();
+  void P2PLoop();
   void WatchdogLoop();
+  // Records the transport's `result` for `p` (aborting the communicator if
+  // it failed first here) and finishes its Work.
+  void Complete(const std::shared_ptr<Pending>& p, absl::Status result);
 
   // Decides the outcome of every op in flight: `trigger` (if any) fails with
   // `cause`, everything else with Aborted. Returns false if the communicator
@@ -115,15 +127,20 @@ class CommunicatorImpl final : public Communicator {
   mutable absl::Mutex mu_;
   std::deque<std::shared_ptr<Pending>> queue_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<Pending> running_ ABSL_GUARDED_BY(mu_);
+  // Posted Send/Recv ops, completed in order by the p2p thread.
+  std::deque<std::shared_ptr<Pending>> p2p_ ABSL_GUARDED_BY(mu_);
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t next_coll_seq_ ABSL_GUARDED_BY(mu_) = 0;
-  std::vector<int64_t> sends_to_ ABSL_GUARDED_BY(mu_);
-  std::vector<int64_t> recvs_from_ ABSL_GUARDED_BY(mu_);
+  // Messages so far per (peer, user tag): a Send and the Recv it matches
+  // have the same index.
+  std::map<std::pair<int, uint32_t>, int64_t> sends_to_ ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<int, uint32_t>, int64_t> recvs_from_ ABSL_GUARDED_BY(mu_);
   bool aborted_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status abort_status_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
 
   std::thread worker_;
+  std::thread p2p_thread_;
   std::thread watchdog_;
 };
 

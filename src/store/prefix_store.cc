@@ -10,10 +10,12 @@ class PrefixStore final : public Store {
       : prefix_(std::move(prefix)), base_(std::move(base)) {}
 
   absl::Status Set(absl::string_view key, absl::string_view value) override {
+    if (key.empty()) return absl::InvalidArgumentError("store: empty key");
     return base_->Set(absl::StrCat(prefix_, key), value);
   }
   absl::StatusOr<std::string> Get(absl::string_view key,
                                   absl::Duration timeout) override {
+    if (key.empty()) return absl::InvalidArgumentError("store: empty key");
     return base_->Get(absl::StrCat(prefix_, key), timeout);
   }
   absl::StatusOr<std::optional<std::string>> TryGet(

@@ -107,8 +107,12 @@ class GlooBackend final : public Backend {
         case OpType::kReduceScatter: return ReduceScatter(op);
         case OpType::kAllToAll: return AllToAll(op);
         case OpType::kBarrier: return Barrier(op);
-        case OpType::kSend: return Send(op);
-        case OpType::kRecv: return Recv(op);
+        case OpType::kSend:
+        case OpType::kRecv: {
+          absl::StatusOr<std::unique_ptr<PendingP2P>> p = Post(op);
+          if (!p.ok()) return p.status();
+          return Wait(**p);
+        }
       }
       return absl::InvalidArgumentError("gloo: unknown operation type");
     } catch (const ::gloo::IoException& e) {
@@ -290,20 +294,42 @@ class GlooBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  absl::Status Send(const OpSpec& op) {
-    const size_t bytes = op.count * DataTypeSize(op.dtype);
-    auto buf = context_->createUnboundBuffer(const_cast<void*>(op.send), bytes);
-    buf->send(op.peer, ::gloo::Slot::build(kP2PSlotPrefix, op.tag));
-    if (!buf->waitSend(ToChrono(op.timeout))) return AbortedStatus();
-    return absl::OkStatus();
+  struct GlooP2P final : PendingP2P {
+    std::unique_ptr<::gloo::transport::UnboundBuffer> buf;
+    bool is_send = false;
+    std::chrono::milliseconds timeout{0};
+  };
+
+  absl::StatusOr<std::unique_ptr<PendingP2P>> Post(const OpSpec& op) override {
+    if (aborted_.load(std::memory_order_acquire)) return AbortedStatus();
+    try {
+      auto p = std::make_unique<GlooP2P>();
+      const size_t bytes = op.count * DataTypeSize(op.dtype);
+      const uint64_t slot = ::gloo::Slot::build(kP2PSlotPrefix, op.tag);
+      p->is_send = op.type == OpType::kSend;
+      p->timeout = ToChrono(op.timeout);
+      if (p->is_send) {
+        p->buf = context_->createUnboundBuffer(const_cast<void*>(op.send), bytes);
+        p->buf->send(op.peer, slot);
+      } else {
+        p->buf = context_->createUnboundBuffer(op.recv, bytes);
+        p->buf->recv(op.peer, slot);
+      }
+      return std::unique_ptr<PendingP2P>(std::move(p));
+    } catch (const std::exception& e) {
+      return Translate(e.what());
+    }
   }
 
-  absl::Status Recv(const OpSpec& op) {
-    const size_t bytes = op.count * DataTypeSize(op.dtype);
-    auto buf = context_->createUnboundBuffer(op.recv, bytes);
-    buf->recv(op.peer, ::gloo::Slot::build(kP2PSlotPrefix, op.tag));
-    if (!buf->waitRecv(ToChrono(op.timeout))) return AbortedStatus();
-    return absl::OkStatus();
+  absl::Status Wait(PendingP2P& pending) override {
+    auto& p = static_cast<GlooP2P&>(pending);
+    try {
+      const bool done =
+          p.is_send ? p.buf->waitSend(p.timeout) : p.buf->waitRecv(p.timeout);
+      return done ? absl::OkStatus() : AbortedStatus();
+    } catch (const std::exception& e) {
+      return Translate(e.what());
+    }
   }
 
   const BackendOptions options_;

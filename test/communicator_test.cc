@@ -1,0 +1,205 @@
+// Single-process communicator tests: argument checking, tracing, and
+// deadlines forced through the injectable clock. Ranks of one group run as
+// threads here; the multi-process and fault tests live in collectives_test
+// and fault_test.
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+#include <cstdlib>
+#include <fstream>
+#include <thread>
+
+#include "holdfast/clock.h"
+#include "holdfast/communicator.h"
+#include "test/test_util.h"
+
+using namespace holdfast;
+
+namespace {
+
+std::unique_ptr<Communicator> Solo(CommunicatorOptions o = {}) {
+  o.rank = 0;
+  o.size = 1;
+  auto comm = Communicator::Create(NewMemoryStore(), o);
+  REQUIRE(comm.ok());
+  return std::move(*comm);
+}
+
+// Creates `n` communicators of one group concurrently (rendezvous needs all).
+std::vector<std::unique_ptr<Communicator>> Group(int n, CommunicatorOptions o) {
+  auto store = NewMemoryStore();
+  std::vector<absl::StatusOr<std::unique_ptr<Communicator>>> made(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      CommunicatorOptions mine = o;
+      mine.rank = r;
+      mine.size = n;
+      made[r] = Communicator::Create(store, mine);
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::vector<std::unique_ptr<Communicator>> out;
+  for (auto& m : made) {
+    REQUIRE(m.ok());
+    out.push_back(std::move(*m));
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("Create rejects bad options with InvalidArgument") {
+  CommunicatorOptions o;
+  o.rank = 2;
+  o.size = 2;
+  auto bad_rank = Communicator::Create(NewMemoryStore(), o);
+  CHECK(bad_rank.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(bad_rank.status().message().find("rank 2") != absl::string_view::npos);
+  o.rank = 0;
+  o.size = 0;
+  CHECK(Communicator::Create(NewMemoryStore(), o).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  o.size = 1;
+  o.timeout = absl::ZeroDuration();
+  CHECK(Communicator::Create(NewMemoryStore(), o).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  o.timeout = absl::Seconds(1);
+  CHECK(Communicator::Create(nullptr, o).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("a malformed HOLDFAST_ variable is named in the error") {
+  setenv("HOLDFAST_TIMEOUT_MS", "soon", 1);
+  CommunicatorOptions o;
+  o.rank = 0;
+  o.size = 1;
+  auto comm = Communicator::Create(NewMemoryStore(), o);
+  unsetenv("HOLDFAST_TIMEOUT_MS");
+  REQUIRE(comm.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(comm.status().message().find("HOLDFAST_TIMEOUT_MS='soon'") !=
+        absl::string_view::npos);
+}
+
+TEST_CASE("invalid op arguments fail at once with InvalidArgument") {
+  auto comm = Solo();
+  float x[4] = {1, 2, 3, 4};
+  auto code = [](const std::shared_ptr<Work>& w) {
+    REQUIRE(w->IsCompleted());
+    return w->Wait().code();
+  };
+  const auto kInvalid = absl::StatusCode::kInvalidArgument;
+  CHECK(code(comm->AllReduce(nullptr, 4, DataType::kFloat32, ReduceOp::kSum)) ==
+        kInvalid);
+  CHECK(code(comm->AllReduce(x, 4, static_cast<DataType>(42),
+                             ReduceOp::kSum)) == kInvalid);
+  CHECK(code(comm->AllReduce(x, 4, DataType::kFloat32,
+                             static_cast<ReduceOp>(9))) == kInvalid);
+  CHECK(code(comm->Broadcast(x, 4, DataType::kFloat32, 1)) == kInvalid);
+  CHECK(code(comm->Broadcast(x, 4, DataType::kFloat32, -1)) == kInvalid);
+  CHECK(code(comm->AllGather(nullptr, x, 4, DataType::kFloat32)) == kInvalid);
+  CHECK(code(comm->AllGather(x, nullptr, 4, DataType::kFloat32)) == kInvalid);
+  CHECK(code(comm->Send(x, 4, DataType::kFloat32, 0)) == kInvalid);  // self
+  CHECK(code(comm->Recv(x, 4, DataType::kFloat32, 5)) == kInvalid);
+  CHECK(code(comm->AllReduce(x, SIZE_MAX / 2, DataType::kFloat32,
+                             ReduceOp::kSum)) == kInvalid);
+  // The message names the op and the problem.
+  auto w = comm->Broadcast(x, 4, DataType::kFloat32, 3);
+  std::string msg(w->Wait().message());
+  CHECK(msg.find("Broadcast") != std::string::npos);
+  CHECK(msg.find("root 3") != std::string::npos);
+  // Rejected calls do not break the communicator.
+  CHECK(comm->health().ok());
+  CHECK(comm->AllReduce(x, 4, DataType::kFloat32, ReduceOp::kSum)->Wait().ok());
+}
+
+TEST_CASE("a group of one runs every op") {
+  auto comm = Solo();
+  float x[3] = {1, 2, 3}, y[3] = {0, 0, 0};
+  CHECK(comm->AllReduce(x, 3, DataType::kFloat32, ReduceOp::kAverage)->Wait().ok());
+  CHECK(x[2] == 3);
+  CHECK(comm->Broadcast(x, 3, DataType::kFloat32, 0)->Wait().ok());
+  CHECK(comm->AllGather(x, y, 3, DataType::kFloat32)->Wait().ok());
+  CHECK(y[1] == 2);
+  CHECK(comm->ReduceScatter(x, y, 3, DataType::kFloat32, ReduceOp::kMax)->Wait().ok());
+  CHECK(comm->AllToAll(x, y, 3, DataType::kFloat32)->Wait().ok());
+  CHECK(comm->Barrier()->Wait().ok());
+}
+
+TEST_CASE("every op is traced with its sequence number and states") {
+  auto comm = Solo();
+  int32_t v[5] = {};
+  for (int i = 0; i < 3; ++i) {
+    REQUIRE(comm->AllReduce(v, 5, DataType::kInt32, ReduceOp::kMax)->Wait().ok());
+  }
+  REQUIRE(comm->Broadcast(v, 5, DataType::kInt32, 0)->Wait().ok());
+  auto records = comm->TraceSnapshot();
+  REQUIRE(records.size() == 4);
+  for (uint64_t i = 0; i < 4; ++i) {
+    const TraceRecord& r = records[i];
+    CHECK(r.seq == i);
+    CHECK(r.coll_seq == static_cast<int64_t>(i));
+    CHECK(r.state == OpState::kCompleted);
+    CHECK(r.count == 5);
+    CHECK(r.bytes == 20);
+    CHECK(r.dtype == DataType::kInt32);
+    CHECK(r.enqueued_ns > 0);
+    CHECK(r.started_ns >= r.enqueued_ns);
+    CHECK(r.ended_ns >= r.started_ns);
+  }
+  CHECK(records[0].op == OpType::kAllReduce);
+  CHECK(records[0].reduce == ReduceOp::kMax);
+  CHECK(records[3].op == OpType::kBroadcast);
+  CHECK(records[3].peer == 0);
+  auto doc = nlohmann::json::parse(comm->DumpTrace());
+  CHECK(doc["ops"].size() == 4);
+  CHECK(doc["ops"][3]["root"] == 0);
+}
+
+TEST_CASE("a missed deadline is forced with a fake clock instead of a sleep") {
+  FakeClock clock;
+  CommunicatorOptions o;
+  o.clock = &clock;
+  o.timeout = absl::Hours(1);  // only the fake clock can reach this
+  o.trace_dir = testing::MakeTempDir();
+  auto comms = Group(2, o);
+  float x[16] = {};
+  // Rank 1 never joins this AllReduce, so rank 0 blocks in it.
+  auto w = comms[0]->AllReduce(x, 16, DataType::kFloat32, ReduceOp::kSum);
+  auto queued = comms[0]->Broadcast(x, 16, DataType::kFloat32, 0);
+  absl::SleepFor(absl::Milliseconds(50));
+  CHECK(!w->IsCompleted());
+  clock.Advance(absl::Hours(1) + absl::Seconds(1));
+  absl::Status s = w->Wait(absl::Seconds(30));
+  REQUIRE(s.code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(s.message().find("AllReduce seq=0") != absl::string_view::npos);
+  CHECK(s.message().find("rank=0/2") != absl::string_view::npos);
+  // The op queued behind it, and every later op, fail fast with Aborted.
+  CHECK(queued->Wait(absl::Seconds(5)).code() == absl::StatusCode::kAborted);
+  auto later = comms[0]->Barrier();
+  CHECK(later->IsCompleted());
+  CHECK(later->Wait().code() == absl::StatusCode::kAborted);
+  CHECK(comms[0]->health().code() == absl::StatusCode::kDeadlineExceeded);
+
+  // The ring was dumped on abort, with the timed-out op in it.
+  auto records = comms[0]->TraceSnapshot();
+  REQUIRE(records.size() >= 2);
+  CHECK(records[0].state == OpState::kTimedOut);
+  CHECK(records[1].state == OpState::kAborted);
+  std::string path =
+      o.trace_dir + "/trace-g0-r0-p" + std::to_string(getpid()) + ".json";
+  std::ifstream in(path);
+  REQUIRE(in.good());
+  auto doc = nlohmann::json::parse(in);
+  CHECK(doc["ops"][0]["state"] == "timed-out");
+  CHECK(doc["abort_reason"].get<std::string>().find("DEADLINE_EXCEEDED") == 0);
+}
+
+TEST_CASE("rendezvous with a rank that never arrives times out") {
+  CommunicatorOptions o;
+  o.rank = 0;
+  o.size = 2;
+  o.connect_timeout = absl::Milliseconds(300);
+  auto comm = Communicator::Create(NewMemoryStore(), o);
+  REQUIRE(comm.status().code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(comm.status().message().find("rendezvous") != absl::string_view::npos);
+}

@@ -1,0 +1,174 @@
+#include "test/test_util.h"
+
+#include "absl/time/clock.h"
+
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+namespace holdfast::testing {
+namespace {
+int g_report_fd = -1;
+}  // namespace
+
+std::string MakeTempDir() {
+  const char* base = getenv("TMPDIR");
+  std::string tmpl = std::string(base ? base : "/tmp") + "/holdfast-test-XXXXXX";
+  if (mkdtemp(tmpl.data()) == nullptr) {
+    perror("mkdtemp");
+    abort();
+  }
+  return tmpl;
+}
+
+int64_t MonoNanos() {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+}
+
+void Report(const std::string& line) {
+  std::string l = line + "\n";
+  size_t done = 0;
+  while (done < l.size()) {
+    ssize_t n = write(g_report_fd, l.data() + done, l.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    done += static_cast<size_t>(n);
+  }
+}
+
+std::map<std::string, std::string> ParseReport(const std::string& line) {
+  std::map<std::string, std::string> out;
+  size_t pos = 0;
+  while (pos < line.size()) {
+    size_t eq = line.find('=', pos);
+    if (eq == std::string::npos) break;
+    std::string key = line.substr(pos, eq - pos);
+    if (key == "msg") {
+      out[key] = line.substr(eq + 1);
+      break;
+    }
+    size_t sp = line.find(' ', eq);
+    if (sp == std::string::npos) sp = line.size();
+    out[key] = line.substr(eq + 1, sp - eq - 1);
+    pos = sp + 1;
+  }
+  return out;
+}
+
+ProcessGroup::ProcessGroup(int n, std::function<int(int rank)> body) {
+  fflush(stdout);
+  fflush(stderr);
+  for (int i = 0; i < n; ++i) {
+    int fds[2];
+    if (pipe(fds) != 0) {
+      perror("pipe");
+      abort();
+    }
+    pid_t pid = fork();
+    if (pid < 0) {
+      perror("fork");
+      abort();
+    }
+    if (pid == 0) {
+      close(fds[0]);
+      for (int fd : fds_) close(fd);
+      g_report_fd = fds[1];
+      int code = body(i);
+      fflush(stdout);
+      fflush(stderr);
+      _exit(code);
+    }
+    close(fds[1]);
+    pids_.push_back(pid);
+    fds_.push_back(fds[0]);
+    buffered_.emplace_back();
+    reaped_.push_back(false);
+  }
+}
+
+ProcessGroup::~ProcessGroup() {
+  for (size_t i = 0; i < pids_.size(); ++i) {
+    if (!reaped_[i]) {
+      kill(pids_[i], SIGKILL);
+      waitpid(pids_[i], nullptr, 0);
+    }
+    close(fds_[i]);
+  }
+}
+
+void ProcessGroup::Signal(int rank, int sig) { kill(pids_[rank], sig); }
+
+std::optional<std::string> ProcessGroup::ReadLine(int rank,
+                                                  absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  std::string& buf = buffered_[rank];
+  for (;;) {
+    size_t nl = buf.find('\n');
+    if (nl != std::string::npos) {
+      std::string line = buf.substr(0, nl);
+      buf.erase(0, nl + 1);
+      return line;
+    }
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) return std::nullopt;
+    struct pollfd pfd = {fds_[rank], POLLIN, 0};
+    int rv = poll(&pfd, 1, static_cast<int>(absl::ToInt64Milliseconds(left)) + 1);
+    if (rv < 0 && errno == EINTR) continue;
+    if (rv <= 0) continue;
+    char chunk[4096];
+    ssize_t n = read(fds_[rank], chunk, sizeof(chunk));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return std::nullopt;  // EOF: the child is gone
+    buf.append(chunk, static_cast<size_t>(n));
+  }
+}
+
+std::optional<std::map<std::string, std::string>> ProcessGroup::WaitEvent(
+    int rank, const std::string& event, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    std::optional<std::string> line = ReadLine(rank, deadline - absl::Now());
+    if (!line) return std::nullopt;
+    auto fields = ParseReport(*line);
+    if (fields["event"] == event) return fields;
+  }
+}
+
+std::vector<ProcessGroup::Exit> ProcessGroup::WaitAll(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  std::vector<Exit> exits(pids_.size());
+  for (size_t i = 0; i < pids_.size(); ++i) {
+    if (reaped_[i]) continue;
+    int status = 0;
+    for (;;) {
+      pid_t r = waitpid(pids_[i], &status, WNOHANG);
+      if (r == pids_[i]) break;
+      if (absl::Now() >= deadline) {
+        exits[i].timed_out = true;
+        kill(pids_[i], SIGKILL);
+        waitpid(pids_[i], &status, 0);
+        break;
+      }
+      usleep(2000);
+    }
+    reaped_[i] = true;
+    if (WIFEXITED(status)) {
+      exits[i].exited = true;
+      exits[i].code = WEXITSTATUS(status);
+    } else if (WIFSIGNALED(status)) {
+      exits[i].signal = WTERMSIG(status);
+    }
+  }
+  return exits;
+}
+
+}  // namespace holdfast::testing

@@ -1,0 +1,68 @@
+// Helpers for multi-process tests: fork N ranks, read lines they report,
+// send them real signals, and reap them with a time limit. The parent never
+// blocks without a bound; leftover children are SIGKILLed.
+// Used from the (single-threaded) Catch2 main thread only.
+#ifndef HOLDFAST_TEST_TEST_UTIL_H_
+#define HOLDFAST_TEST_TEST_UTIL_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+
+namespace holdfast::testing {
+
+// A fresh directory under $TMPDIR (or /tmp).
+std::string MakeTempDir();
+
+// CLOCK_MONOTONIC in nanoseconds: comparable across processes of one host.
+int64_t MonoNanos();
+
+// Child side: writes one line to the parent.
+void Report(const std::string& line);
+
+// Parses "k1=v1 k2=v2 msg=rest of line" ("msg" takes the rest).
+std::map<std::string, std::string> ParseReport(const std::string& line);
+
+class ProcessGroup {
+ public:
+  // Forks `n` children; child i runs body(i) and _exits with its result.
+  ProcessGroup(int n, std::function<int(int rank)> body);
+  ~ProcessGroup();
+
+  int size() const { return static_cast<int>(pids_.size()); }
+  pid_t pid(int rank) const { return pids_[rank]; }
+  void Signal(int rank, int sig);
+
+  // Next line reported by `rank`, waiting up to `timeout`.
+  std::optional<std::string> ReadLine(int rank, absl::Duration timeout);
+  // Next line from `rank` whose "event" field is `event`; skips others.
+  std::optional<std::map<std::string, std::string>> WaitEvent(
+      int rank, const std::string& event, absl::Duration timeout);
+
+  struct Exit {
+    bool exited = false;   // exited normally
+    int code = -1;         // exit code if exited
+    int signal = 0;        // terminating signal otherwise
+    bool timed_out = false;  // still running at the limit (then SIGKILLed)
+  };
+  // Reaps every child, waiting up to `timeout` in all.
+  std::vector<Exit> WaitAll(absl::Duration timeout);
+
+ private:
+  std::vector<pid_t> pids_;
+  std::vector<int> fds_;
+  std::vector<std::string> buffered_;
+  std::vector<bool> reaped_;
+};
+
+}  // namespace holdfast::testing
+
+#endif  // HOLDFAST_TEST_TEST_UTIL_H_
