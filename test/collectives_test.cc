@@ -9,7 +9,7 @@
 
 #include "holdfast/communicator.h"
 #include "src/backend/gloo/reduce.h"
-#include "test/test_util.h"
+#include "src/common/process_group.h"
 
 using namespace holdfast;
 namespace bg = holdfast::backend::gloo;
@@ -106,7 +106,7 @@ int RunAllOps(int rank, int n, const std::string& dir) {
   o.timeout = absl::Seconds(60);
   auto made = Communicator::Create(*store, o);
   if (!made.ok()) {
-    testing::Report("event=result failures=1 msg=" + made.status().ToString());
+    proc::Report("event=result failures=1 msg=" + made.status().ToString());
     return 11;
   }
   Communicator& comm = **made;
@@ -204,14 +204,14 @@ int RunAllOps(int rank, int n, const std::string& dir) {
                 "AllReduce big");
   }
   const size_t ops = comm.TraceSnapshot().size();
-  testing::Report("event=result failures=" + std::to_string(check.failures) +
+  proc::Report("event=result failures=" + std::to_string(check.failures) +
                   " ops=" + std::to_string(ops) + " msg=" + check.first);
   return 0;
 }
 
 void RunGroup(int n) {
-  const std::string dir = testing::MakeTempDir();
-  testing::ProcessGroup group(n, [&](int rank) { return RunAllOps(rank, n, dir); });
+  const std::string dir = proc::MakeTempDir();
+  proc::ProcessGroup group(n, [&](int rank) { return RunAllOps(rank, n, dir); });
   for (int r = 0; r < n; ++r) {
     auto result = group.WaitEvent(r, "result", absl::Seconds(240));
     REQUIRE(result.has_value());

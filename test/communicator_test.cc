@@ -10,7 +10,7 @@
 
 #include "holdfast/clock.h"
 #include "holdfast/communicator.h"
-#include "test/test_util.h"
+#include "src/common/process_group.h"
 
 using namespace holdfast;
 
@@ -160,7 +160,7 @@ TEST_CASE("a missed deadline is forced with a fake clock instead of a sleep") {
   CommunicatorOptions o;
   o.clock = &clock;
   o.timeout = absl::Hours(1);  // only the fake clock can reach this
-  o.trace_dir = testing::MakeTempDir();
+  o.trace_dir = proc::MakeTempDir();
   auto comms = Group(2, o);
   float x[16] = {};
   // Rank 1 never joins this AllReduce, so rank 0 blocks in it.

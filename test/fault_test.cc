@@ -11,12 +11,12 @@
 #include <thread>
 
 #include "holdfast/communicator.h"
-#include "test/test_util.h"
+#include "src/common/process_group.h"
 
 using namespace holdfast;
-using holdfast::testing::MonoNanos;
-using holdfast::testing::ProcessGroup;
-using holdfast::testing::Report;
+using holdfast::proc::MonoNanos;
+using holdfast::proc::ProcessGroup;
+using holdfast::proc::Report;
 
 namespace {
 
@@ -81,7 +81,7 @@ struct FaultRun {
 };
 
 FaultRun InjectFault(int n, int victim, int sig, absl::Duration timeout) {
-  const std::string dir = holdfast::testing::MakeTempDir();
+  const std::string dir = holdfast::proc::MakeTempDir();
   ProcessGroup group(n, [&](int rank) {
     return LoopUntilFailure(dir, rank, n, timeout);
   });
@@ -131,7 +131,7 @@ TEST_CASE("a SIGKILLed peer surfaces as Unavailable on every survivor within 1 s
     CHECK(f["code"] == "UNAVAILABLE");
     CHECK(f["msg"].find("rank 2") != std::string::npos);  // names the dead peer
     const double detect_s = SecondsSince(run.fault_ns, f["t"]);
-    UNSCOPED_INFO("rank " << r << " detected the kill after " << detect_s << " s");
+    WARN("rank " << r << " detected the kill after " << detect_s << " s");
     CHECK(detect_s < 1.0);
     // Later ops fail fast with Aborted.
     CHECK(f["later"] == "ABORTED");
@@ -165,7 +165,7 @@ TEST_CASE("a SIGSTOPped peer surfaces as DeadlineExceeded within timeout + 1 s")
     CHECK(f["msg"].find("AllReduce") != std::string::npos);
     CHECK(f["msg"].find("timed out after 2s") != std::string::npos);
     const double detect_s = SecondsSince(run.fault_ns, f["t"]);
-    UNSCOPED_INFO("rank " << r << " detected the freeze after " << detect_s << " s");
+    WARN("rank " << r << " detected the freeze after " << detect_s << " s");
     CHECK(detect_s < 2.0 + 1.0);
     CHECK(f["later"] == "ABORTED");
   }
@@ -173,7 +173,7 @@ TEST_CASE("a SIGSTOPped peer surfaces as DeadlineExceeded within timeout + 1 s")
 }
 
 TEST_CASE("Abort() from another thread unblocks a blocked collective") {
-  const std::string dir = holdfast::testing::MakeTempDir();
+  const std::string dir = holdfast::proc::MakeTempDir();
   ProcessGroup group(2, [&](int rank) {
     auto comm = Connect(dir, rank, 2, absl::Seconds(120));
     if (!comm) return 3;
@@ -213,7 +213,7 @@ TEST_CASE("Abort() from another thread unblocks a blocked collective") {
   CHECK(f["msg"].find("operator requested abort") != std::string::npos);
   CHECK(f["msg"].find("AllReduce seq=0") != std::string::npos);
   const double release_ms = std::stod(f["release_ns"]) / 1e6;
-  UNSCOPED_INFO("Wait released " << release_ms << " ms after Abort()");
+  WARN("Wait released " << release_ms << " ms after Abort()");
   CHECK(release_ms < 100.0 * 5);  // "about 100 ms", with room for a loaded CI
   CHECK(std::stod(f["destroy_ns"]) / 1e6 < 500.0);
   group.Signal(1, SIGKILL);
@@ -223,7 +223,7 @@ TEST_CASE("Abort() from another thread unblocks a blocked collective") {
 }
 
 TEST_CASE("collectives that differ across ranks fail at the deadline without a crash") {
-  const std::string dir = holdfast::testing::MakeTempDir();
+  const std::string dir = holdfast::proc::MakeTempDir();
   // Each case: what rank 0 and rank 1 issue. Buffers carry guard bytes that
   // must survive untouched.
   enum Case { kCount = 0, kDtype, kOp, kRoot, kSendRecvSize, kNumCases };

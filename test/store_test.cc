@@ -2,7 +2,7 @@
 #include <thread>
 
 #include "holdfast/store.h"
-#include "test/test_util.h"
+#include "src/common/process_group.h"
 
 using holdfast::Store;
 
@@ -47,7 +47,7 @@ TEST_CASE("memory store semantics") {
 }
 
 TEST_CASE("file store semantics") {
-  auto store = holdfast::NewFileStore(holdfast::testing::MakeTempDir());
+  auto store = holdfast::NewFileStore(holdfast::proc::MakeTempDir());
   REQUIRE(store.ok());
   ExerciseStore(**store);
 }

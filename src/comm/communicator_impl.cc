@@ -462,8 +462,8 @@ absl::Status CommunicatorImpl::ExplainFailure(const absl::Status& error) {
   }
   absl::Status adopted(
       static_cast<absl::StatusCode>(code),
-      absl::StrCat(notice["message"].get<std::string>(), " [reported by rank ",
-                   *peer, "]"));
+      absl::StrCat("rank ", *peer, " aborted the group: ",
+                   notice["message"].get<std::string>()));
   const int root_peer =
       notice["peer"].is_number_integer() ? notice["peer"].get<int>() : -1;
   SetPeer(&adopted, root_peer >= 0 ? root_peer : *peer);

@@ -1,4 +1,4 @@
-#include "test/test_util.h"
+#include "src/common/process_group.h"
 
 #include "absl/time/clock.h"
 
@@ -13,7 +13,7 @@
 #include <cstdio>
 #include <cstring>
 
-namespace holdfast::testing {
+namespace holdfast::proc {
 namespace {
 int g_report_fd = -1;
 }  // namespace
@@ -171,4 +171,4 @@ std::vector<ProcessGroup::Exit> ProcessGroup::WaitAll(absl::Duration timeout) {
   return exits;
 }
 
-}  // namespace holdfast::testing
+}  // namespace holdfast::proc

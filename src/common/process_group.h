@@ -1,9 +1,10 @@
-// Helpers for multi-process tests: fork N ranks, read lines they report,
-// send them real signals, and reap them with a time limit. The parent never
-// blocks without a bound; leftover children are SIGKILLed.
-// Used from the (single-threaded) Catch2 main thread only.
-#ifndef HOLDFAST_TEST_TEST_UTIL_H_
-#define HOLDFAST_TEST_TEST_UTIL_H_
+// Fork N ranks of a function, read the lines they report, send them real
+// signals, and reap them with a time limit: for multi-process tests, the
+// demo and the benchmarks. The parent never blocks without a bound;
+// leftover children are SIGKILLed. Use from one thread of a process that
+// has no other threads when it forks.
+#ifndef HOLDFAST_SRC_COMMON_PROCESS_GROUP_H_
+#define HOLDFAST_SRC_COMMON_PROCESS_GROUP_H_
 
 #include <sys/types.h>
 
@@ -17,7 +18,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 
-namespace holdfast::testing {
+namespace holdfast::proc {
 
 // A fresh directory under $TMPDIR (or /tmp).
 std::string MakeTempDir();
@@ -63,6 +64,6 @@ class ProcessGroup {
   std::vector<bool> reaped_;
 };
 
-}  // namespace holdfast::testing
+}  // namespace holdfast::proc
 
-#endif  // HOLDFAST_TEST_TEST_UTIL_H_
+#endif  // HOLDFAST_SRC_COMMON_PROCESS_GROUP_H_
