@@ -23,6 +23,13 @@ namespace {
 // watchdog acts first; the transport limit only backs it up.
 constexpr absl::Duration kTransportGrace = absl::Seconds(5);
 
+// How long the worker leaves a fresh op at the head of the queue for the
+// thread that issued it to claim in Wait() (see RunInline). Two thread
+// hand-offs per op cost more than this on a busy host; an op issued
+// asynchronously starts at most this much later, and only the first of a
+// burst (the rest queue behind a running op anyway).
+constexpr absl::Duration kInlineGrace = absl::Microseconds(200);
+
 OpState FinalState(const absl::Status& s) {
   if (s.ok()) return OpState::kCompleted;
   if (s.code() == absl::StatusCode::kDeadlineExceeded) return OpState::kTimedOut;
@@ -59,9 +66,15 @@ CommunicatorImpl::CommunicatorImpl(const CommunicatorOptions& options,
                                    std::unique_ptr<backend::Backend> backend)
     : options_(options),
       clock_(options.clock != nullptr ? options.clock : Clock::Real()),
+      real_clock_(clock_ == Clock::Real()),
       store_(std::move(store)),
       backend_(std::move(backend)),
-      ring_(options.trace_capacity) {
+      ring_(options.trace_capacity),
+      runner_handle_(std::make_shared<RunnerHandle>()) {
+  {
+    absl::MutexLock lock(&runner_handle_->mu);
+    runner_handle_->runner = this;
+  }
   worker_ = std::thread([this] { WorkerLoop(); });
   p2p_thread_ = std::thread([this] { P2PLoop(); });
   watchdog_ = std::thread([this] { WatchdogLoop(); });
@@ -94,6 +107,11 @@ CommunicatorImpl::~CommunicatorImpl() {
   // Unblocks the worker if it is inside the transport. Quiet: destroying a
   // communicator is not a failure, so no notice and no trace dump.
   backend_->Abort("communicator destroyed");
+  {
+    // Waits for threads running an op inline (the abort above ends it).
+    absl::MutexLock lock(&runner_handle_->mu);
+    runner_handle_->runner = nullptr;
+  }
   worker_.join();
   p2p_thread_.join();
   watchdog_.join();
@@ -189,7 +207,7 @@ std::shared_ptr<Work> CommunicatorImpl::Submit(backend::OpSpec spec,
   r.peer = spec.peer;
   r.count = spec.count;
   r.bytes = bytes;
-  r.enqueued_ns = clock_->NowNanos();
+  r.enqueued_ns = Now();
   if (!valid.ok()) {
     // Rejected calls are traced too, but consume no matching position.
     ring_.Begin(r);
@@ -220,8 +238,10 @@ std::shared_ptr<Work> CommunicatorImpl::Submit(backend::OpSpec spec,
                                                       : options_.timeout;
   spec.timeout = p->timeout + kTransportGrace;
   p->deadline_ns = r.enqueued_ns + absl::ToInt64Nanoseconds(p->timeout);
+  p->issued = absl::Now();
   p->spec = spec;
-  p->work = std::make_shared<WorkImpl>(seq);
+  p->work = std::make_shared<WorkImpl>(
+      seq, IsCollective(spec.type) ? runner_handle_ : nullptr);
   ring_.Begin(r);
   if (IsCollective(spec.type)) {
     queue_.push_back(p);
@@ -237,7 +257,7 @@ std::shared_ptr<Work> CommunicatorImpl::Submit(backend::OpSpec spec,
         p->post_status = posted.status();
       }
     }
-    ring_.Transition(seq, OpState::kStarted, clock_->NowNanos());
+    ring_.Transition(seq, OpState::kStarted, Now());
     p2p_.push_back(p);
   }
   return p->work;
@@ -245,7 +265,7 @@ std::shared_ptr<Work> CommunicatorImpl::Submit(backend::OpSpec spec,
 
 void CommunicatorImpl::FinishLocked(Pending* p, const absl::Status& status) {
   if (!p->traced_final) {
-    ring_.Transition(p->record.seq, FinalState(status), clock_->NowNanos(),
+    ring_.Transition(p->record.seq, FinalState(status), Now(),
                      static_cast<int32_t>(status.code()));
     p->traced_final = true;
   }
@@ -262,17 +282,55 @@ void CommunicatorImpl::WorkerLoop() {
       };
       mu_.Await(absl::Condition(&ready));
       if (queue_.empty()) return;  // stopping
+      // Leave a fresh op to its issuer for a moment (see kInlineGrace).
+      std::shared_ptr<Pending> head = queue_.front();
+      const absl::Duration age = absl::Now() - head->issued;
+      if (age < kInlineGrace) {
+        auto claimed = [this, &head]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return stop_ || queue_.empty() || queue_.front() != head;
+        };
+        mu_.AwaitWithTimeout(absl::Condition(&claimed), kInlineGrace - age);
+        continue;  // re-examine the queue
+      }
+      if (running_ != nullptr) {
+        // Running inline on a caller's thread; wait for it to finish.
+        auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return stop_ || running_ == nullptr;
+        };
+        mu_.Await(absl::Condition(&idle));
+        continue;
+      }
       p = queue_.front();
       queue_.pop_front();
       running_ = p;
-      ring_.Transition(p->record.seq, OpState::kStarted, clock_->NowNanos());
+      ring_.Transition(p->record.seq, OpState::kStarted, Now());
     }
-    absl::Status result = absl::OkStatus();
-    if (p->spec.count > 0 || p->spec.type == OpType::kBarrier) {
-      result = backend_->Run(p->spec);
-    }
-    Complete(p, std::move(result));
+    Execute(p);
   }
+}
+
+void CommunicatorImpl::RunInline(uint64_t seq) {
+  std::shared_ptr<Pending> p;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stop_ || running_ != nullptr || queue_.empty() ||
+        queue_.front()->record.seq != seq) {
+      return;
+    }
+    p = queue_.front();
+    queue_.pop_front();
+    running_ = p;
+    ring_.Transition(p->record.seq, OpState::kStarted, Now());
+  }
+  Execute(p);
+}
+
+void CommunicatorImpl::Execute(const std::shared_ptr<Pending>& p) {
+  absl::Status result = absl::OkStatus();
+  if (p->spec.count > 0 || p->spec.type == OpType::kBarrier) {
+    result = backend_->Run(p->spec);
+  }
+  Complete(p, std::move(result));
 }
 
 void CommunicatorImpl::P2PLoop() {
@@ -339,7 +397,7 @@ void CommunicatorImpl::WatchdogLoop() {
         return;
       }
       if (aborted_) continue;
-      const int64_t now = clock_->NowNanos();
+      const int64_t now = Now();
       Pending* expired = nullptr;
       if (running_ && running_->deadline_ns <= now) expired = running_.get();
       for (auto& q : p2p_) {
@@ -388,7 +446,7 @@ bool CommunicatorImpl::BeginAbortLocked(
   // now; their Work finishes once the transport lets go of their buffers.
   auto decide = [&](Pending* p) {
     p->forced = outcome(p);
-    ring_.Transition(p->record.seq, FinalState(*p->forced), clock_->NowNanos(),
+    ring_.Transition(p->record.seq, FinalState(*p->forced), Now(),
                      static_cast<int32_t>(p->forced->code()));
     p->traced_final = true;
   };
@@ -498,7 +556,7 @@ std::string CommunicatorImpl::DumpTrace() const {
     if (aborted_) reason = abort_status_.ToString();
   }
   return trace::ToJson(ring_.Snapshot(), options_.rank, options_.size,
-                       options_.generation, clock_->NowNanos(),
+                       options_.generation, Now(),
                        absl::ToUnixNanos(absl::Now()), reason);
 }
 

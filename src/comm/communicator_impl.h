@@ -24,6 +24,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "holdfast/clock.h"
 #include "holdfast/communicator.h"
 #include "src/backend/backend.h"
@@ -32,7 +33,7 @@
 
 namespace holdfast::comm {
 
-class CommunicatorImpl final : public Communicator {
+class CommunicatorImpl final : public Communicator, private InlineRunner {
  public:
   // Takes ownership of a connected backend. `store` is where abort notices
   // are written and read.
@@ -78,6 +79,8 @@ class CommunicatorImpl final : public Communicator {
     std::shared_ptr<WorkImpl> work;
     int64_t deadline_ns = 0;
     absl::Duration timeout;
+    // Real time of issue: scheduling only (deadlines use clock_).
+    absl::Time issued = absl::InfinitePast();
     // Set when the op's outcome was decided by an abort; wins over whatever
     // the backend returns.
     std::optional<absl::Status> forced;
@@ -94,6 +97,11 @@ class CommunicatorImpl final : public Communicator {
   absl::Status Validate(const backend::OpSpec& spec) const;
 
   void WorkerLoop();
+  // Runs collective `seq` on the calling thread if it is at the head of the
+  // queue and nothing is running; otherwise does nothing.
+  void RunInline(uint64_t seq) override;
+  // Runs `p` (already claimed as running_) through the backend.
+  void Execute(const std::shared_ptr<Pending>& p);
   void P2PLoop();
   void WatchdogLoop();
   // Records the transport's `result` for `p` (aborting the communicator if
@@ -115,14 +123,21 @@ class CommunicatorImpl final : public Communicator {
   void FinishLocked(Pending* p, const absl::Status& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // The clock's time; skips the virtual call for the real clock, since
+  // every op reads it three times.
+  int64_t Now() const {
+    return real_clock_ ? MonotonicNanos() : clock_->NowNanos();
+  }
   std::string Describe(const TraceRecord& r) const;
   std::string NoticeKey(int rank) const;
 
   const CommunicatorOptions options_;
   Clock* const clock_;
+  const bool real_clock_;
   const std::shared_ptr<Store> store_;
   const std::unique_ptr<backend::Backend> backend_;
   trace::TraceRing ring_;
+  const std::shared_ptr<RunnerHandle> runner_handle_;
 
   mutable absl::Mutex mu_;
   std::deque<std::shared_ptr<Pending>> queue_ ABSL_GUARDED_BY(mu_);

@@ -16,6 +16,13 @@ bool WorkImpl::IsCompleted() const {
 }
 
 absl::Status WorkImpl::Wait(absl::Duration timeout) {
+  // Only an unbounded wait may run the op here: a bounded one must return
+  // at its timeout, which an op running on this thread could outlast.
+  if (runner_ != nullptr && timeout == absl::InfiniteDuration() &&
+      !IsCompleted()) {
+    absl::ReaderMutexLock lock(&runner_->mu);
+    if (runner_->runner != nullptr) runner_->runner->RunInline(seq_);
+  }
   absl::MutexLock lock(&mu_);
   if (!mu_.AwaitWithTimeout(absl::Condition(&done_), timeout)) {
     return absl::DeadlineExceededError(absl::StrCat(

@@ -11,9 +11,25 @@
 
 namespace holdfast::comm {
 
+// Lets a thread that waits on an op run it itself when the op is next in
+// line and nothing else is running: the common `Op(...)->Wait()` then costs
+// no thread hand-off. `runner` is cleared (under the writer lock) before the
+// communicator goes away, so a Work never calls into a dead communicator.
+class InlineRunner {
+ public:
+  virtual ~InlineRunner() = default;
+  virtual void RunInline(uint64_t seq) = 0;
+};
+struct RunnerHandle {
+  absl::Mutex mu;
+  InlineRunner* runner ABSL_GUARDED_BY(mu) = nullptr;
+};
+
 class WorkImpl final : public Work {
  public:
-  explicit WorkImpl(uint64_t seq) : seq_(seq) {}
+  explicit WorkImpl(uint64_t seq,
+                    std::shared_ptr<RunnerHandle> runner = nullptr)
+      : seq_(seq), runner_(std::move(runner)) {}
 
   // A Work that is already finished with `status`.
   static std::shared_ptr<WorkImpl> Done(uint64_t seq, absl::Status status);
@@ -27,6 +43,7 @@ class WorkImpl final : public Work {
 
  private:
   const uint64_t seq_;
+  const std::shared_ptr<RunnerHandle> runner_;
   mutable absl::Mutex mu_;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
