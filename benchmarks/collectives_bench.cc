@@ -73,7 +73,8 @@ double Median(std::vector<double> v) {
 
 // Timed samples per size: `base` for large messages, up to 4x for small.
 int SamplesFor(size_t bytes, int base) {
-  const size_t scaled = (size_t{64} << 20) / bytes * static_cast<size_t>(base) / 16;
+  const size_t scaled =
+      (size_t{64} << 20) / bytes * static_cast<size_t>(base) / 16;
   return static_cast<int>(std::clamp<size_t>(scaled, base, 4 * base));
 }
 
@@ -99,7 +100,8 @@ int RunRank(int rank, const Config& cfg, const std::string& dir) {
   o.timeout = absl::Seconds(120);
   auto made = Communicator::Create(*store, o);
   if (!made.ok()) {
-    std::fprintf(stderr, "rank %d: %s\n", rank, made.status().ToString().c_str());
+    std::fprintf(stderr, "rank %d: %s\n", rank,
+                 made.status().ToString().c_str());
     return 3;
   }
   Communicator& comm = **made;
@@ -249,7 +251,8 @@ int main(int argc, char** argv) {
                  "timed ops per size and op (medians are compared)")
       ->check(CLI::Range(3, 10000));
   app.add_flag("--pin,!--no-pin", cfg.pin, "pin rank r to core r % nproc");
-  app.add_flag("--json", cfg.json, "print one JSON document instead of a table");
+  app.add_flag("--json", cfg.json,
+               "print one JSON document instead of a table");
   CLI11_PARSE(app, argc, argv);
   cfg.min_bytes = ParseBytes(min_bytes);
   cfg.max_bytes = ParseBytes(max_bytes);
@@ -316,18 +319,21 @@ int main(int argc, char** argv) {
     std::printf("%s\n", doc.dump(2).c_str());
     return 0;
   }
-  std::printf("# holdfast collectives benchmark: %d ranks, Gloo TCP on loopback\n",
-              cfg.ranks);
-  std::printf("# time_us is the median per op; min columns are the fastest sample\n");
-  std::printf("# %-10s %10s %10s %10s %10s %10s %10s %12s %9s %9s\n", "op", "bytes",
-              "count", "time_us", "min_us", "algbw_GB/s", "busbw_GB/s",
+  std::printf(
+      "# holdfast collectives benchmark: %d ranks, Gloo TCP on loopback\n",
+      cfg.ranks);
+  std::printf(
+      "# time_us is the median per op; min columns are the fastest sample\n");
+  std::printf("# %-10s %10s %10s %10s %10s %10s %10s %12s %9s %9s\n", "op",
+              "bytes", "count", "time_us", "min_us", "algbw_GB/s", "busbw_GB/s",
               "raw_time_us", "hf/raw", "min/min");
   for (const auto& row : rows) {
     std::printf("  %-10s %10zu %10zu %10.1f %10.1f %10.3f %10.3f",
-                row["op"].get<std::string>().c_str(), row["bytes"].get<size_t>(),
-                row["count"].get<size_t>(), row["time_us"].get<double>(),
-                row["min_time_us"].get<double>(),
-                row["algbw_GBps"].get<double>(), row["busbw_GBps"].get<double>());
+                row["op"].get<std::string>().c_str(),
+                row["bytes"].get<size_t>(), row["count"].get<size_t>(),
+                row["time_us"].get<double>(), row["min_time_us"].get<double>(),
+                row["algbw_GBps"].get<double>(),
+                row["busbw_GBps"].get<double>());
     if (row.contains("ratio")) {
       std::printf(" %12.1f %9.3f %9.3f\n", row["raw_time_us"].get<double>(),
                   row["ratio"].get<double>(), row["ratio_min"].get<double>());
@@ -335,18 +341,20 @@ int main(int argc, char** argv) {
       std::printf(" %12s %9s %9s\n", "-", "-", "-");
     }
   }
-  std::printf("# tracing: %.1f ns per op = %.1f ns of ring writes + 2 clock reads "
-              "of %.1f ns\n",
-              tracing["ns_per_op"].get<double>(),
-              tracing["ns_ring_writes"].get<double>(),
-              tracing["ns_per_clock_read"].get<double>());
-  const char* verdict =
-      big == 0 ? "n/a: no size >= 1 MiB" : geomean_min <= 1.03 ? "met" : "NOT met";
-  std::printf("# goals: AllReduce holdfast/raw >= 1 MiB, fastest samples: geomean %.3f "
-              "(goal <= 1.03: %s), worst size %.3f; medians: geomean %.3f; "
-              "tracing %.1f ns (goal <= 100: %s)\n",
-              geomean_min, verdict, worst,
-              geomean, tracing["ns_per_op"].get<double>(),
-              tracing["ns_per_op"].get<double>() <= 100 ? "met" : "NOT met");
+  std::printf(
+      "# tracing: %.1f ns per op = %.1f ns of ring writes + 2 clock reads "
+      "of %.1f ns\n",
+      tracing["ns_per_op"].get<double>(),
+      tracing["ns_ring_writes"].get<double>(),
+      tracing["ns_per_clock_read"].get<double>());
+  const char* verdict = big == 0              ? "n/a: no size >= 1 MiB"
+                        : geomean_min <= 1.03 ? "met"
+                                              : "NOT met";
+  std::printf(
+      "# goals: AllReduce holdfast/raw >= 1 MiB, fastest samples: geomean %.3f "
+      "(goal <= 1.03: %s), worst size %.3f; medians: geomean %.3f; "
+      "tracing %.1f ns (goal <= 100: %s)\n",
+      geomean_min, verdict, worst, geomean, tracing["ns_per_op"].get<double>(),
+      tracing["ns_per_op"].get<double>() <= 100 ? "met" : "NOT met");
   return 0;
 }

@@ -16,16 +16,15 @@ namespace bg = holdfast::backend::gloo;
 
 namespace {
 
-const DataType kTypes[] = {DataType::kFloat32, DataType::kFloat64,
-                           DataType::kInt32,   DataType::kInt64,
-                           DataType::kBFloat16, DataType::kFloat16,
-                           DataType::kUInt8};
+const DataType kTypes[] = {
+    DataType::kFloat32,  DataType::kFloat64, DataType::kInt32, DataType::kInt64,
+    DataType::kBFloat16, DataType::kFloat16, DataType::kUInt8};
 
 // Small integers: every sum and product below is exact in every dtype, so
 // the reference does not depend on the reduction order.
 double Value(int rank, size_t i, bool for_product) {
   if (for_product) return 1 + static_cast<double>((rank + i) % 2);  // 1 or 2
-  return 1 + static_cast<double>((rank * 7 + i * 3) % 5);         // 1..5
+  return 1 + static_cast<double>((rank * 7 + i * 3) % 5);           // 1..5
 }
 
 // Encodes doubles as `dtype` elements.
@@ -34,13 +33,40 @@ std::vector<uint8_t> Encode(DataType dtype, const std::vector<double>& v) {
   for (size_t i = 0; i < v.size(); ++i) {
     uint8_t* p = out.data() + i * DataTypeSize(dtype);
     switch (dtype) {
-      case DataType::kFloat32: { float x = static_cast<float>(v[i]); std::memcpy(p, &x, 4); break; }
-      case DataType::kFloat64: { double x = v[i]; std::memcpy(p, &x, 8); break; }
-      case DataType::kInt32: { int32_t x = static_cast<int32_t>(v[i]); std::memcpy(p, &x, 4); break; }
-      case DataType::kInt64: { int64_t x = static_cast<int64_t>(v[i]); std::memcpy(p, &x, 8); break; }
-      case DataType::kBFloat16: { uint16_t x = bg::FloatToBFloat16(static_cast<float>(v[i])); std::memcpy(p, &x, 2); break; }
-      case DataType::kFloat16: { uint16_t x = bg::FloatToFloat16(static_cast<float>(v[i])); std::memcpy(p, &x, 2); break; }
-      case DataType::kUInt8: { p[0] = static_cast<uint8_t>(v[i]); break; }
+      case DataType::kFloat32: {
+        float x = static_cast<float>(v[i]);
+        std::memcpy(p, &x, 4);
+        break;
+      }
+      case DataType::kFloat64: {
+        double x = v[i];
+        std::memcpy(p, &x, 8);
+        break;
+      }
+      case DataType::kInt32: {
+        int32_t x = static_cast<int32_t>(v[i]);
+        std::memcpy(p, &x, 4);
+        break;
+      }
+      case DataType::kInt64: {
+        int64_t x = static_cast<int64_t>(v[i]);
+        std::memcpy(p, &x, 8);
+        break;
+      }
+      case DataType::kBFloat16: {
+        uint16_t x = bg::FloatToBFloat16(static_cast<float>(v[i]));
+        std::memcpy(p, &x, 2);
+        break;
+      }
+      case DataType::kFloat16: {
+        uint16_t x = bg::FloatToFloat16(static_cast<float>(v[i]));
+        std::memcpy(p, &x, 2);
+        break;
+      }
+      case DataType::kUInt8: {
+        p[0] = static_cast<uint8_t>(v[i]);
+        break;
+      }
     }
   }
   return out;
@@ -48,8 +74,8 @@ std::vector<uint8_t> Encode(DataType dtype, const std::vector<double>& v) {
 
 // The reference for `op` over `n` ranks of element i, in double, then the
 // average's division as the element type does it.
-std::vector<uint8_t> Reference(DataType dtype, ReduceOp op, int n,
-                               size_t count, size_t offset) {
+std::vector<uint8_t> Reference(DataType dtype, ReduceOp op, int n, size_t count,
+                               size_t offset) {
   std::vector<double> out(count);
   const bool product = op == ReduceOp::kProduct;
   for (size_t i = 0; i < count; ++i) {
@@ -58,16 +84,25 @@ std::vector<uint8_t> Reference(DataType dtype, ReduceOp op, int n,
       double x = Value(r, offset + i, product);
       switch (op) {
         case ReduceOp::kSum:
-        case ReduceOp::kAverage: acc += x; break;
-        case ReduceOp::kProduct: acc *= x; break;
-        case ReduceOp::kMin: acc = std::min(acc, x); break;
-        case ReduceOp::kMax: acc = std::max(acc, x); break;
+        case ReduceOp::kAverage:
+          acc += x;
+          break;
+        case ReduceOp::kProduct:
+          acc *= x;
+          break;
+        case ReduceOp::kMin:
+          acc = std::min(acc, x);
+          break;
+        case ReduceOp::kMax:
+          acc = std::max(acc, x);
+          break;
       }
     }
     out[i] = acc;
   }
   std::vector<uint8_t> bytes = Encode(dtype, out);
-  if (op == ReduceOp::kAverage) bg::DivideInPlace(bytes.data(), count, dtype, n);
+  if (op == ReduceOp::kAverage)
+    bg::DivideInPlace(bytes.data(), count, dtype, n);
   return bytes;
 }
 
@@ -145,8 +180,9 @@ int RunAllOps(int rank, int n, const std::string& dir) {
       {
         auto send = Input(dt, rank, count, 0, false);
         std::vector<uint8_t> recv(count * n * es, 0xEE);
-        check.Status(comm.AllGather(send.data(), recv.data(), count, dt)->Wait(),
-                     "AllGather" + c);
+        check.Status(
+            comm.AllGather(send.data(), recv.data(), count, dt)->Wait(),
+            "AllGather" + c);
         std::vector<uint8_t> want;
         for (int r = 0; r < n; ++r) {
           auto part = Input(dt, r, count, 0, false);
@@ -188,7 +224,8 @@ int RunAllOps(int rank, int n, const std::string& dir) {
         check.Status(r1->Wait(), "Recv" + c);
         check.Status(r2->Wait(), "Recv tag 7" + c);
         check.Bytes(in1, Input(dt, left, count, 0, false), "Send/Recv" + c);
-        check.Bytes(in2, Input(dt, left, count, 5, false), "Send/Recv tag 7" + c);
+        check.Bytes(in2, Input(dt, left, count, 5, false),
+                    "Send/Recv tag 7" + c);
       }
     }
   }
@@ -197,21 +234,23 @@ int RunAllOps(int rank, int n, const std::string& dir) {
   {
     const size_t big = 1 << 20 | 3;
     auto buf = Input(DataType::kFloat32, rank, big, 0, false);
-    check.Status(comm.AllReduce(buf.data(), big, DataType::kFloat32,
-                                ReduceOp::kSum)->Wait(),
-                 "AllReduce big");
+    check.Status(
+        comm.AllReduce(buf.data(), big, DataType::kFloat32, ReduceOp::kSum)
+            ->Wait(),
+        "AllReduce big");
     check.Bytes(buf, Reference(DataType::kFloat32, ReduceOp::kSum, n, big, 0),
                 "AllReduce big");
   }
   const size_t ops = comm.TraceSnapshot().size();
   proc::Report("event=result failures=" + std::to_string(check.failures) +
-                  " ops=" + std::to_string(ops) + " msg=" + check.first);
+               " ops=" + std::to_string(ops) + " msg=" + check.first);
   return 0;
 }
 
 void RunGroup(int n) {
   const std::string dir = proc::MakeTempDir();
-  proc::ProcessGroup group(n, [&](int rank) { return RunAllOps(rank, n, dir); });
+  proc::ProcessGroup group(n,
+                           [&](int rank) { return RunAllOps(rank, n, dir); });
   for (int r = 0; r < n; ++r) {
     auto result = group.WaitEvent(r, "result", absl::Seconds(240));
     REQUIRE(result.has_value());
@@ -226,6 +265,12 @@ void RunGroup(int n) {
 
 }  // namespace
 
-TEST_CASE("every op and dtype matches the reference on 2 ranks") { RunGroup(2); }
-TEST_CASE("every op and dtype matches the reference on 3 ranks") { RunGroup(3); }
-TEST_CASE("every op and dtype matches the reference on 4 ranks") { RunGroup(4); }
+TEST_CASE("every op and dtype matches the reference on 2 ranks") {
+  RunGroup(2);
+}
+TEST_CASE("every op and dtype matches the reference on 3 ranks") {
+  RunGroup(3);
+}
+TEST_CASE("every op and dtype matches the reference on 4 ranks") {
+  RunGroup(4);
+}

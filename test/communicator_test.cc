@@ -3,9 +3,9 @@
 // threads here; the multi-process and fault tests live in collectives_test
 // and fault_test.
 #include <catch2/catch.hpp>
-#include <nlohmann/json.hpp>
 #include <cstdlib>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "holdfast/clock.h"
@@ -78,6 +78,13 @@ TEST_CASE("a malformed HOLDFAST_ variable is named in the error") {
   REQUIRE(comm.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(comm.status().message().find("HOLDFAST_TIMEOUT_MS='soon'") !=
         absl::string_view::npos);
+
+  setenv("HOLDFAST_LOG_LEVEL", "loud", 1);
+  comm = Communicator::Create(NewMemoryStore(), o);
+  unsetenv("HOLDFAST_LOG_LEVEL");
+  REQUIRE(comm.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(comm.status().message().find("HOLDFAST_LOG_LEVEL='loud'") !=
+        absl::string_view::npos);
 }
 
 TEST_CASE("invalid op arguments fail at once with InvalidArgument") {
@@ -115,12 +122,16 @@ TEST_CASE("invalid op arguments fail at once with InvalidArgument") {
 TEST_CASE("a group of one runs every op") {
   auto comm = Solo();
   float x[3] = {1, 2, 3}, y[3] = {0, 0, 0};
-  CHECK(comm->AllReduce(x, 3, DataType::kFloat32, ReduceOp::kAverage)->Wait().ok());
+  CHECK(comm->AllReduce(x, 3, DataType::kFloat32, ReduceOp::kAverage)
+            ->Wait()
+            .ok());
   CHECK(x[2] == 3);
   CHECK(comm->Broadcast(x, 3, DataType::kFloat32, 0)->Wait().ok());
   CHECK(comm->AllGather(x, y, 3, DataType::kFloat32)->Wait().ok());
   CHECK(y[1] == 2);
-  CHECK(comm->ReduceScatter(x, y, 3, DataType::kFloat32, ReduceOp::kMax)->Wait().ok());
+  CHECK(comm->ReduceScatter(x, y, 3, DataType::kFloat32, ReduceOp::kMax)
+            ->Wait()
+            .ok());
   CHECK(comm->AllToAll(x, y, 3, DataType::kFloat32)->Wait().ok());
   CHECK(comm->Barrier()->Wait().ok());
 }
@@ -129,7 +140,8 @@ TEST_CASE("every op is traced with its sequence number and states") {
   auto comm = Solo();
   int32_t v[5] = {};
   for (int i = 0; i < 3; ++i) {
-    REQUIRE(comm->AllReduce(v, 5, DataType::kInt32, ReduceOp::kMax)->Wait().ok());
+    REQUIRE(
+        comm->AllReduce(v, 5, DataType::kInt32, ReduceOp::kMax)->Wait().ok());
   }
   REQUIRE(comm->Broadcast(v, 5, DataType::kInt32, 0)->Wait().ok());
   auto records = comm->TraceSnapshot();
@@ -202,4 +214,69 @@ TEST_CASE("rendezvous with a rank that never arrives times out") {
   auto comm = Communicator::Create(NewMemoryStore(), o);
   REQUIRE(comm.status().code() == absl::StatusCode::kDeadlineExceeded);
   CHECK(comm.status().message().find("rendezvous") != absl::string_view::npos);
+}
+
+TEST_CASE("asynchronous ops run on the worker and complete in issue order") {
+  CommunicatorOptions o;
+  o.timeout = absl::Seconds(60);
+  auto comms = Group(3, o);
+  constexpr int kOps = 6;
+  std::vector<std::thread> threads;
+  std::vector<int> failures(3, 0);
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      std::vector<std::vector<int64_t>> bufs(kOps, std::vector<int64_t>(1000));
+      std::vector<std::shared_ptr<Work>> works;
+      for (int i = 0; i < kOps; ++i) {
+        for (auto& x : bufs[i]) x = (r + 1) * (i + 1);
+        works.push_back(comms[r]->AllReduce(bufs[i].data(), 1000,
+                                            DataType::kInt64, ReduceOp::kSum));
+      }
+      // Nobody waits at first: the worker must pick them up by itself.
+      for (int spin = 0; spin < 5000 && !works.back()->IsCompleted(); ++spin) {
+        absl::SleepFor(absl::Milliseconds(1));
+      }
+      if (!works.back()->IsCompleted()) ++failures[r];
+      // Wait in reverse order, once with a bounded wait.
+      for (int i = kOps - 1; i >= 0; --i) {
+        absl::Status s =
+            i == 0 ? works[i]->Wait(absl::Seconds(30)) : works[i]->Wait();
+        if (!s.ok()) ++failures[r];
+        for (int64_t x : bufs[i]) {
+          if (x != 6 * (i + 1)) {  // (1 + 2 + 3) * (i + 1)
+            ++failures[r];
+            break;
+          }
+        }
+      }
+      // Issue order is preserved in the trace.
+      auto records = comms[r]->TraceSnapshot();
+      for (size_t i = 1; i < records.size(); ++i) {
+        if (records[i].started_ns < records[i - 1].ended_ns) ++failures[r];
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(failures == std::vector<int>{0, 0, 0});
+}
+
+TEST_CASE(
+    "Work::Wait with a timeout returns DeadlineExceeded and the op stays in "
+    "flight") {
+  CommunicatorOptions o;
+  o.timeout = absl::Seconds(60);
+  auto comms = Group(2, o);
+  float x[8] = {};
+  auto w = comms[0]->AllReduce(x, 8, DataType::kFloat32, ReduceOp::kSum);
+  absl::Status s = w->Wait(absl::Milliseconds(100));
+  CHECK(s.code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(s.message().find("still in flight") != absl::string_view::npos);
+  CHECK(comms[0]->health().ok());  // a wait timing out is not a failure
+  // Rank 1 joins late; the op completes normally.
+  float y[8] = {};
+  CHECK(comms[1]
+            ->AllReduce(y, 8, DataType::kFloat32, ReduceOp::kSum)
+            ->Wait()
+            .ok());
+  CHECK(w->Wait().ok());
 }

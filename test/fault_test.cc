@@ -82,9 +82,8 @@ struct FaultRun {
 
 FaultRun InjectFault(int n, int victim, int sig, absl::Duration timeout) {
   const std::string dir = holdfast::proc::MakeTempDir();
-  ProcessGroup group(n, [&](int rank) {
-    return LoopUntilFailure(dir, rank, n, timeout);
-  });
+  ProcessGroup group(
+      n, [&](int rank) { return LoopUntilFailure(dir, rank, n, timeout); });
   for (int r = 0; r < n; ++r) {
     REQUIRE(group.WaitEvent(r, "ready", absl::Seconds(60)).has_value());
   }
@@ -121,7 +120,8 @@ void CheckSurvivorsExitedCleanly(const FaultRun& run, int victim) {
 
 }  // namespace
 
-TEST_CASE("a SIGKILLed peer surfaces as Unavailable on every survivor within 1 s") {
+TEST_CASE(
+    "a SIGKILLed peer surfaces as Unavailable on every survivor within 1 s") {
   const int n = 4, victim = 2;
   FaultRun run = InjectFault(n, victim, SIGKILL, absl::Seconds(60));
   for (int r = 0; r < n; ++r) {
@@ -153,7 +153,8 @@ TEST_CASE("SIGKILL of rank 0 surfaces on every survivor") {
   CheckSurvivorsExitedCleanly(run, victim);
 }
 
-TEST_CASE("a SIGSTOPped peer surfaces as DeadlineExceeded within timeout + 1 s") {
+TEST_CASE(
+    "a SIGSTOPped peer surfaces as DeadlineExceeded within timeout + 1 s") {
   const int n = 3, victim = 1;
   const absl::Duration timeout = absl::Seconds(2);
   FaultRun run = InjectFault(n, victim, SIGSTOP, timeout);
@@ -222,7 +223,9 @@ TEST_CASE("Abort() from another thread unblocks a blocked collective") {
   CHECK(exits[0].code == 0);
 }
 
-TEST_CASE("collectives that differ across ranks fail at the deadline without a crash") {
+TEST_CASE(
+    "collectives that differ across ranks fail at the deadline without a "
+    "crash") {
   const std::string dir = holdfast::proc::MakeTempDir();
   // Each case: what rank 0 and rank 1 issue. Buffers carry guard bytes that
   // must survive untouched.

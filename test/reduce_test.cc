@@ -24,7 +24,7 @@ TEST_CASE("float16 conversion covers normals, subnormals, inf and nan") {
   CHECK(FloatToFloat16(1.0f) == 0x3c00);
   CHECK(FloatToFloat16(-2.0f) == 0xc000);
   CHECK(FloatToFloat16(65504.0f) == 0x7bff);
-  CHECK(FloatToFloat16(65520.0f) == 0x7c00);  // rounds to inf
+  CHECK(FloatToFloat16(65520.0f) == 0x7c00);               // rounds to inf
   CHECK(FloatToFloat16(std::ldexp(1.0f, -24)) == 0x0001);  // smallest subnormal
   CHECK(FloatToFloat16(std::ldexp(1.0f, -14)) == 0x0400);  // smallest normal
   CHECK(Float16ToFloat(0x0001) == std::ldexp(1.0f, -24));

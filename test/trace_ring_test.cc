@@ -87,8 +87,8 @@ TEST_CASE("trace JSON follows the documented schema") {
   ring.Begin(Rec(0));
   ring.Transition(0, OpState::kStarted, 150);
   ring.Transition(0, OpState::kCompleted, 170);
-  auto doc = nlohmann::json::parse(holdfast::trace::ToJson(
-      ring.Snapshot(), 1, 4, 3, 1000, 2000, "why"));
+  auto doc = nlohmann::json::parse(
+      holdfast::trace::ToJson(ring.Snapshot(), 1, 4, 3, 1000, 2000, "why"));
   CHECK(doc["schema"] == "holdfast.trace.v1");
   CHECK(doc["rank"] == 1);
   CHECK(doc["size"] == 4);

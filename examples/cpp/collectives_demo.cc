@@ -40,14 +40,15 @@ int Rank(const std::string& dir, int rank, int n, absl::Duration timeout) {
   }
   std::vector<float> grads(256 * 1024, static_cast<float>(rank + 1));  // 1 MiB
   for (long step = 0;; ++step) {
-    absl::Status s = (*comm)->AllReduce(grads.data(), grads.size(),
-                                        DataType::kFloat32, ReduceOp::kAverage)
+    absl::Status s = (*comm)
+                         ->AllReduce(grads.data(), grads.size(),
+                                     DataType::kFloat32, ReduceOp::kAverage)
                          ->Wait();
     if (!s.ok()) {
       Report("event=failed step=" + std::to_string(step) +
-             " t=" + std::to_string(MonoNanos()) + " code=" +
-             absl::StatusCodeToString(s.code()) + " msg=" +
-             std::string(s.message()));
+             " t=" + std::to_string(MonoNanos()) +
+             " code=" + absl::StatusCodeToString(s.code()) +
+             " msg=" + std::string(s.message()));
       comm->reset();
       return 0;
     }
@@ -57,8 +58,9 @@ int Rank(const std::string& dir, int rank, int n, absl::Duration timeout) {
 
 void Phase(const char* title, int n, int victim, int sig,
            absl::Duration timeout) {
-  std::printf("\n== %s: %d ranks, AllReduce of 1 MiB in a loop, op timeout %s\n",
-              title, n, absl::FormatDuration(timeout).c_str());
+  std::printf(
+      "\n== %s: %d ranks, AllReduce of 1 MiB in a loop, op timeout %s\n", title,
+      n, absl::FormatDuration(timeout).c_str());
   const std::string dir = proc::MakeTempDir();
   ProcessGroup group(n, [&](int r) { return Rank(dir, r, n, timeout); });
   for (int r = 0; r < n; ++r) {
@@ -70,7 +72,8 @@ void Phase(const char* title, int n, int victim, int sig,
   const int64_t fault_ns = MonoNanos();
   group.Signal(victim, sig);
   std::printf("sent %s to rank %d (pid %d)\n",
-              sig == SIGKILL ? "SIGKILL" : "SIGSTOP", victim, group.pid(victim));
+              sig == SIGKILL ? "SIGKILL" : "SIGSTOP", victim,
+              group.pid(victim));
   for (int r = 0; r < n; ++r) {
     if (r == victim) continue;
     auto ev = group.WaitEvent(r, "failed", timeout + absl::Seconds(30));

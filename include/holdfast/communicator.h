@@ -14,8 +14,8 @@
 #include <cstddef>
 #include <memory>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
+#include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -68,10 +68,9 @@ class Communicator {
 
   // `send` holds size() * count elements; `recv` gets `count` elements: the
   // reduction of every rank's block number rank().
-  virtual std::shared_ptr<Work> ReduceScatter(const void* send, void* recv,
-                                              size_t count, DataType dtype,
-                                              ReduceOp op,
-                                              const OpOptions& options = {}) = 0;
+  virtual std::shared_ptr<Work> ReduceScatter(
+      const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
+      const OpOptions& options = {}) = 0;
 
   // `send` holds size() blocks of `count` elements, block j for rank j;
   // `recv` gets size() blocks, block j from rank j.

@@ -17,13 +17,13 @@ class Clock;
 
 // Defaults after environment overrides. Each reads its variable once.
 namespace defaults {
-absl::Duration OpTimeout();          // HOLDFAST_TIMEOUT_MS (60000)
-absl::Duration ConnectTimeout();     // HOLDFAST_CONNECT_TIMEOUT_MS (60000)
-absl::Duration WatchdogInterval();   // HOLDFAST_WATCHDOG_INTERVAL_MS (10)
-size_t TraceCapacity();              // HOLDFAST_TRACE_CAPACITY (4096)
-std::string TraceDir();              // HOLDFAST_TRACE_DIR ("": no file dump)
-std::string BindAddress();           // HOLDFAST_BIND_ADDR ("127.0.0.1")
-std::string Interface();             // HOLDFAST_IFACE ("": use BindAddress)
+absl::Duration OpTimeout();         // HOLDFAST_TIMEOUT_MS (60000)
+absl::Duration ConnectTimeout();    // HOLDFAST_CONNECT_TIMEOUT_MS (60000)
+absl::Duration WatchdogInterval();  // HOLDFAST_WATCHDOG_INTERVAL_MS (10)
+size_t TraceCapacity();             // HOLDFAST_TRACE_CAPACITY (4096)
+std::string TraceDir();             // HOLDFAST_TRACE_DIR ("": no file dump)
+std::string BindAddress();          // HOLDFAST_BIND_ADDR ("127.0.0.1")
+std::string Interface();            // HOLDFAST_IFACE ("": use BindAddress)
 }  // namespace defaults
 
 struct CommunicatorOptions {

@@ -11,15 +11,15 @@
 #define HOLDFAST_STATUS_CONCAT_(a, b) HOLDFAST_STATUS_CONCAT_INNER_(a, b)
 
 // Returns from the enclosing function if `expr` (an absl::Status) is not OK.
-#define HOLDFAST_RETURN_IF_ERROR(expr)                 \
-  do {                                                 \
-    ::absl::Status holdfast_status_ = (expr);          \
+#define HOLDFAST_RETURN_IF_ERROR(expr)                   \
+  do {                                                   \
+    ::absl::Status holdfast_status_ = (expr);            \
     if (!holdfast_status_.ok()) return holdfast_status_; \
   } while (0)
 
 // `lhs = value of rexpr` (an absl::StatusOr<T>), or returns its error.
-#define HOLDFAST_ASSIGN_OR_RETURN(lhs, rexpr)                                \
-  HOLDFAST_ASSIGN_OR_RETURN_IMPL_(                                           \
+#define HOLDFAST_ASSIGN_OR_RETURN(lhs, rexpr) \
+  HOLDFAST_ASSIGN_OR_RETURN_IMPL_(            \
       HOLDFAST_STATUS_CONCAT_(holdfast_statusor_, __LINE__), lhs, rexpr)
 
 #define HOLDFAST_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, rexpr) \

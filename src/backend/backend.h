@@ -31,7 +31,7 @@ struct OpSpec {
   size_t count = 0;            // as in the Communicator call
   DataType dtype = DataType::kFloat32;
   ReduceOp reduce = ReduceOp::kSum;
-  int peer = -1;               // Broadcast root, Send/Recv peer
+  int peer = -1;  // Broadcast root, Send/Recv peer
   // Matching tag: derived from the op's signature, so operations that differ
   // across ranks never match each other (they time out instead of
   // exchanging bytes of the wrong size).

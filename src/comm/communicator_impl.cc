@@ -32,7 +32,8 @@ constexpr absl::Duration kInlineGrace = absl::Microseconds(200);
 
 OpState FinalState(const absl::Status& s) {
   if (s.ok()) return OpState::kCompleted;
-  if (s.code() == absl::StatusCode::kDeadlineExceeded) return OpState::kTimedOut;
+  if (s.code() == absl::StatusCode::kDeadlineExceeded)
+    return OpState::kTimedOut;
   if (s.code() == absl::StatusCode::kAborted) return OpState::kAborted;
   return OpState::kFailed;
 }
@@ -43,14 +44,14 @@ uint32_t MatchTag(const backend::OpSpec& spec, int64_t match_seq,
                   uint32_t user_tag) {
   // Send and Recv must hash alike; their peers differ by construction.
   const bool p2p = !IsCollective(spec.type);
-  const bool reduces = spec.type == OpType::kAllReduce ||
-                       spec.type == OpType::kReduceScatter;
+  const bool reduces =
+      spec.type == OpType::kAllReduce || spec.type == OpType::kReduceScatter;
   // Explicit words: no padding bytes may reach the hash.
   const uint64_t key[5] = {
       static_cast<uint64_t>(match_seq),
       static_cast<uint64_t>(spec.count),
-      static_cast<uint64_t>(
-          static_cast<int64_t>(spec.type == OpType::kBroadcast ? spec.peer : -1)),
+      static_cast<uint64_t>(static_cast<int64_t>(
+          spec.type == OpType::kBroadcast ? spec.peer : -1)),
       uint64_t{user_tag},
       uint64_t{p2p ? 0xffu : static_cast<uint8_t>(spec.type)} |
           uint64_t{static_cast<uint8_t>(spec.dtype)} << 8 |
@@ -89,13 +90,14 @@ CommunicatorImpl::~CommunicatorImpl() {
       abort_status_ = absl::AbortedError("communicator destroyed");
     }
     for (auto& q : queue_) {
-      FinishLocked(q.get(), absl::AbortedError(absl::StrCat(
-                                Describe(q->record), ": communicator destroyed")));
+      FinishLocked(q.get(),
+                   absl::AbortedError(absl::StrCat(
+                       Describe(q->record), ": communicator destroyed")));
     }
     queue_.clear();
     if (running_ && !running_->forced.has_value()) {
-      running_->forced = absl::AbortedError(absl::StrCat(
-          Describe(running_->record), ": communicator destroyed"));
+      running_->forced = absl::AbortedError(
+          absl::StrCat(Describe(running_->record), ": communicator destroyed"));
     }
     for (auto& p : p2p_) {
       if (!p->forced.has_value()) {
@@ -141,14 +143,14 @@ std::string CommunicatorImpl::NoticeKey(int rank) const {
 absl::Status CommunicatorImpl::Validate(const backend::OpSpec& spec) const {
   const size_t esize = DataTypeSize(spec.dtype);
   if (esize == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "unsupported dtype ", static_cast<int>(spec.dtype)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("unsupported dtype ", static_cast<int>(spec.dtype)));
   }
   if ((spec.type == OpType::kAllReduce ||
        spec.type == OpType::kReduceScatter) &&
       static_cast<int>(spec.reduce) >= kNumReduceOps) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "unsupported reduction ", static_cast<int>(spec.reduce)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("unsupported reduction ", static_cast<int>(spec.reduce)));
   }
   if (spec.type == OpType::kBroadcast &&
       (spec.peer < 0 || spec.peer >= options_.size)) {
@@ -184,8 +186,8 @@ absl::Status CommunicatorImpl::Validate(const backend::OpSpec& spec) const {
       return absl::InvalidArgumentError("send buffer is null");
     }
     if (spec.type != OpType::kSend && spec.recv == nullptr) {
-      return absl::InvalidArgumentError(
-          needs_send ? "receive buffer is null" : "buffer is null");
+      return absl::InvalidArgumentError(needs_send ? "receive buffer is null"
+                                                   : "buffer is null");
     }
   }
   return absl::OkStatus();
@@ -221,8 +223,8 @@ std::shared_ptr<Work> CommunicatorImpl::Submit(backend::OpSpec spec,
                      static_cast<int32_t>(absl::StatusCode::kAborted));
     return WorkImpl::Done(
         seq, absl::AbortedError(absl::StrCat(
-                 Describe(r), ": communicator already aborted: ",
-                 abort_status_.message())));
+                 Describe(r),
+                 ": communicator already aborted: ", abort_status_.message())));
   }
   int64_t match_seq;
   if (IsCollective(spec.type)) {
@@ -346,7 +348,8 @@ void CommunicatorImpl::P2PLoop() {
       p = p2p_.front();  // stays listed (for the watchdog) until complete
     }
     absl::Status result = p->post_status;
-    if (result.ok() && p->posted != nullptr) result = backend_->Wait(*p->posted);
+    if (result.ok() && p->posted != nullptr)
+      result = backend_->Wait(*p->posted);
     Complete(p, std::move(result));
   }
 }
@@ -407,12 +410,10 @@ void CommunicatorImpl::WatchdogLoop() {
         if (expired == nullptr && q->deadline_ns <= now) expired = q.get();
       }
       if (expired == nullptr) continue;
-      const bool queued = !IsCollective(expired->record.op)
-                              ? false
-                              : expired != running_.get();
-      const char* where =
-          queued ? "never started: an earlier op held the queue"
-                 : "still in progress";
+      const bool queued =
+          !IsCollective(expired->record.op) ? false : expired != running_.get();
+      const char* where = queued ? "never started: an earlier op held the queue"
+                                 : "still in progress";
       cause = absl::DeadlineExceededError(absl::StrCat(
           Describe(expired->record), ": timed out after ",
           absl::FormatDuration(expired->timeout), " (", where,
@@ -483,8 +484,8 @@ void CommunicatorImpl::CompleteAbort(
   // 2. Keep the evidence, before any waiter is released.
   if (!options_.trace_dir.empty()) {
     const std::string path =
-        absl::StrCat(options_.trace_dir, "/trace-g", options_.generation,
-                     "-r", options_.rank, "-p", getpid(), ".json");
+        absl::StrCat(options_.trace_dir, "/trace-g", options_.generation, "-r",
+                     options_.rank, "-p", getpid(), ".json");
     std::ofstream out(path);
     out << DumpTrace();
     out.close();
@@ -515,13 +516,13 @@ absl::Status CommunicatorImpl::ExplainFailure(const absl::Status& error) {
     return error;
   }
   const int code = notice["code"].get<int>();
-  if (code <= 0 || code > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
+  if (code <= 0 ||
+      code > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
     return error;
   }
-  absl::Status adopted(
-      static_cast<absl::StatusCode>(code),
-      absl::StrCat("rank ", *peer, " aborted the group: ",
-                   notice["message"].get<std::string>()));
+  absl::Status adopted(static_cast<absl::StatusCode>(code),
+                       absl::StrCat("rank ", *peer, " aborted the group: ",
+                                    notice["message"].get<std::string>()));
   const int root_peer =
       notice["peer"].is_number_integer() ? notice["peer"].get<int>() : -1;
   SetPeer(&adopted, root_peer >= 0 ? root_peer : *peer);
@@ -562,100 +563,85 @@ std::string CommunicatorImpl::DumpTrace() const {
 
 // ---- operation entry points ------------------------------------------------
 
+namespace {
+
+backend::OpSpec Spec(OpType type, const void* send, void* recv, size_t count,
+                     DataType dtype, ReduceOp reduce = ReduceOp::kSum,
+                     int peer = -1) {
+  backend::OpSpec s;
+  s.type = type;
+  s.send = send;
+  s.recv = recv;
+  s.count = count;
+  s.dtype = dtype;
+  s.reduce = reduce;
+  s.peer = peer;
+  return s;
+}
+
+}  // namespace
+
 std::shared_ptr<Work> CommunicatorImpl::AllReduce(void* data, size_t count,
                                                   DataType dtype, ReduceOp op,
                                                   const OpOptions& options) {
-  backend::OpSpec s;
-  s.type = OpType::kAllReduce;
-  s.recv = data;
-  s.count = count;
-  s.dtype = dtype;
-  s.reduce = op;
-  return Submit(s, count * DataTypeSize(dtype), options);
+  return Submit(Spec(OpType::kAllReduce, nullptr, data, count, dtype, op),
+                count * DataTypeSize(dtype), options);
 }
 
 std::shared_ptr<Work> CommunicatorImpl::Broadcast(void* data, size_t count,
                                                   DataType dtype, int root,
                                                   const OpOptions& options) {
-  backend::OpSpec s;
-  s.type = OpType::kBroadcast;
-  s.recv = data;
-  s.count = count;
-  s.dtype = dtype;
-  s.peer = root;
-  return Submit(s, count * DataTypeSize(dtype), options);
+  return Submit(Spec(OpType::kBroadcast, nullptr, data, count, dtype,
+                     ReduceOp::kSum, root),
+                count * DataTypeSize(dtype), options);
 }
 
 std::shared_ptr<Work> CommunicatorImpl::AllGather(const void* send, void* recv,
                                                   size_t count, DataType dtype,
                                                   const OpOptions& options) {
-  backend::OpSpec s;
-  s.type = OpType::kAllGather;
-  s.send = send;
-  s.recv = recv;
-  s.count = count;
-  s.dtype = dtype;
-  return Submit(s, count * DataTypeSize(dtype) * options_.size, options);
+  return Submit(Spec(OpType::kAllGather, send, recv, count, dtype),
+                count * DataTypeSize(dtype) * options_.size, options);
 }
 
 std::shared_ptr<Work> CommunicatorImpl::ReduceScatter(
     const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
     const OpOptions& options) {
-  backend::OpSpec s;
-  s.type = OpType::kReduceScatter;
-  s.send = send;
-  s.recv = recv;
-  s.count = count;
-  s.dtype = dtype;
-  s.reduce = op;
-  return Submit(s, count * DataTypeSize(dtype) * options_.size, options);
+  return Submit(Spec(OpType::kReduceScatter, send, recv, count, dtype, op),
+                count * DataTypeSize(dtype) * options_.size, options);
 }
 
 std::shared_ptr<Work> CommunicatorImpl::AllToAll(const void* send, void* recv,
                                                  size_t count, DataType dtype,
                                                  const OpOptions& options) {
-  backend::OpSpec s;
-  s.type = OpType::kAllToAll;
-  s.send = send;
-  s.recv = recv;
-  s.count = count;
-  s.dtype = dtype;
-  return Submit(s, count * DataTypeSize(dtype) * options_.size, options);
+  return Submit(Spec(OpType::kAllToAll, send, recv, count, dtype),
+                count * DataTypeSize(dtype) * options_.size, options);
 }
 
 std::shared_ptr<Work> CommunicatorImpl::Barrier(const OpOptions& options) {
-  backend::OpSpec s;
-  s.type = OpType::kBarrier;
-  return Submit(s, 0, options);
+  return Submit(Spec(OpType::kBarrier, nullptr, nullptr, 0, DataType::kUInt8),
+                0, options);
 }
 
 std::shared_ptr<Work> CommunicatorImpl::Send(const void* data, size_t count,
                                              DataType dtype, int peer,
                                              const OpOptions& options) {
-  backend::OpSpec s;
-  s.type = OpType::kSend;
-  s.send = data;
-  s.count = count;
-  s.dtype = dtype;
-  s.peer = peer;
-  return Submit(s, count * DataTypeSize(dtype), options);
+  return Submit(
+      Spec(OpType::kSend, data, nullptr, count, dtype, ReduceOp::kSum, peer),
+      count * DataTypeSize(dtype), options);
 }
 
 std::shared_ptr<Work> CommunicatorImpl::Recv(void* data, size_t count,
                                              DataType dtype, int peer,
                                              const OpOptions& options) {
-  backend::OpSpec s;
-  s.type = OpType::kRecv;
-  s.recv = data;
-  s.count = count;
-  s.dtype = dtype;
-  s.peer = peer;
-  return Submit(s, count * DataTypeSize(dtype), options);
+  return Submit(
+      Spec(OpType::kRecv, nullptr, data, count, dtype, ReduceOp::kSum, peer),
+      count * DataTypeSize(dtype), options);
 }
 
 }  // namespace comm
 
-// ---- factory -----------------------------------------------------------------
+// ---- factory
+// -----------------------------------------------------------------
 
 absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Create(
     std::shared_ptr<Store> store, const CommunicatorOptions& options) {
@@ -673,9 +659,9 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Create(
                      " is out of range [0, ", options.size, ")"));
   }
   if (options.generation < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Communicator::Create: generation must be >= 0, got ",
-        options.generation));
+    return absl::InvalidArgumentError(
+        absl::StrCat("Communicator::Create: generation must be >= 0, got ",
+                     options.generation));
   }
   if (options.timeout <= absl::ZeroDuration() ||
       options.connect_timeout <= absl::ZeroDuration() ||

@@ -55,8 +55,7 @@ class CommunicatorImpl final : public Communicator, private InlineRunner {
                                   DataType dtype,
                                   const OpOptions& options) override;
   std::shared_ptr<Work> ReduceScatter(const void* send, void* recv,
-                                      size_t count, DataType dtype,
-                                      ReduceOp op,
+                                      size_t count, DataType dtype, ReduceOp op,
                                       const OpOptions& options) override;
   std::shared_ptr<Work> AllToAll(const void* send, void* recv, size_t count,
                                  DataType dtype,
@@ -64,8 +63,8 @@ class CommunicatorImpl final : public Communicator, private InlineRunner {
   std::shared_ptr<Work> Barrier(const OpOptions& options) override;
   std::shared_ptr<Work> Send(const void* data, size_t count, DataType dtype,
                              int peer, const OpOptions& options) override;
-  std::shared_ptr<Work> Recv(void* data, size_t count, DataType dtype,
-                             int peer, const OpOptions& options) override;
+  std::shared_ptr<Work> Recv(void* data, size_t count, DataType dtype, int peer,
+                             const OpOptions& options) override;
 
   void Abort(absl::string_view reason) override;
   absl::Status health() const override;

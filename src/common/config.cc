@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <map>
+#include "absl/strings/string_view.h"
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -29,7 +30,8 @@ const std::vector<Entry>& Registry() {
       {{"HOLDFAST_WATCHDOG_INTERVAL_MS", "10",
         "how often the watchdog checks in-flight deadlines"},
        Kind::kInt},
-      {{"HOLDFAST_TRACE_CAPACITY", "4096", "entries in the per-rank trace ring"},
+      {{"HOLDFAST_TRACE_CAPACITY", "4096",
+        "entries in the per-rank trace ring"},
        Kind::kInt},
       {{"HOLDFAST_TRACE_DIR", "",
         "directory the trace ring is written to on abort (empty: none)"},
@@ -40,8 +42,7 @@ const std::vector<Entry>& Registry() {
       {{"HOLDFAST_IFACE", "",
         "network interface the transport listens on (wins over the address)"},
        Kind::kString},
-      {{"HOLDFAST_LOG_LEVEL", "info",
-        "trace, debug, info, warn, error or off"},
+      {{"HOLDFAST_LOG_LEVEL", "info", "trace, debug, info, warn, error or off"},
        Kind::kString},
   };
   return *entries;
@@ -72,7 +73,20 @@ const std::vector<Param>& AllParams() {
 absl::Status Validate() {
   for (const Entry& e : Registry()) {
     const char* value = std::getenv(e.param.env);
-    if (value == nullptr || e.kind != Kind::kInt) continue;
+    if (value == nullptr) continue;
+    if (absl::string_view(e.param.env) == "HOLDFAST_LOG_LEVEL") {
+      static const char* kLevels[] = {"trace", "debug", "info",
+                                      "warn",  "error", "off"};
+      bool known = false;
+      for (const char* l : kLevels) known |= absl::string_view(value) == l;
+      if (!known) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "HOLDFAST_LOG_LEVEL='", value,
+            "' is not one of trace, debug, info, warn, error, off"));
+      }
+      continue;
+    }
+    if (e.kind != Kind::kInt) continue;
     int64_t parsed;
     if (!ParsePositiveInt(value, &parsed)) {
       return absl::InvalidArgumentError(
@@ -121,9 +135,7 @@ size_t TraceCapacity() {
   return static_cast<size_t>(n);
 }
 std::string TraceDir() { return config::StringParam("HOLDFAST_TRACE_DIR"); }
-std::string BindAddress() {
-  return config::StringParam("HOLDFAST_BIND_ADDR");
-}
+std::string BindAddress() { return config::StringParam("HOLDFAST_BIND_ADDR"); }
 std::string Interface() { return config::StringParam("HOLDFAST_IFACE"); }
 
 }  // namespace holdfast::defaults

@@ -20,7 +20,8 @@ int g_report_fd = -1;
 
 std::string MakeTempDir() {
   const char* base = getenv("TMPDIR");
-  std::string tmpl = std::string(base ? base : "/tmp") + "/holdfast-test-XXXXXX";
+  std::string tmpl =
+      std::string(base ? base : "/tmp") + "/holdfast-test-XXXXXX";
   if (mkdtemp(tmpl.data()) == nullptr) {
     perror("mkdtemp");
     abort();
@@ -121,7 +122,8 @@ std::optional<std::string> ProcessGroup::ReadLine(int rank,
     const absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) return std::nullopt;
     struct pollfd pfd = {fds_[rank], POLLIN, 0};
-    int rv = poll(&pfd, 1, static_cast<int>(absl::ToInt64Milliseconds(left)) + 1);
+    int rv =
+        poll(&pfd, 1, static_cast<int>(absl::ToInt64Milliseconds(left)) + 1);
     if (rv < 0 && errno == EINTR) continue;
     if (rv <= 0) continue;
     char chunk[4096];

@@ -49,9 +49,9 @@ class ProcessGroup {
       int rank, const std::string& event, absl::Duration timeout);
 
   struct Exit {
-    bool exited = false;   // exited normally
-    int code = -1;         // exit code if exited
-    int signal = 0;        // terminating signal otherwise
+    bool exited = false;     // exited normally
+    int code = -1;           // exit code if exited
+    int signal = 0;          // terminating signal otherwise
     bool timed_out = false;  // still running at the limit (then SIGKILLed)
   };
   // Reaps every child, waiting up to `timeout` in all.

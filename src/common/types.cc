@@ -1,5 +1,5 @@
-#include "holdfast/trace.h"
 #include "holdfast/types.h"
+#include "holdfast/trace.h"
 
 namespace holdfast {
 
@@ -22,50 +22,76 @@ size_t DataTypeSize(DataType dtype) {
 
 absl::string_view DataTypeName(DataType dtype) {
   switch (dtype) {
-    case DataType::kFloat32: return "float32";
-    case DataType::kFloat64: return "float64";
-    case DataType::kInt32: return "int32";
-    case DataType::kInt64: return "int64";
-    case DataType::kBFloat16: return "bfloat16";
-    case DataType::kFloat16: return "float16";
-    case DataType::kUInt8: return "uint8";
+    case DataType::kFloat32:
+      return "float32";
+    case DataType::kFloat64:
+      return "float64";
+    case DataType::kInt32:
+      return "int32";
+    case DataType::kInt64:
+      return "int64";
+    case DataType::kBFloat16:
+      return "bfloat16";
+    case DataType::kFloat16:
+      return "float16";
+    case DataType::kUInt8:
+      return "uint8";
   }
   return "unknown";
 }
 
 absl::string_view ReduceOpName(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kMin: return "min";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kProduct: return "product";
-    case ReduceOp::kAverage: return "average";
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kMin:
+      return "min";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kProduct:
+      return "product";
+    case ReduceOp::kAverage:
+      return "average";
   }
   return "unknown";
 }
 
 absl::string_view OpTypeName(OpType op) {
   switch (op) {
-    case OpType::kAllReduce: return "AllReduce";
-    case OpType::kBroadcast: return "Broadcast";
-    case OpType::kAllGather: return "AllGather";
-    case OpType::kReduceScatter: return "ReduceScatter";
-    case OpType::kAllToAll: return "AllToAll";
-    case OpType::kBarrier: return "Barrier";
-    case OpType::kSend: return "Send";
-    case OpType::kRecv: return "Recv";
+    case OpType::kAllReduce:
+      return "AllReduce";
+    case OpType::kBroadcast:
+      return "Broadcast";
+    case OpType::kAllGather:
+      return "AllGather";
+    case OpType::kReduceScatter:
+      return "ReduceScatter";
+    case OpType::kAllToAll:
+      return "AllToAll";
+    case OpType::kBarrier:
+      return "Barrier";
+    case OpType::kSend:
+      return "Send";
+    case OpType::kRecv:
+      return "Recv";
   }
   return "Unknown";
 }
 
 absl::string_view OpStateName(OpState state) {
   switch (state) {
-    case OpState::kEnqueued: return "enqueued";
-    case OpState::kStarted: return "started";
-    case OpState::kCompleted: return "completed";
-    case OpState::kFailed: return "failed";
-    case OpState::kTimedOut: return "timed-out";
-    case OpState::kAborted: return "aborted";
+    case OpState::kEnqueued:
+      return "enqueued";
+    case OpState::kStarted:
+      return "started";
+    case OpState::kCompleted:
+      return "completed";
+    case OpState::kFailed:
+      return "failed";
+    case OpState::kTimedOut:
+      return "timed-out";
+    case OpState::kAborted:
+      return "aborted";
   }
   return "unknown";
 }

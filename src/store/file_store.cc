@@ -46,9 +46,10 @@ class FileStore final : public Store {
     if (key.empty()) return absl::InvalidArgumentError("store: empty key");
     const std::string path = Path(key);
     static std::atomic<uint64_t> counter{0};
-    const std::string tmp = absl::StrCat(dir_, "/.tmp.", getpid(), ".",
-                                         counter.fetch_add(1));
-    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    const std::string tmp =
+        absl::StrCat(dir_, "/.tmp.", getpid(), ".", counter.fetch_add(1));
+    int fd =
+        ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) return Errno("open", tmp);
     size_t done = 0;
     while (done < value.size()) {
@@ -81,10 +82,9 @@ class FileStore final : public Store {
       if (!v.ok()) return v.status();
       if (v->has_value()) return std::move(**v);
       if (absl::Now() >= deadline) {
-        return absl::DeadlineExceededError(
-            absl::StrCat("store: key '", key, "' did not appear within ",
-                         absl::FormatDuration(timeout), " (file store ", dir_,
-                         ")"));
+        return absl::DeadlineExceededError(absl::StrCat(
+            "store: key '", key, "' did not appear within ",
+            absl::FormatDuration(timeout), " (file store ", dir_, ")"));
       }
       absl::SleepFor(std::min(backoff, deadline - absl::Now()));
       backoff = std::min(backoff * 2, absl::Milliseconds(10));

@@ -10,17 +10,6 @@
 
 namespace holdfast {
 
-absl::Status Store::Wait(const std::vector<std::string>& keys,
-                         absl::Duration timeout) {
-  // Generic version: one Get per key against a shared deadline.
-  const absl::Time deadline = absl::Now() + timeout;
-  for (const std::string& key : keys) {
-    absl::StatusOr<std::string> value = Get(key, deadline - absl::Now());
-    if (!value.ok()) return value.status();
-  }
-  return absl::OkStatus();
-}
-
 namespace {
 
 class MemoryStore final : public Store {
@@ -41,9 +30,9 @@ class MemoryStore final : public Store {
       return data_.count(k) > 0;
     };
     if (!mu_.AwaitWithTimeout(absl::Condition(&present), timeout)) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "store: key '", key, "' did not appear within ",
-          absl::FormatDuration(timeout)));
+      return absl::DeadlineExceededError(
+          absl::StrCat("store: key '", key, "' did not appear within ",
+                       absl::FormatDuration(timeout)));
     }
     return data_[k];
   }
@@ -72,9 +61,9 @@ class MemoryStore final : public Store {
     for (const auto& k : keys) {
       if (data_.count(k) == 0) missing.push_back(k);
     }
-    return absl::DeadlineExceededError(
-        absl::StrCat("store: keys [", absl::StrJoin(missing, ", "),
-                     "] did not appear within ", absl::FormatDuration(timeout)));
+    return absl::DeadlineExceededError(absl::StrCat(
+        "store: keys [", absl::StrJoin(missing, ", "),
+        "] did not appear within ", absl::FormatDuration(timeout)));
   }
 
  private:

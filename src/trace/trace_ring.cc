@@ -31,8 +31,7 @@ void Unpack(uint64_t p, TraceRecord* r) {
 }  // namespace
 
 TraceRing::TraceRing(size_t capacity)
-    : capacity_(std::max<size_t>(capacity, 1)),
-      slots_(new Slot[capacity_]) {}
+    : capacity_(std::max<size_t>(capacity, 1)), slots_(new Slot[capacity_]) {}
 
 void TraceRing::Begin(const TraceRecord& r) {
   Slot& s = slots_[r.seq % capacity_];
@@ -100,16 +99,15 @@ std::vector<TraceRecord> TraceRing::Snapshot() const {
       break;
     }
   }
-  std::sort(out.begin(), out.end(),
-            [](const TraceRecord& a, const TraceRecord& b) {
-              return a.seq < b.seq;
-            });
+  std::sort(
+      out.begin(), out.end(),
+      [](const TraceRecord& a, const TraceRecord& b) { return a.seq < b.seq; });
   return out;
 }
 
 std::string ToJson(const std::vector<TraceRecord>& records, int rank, int size,
-                   int64_t generation, int64_t now_mono_ns,
-                   int64_t now_unix_ns, const std::string& abort_reason) {
+                   int64_t generation, int64_t now_mono_ns, int64_t now_unix_ns,
+                   const std::string& abort_reason) {
   using nlohmann::json;
   json ops = json::array();
   for (const TraceRecord& r : records) {

@@ -48,7 +48,7 @@ class TraceRing {
     std::atomic<uint64_t> seq{0};
     std::atomic<int64_t> generation{0};
     std::atomic<int64_t> coll_seq{-1};
-    std::atomic<uint64_t> packed{0};   // op, dtype, reduce, state, peer
+    std::atomic<uint64_t> packed{0};  // op, dtype, reduce, state, peer
     std::atomic<uint64_t> count{0};
     std::atomic<uint64_t> bytes{0};
     std::atomic<int64_t> enqueued_ns{0};
@@ -65,8 +65,8 @@ class TraceRing {
 // JSON for `records` (schema in docs/trace-schema.md). `clock_offset_ns` is
 // added to monotonic times to give Unix-epoch times in "wall_ns" fields.
 std::string ToJson(const std::vector<TraceRecord>& records, int rank, int size,
-                   int64_t generation, int64_t now_mono_ns,
-                   int64_t now_unix_ns, const std::string& abort_reason);
+                   int64_t generation, int64_t now_mono_ns, int64_t now_unix_ns,
+                   const std::string& abort_reason);
 
 }  // namespace holdfast::trace
 

@@ -65,10 +65,18 @@ struct PairAccess : tcp::Pair {
 template <typename F>
 void WithStorage(DataType dtype, F&& f) {
   switch (DataTypeSize(dtype)) {
-    case 1: f(uint8_t{}); break;
-    case 2: f(uint16_t{}); break;
-    case 4: f(uint32_t{}); break;
-    default: f(uint64_t{}); break;
+    case 1:
+      f(uint8_t{});
+      break;
+    case 2:
+      f(uint16_t{});
+      break;
+    case 4:
+      f(uint32_t{});
+      break;
+    default:
+      f(uint64_t{});
+      break;
   }
 }
 
@@ -101,12 +109,18 @@ class GlooBackend final : public Backend {
     if (aborted_.load(std::memory_order_acquire)) return AbortedStatus();
     try {
       switch (op.type) {
-        case OpType::kAllReduce: return AllReduce(op);
-        case OpType::kBroadcast: return Broadcast(op);
-        case OpType::kAllGather: return AllGather(op);
-        case OpType::kReduceScatter: return ReduceScatter(op);
-        case OpType::kAllToAll: return AllToAll(op);
-        case OpType::kBarrier: return Barrier(op);
+        case OpType::kAllReduce:
+          return AllReduce(op);
+        case OpType::kBroadcast:
+          return Broadcast(op);
+        case OpType::kAllGather:
+          return AllGather(op);
+        case OpType::kReduceScatter:
+          return ReduceScatter(op);
+        case OpType::kAllToAll:
+          return AllToAll(op);
+        case OpType::kBarrier:
+          return Barrier(op);
         case OpType::kSend:
         case OpType::kRecv: {
           absl::StatusOr<std::unique_ptr<PendingP2P>> p = Post(op);
@@ -167,9 +181,9 @@ class GlooBackend final : public Backend {
       return absl::UnavailableError(
           absl::StrCat("gloo connection lost: ", what));
     }
-    absl::Status s = absl::UnavailableError(absl::StrCat(
-        "lost connection to rank ", peer, " (", peer_addresses_[peer],
-        "): ", what));
+    absl::Status s = absl::UnavailableError(
+        absl::StrCat("lost connection to rank ", peer, " (",
+                     peer_addresses_[peer], "): ", what));
     SetPeer(&s, peer);
     return s;
   }
@@ -182,7 +196,8 @@ class GlooBackend final : public Backend {
       while (pos != absl::string_view::npos) {
         const size_t end = pos + addr.size();
         // "[127.0.0.1]:4000" must not match inside "[127.0.0.1]:40001".
-        if (end == what.size() || !isdigit(static_cast<unsigned char>(what[end]))) {
+        if (end == what.size() ||
+            !isdigit(static_cast<unsigned char>(what[end]))) {
           return j;
         }
         pos = what.find(addr, pos + 1);
@@ -309,7 +324,8 @@ class GlooBackend final : public Backend {
       p->is_send = op.type == OpType::kSend;
       p->timeout = ToChrono(op.timeout);
       if (p->is_send) {
-        p->buf = context_->createUnboundBuffer(const_cast<void*>(op.send), bytes);
+        p->buf =
+            context_->createUnboundBuffer(const_cast<void*>(op.send), bytes);
         p->buf->send(op.peer, slot);
       } else {
         p->buf = context_->createUnboundBuffer(op.recv, bytes);
@@ -374,9 +390,9 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateGlooBackend(
     context->connectFullMesh(gloo_store, device);
   } catch (const std::exception& e) {
     const absl::string_view what = e.what();
-    const std::string msg = absl::StrCat(
-        "rendezvous of rank ", options.rank, " of ", options.size,
-        " (generation ", options.generation, ") failed: ", what);
+    const std::string msg =
+        absl::StrCat("rendezvous of rank ", options.rank, " of ", options.size,
+                     " (generation ", options.generation, ") failed: ", what);
     if (absl::StrContains(what, "DEADLINE_EXCEEDED") ||
         absl::StrContains(what, "Timed out") ||
         absl::StrContains(what, "timeout")) {

@@ -14,7 +14,8 @@ namespace {
 }  // namespace
 
 void GlooStore::set(const std::string& key, const std::vector<char>& data) {
-  absl::Status s = store_->Set(key, absl::string_view(data.data(), data.size()));
+  absl::Status s =
+      store_->Set(key, absl::string_view(data.data(), data.size()));
   if (!s.ok()) Throw(s);
 }
 
@@ -31,8 +32,8 @@ void GlooStore::wait(const std::vector<std::string>& keys) {
 
 void GlooStore::wait(const std::vector<std::string>& keys,
                      const std::chrono::milliseconds& timeout) {
-  absl::Status s = store_->Wait(
-      keys, std::min(timeout_, absl::FromChrono(timeout)));
+  absl::Status s =
+      store_->Wait(keys, std::min(timeout_, absl::FromChrono(timeout)));
   if (!s.ok()) Throw(s);
 }
 

@@ -49,7 +49,7 @@ uint16_t FloatToFloat16(float f) {
     return sign | 0x7c00 | (x > 0x7f800000u ? 0x200 : 0);
   }
   if (x >= 0x477ff000u) return sign | 0x7c00;  // >= 65520 rounds to inf
-  if (x < 0x38800000u) {                      // below the smallest normal
+  if (x < 0x38800000u) {                       // below the smallest normal
     float a;
     std::memcpy(&a, &x, 4);
     return sign | static_cast<uint16_t>(std::nearbyint(a * 16777216.0f));
@@ -65,19 +65,27 @@ namespace {
 
 struct Sum {
   template <typename T>
-  static T Apply(T a, T b) { return a + b; }
+  static T Apply(T a, T b) {
+    return a + b;
+  }
 };
 struct Prod {
   template <typename T>
-  static T Apply(T a, T b) { return a * b; }
+  static T Apply(T a, T b) {
+    return a * b;
+  }
 };
 struct Min {
   template <typename T>
-  static T Apply(T a, T b) { return std::min(a, b); }
+  static T Apply(T a, T b) {
+    return std::min(a, b);
+  }
 };
 struct Max {
   template <typename T>
-  static T Apply(T a, T b) { return std::max(a, b); }
+  static T Apply(T a, T b) {
+    return std::max(a, b);
+  }
 };
 
 template <typename T, typename Op>
@@ -102,11 +110,16 @@ void Kernel16(void* out, const void* a, const void* b, size_t n) {
 template <typename Op>
 ReduceFn ForOp(DataType dtype) {
   switch (dtype) {
-    case DataType::kFloat32: return &Kernel<float, Op>;
-    case DataType::kFloat64: return &Kernel<double, Op>;
-    case DataType::kInt32: return &Kernel<int32_t, Op>;
-    case DataType::kInt64: return &Kernel<int64_t, Op>;
-    case DataType::kUInt8: return &Kernel<uint8_t, Op>;
+    case DataType::kFloat32:
+      return &Kernel<float, Op>;
+    case DataType::kFloat64:
+      return &Kernel<double, Op>;
+    case DataType::kInt32:
+      return &Kernel<int32_t, Op>;
+    case DataType::kInt64:
+      return &Kernel<int64_t, Op>;
+    case DataType::kUInt8:
+      return &Kernel<uint8_t, Op>;
     case DataType::kBFloat16:
       return &Kernel16<BFloat16ToFloat, FloatToBFloat16, Op>;
     case DataType::kFloat16:
@@ -118,13 +131,15 @@ ReduceFn ForOp(DataType dtype) {
 template <typename T>
 void Divide(void* data, size_t n, int d) {
   T* p = static_cast<T*>(data);
-  for (size_t i = 0; i < n; ++i) p[i] = static_cast<T>(p[i] / static_cast<T>(d));
+  for (size_t i = 0; i < n; ++i)
+    p[i] = static_cast<T>(p[i] / static_cast<T>(d));
 }
 
 template <ToFloat kTo, FromFloat kFrom>
 void Divide16(void* data, size_t n, int d) {
   uint16_t* p = static_cast<uint16_t*>(data);
-  for (size_t i = 0; i < n; ++i) p[i] = kFrom(kTo(p[i]) / static_cast<float>(d));
+  for (size_t i = 0; i < n; ++i)
+    p[i] = kFrom(kTo(p[i]) / static_cast<float>(d));
 }
 
 }  // namespace
@@ -134,20 +149,28 @@ ReduceFn GetReduceFn(DataType dtype, ReduceOp op) {
     case ReduceOp::kSum:
     case ReduceOp::kAverage:
       return ForOp<Sum>(dtype);
-    case ReduceOp::kProduct: return ForOp<Prod>(dtype);
-    case ReduceOp::kMin: return ForOp<Min>(dtype);
-    case ReduceOp::kMax: return ForOp<Max>(dtype);
+    case ReduceOp::kProduct:
+      return ForOp<Prod>(dtype);
+    case ReduceOp::kMin:
+      return ForOp<Min>(dtype);
+    case ReduceOp::kMax:
+      return ForOp<Max>(dtype);
   }
   return nullptr;
 }
 
 void DivideInPlace(void* data, size_t n, DataType dtype, int divisor) {
   switch (dtype) {
-    case DataType::kFloat32: return Divide<float>(data, n, divisor);
-    case DataType::kFloat64: return Divide<double>(data, n, divisor);
-    case DataType::kInt32: return Divide<int32_t>(data, n, divisor);
-    case DataType::kInt64: return Divide<int64_t>(data, n, divisor);
-    case DataType::kUInt8: return Divide<uint8_t>(data, n, divisor);
+    case DataType::kFloat32:
+      return Divide<float>(data, n, divisor);
+    case DataType::kFloat64:
+      return Divide<double>(data, n, divisor);
+    case DataType::kInt32:
+      return Divide<int32_t>(data, n, divisor);
+    case DataType::kInt64:
+      return Divide<int64_t>(data, n, divisor);
+    case DataType::kUInt8:
+      return Divide<uint8_t>(data, n, divisor);
     case DataType::kBFloat16:
       return Divide16<BFloat16ToFloat, FloatToBFloat16>(data, n, divisor);
     case DataType::kFloat16:

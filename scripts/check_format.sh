@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Fails if any C++ file differs from .clang-format's style. Run by CTest.
+# Fix with: scripts/check_format.sh --fix
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mapfile -t files < <(git ls-files '*.h' '*.cc' 2>/dev/null || find include src test benchmarks examples third_party -name '*.h' -o -name '*.cc')
+if [ "${1:-}" = "--fix" ]; then
+  clang-format -i "${files[@]}"
+  exit 0
+fi
+clang-format --dry-run -Werror "${files[@]}"
+echo "format: ${#files[@]} files clean"
