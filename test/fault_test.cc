@@ -44,10 +44,10 @@ std::string CodeName(const absl::Status& s) {
 // Every rank runs AllReduce in a loop until one fails, then reports what it
 // saw, checks that later ops fail fast, and exits cleanly.
 int LoopUntilFailure(const std::string& dir, int rank, int n,
-                     absl::Duration timeout) {
+                     absl::Duration timeout, size_t bytes) {
   auto comm = Connect(dir, rank, n, timeout);
   if (!comm) return 3;
-  std::vector<float> data(256 * 1024, 1.0f);  // 1 MiB
+  std::vector<float> data(bytes / sizeof(float), 1.0f);
   bool ready = false;
   for (int i = 0; i < 100000; ++i) {
     absl::Status s = comm->AllReduce(data.data(), data.size(),
@@ -80,10 +80,12 @@ struct FaultRun {
   std::vector<ProcessGroup::Exit> exits;
 };
 
-FaultRun InjectFault(int n, int victim, int sig, absl::Duration timeout) {
+FaultRun InjectFault(int n, int victim, int sig, absl::Duration timeout,
+                     size_t bytes = 1 << 20) {
   const std::string dir = holdfast::proc::MakeTempDir();
-  ProcessGroup group(
-      n, [&](int rank) { return LoopUntilFailure(dir, rank, n, timeout); });
+  ProcessGroup group(n, [&](int rank) {
+    return LoopUntilFailure(dir, rank, n, timeout, bytes);
+  });
   for (int r = 0; r < n; ++r) {
     REQUIRE(group.WaitEvent(r, "ready", absl::Seconds(60)).has_value());
   }
@@ -95,7 +97,8 @@ FaultRun InjectFault(int n, int victim, int sig, absl::Duration timeout) {
   for (int r = 0; r < n; ++r) {
     if (r == victim) continue;
     auto ev = group.WaitEvent(r, "failed", timeout + absl::Seconds(30));
-    REQUIRE(ev.has_value());
+    if (!ev)
+      FAIL("rank " << r << " reported no failure; " << group.Describe(r));
     run.failed[r] = *ev;
     REQUIRE(group.WaitEvent(r, "exiting", absl::Seconds(10)).has_value());
   }
@@ -138,6 +141,24 @@ TEST_CASE(
     CHECK(std::stoll(f["later_ns"]) < 100'000'000);
   }
   CheckSurvivorsExitedCleanly(run, victim);
+}
+
+TEST_CASE("SIGKILL in the middle of large transfers surfaces within 1 s") {
+  // 16 MiB messages overflow the socket buffers, so the survivor usually has
+  // a send queued in the transport when its peer dies: Gloo leaves such a
+  // send waiting, and holdfast's watchdog must wake it.
+  for (int round = 0; round < 3; ++round) {
+    FaultRun run = InjectFault(2, 1, SIGKILL, absl::Seconds(60), 16 << 20);
+    auto& f = run.failed[0];
+    INFO("round " << round << ": " << f["code"] << " " << f["msg"]);
+    CHECK(f["code"] == "UNAVAILABLE");
+    CHECK(f["msg"].find("rank 1") != std::string::npos);
+    const double detect_s = SecondsSince(run.fault_ns, f["t"]);
+    WARN("large transfers, round " << round << ": detected after " << detect_s
+                                   << " s");
+    CHECK(detect_s < 1.0);
+    CheckSurvivorsExitedCleanly(run, 1);
+  }
 }
 
 TEST_CASE("SIGKILL of rank 0 surfaces on every survivor") {

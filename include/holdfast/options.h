@@ -47,8 +47,9 @@ struct CommunicatorOptions {
   std::string bind_address = defaults::BindAddress();
   std::string interface = defaults::Interface();
 
-  // Entries in the per-rank trace ring, and a directory to write the ring to
-  // as JSON when the communicator aborts ("" writes no file).
+  // Entries in the per-rank trace ring, and the directory the ring is
+  // written to as JSON when the communicator aborts (created if missing;
+  // "" writes no file).
   size_t trace_capacity = defaults::TraceCapacity();
   std::string trace_dir = defaults::TraceDir();
 

@@ -75,6 +75,12 @@ class Backend {
   // Blocks until a posted op completes (or fails, or Abort is called).
   virtual absl::Status Wait(PendingP2P& op) = 0;
 
+  // Returns Unavailable (peer attached with SetPeer) if the connection to a
+  // peer has failed, OK otherwise; operations stranded on a failed connection
+  // are woken with its error. Thread-safe; cheap enough for every watchdog
+  // tick while operations are in flight.
+  virtual absl::Status CheckPeers() = 0;
+
   // Makes a Run in progress return within milliseconds and every later Run
   // fail with Aborted. Closes the connections, so peers blocked on this rank
   // see the loss at once. Idempotent.

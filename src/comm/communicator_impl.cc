@@ -1,9 +1,11 @@
 #include "src/comm/communicator_impl.h"
 
+#include <signal.h>
 #include <unistd.h>
 #include <xxhash.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
@@ -29,6 +31,10 @@ constexpr absl::Duration kTransportGrace = absl::Seconds(5);
 // asynchronously starts at most this much later, and only the first of a
 // burst (the rest queue behind a running op anyway).
 constexpr absl::Duration kInlineGrace = absl::Microseconds(200);
+
+// How long after an abort an op may stay inside the transport before its
+// waiters are released regardless (see ReleaseStuckLocked).
+constexpr absl::Duration kReleaseAfter = absl::Milliseconds(100);
 
 OpState FinalState(const absl::Status& s) {
   if (s.ok()) return OpState::kCompleted;
@@ -240,7 +246,7 @@ std::shared_ptr<Work> CommunicatorImpl::Submit(backend::OpSpec spec,
                                                       : options_.timeout;
   spec.timeout = p->timeout + kTransportGrace;
   p->deadline_ns = r.enqueued_ns + absl::ToInt64Nanoseconds(p->timeout);
-  p->issued = absl::Now();
+  p->issued_ns = real_clock_ ? r.enqueued_ns : MonotonicNanos();
   p->spec = spec;
   p->work = std::make_shared<WorkImpl>(
       seq, IsCollective(spec.type) ? runner_handle_ : nullptr);
@@ -286,7 +292,8 @@ void CommunicatorImpl::WorkerLoop() {
       if (queue_.empty()) return;  // stopping
       // Leave a fresh op to its issuer for a moment (see kInlineGrace).
       std::shared_ptr<Pending> head = queue_.front();
-      const absl::Duration age = absl::Now() - head->issued;
+      const absl::Duration age =
+          absl::Nanoseconds(MonotonicNanos() - head->issued_ns);
       if (age < kInlineGrace) {
         auto claimed = [this, &head]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
           return stop_ || queue_.empty() || queue_.front() != head;
@@ -393,13 +400,18 @@ void CommunicatorImpl::WatchdogLoop() {
     absl::Status cause;
     std::vector<std::shared_ptr<Pending>> finish;
     bool began = false;
+    bool in_flight = false;
     {
       absl::MutexLock lock(&mu_);
       if (mu_.AwaitWithTimeout(absl::Condition(&stop_),
                                options_.watchdog_interval)) {
         return;
       }
-      if (aborted_) continue;
+      if (aborted_) {
+        ReleaseStuckLocked();
+        continue;
+      }
+      in_flight = running_ != nullptr || !p2p_.empty();
       const int64_t now = Now();
       Pending* expired = nullptr;
       if (running_ && running_->deadline_ns <= now) expired = running_.get();
@@ -409,19 +421,64 @@ void CommunicatorImpl::WatchdogLoop() {
       for (auto& q : queue_) {
         if (expired == nullptr && q->deadline_ns <= now) expired = q.get();
       }
-      if (expired == nullptr) continue;
-      const bool queued =
-          !IsCollective(expired->record.op) ? false : expired != running_.get();
-      const char* where = queued ? "never started: an earlier op held the queue"
-                                 : "still in progress";
-      cause = absl::DeadlineExceededError(absl::StrCat(
-          Describe(expired->record), ": timed out after ",
-          absl::FormatDuration(expired->timeout), " (", where,
-          "); a peer may be frozen, slow or issuing a different op"));
-      began = BeginAbortLocked(cause, expired, &finish);
+      if (expired != nullptr) {
+        const bool queued =
+            IsCollective(expired->record.op) && expired != running_.get();
+        const char* where = queued
+                                ? "never started: an earlier op held the queue"
+                                : "still in progress";
+        cause = absl::DeadlineExceededError(absl::StrCat(
+            Describe(expired->record), ": timed out after ",
+            absl::FormatDuration(expired->timeout), " (", where,
+            "); a peer may be frozen, slow or issuing a different op"));
+        began = BeginAbortLocked(cause, expired, &finish);
+      }
+    }
+    if (began) {
+      CompleteAbort(cause, std::move(finish));
+      continue;
+    }
+    if (!in_flight) continue;
+    // A lost peer is normally reported by the op that talks to it; this
+    // catches the ones the transport leaves waiting (see CheckPeers).
+    absl::Status peers = backend_->CheckPeers();
+    if (peers.ok()) continue;
+    cause = ExplainFailure(peers);
+    {
+      absl::MutexLock lock(&mu_);
+      Pending* trigger = running_       ? running_.get()
+                         : p2p_.empty() ? nullptr
+                                        : p2p_.front().get();
+      if (trigger != nullptr) {
+        cause = Annotate(cause, Describe(trigger->record));
+      }
+      began = BeginAbortLocked(cause, trigger, &finish);
     }
     if (began) CompleteAbort(cause, std::move(finish));
   }
+}
+
+void CommunicatorImpl::ReleaseStuckLocked() {
+  // After an abort the transport normally lets go of an op within
+  // milliseconds. If it has not after kReleaseAfter, its waiters are released
+  // anyway: every connection is closed, so nothing writes its buffers any
+  // more; only a thread still waiting inside the transport remains.
+  if (MonotonicNanos() - abort_mono_ns_ <
+      absl::ToInt64Nanoseconds(kReleaseAfter)) {
+    return;
+  }
+  auto release = [&](Pending* p) {
+    if (p->forced.has_value() && !p->work->IsCompleted()) {
+      HOLDFAST_LOG_WARN(
+          "rank {}: {} is still inside the transport {} after the abort; "
+          "releasing its waiters",
+          options_.rank, Describe(p->record),
+          absl::FormatDuration(kReleaseAfter));
+      p->work->Finish(*p->forced);
+    }
+  };
+  if (running_) release(running_.get());
+  for (auto& q : p2p_) release(q.get());
 }
 
 bool CommunicatorImpl::BeginAbortLocked(
@@ -430,6 +487,7 @@ bool CommunicatorImpl::BeginAbortLocked(
   if (aborted_) return false;
   aborted_ = true;
   abort_status_ = cause;
+  abort_mono_ns_ = MonotonicNanos();
   const std::string aborted_msg =
       absl::StrCat("communicator aborted: ", cause.message());
   auto outcome = [&](Pending* p) {
@@ -643,9 +701,31 @@ std::shared_ptr<Work> CommunicatorImpl::Recv(void* data, size_t count,
 // ---- factory
 // -----------------------------------------------------------------
 
+namespace {
+
+// A write to a socket whose peer has died raises SIGPIPE, whose default
+// action kills the process: exactly the death-by-peer holdfast exists to
+// prevent. Gloo writes with writev (no MSG_NOSIGNAL), so SIGPIPE is set to
+// ignored, as gRPC does, unless the program installed a handler of its own.
+// The write then fails with EPIPE, which becomes Unavailable.
+void IgnoreSigpipe() {
+  static const bool done = [] {
+    struct sigaction current;
+    if (sigaction(SIGPIPE, nullptr, &current) == 0 &&
+        current.sa_handler == SIG_DFL) {
+      signal(SIGPIPE, SIG_IGN);
+    }
+    return true;
+  }();
+  (void)done;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Create(
     std::shared_ptr<Store> store, const CommunicatorOptions& options) {
   HOLDFAST_RETURN_IF_ERROR(config::Validate());
+  IgnoreSigpipe();
   if (store == nullptr) {
     return absl::InvalidArgumentError("Communicator::Create: store is null");
   }

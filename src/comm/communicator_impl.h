@@ -24,7 +24,6 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/time/clock.h"
 #include "holdfast/clock.h"
 #include "holdfast/communicator.h"
 #include "src/backend/backend.h"
@@ -78,8 +77,8 @@ class CommunicatorImpl final : public Communicator, private InlineRunner {
     std::shared_ptr<WorkImpl> work;
     int64_t deadline_ns = 0;
     absl::Duration timeout;
-    // Real time of issue: scheduling only (deadlines use clock_).
-    absl::Time issued = absl::InfinitePast();
+    // CLOCK_MONOTONIC at issue, for scheduling only (deadlines use clock_).
+    int64_t issued_ns = 0;
     // Set when the op's outcome was decided by an abort; wins over whatever
     // the backend returns.
     std::optional<absl::Status> forced;
@@ -103,6 +102,9 @@ class CommunicatorImpl final : public Communicator, private InlineRunner {
   void Execute(const std::shared_ptr<Pending>& p);
   void P2PLoop();
   void WatchdogLoop();
+  // Releases the waiters of ops still inside the transport long after an
+  // abort.
+  void ReleaseStuckLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records the transport's `result` for `p` (aborting the communicator if
   // it failed first here) and finishes its Work.
   void Complete(const std::shared_ptr<Pending>& p, absl::Status result);
@@ -151,6 +153,7 @@ class CommunicatorImpl final : public Communicator, private InlineRunner {
   std::map<std::pair<int, uint32_t>, int64_t> recvs_from_ ABSL_GUARDED_BY(mu_);
   bool aborted_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status abort_status_ ABSL_GUARDED_BY(mu_);
+  int64_t abort_mono_ns_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
 
   std::thread worker_;

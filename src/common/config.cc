@@ -33,8 +33,8 @@ const std::vector<Entry>& Registry() {
       {{"HOLDFAST_TRACE_CAPACITY", "4096",
         "entries in the per-rank trace ring"},
        Kind::kInt},
-      {{"HOLDFAST_TRACE_DIR", "",
-        "directory the trace ring is written to on abort (empty: none)"},
+      {{"HOLDFAST_TRACE_DIR", "${TMPDIR:-/tmp}/holdfast-trace",
+        "directory the trace ring is written to on abort (set empty: none)"},
        Kind::kString},
       {{"HOLDFAST_BIND_ADDR", "127.0.0.1",
         "address or host name the transport listens on"},
@@ -134,7 +134,12 @@ size_t TraceCapacity() {
   static const int64_t n = config::IntParam("HOLDFAST_TRACE_CAPACITY");
   return static_cast<size_t>(n);
 }
-std::string TraceDir() { return config::StringParam("HOLDFAST_TRACE_DIR"); }
+std::string TraceDir() {
+  if (const char* dir = std::getenv("HOLDFAST_TRACE_DIR")) return dir;
+  const char* tmp = std::getenv("TMPDIR");
+  return std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") +
+         "/holdfast-trace";
+}
 std::string BindAddress() { return config::StringParam("HOLDFAST_BIND_ADDR"); }
 std::string Interface() { return config::StringParam("HOLDFAST_IFACE"); }
 

@@ -145,6 +145,28 @@ std::optional<std::map<std::string, std::string>> ProcessGroup::WaitEvent(
   }
 }
 
+std::string ProcessGroup::Describe(int rank) {
+  if (reaped_[rank]) return "already reaped";
+  int status = 0;
+  // A child that closed its pipe may still be exiting: give it a moment.
+  for (int i = 0; i < 100; ++i) {
+    pid_t r = waitpid(pids_[rank], &status, WNOHANG);
+    if (r == pids_[rank]) {
+      reaped_[rank] = true;
+      if (WIFEXITED(status)) {
+        return "exited with code " + std::to_string(WEXITSTATUS(status));
+      }
+      if (WIFSIGNALED(status)) {
+        return "killed by signal " + std::to_string(WTERMSIG(status)) + " (" +
+               strsignal(WTERMSIG(status)) + ")";
+      }
+      return "ended";
+    }
+    usleep(10000);
+  }
+  return "still running";
+}
+
 std::vector<ProcessGroup::Exit> ProcessGroup::WaitAll(absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   std::vector<Exit> exits(pids_.size());

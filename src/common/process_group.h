@@ -48,6 +48,10 @@ class ProcessGroup {
   std::optional<std::map<std::string, std::string>> WaitEvent(
       int rank, const std::string& event, absl::Duration timeout);
 
+  // "running", "exited with code N" or "killed by signal N (name)": for
+  // messages when an expected report never comes.
+  std::string Describe(int rank);
+
   struct Exit {
     bool exited = false;     // exited normally
     int code = -1;           // exit code if exited

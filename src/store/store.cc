@@ -1,5 +1,5 @@
-#include "absl/time/clock.h"
 #include "holdfast/store.h"
+#include "absl/time/clock.h"
 
 namespace holdfast {
 

@@ -17,6 +17,7 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/tcp/pair.h>
+#include <gloo/transport/tcp/unbound_buffer.h>
 #include <gloo/transport/unbound_buffer.h>
 #include <gloo/types.h>
 
@@ -48,15 +49,40 @@ std::chrono::milliseconds ToChrono(absl::Duration d) {
       std::max<int64_t>(1, absl::ToInt64Milliseconds(d)));
 }
 
-// tcp::Pair::signalExceptionExternal() and peer() are protected in this Gloo
-// version. A derived class may name them as pointers to members of Pair, which
-// can then be applied to any Pair. Never instantiated.
+// Some tcp::Pair and tcp::UnboundBuffer members that holdfast needs are
+// protected in this Gloo version. A derived class may name them as pointers
+// to members of the base, which can then be applied to any object of it.
+// These structs are never instantiated.
+struct UnboundBufferAccess : tcp::UnboundBuffer {
+  static void Signal(tcp::UnboundBuffer* buf, std::exception_ptr ex) {
+    (buf->*(&UnboundBufferAccess::signalException))(std::move(ex));
+  }
+};
+
 struct PairAccess : tcp::Pair {
   static void Fail(tcp::Pair* pair, const std::string& msg) {
     (pair->*(&PairAccess::signalExceptionExternal))(msg);
   }
   static std::string PeerAddress(const tcp::Pair* pair) {
     return (pair->*(&PairAccess::peer))().str();
+  }
+  // If the pair has failed, wakes every send still queued for transmission
+  // with the pair's error and returns it; returns null otherwise.
+  //
+  // Why: when a pair fails, Gloo signals its pending unbound-buffer ops and
+  // its queued old-style buffer sends, but not unbound-buffer sends already
+  // queued in tx_ (a message larger than the socket buffer). A thread in
+  // waitSend on one would sleep until Gloo's own timeout, even after abort.
+  // Lock order is Gloo's own: pair, then buffer.
+  static std::exception_ptr WakeStrandedSends(tcp::Pair* pair) {
+    std::lock_guard<std::mutex> lock(pair->*(&PairAccess::m_));
+    std::exception_ptr ex = pair->*(&PairAccess::ex_);
+    if (ex == nullptr) return nullptr;
+    for (tcp::Op& op : pair->*(&PairAccess::tx_)) {
+      ::gloo::NonOwningPtr<tcp::UnboundBuffer> buf(op.ubuf);
+      if (buf) UnboundBufferAccess::Signal(buf.operator->(), ex);
+    }
+    return ex;
   }
 };
 
@@ -154,10 +180,30 @@ class GlooBackend final : public Backend {
       if (pair == nullptr) continue;
       try {
         PairAccess::Fail(pair, msg);
+        PairAccess::WakeStrandedSends(pair);
       } catch (const std::exception&) {
         // The pair is already broken; nothing more to signal.
       }
     }
+  }
+
+  absl::Status CheckPeers() override {
+    if (!context_ || aborted_.load(std::memory_order_acquire)) {
+      return absl::OkStatus();
+    }
+    for (int j = 0; j < options_.size; ++j) {
+      if (j == options_.rank) continue;
+      auto* pair = dynamic_cast<tcp::Pair*>(context_->getPair(j).get());
+      if (pair == nullptr) continue;
+      std::exception_ptr ex = PairAccess::WakeStrandedSends(pair);
+      if (ex == nullptr) continue;
+      try {
+        std::rethrow_exception(ex);
+      } catch (const std::exception& e) {
+        return Translate(e.what());
+      }
+    }
+    return absl::OkStatus();
   }
 
  private:
