@@ -20,7 +20,7 @@ TEST_CASE("bfloat16 conversion rounds to nearest even") {
   CHECK(std::isnan(BFloat16ToFloat(FloatToBFloat16(std::nanf("")))));
 }
 
-TEST_CASE("float16 conversion covers normals, subnormals, inf and nan") {
+TEST_CASE("float16 conversion covers normals and subnormals and inf and nan") {
   CHECK(FloatToFloat16(1.0f) == 0x3c00);
   CHECK(FloatToFloat16(-2.0f) == 0xc000);
   CHECK(FloatToFloat16(65504.0f) == 0x7bff);

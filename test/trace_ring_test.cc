@@ -48,7 +48,7 @@ TEST_CASE("trace ring records every transition of an op") {
   CHECK(r.status_code == 4);
 }
 
-TEST_CASE("trace ring keeps the newest capacity records, oldest first") {
+TEST_CASE("trace ring keeps the newest capacity records oldest first") {
   TraceRing ring(4);
   for (uint64_t s = 0; s < 10; ++s) ring.Begin(Rec(s));
   auto snap = ring.Snapshot();

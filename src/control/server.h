@@ -1,0 +1,45 @@
+// ControllerServer: the controller's gRPC service, embeddable in-process (the
+// launcher and tests) and run by the holdfast-controller binary. This
+// revision serves the rendezvous key-value store.
+//
+// Threading: Start/Shutdown from one thread; the service runs on gRPC's
+// callback threads and holds no thread per waiting RPC.
+#ifndef HOLDFAST_SRC_CONTROL_SERVER_H_
+#define HOLDFAST_SRC_CONTROL_SERVER_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "src/control/kv_store.h"
+
+namespace holdfast::control {
+
+struct ControllerOptions {
+  // Address to bind; loopback unless told otherwise.
+  std::string bind_address = "127.0.0.1";
+  // 0 picks a free port (see ControllerServer::port()).
+  int port = 0;
+  // The job token every RPC must carry. Required (non-empty).
+  std::string token;
+  KvLimits limits;
+};
+
+class ControllerServer {
+ public:
+  // InvalidArgument for an empty token or a bad port; Unavailable if the
+  // address cannot be bound.
+  static absl::StatusOr<std::unique_ptr<ControllerServer>> Start(
+      const ControllerOptions& options);
+  virtual ~ControllerServer() = default;
+
+  virtual int port() const = 0;
+  // "host:port" for clients.
+  virtual std::string address() const = 0;
+  // Stops serving; pending waits end with Cancelled or Unavailable.
+  virtual void Shutdown() = 0;
+};
+
+}  // namespace holdfast::control
+
+#endif  // HOLDFAST_SRC_CONTROL_SERVER_H_

@@ -1,0 +1,328 @@
+// The controller's key-value store: semantics (including Wait timeouts),
+// the gRPC service with token checks and bad requests, and communicators
+// that rendezvous through a real holdfast-controller process.
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <fstream>
+#include <grpcpp/grpcpp.h>
+#include <thread>
+
+#include "holdfast/communicator.h"
+#include "src/common/process_group.h"
+#include "src/control/auth.h"
+#include "src/control/client.h"
+#include "src/control/controller.grpc.pb.h"
+#include "src/control/kv_store.h"
+#include "src/control/server.h"
+
+extern char** environ;
+
+using namespace holdfast;
+using namespace holdfast::control;
+
+namespace {
+
+// Waits for `done` to be called and returns its status.
+struct WaitResult {
+  absl::Mutex mu;
+  bool done = false;
+  absl::Status status;
+  KvStore::WaitDone Callback() {
+    return [this](absl::Status s) {
+      absl::MutexLock lock(&mu);
+      status = s;
+      done = true;
+    };
+  }
+  absl::Status Get() {
+    absl::MutexLock lock(&mu);
+    mu.AwaitWithTimeout(absl::Condition(&done), absl::Seconds(30));
+    return done ? status : absl::InternalError("callback never ran");
+  }
+};
+
+}  // namespace
+
+TEST_CASE("kv store: set and get and counters and compare-and-set and delete by prefix") {
+  KvStore kv;
+  REQUIRE(kv.Set("g1/a", "x").ok());
+  CHECK(**kv.Get("g1/a") == "x");
+  CHECK(!kv.Get("g1/b")->has_value());
+  CHECK(*kv.Add("g1/n", 5) == 5);
+  CHECK(*kv.Add("g1/n", -2) == 3);
+  CHECK(**kv.Get("g1/n") == "3");
+  CHECK(kv.Add("g1/a", 1).status().code() ==
+        absl::StatusCode::kFailedPrecondition);
+  CHECK(kv.Add("g1/n", INT64_MAX).status().code() ==
+        absl::StatusCode::kOutOfRange);
+  auto cas = kv.CompareAndSet("g1/c", "", /*expect_absent=*/true, "first");
+  CHECK(cas->first);
+  cas = kv.CompareAndSet("g1/c", "", true, "second");
+  CHECK(!cas->first);
+  CHECK(cas->second == "first");
+  cas = kv.CompareAndSet("g1/c", "first", false, "third");
+  CHECK(cas->first);
+  CHECK(**kv.Get("g1/c") == "third");
+  REQUIRE(kv.Set("g2/a", "y").ok());
+  CHECK(*kv.DeletePrefix("g1/") == 3);
+  CHECK(!kv.Get("g1/a")->has_value());
+  CHECK(kv.Get("g2/a")->has_value());
+  CHECK(kv.DeletePrefix("").status().code() ==
+        absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("kv store: waits complete or time out or are cancelled or fail on shutdown") {
+  auto kv = std::make_unique<KvStore>();
+  {
+    WaitResult now;  // keys already present
+    REQUIRE(kv->Set("k0", "v").ok());
+    kv->WaitAsync(kv->NewWaitId(), {"k0"}, absl::Seconds(5), now.Callback());
+    CHECK(now.Get().ok());
+  }
+  {
+    WaitResult later;
+    kv->WaitAsync(kv->NewWaitId(), {"k1", "k2"}, absl::Seconds(30),
+                  later.Callback());
+    REQUIRE(kv->Set("k1", "v").ok());
+    CHECK(!later.done);
+    REQUIRE(kv->Add("k2", 1).ok());
+    CHECK(later.Get().ok());
+  }
+  {
+    WaitResult timeout;
+    kv->WaitAsync(kv->NewWaitId(), {"k1", "never"}, absl::Milliseconds(50),
+                  timeout.Callback());
+    absl::Status s = timeout.Get();
+    CHECK(s.code() == absl::StatusCode::kDeadlineExceeded);
+    CHECK(s.message().find("never") != absl::string_view::npos);
+    CHECK(s.message().find("k1") == absl::string_view::npos);  // only missing
+  }
+  {
+    WaitResult cancelled;
+    const uint64_t id = kv->NewWaitId();
+    kv->WaitAsync(id, {"never"}, absl::Seconds(30), cancelled.Callback());
+    kv->CancelWait(id);
+    CHECK(cancelled.Get().code() == absl::StatusCode::kCancelled);
+    kv->CancelWait(id);  // a second cancel is a no-op
+  }
+  {
+    WaitResult bad;
+    kv->WaitAsync(kv->NewWaitId(), {}, absl::Seconds(1), bad.Callback());
+    CHECK(bad.Get().code() == absl::StatusCode::kInvalidArgument);
+  }
+  WaitResult orphan;
+  kv->WaitAsync(kv->NewWaitId(), {"never"}, absl::Seconds(30),
+                orphan.Callback());
+  kv.reset();
+  CHECK(orphan.Get().code() == absl::StatusCode::kUnavailable);
+}
+
+TEST_CASE("kv store: limits give InvalidArgument naming the limit") {
+  KvLimits limits;
+  limits.max_key_bytes = 8;
+  limits.max_value_bytes = 16;
+  KvStore kv(limits);
+  CHECK(kv.Set("", "v").code() == absl::StatusCode::kInvalidArgument);
+  absl::Status s = kv.Set("123456789", "v");
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(s.message().find("limit of 8") != absl::string_view::npos);
+  CHECK(kv.Set("k", std::string(17, 'x')).code() ==
+        absl::StatusCode::kInvalidArgument);
+  WaitResult w;
+  kv.WaitAsync(kv.NewWaitId(), {"k"}, absl::Hours(2), w.Callback());
+  CHECK(w.Get().code() == absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("controller service: the store over gRPC") {
+  ControllerOptions o;
+  o.token = "s3cret-token";
+  auto server = ControllerServer::Start(o);
+  REQUIRE(server.ok());
+  auto store = ControllerStore::Connect({(*server)->address(), o.token});
+  REQUIRE(store.ok());
+  ControllerStore& s = **store;
+
+  REQUIRE(s.Set("holdfast/g0/a", "1").ok());
+  CHECK(*s.Get("holdfast/g0/a", absl::Seconds(1)) == "1");
+  CHECK(!s.TryGet("holdfast/g0/missing")->has_value());
+  std::thread setter([&] {
+    absl::SleepFor(absl::Milliseconds(100));
+    (void)s.Set("holdfast/g0/late", "2");
+  });
+  CHECK(*s.Get("holdfast/g0/late", absl::Seconds(10)) == "2");
+  setter.join();
+  auto late = s.Get("holdfast/g0/never", absl::Milliseconds(100));
+  CHECK(late.status().code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(s.Wait({"holdfast/g0/a", "holdfast/g0/never"}, absl::Milliseconds(100))
+            .code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(s.Wait({"holdfast/g0/a", "holdfast/g0/late"}, absl::Seconds(1)).ok());
+  CHECK(*s.Add("holdfast/g0/n", 3) == 3);
+  CHECK(s.CompareAndSet("holdfast/g0/n", "3", false, "10")->first);
+  CHECK(*s.DeletePrefix("holdfast/g0/") == 3);
+
+  // Bad requests: clear errors, and the controller keeps serving.
+  CHECK(s.Set("", "v").code() == absl::StatusCode::kInvalidArgument);
+  CHECK(s.Set(std::string(2000, 'k'), "v").code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(s.Set("big", std::string((4 << 20) + 1, 'v')).code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(s.Wait({}, absl::Seconds(1)).code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(s.DeletePrefix("").status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(s.Set("still", "serving").ok());
+}
+
+TEST_CASE("controller service: a wrong or missing token is refused") {
+  ControllerOptions o;
+  o.token = "right-token";
+  auto server = ControllerServer::Start(o);
+  REQUIRE(server.ok());
+  auto wrong = ControllerStore::Connect({(*server)->address(), "wrong-token"});
+  REQUIRE(wrong.ok());
+  for (absl::Status st :
+       {(*wrong)->Set("k", "v"), (*wrong)->Get("k", absl::Seconds(1)).status(),
+        (*wrong)->TryGet("k").status(),
+        (*wrong)->Wait({"k"}, absl::Seconds(1)),
+        (*wrong)->Add("n", 1).status(),
+        (*wrong)->CompareAndSet("k", "", true, "v").status(),
+        (*wrong)->DeletePrefix("k").status()}) {
+    CHECK(st.code() == absl::StatusCode::kUnauthenticated);
+    CHECK(st.message().find("right-token") == absl::string_view::npos);
+  }
+  // No token at all (a raw stub without the metadata).
+  auto stub = Controller::NewStub(grpc::CreateChannel(
+      (*server)->address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  SetRequest req;
+  req.set_key("k");
+  SetResponse resp;
+  CHECK(stub->Set(&ctx, req, &resp).error_code() ==
+        grpc::StatusCode::UNAUTHENTICATED);
+  // Tokens compare equal only when identical.
+  CHECK(TokensEqual("abc", "abc"));
+  CHECK(!TokensEqual("abc", "abd"));
+  CHECK(!TokensEqual("abc", "abcd"));
+  // The server refuses to start without a token.
+  ControllerOptions none;
+  CHECK(ControllerServer::Start(none).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("an unreachable controller gives Unavailable and no hang") {
+  ClientOptions c;
+  c.address = "127.0.0.1:1";  // nothing listens on port 1
+  c.token = "t";
+  c.rpc_slack = absl::Seconds(2);
+  auto store = ControllerStore::Connect(c);
+  REQUIRE(store.ok());
+  absl::Status s = (*store)->Set("k", "v");
+  CHECK((s.code() == absl::StatusCode::kUnavailable ||
+         s.code() == absl::StatusCode::kDeadlineExceeded));
+}
+
+TEST_CASE("communicators rendezvous through a holdfast-controller process") {
+  const std::string dir = proc::MakeTempDir();
+  const std::string token_file = dir + "/token";
+  std::ofstream(token_file) << "job-token-123\n";
+  const std::string port_file = dir + "/port";
+  std::vector<std::string> args = {HOLDFAST_CONTROLLER_BIN, "--world-size", "3",
+                                   "--port", "0", "--token-file", token_file,
+                                   "--port-file", port_file};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t controller = 0;
+  REQUIRE(posix_spawn(&controller, argv[0], nullptr, nullptr, argv.data(),
+                      environ) == 0);
+  // Never leave the controller behind, whatever fails below: an orphan would
+  // keep the test's output pipe open.
+  struct Reaper {
+    pid_t& pid;
+    ~Reaper() {
+      if (pid > 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, nullptr, 0);
+      }
+    }
+  } reaper{controller};
+  int port = 0;
+  for (int i = 0; i < 500 && port == 0; ++i) {
+    std::ifstream in(port_file);
+    if (!(in >> port)) port = 0;
+    if (port == 0) absl::SleepFor(absl::Milliseconds(20));
+  }
+  REQUIRE(port > 0);
+  const std::string address = "127.0.0.1:" + std::to_string(port);
+
+  // Ranks are threads: gRPC is not fork-safe once a process has used it,
+  // and earlier cases of this binary may have.
+  const int n = 3;
+  std::vector<std::string> results(n);
+  std::vector<std::thread> ranks;
+  for (int rank = 0; rank < n; ++rank) {
+    ranks.emplace_back([&, rank] {
+      auto store = ControllerStore::Connect({address, "job-token-123"});
+      if (!store.ok()) {
+        results[rank] = store.status().ToString();
+        return;
+      }
+      CommunicatorOptions o;
+      o.rank = rank;
+      o.size = n;
+      o.generation = 7;
+      o.timeout = absl::Seconds(30);
+      o.connect_timeout = absl::Seconds(30);
+      auto comm = Communicator::Create(*store, o);
+      if (!comm.ok()) {
+        results[rank] = comm.status().ToString();
+        return;
+      }
+      std::vector<int64_t> v(100, rank + 1);
+      absl::Status s = (*comm)->AllReduce(v.data(), v.size(), DataType::kInt64,
+                                          ReduceOp::kSum)->Wait();
+      results[rank] = s.ok() && v[0] == 6 && v[99] == 6 ? "ok" : s.ToString();
+    });
+  }
+  for (auto& t : ranks) t.join();
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r);
+    CHECK(results[r] == "ok");
+  }
+  // The rendezvous keys were namespaced by generation.
+  auto store = ControllerStore::Connect({address, "job-token-123"});
+  REQUIRE(store.ok());
+  CHECK(*(*store)->DeletePrefix("holdfast/g7/") > 0);
+  kill(controller, SIGTERM);
+  int status = 0;
+  waitpid(controller, &status, 0);
+  controller = 0;  // reaped
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+}
+
+TEST_CASE("holdfast-controller refuses to start without a token") {
+  std::vector<std::string> args = {HOLDFAST_CONTROLLER_BIN, "--world-size",
+                                   "2", "--port", "0"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::vector<std::string> env_strings;
+  std::vector<char*> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (std::string(*e).rfind("HOLDFAST_JOB_TOKEN=", 0) != 0) env.push_back(*e);
+  }
+  env.push_back(nullptr);
+  pid_t pid = 0;
+  REQUIRE(posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(),
+                      env.data()) == 0);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 2);
+}
