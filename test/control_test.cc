@@ -6,10 +6,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <grpcpp/grpcpp.h>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <fstream>
-#include <grpcpp/grpcpp.h>
 #include <thread>
 
 #include "holdfast/communicator.h"
@@ -48,7 +48,9 @@ struct WaitResult {
 
 }  // namespace
 
-TEST_CASE("kv store: set and get and counters and compare-and-set and delete by prefix") {
+TEST_CASE(
+    "kv store: set and get and counters and compare-and-set and delete by "
+    "prefix") {
   KvStore kv;
   REQUIRE(kv.Set("g1/a", "x").ok());
   CHECK(**kv.Get("g1/a") == "x");
@@ -76,7 +78,9 @@ TEST_CASE("kv store: set and get and counters and compare-and-set and delete by 
         absl::StatusCode::kInvalidArgument);
 }
 
-TEST_CASE("kv store: waits complete or time out or are cancelled or fail on shutdown") {
+TEST_CASE(
+    "kv store: waits complete or time out or are cancelled or fail on "
+    "shutdown") {
   auto kv = std::make_unique<KvStore>();
   {
     WaitResult now;  // keys already present
@@ -187,8 +191,7 @@ TEST_CASE("controller service: a wrong or missing token is refused") {
   REQUIRE(wrong.ok());
   for (absl::Status st :
        {(*wrong)->Set("k", "v"), (*wrong)->Get("k", absl::Seconds(1)).status(),
-        (*wrong)->TryGet("k").status(),
-        (*wrong)->Wait({"k"}, absl::Seconds(1)),
+        (*wrong)->TryGet("k").status(), (*wrong)->Wait({"k"}, absl::Seconds(1)),
         (*wrong)->Add("n", 1).status(),
         (*wrong)->CompareAndSet("k", "", true, "v").status(),
         (*wrong)->DeletePrefix("k").status()}) {
@@ -231,9 +234,9 @@ TEST_CASE("communicators rendezvous through a holdfast-controller process") {
   const std::string token_file = dir + "/token";
   std::ofstream(token_file) << "job-token-123\n";
   const std::string port_file = dir + "/port";
-  std::vector<std::string> args = {HOLDFAST_CONTROLLER_BIN, "--world-size", "3",
-                                   "--port", "0", "--token-file", token_file,
-                                   "--port-file", port_file};
+  std::vector<std::string> args = {
+      HOLDFAST_CONTROLLER_BIN, "--world-size", "3",           "--port", "0",
+      "--token-file",          token_file,     "--port-file", port_file};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -284,8 +287,10 @@ TEST_CASE("communicators rendezvous through a holdfast-controller process") {
         return;
       }
       std::vector<int64_t> v(100, rank + 1);
-      absl::Status s = (*comm)->AllReduce(v.data(), v.size(), DataType::kInt64,
-                                          ReduceOp::kSum)->Wait();
+      absl::Status s =
+          (*comm)
+              ->AllReduce(v.data(), v.size(), DataType::kInt64, ReduceOp::kSum)
+              ->Wait();
       results[rank] = s.ok() && v[0] == 6 && v[99] == 6 ? "ok" : s.ToString();
     });
   }
@@ -307,8 +312,8 @@ TEST_CASE("communicators rendezvous through a holdfast-controller process") {
 }
 
 TEST_CASE("holdfast-controller refuses to start without a token") {
-  std::vector<std::string> args = {HOLDFAST_CONTROLLER_BIN, "--world-size",
-                                   "2", "--port", "0"};
+  std::vector<std::string> args = {HOLDFAST_CONTROLLER_BIN, "--world-size", "2",
+                                   "--port", "0"};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);

@@ -31,8 +31,9 @@ int main(int argc, char** argv) {
   app.add_option("--token-file", token_file,
                  "file whose first line is the job token (default: "
                  "HOLDFAST_JOB_TOKEN)");
-  app.add_option("--port-file", port_file,
-                 "write the bound port to this file once serving (for --port 0)");
+  app.add_option(
+      "--port-file", port_file,
+      "write the bound port to this file once serving (for --port 0)");
   CLI11_PARSE(app, argc, argv);
 
   auto token = holdfast::control::LoadToken(token_file);
@@ -63,7 +64,8 @@ int main(int argc, char** argv) {
     const std::string tmp = port_file + ".tmp";
     FILE* f = std::fopen(tmp.c_str(), "w");
     if (f == nullptr || std::fprintf(f, "%d\n", (*server)->port()) < 0 ||
-        std::fclose(f) != 0 || std::rename(tmp.c_str(), port_file.c_str()) != 0) {
+        std::fclose(f) != 0 ||
+        std::rename(tmp.c_str(), port_file.c_str()) != 0) {
       std::fprintf(stderr, "holdfast-controller: cannot write --port-file %s\n",
                    port_file.c_str());
       return 1;

@@ -11,8 +11,9 @@ namespace {
 
 absl::Status FromGrpc(const grpc::Status& s, absl::string_view what) {
   if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                      absl::StrCat("controller ", what, ": ", s.error_message()));
+  return absl::Status(
+      static_cast<absl::StatusCode>(s.error_code()),
+      absl::StrCat("controller ", what, ": ", s.error_message()));
 }
 
 int64_t ToMillis(absl::Duration d) {
@@ -23,8 +24,8 @@ class ControllerStoreImpl final : public ControllerStore {
  public:
   explicit ControllerStoreImpl(const ClientOptions& o)
       : options_(o),
-        stub_(Controller::NewStub(
-            grpc::CreateChannel(o.address, grpc::InsecureChannelCredentials()))) {}
+        stub_(Controller::NewStub(grpc::CreateChannel(
+            o.address, grpc::InsecureChannelCredentials()))) {}
 
   absl::Status Set(absl::string_view key, absl::string_view value) override {
     SetRequest req;
@@ -115,7 +116,8 @@ class ControllerStoreImpl final : public ControllerStore {
   std::unique_ptr<grpc::ClientContext> Context(absl::Duration wait) const {
     auto ctx = std::make_unique<grpc::ClientContext>();
     ctx->AddMetadata(kTokenMetadataKey, options_.token);
-    ctx->set_deadline(absl::ToChronoTime(absl::Now() + wait + options_.rpc_slack));
+    ctx->set_deadline(
+        absl::ToChronoTime(absl::Now() + wait + options_.rpc_slack));
     return ctx;
   }
 

@@ -37,8 +37,8 @@ absl::Status KvStore::CheckKey(absl::string_view key) const {
 absl::Status KvStore::CheckValue(absl::string_view value) const {
   if (value.size() > limits_.max_value_bytes) {
     return absl::InvalidArgumentError(
-        absl::StrCat("value of ", value.size(),
-                     " bytes exceeds the limit of ", limits_.max_value_bytes));
+        absl::StrCat("value of ", value.size(), " bytes exceeds the limit of ",
+                     limits_.max_value_bytes));
   }
   return absl::OkStatus();
 }
@@ -118,8 +118,9 @@ absl::StatusOr<std::pair<bool, std::string>> KvStore::CompareAndSet(
   {
     absl::MutexLock lock(&mu_);
     auto it = data_.find(key);
-    const bool matches = expect_absent ? it == data_.end()
-                                       : it != data_.end() && it->second == expected;
+    const bool matches = expect_absent
+                             ? it == data_.end()
+                             : it != data_.end() && it->second == expected;
     if (matches) {
       data_[std::string(key)] = std::string(desired);
       result = {true, std::string(desired)};
@@ -141,7 +142,8 @@ absl::StatusOr<int64_t> KvStore::DeletePrefix(absl::string_view prefix) {
   absl::MutexLock lock(&mu_);
   int64_t n = 0;
   for (auto it = data_.lower_bound(prefix);
-       it != data_.end() && absl::string_view(it->first).substr(0, prefix.size()) == prefix;) {
+       it != data_.end() &&
+       absl::string_view(it->first).substr(0, prefix.size()) == prefix;) {
     it = data_.erase(it);
     ++n;
   }
@@ -157,8 +159,9 @@ void KvStore::WaitAsync(uint64_t id, std::vector<std::string> keys,
                         absl::Duration timeout, WaitDone done) {
   absl::Status bad;
   if (keys.empty() || keys.size() > limits_.max_wait_keys) {
-    bad = absl::InvalidArgumentError(absl::StrCat(
-        "a wait needs 1 to ", limits_.max_wait_keys, " keys, got ", keys.size()));
+    bad = absl::InvalidArgumentError(absl::StrCat("a wait needs 1 to ",
+                                                  limits_.max_wait_keys,
+                                                  " keys, got ", keys.size()));
   } else if (timeout < absl::ZeroDuration() || timeout > limits_.max_wait) {
     bad = absl::InvalidArgumentError(
         absl::StrCat("wait timeout must be in [0, ",
@@ -177,7 +180,8 @@ void KvStore::WaitAsync(uint64_t id, std::vector<std::string> keys,
     if (stop_) {
       bad = absl::UnavailableError("controller store shutting down");
     } else if (!AllPresentLocked(keys)) {
-      waiters_[id] = Waiter{std::move(keys), absl::Now() + timeout, std::move(done)};
+      waiters_[id] =
+          Waiter{std::move(keys), absl::Now() + timeout, std::move(done)};
       ++epoch_;
       return;
     }
@@ -220,11 +224,10 @@ void KvStore::TimerLoop() {
         for (const auto& k : it->second.keys) {
           if (data_.find(k) == data_.end()) missing.push_back(k);
         }
-        expired.emplace_back(
-            std::move(it->second.done),
-            absl::DeadlineExceededError(absl::StrCat(
-                "keys [", absl::StrJoin(missing, ", "),
-                "] did not appear in time")));
+        expired.emplace_back(std::move(it->second.done),
+                             absl::DeadlineExceededError(absl::StrCat(
+                                 "keys [", absl::StrJoin(missing, ", "),
+                                 "] did not appear in time")));
         it = waiters_.erase(it);
       }
     }

@@ -46,8 +46,7 @@ class Service final : public Controller::CallbackService {
       : token_(std::move(token)), kv_(limits) {}
 
   grpc::ServerUnaryReactor* Set(grpc::CallbackServerContext* ctx,
-                                const SetRequest* req,
-                                SetResponse*) override {
+                                const SetRequest* req, SetResponse*) override {
     return Reply(ctx, [&] { return kv_.Set(req->key(), req->value()); });
   }
 
@@ -59,7 +58,8 @@ class Service final : public Controller::CallbackService {
         auto v = kv_.Get(req->key());
         if (!v.ok()) return v.status();
         if (!v->has_value()) {
-          return absl::NotFoundError(absl::StrCat("key '", req->key(), "' is not set"));
+          return absl::NotFoundError(
+              absl::StrCat("key '", req->key(), "' is not set"));
         }
         resp->set_value(**v);
         return absl::OkStatus();
@@ -86,9 +86,10 @@ class Service final : public Controller::CallbackService {
                                  WaitResponse*) override {
     if (!Authorized(ctx)) return Reply(ctx, [] { return absl::OkStatus(); });
     auto* reactor = new WaitReactor(&kv_, kv_.NewWaitId());
-    reactor->Start(std::vector<std::string>(req->keys().begin(), req->keys().end()),
-                   absl::Milliseconds(std::max<int64_t>(0, req->timeout_ms())),
-                   [] { return absl::OkStatus(); });
+    reactor->Start(
+        std::vector<std::string>(req->keys().begin(), req->keys().end()),
+        absl::Milliseconds(std::max<int64_t>(0, req->timeout_ms())),
+        [] { return absl::OkStatus(); });
     return reactor;
   }
 
@@ -103,9 +104,9 @@ class Service final : public Controller::CallbackService {
     });
   }
 
-  grpc::ServerUnaryReactor* CompareAndSet(grpc::CallbackServerContext* ctx,
-                                          const CompareAndSetRequest* req,
-                                          CompareAndSetResponse* resp) override {
+  grpc::ServerUnaryReactor* CompareAndSet(
+      grpc::CallbackServerContext* ctx, const CompareAndSetRequest* req,
+      CompareAndSetResponse* resp) override {
     return Reply(ctx, [&]() -> absl::Status {
       auto r = kv_.CompareAndSet(req->key(), req->expected(),
                                  req->expect_absent(), req->desired());
@@ -205,20 +206,18 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
       grpc::InsecureServerCredentials(), &bound_port);
   builder.RegisterService(service.get());
   // Requests are bounded by the store's limits plus framing.
-  builder.SetMaxReceiveMessageSize(
-      static_cast<int>(options.limits.max_value_bytes +
-                       options.limits.max_key_bytes + 4096));
+  builder.SetMaxReceiveMessageSize(static_cast<int>(
+      options.limits.max_value_bytes + options.limits.max_key_bytes + 4096));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || bound_port == 0) {
-    return absl::UnavailableError(
-        absl::StrCat("controller: cannot listen on ", options.bind_address,
-                     ":", options.port));
+    return absl::UnavailableError(absl::StrCat("controller: cannot listen on ",
+                                               options.bind_address, ":",
+                                               options.port));
   }
   HOLDFAST_LOG_INFO("controller listening on {}:{}", options.bind_address,
                     bound_port);
   return std::unique_ptr<ControllerServer>(new ServerImpl(
-      std::move(service), std::move(server), options.bind_address,
-      bound_port));
+      std::move(service), std::move(server), options.bind_address, bound_port));
 }
 
 }  // namespace holdfast::control
