@@ -371,14 +371,7 @@ void CommunicatorImpl::Complete(const std::shared_ptr<Pending>& p,
     }
     if (!decided) {
       // A failure this rank saw first (typically a lost peer).
-      const absl::Status cause = ExplainFailure(result);
-      std::vector<std::shared_ptr<Pending>> finish;
-      bool began;
-      {
-        absl::MutexLock lock(&mu_);
-        began = BeginAbortLocked(cause, p.get(), &finish);
-      }
-      if (began) CompleteAbort(cause, std::move(finish));
+      AbortWith(ExplainFailure(result), p.get());
     }
   }
   absl::MutexLock lock(&mu_);
@@ -479,6 +472,16 @@ void CommunicatorImpl::ReleaseStuckLocked() {
   };
   if (running_) release(running_.get());
   for (auto& q : p2p_) release(q.get());
+}
+
+void CommunicatorImpl::AbortWith(const absl::Status& cause, Pending* trigger) {
+  std::vector<std::shared_ptr<Pending>> finish;
+  bool began;
+  {
+    absl::MutexLock lock(&mu_);
+    began = BeginAbortLocked(cause, trigger, &finish);
+  }
+  if (began) CompleteAbort(cause, std::move(finish));
 }
 
 bool CommunicatorImpl::BeginAbortLocked(
@@ -588,15 +591,9 @@ absl::Status CommunicatorImpl::ExplainFailure(const absl::Status& error) {
 }
 
 void CommunicatorImpl::Abort(absl::string_view reason) {
-  const absl::Status cause = absl::AbortedError(absl::StrCat(
-      "rank ", options_.rank, " aborted the communicator: ", reason));
-  std::vector<std::shared_ptr<Pending>> finish;
-  bool began;
-  {
-    absl::MutexLock lock(&mu_);
-    began = BeginAbortLocked(cause, nullptr, &finish);
-  }
-  if (began) CompleteAbort(cause, std::move(finish));
+  AbortWith(absl::AbortedError(absl::StrCat(
+                "rank ", options_.rank, " aborted the communicator: ", reason)),
+            nullptr);
 }
 
 absl::Status CommunicatorImpl::health() const {

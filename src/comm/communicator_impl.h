@@ -115,6 +115,10 @@ class CommunicatorImpl final : public Communicator, private InlineRunner {
   bool BeginAbortLocked(absl::Status cause, Pending* trigger,
                         std::vector<std::shared_ptr<Pending>>* finish)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Both halves, for a caller that holds no lock and whose trigger (if any)
+  // it owns: the op it just ran, or none.
+  void AbortWith(const absl::Status& cause, Pending* trigger)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // The unlocked half: notice, transport abort, trace dump, finishing.
   void CompleteAbort(const absl::Status& cause,
                      std::vector<std::shared_ptr<Pending>> finish);

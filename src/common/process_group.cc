@@ -150,21 +150,30 @@ std::string ProcessGroup::Describe(int rank) {
   int status = 0;
   // A child that closed its pipe may still be exiting: give it a moment.
   for (int i = 0; i < 100; ++i) {
-    pid_t r = waitpid(pids_[rank], &status, WNOHANG);
-    if (r == pids_[rank]) {
+    if (waitpid(pids_[rank], &status, WNOHANG) == pids_[rank]) {
       reaped_[rank] = true;
-      if (WIFEXITED(status)) {
-        return "exited with code " + std::to_string(WEXITSTATUS(status));
-      }
-      if (WIFSIGNALED(status)) {
-        return "killed by signal " + std::to_string(WTERMSIG(status)) + " (" +
-               strsignal(WTERMSIG(status)) + ")";
+      const Exit e = Decode(status);
+      if (e.exited) return "exited with code " + std::to_string(e.code);
+      if (e.signal != 0) {
+        return "killed by signal " + std::to_string(e.signal) + " (" +
+               strsignal(e.signal) + ")";
       }
       return "ended";
     }
     usleep(10000);
   }
   return "still running";
+}
+
+ProcessGroup::Exit ProcessGroup::Decode(int status) {
+  Exit e;
+  if (WIFEXITED(status)) {
+    e.exited = true;
+    e.code = WEXITSTATUS(status);
+  } else if (WIFSIGNALED(status)) {
+    e.signal = WTERMSIG(status);
+  }
+  return e;
 }
 
 std::vector<ProcessGroup::Exit> ProcessGroup::WaitAll(absl::Duration timeout) {
@@ -185,12 +194,9 @@ std::vector<ProcessGroup::Exit> ProcessGroup::WaitAll(absl::Duration timeout) {
       usleep(2000);
     }
     reaped_[i] = true;
-    if (WIFEXITED(status)) {
-      exits[i].exited = true;
-      exits[i].code = WEXITSTATUS(status);
-    } else if (WIFSIGNALED(status)) {
-      exits[i].signal = WTERMSIG(status);
-    }
+    const bool timed_out = exits[i].timed_out;
+    exits[i] = Decode(status);
+    exits[i].timed_out = timed_out;
   }
   return exits;
 }

@@ -62,6 +62,9 @@ class ProcessGroup {
   std::vector<Exit> WaitAll(absl::Duration timeout);
 
  private:
+  // A waitpid status as an Exit (timed_out left false).
+  static Exit Decode(int status);
+
   std::vector<pid_t> pids_;
   std::vector<int> fds_;
   std::vector<std::string> buffered_;

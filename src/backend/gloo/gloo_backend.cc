@@ -155,9 +155,7 @@ class GlooBackend final : public Backend {
         }
       }
       return absl::InvalidArgumentError("gloo: unknown operation type");
-    } catch (const ::gloo::IoException& e) {
-      return Translate(e.what());
-    } catch (const ::gloo::Exception& e) {
+    } catch (const ::gloo::Exception& e) {  // IoException and the rest
       return Translate(e.what());
     } catch (const std::exception& e) {
       if (aborted_.load(std::memory_order_acquire)) return AbortedStatus();
