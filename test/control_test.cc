@@ -18,6 +18,7 @@
 #include "src/control/client.h"
 #include "src/control/controller.grpc.pb.h"
 #include "src/control/kv_store.h"
+#include "src/control/member.h"
 #include "src/control/server.h"
 
 extern char** environ;
@@ -145,6 +146,7 @@ TEST_CASE("kv store: limits give InvalidArgument naming the limit") {
 TEST_CASE("controller service: the store over gRPC") {
   ControllerOptions o;
   o.token = "s3cret-token";
+  o.world_size = 2;
   auto server = ControllerServer::Start(o);
   REQUIRE(server.ok());
   auto store = ControllerStore::Connect({(*server)->address(), o.token});
@@ -185,6 +187,7 @@ TEST_CASE("controller service: the store over gRPC") {
 TEST_CASE("controller service: a wrong or missing token is refused") {
   ControllerOptions o;
   o.token = "right-token";
+  o.world_size = 2;
   auto server = ControllerServer::Start(o);
   REQUIRE(server.ok());
   auto wrong = ControllerStore::Connect({(*server)->address(), "wrong-token"});
@@ -330,4 +333,154 @@ TEST_CASE("holdfast-controller refuses to start without a token") {
   waitpid(pid, &status, 0);
   CHECK(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 2);
+}
+
+TEST_CASE("controller service: membership RPCs refuse a wrong token") {
+  ControllerOptions o;
+  o.token = "member-token";
+  o.world_size = 2;
+  auto server = ControllerServer::Start(o);
+  REQUIRE(server.ok());
+  MemberOptions m;
+  m.client = {(*server)->address(), "not-the-token"};
+  m.connect_timeout = absl::Seconds(5);
+  auto member = MemberClient::Join(m);
+  CHECK(member.status().code() == absl::StatusCode::kUnauthenticated);
+  CHECK(member.status().message().find("member-token") ==
+        absl::string_view::npos);
+  ClientOptions c{(*server)->address(), "not-the-token"};
+  CHECK(FetchStatus(c, {}).status().code() ==
+        absl::StatusCode::kUnauthenticated);
+  // A heartbeat stream without the token ends at once, Unauthenticated.
+  auto stub = Controller::NewStub(grpc::CreateChannel(
+      (*server)->address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  auto stream = stub->Heartbeat(&ctx);
+  HeartbeatResponse resp;
+  CHECK(!stream->Read(&resp));
+  CHECK(stream->Finish().error_code() == grpc::StatusCode::UNAUTHENTICATED);
+}
+
+TEST_CASE("controller service: bad membership requests get InvalidArgument") {
+  ControllerOptions o;
+  o.token = "t";
+  o.world_size = 2;
+  auto server = ControllerServer::Start(o);
+  REQUIRE(server.ok());
+  auto stub = Controller::NewStub(grpc::CreateChannel(
+      (*server)->address(), grpc::InsecureChannelCredentials()));
+  auto call = [&](auto method, const auto& req, auto* resp) {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata(kTokenMetadataKey, "t");
+    return (stub.get()->*method)(&ctx, req, resp).error_code();
+  };
+  RegisterRequest reg;
+  reg.set_resume(true);
+  reg.set_member_id(5);
+  reg.set_slot(7);  // out of range for a world of 2
+  RegisterResponse rr;
+  CHECK(call(&Controller::Stub::Register, reg, &rr) ==
+        grpc::StatusCode::INVALID_ARGUMENT);
+  ReportFailureRequest rf;
+  rf.set_member_id(99);  // unknown
+  rf.set_peer_slot(0);
+  ReportFailureResponse rfr;
+  CHECK(call(&Controller::Stub::ReportFailure, rf, &rfr) ==
+        grpc::StatusCode::INVALID_ARGUMENT);
+  AckCheckpointRequest ack;
+  ack.set_member_id(99);
+  ack.set_step(-1);
+  AckCheckpointResponse ackr;
+  CHECK(call(&Controller::Stub::AckCheckpoint, ack, &ackr) ==
+        grpc::StatusCode::INVALID_ARGUMENT);
+  StatusRequest sr;
+  sr.set_max_incidents(-1);
+  StatusResponse srr;
+  CHECK(call(&Controller::Stub::Status, sr, &srr) ==
+        grpc::StatusCode::INVALID_ARGUMENT);
+  // A heartbeat for an unknown member ends its stream with InvalidArgument.
+  grpc::ClientContext ctx;
+  ctx.AddMetadata(kTokenMetadataKey, "t");
+  auto stream = stub->Heartbeat(&ctx);
+  HeartbeatRequest hb;
+  hb.set_member_id(424242);
+  stream->Write(hb);
+  HeartbeatResponse resp;
+  CHECK(!stream->Read(&resp));
+  grpc::Status st = stream->Finish();
+  CHECK(st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK(st.error_message().find("unknown member id") != std::string::npos);
+  // The controller is still serving.
+  ClientOptions c{(*server)->address(), "t"};
+  CHECK(FetchStatus(c, {}).ok());
+  // And it refuses to start with a bad world size.
+  ControllerOptions bad = o;
+  bad.world_size = 0;
+  CHECK(ControllerServer::Start(bad).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE(
+    "member client: slots and step reports and commits and a clean leave") {
+  ControllerOptions o;
+  o.token = "t";
+  o.world_size = 2;
+  auto server = ControllerServer::Start(o);
+  REQUIRE(server.ok());
+  MemberOptions m;
+  m.client = {(*server)->address(), "t"};
+  m.heartbeat_interval = absl::Milliseconds(50);
+  absl::Mutex mu;
+  int64_t committed = -1;
+  MemberCallbacks cb;
+  cb.on_committed = [&](int64_t s) {
+    absl::MutexLock lock(&mu);
+    committed = s;
+  };
+  auto a = MemberClient::Join(m, cb);
+  auto b = MemberClient::Join(m);
+  auto c = MemberClient::Join(m);
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  REQUIRE(c.ok());
+  CHECK((*a)->assignment().slot == 0);
+  CHECK((*b)->assignment().slot == 1);
+  CHECK((*c)->assignment().standby);
+  CHECK((*a)->ReportStep(-1, absl::ZeroDuration()).code() ==
+        absl::StatusCode::kInvalidArgument);
+  REQUIRE((*a)->ReportStep(0, absl::Milliseconds(5), {{"loss", 2.5}}).ok());
+  REQUIRE((*b)->ReportStep(0, absl::Milliseconds(5)).ok());
+  CHECK(*(*a)->AckCheckpoint(0) == -1);
+  CHECK(*(*b)->AckCheckpoint(0) == 0);
+  {
+    absl::MutexLock lock(&mu);
+    CHECK(mu.AwaitWithTimeout(
+        absl::Condition(
+            +[](int64_t* v) { return *v == 0; }, &committed),
+        absl::Seconds(10)));
+  }
+  // The report arrives with its metric.
+  ClientOptions co{(*server)->address(), "t"};
+  StatusRequest req;
+  req.set_include_members(true);
+  bool seen = false;
+  for (int i = 0; i < 200 && !seen; ++i) {
+    auto s = FetchStatus(co, req);
+    REQUIRE(s.ok());
+    for (const auto& mi : s->members()) {
+      seen = seen || (mi.slot() == 0 && mi.step() == 0 &&
+                      mi.metrics().count("loss") == 1 &&
+                      mi.metrics().at("loss") == 2.5);
+    }
+    if (!seen) absl::SleepFor(absl::Milliseconds(10));
+  }
+  CHECK(seen);
+  (*c)->Leave();
+  (*b)->Leave();
+  (*a)->Leave();
+  auto s = FetchStatus(co, {});
+  REQUIRE(s.ok());
+  CHECK(s->left() == 3);
+  CHECK(s->incidents_total() == 0);
+  CHECK(s->committed_step() == 0);
 }

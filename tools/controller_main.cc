@@ -1,9 +1,12 @@
-// holdfast-controller: one per job. Serves the rendezvous key-value store
-// over gRPC (membership, heartbeats and failure detection come next).
+// holdfast-controller: one per job. Membership, heartbeats, failure
+// detection, checkpoint acks, status and the rendezvous key-value store over
+// gRPC, plus Prometheus metrics.
 //
 //   holdfast-controller --world-size N [--port 29400] [--bind 127.0.0.1]
 //                       [--token-file FILE]   (or HOLDFAST_JOB_TOKEN)
 //                       [--port-file FILE]    (the bound port, for --port 0)
+//                       [--metrics-port P]    (Prometheus text, off if unset)
+//                       [detection thresholds: see --help]
 // Runs until SIGINT or SIGTERM. Logs to stderr with timestamps; the token is
 // never logged.
 #include <signal.h>
@@ -16,7 +19,9 @@
 #include "src/control/server.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{"holdfast controller: rendezvous store for one job"};
+  CLI::App app{
+      "holdfast controller: membership, failure detection and "
+      "rendezvous for one job"};
   int port = 29400;
   int world_size = 0;
   std::string bind = "127.0.0.1";
@@ -34,7 +39,38 @@ int main(int argc, char** argv) {
   app.add_option(
       "--port-file", port_file,
       "write the bound port to this file once serving (for --port 0)");
+  int metrics_port = -1;
+  app.add_option("--metrics-port", metrics_port,
+                 "serve Prometheus metrics on this port (0: any free port)")
+      ->check(CLI::Range(0, 65535));
+  holdfast::control::DetectionOptions detection;
+  int64_t heartbeat_ms =
+      absl::ToInt64Milliseconds(detection.heartbeat_interval);
+  int64_t silent_ms = absl::ToInt64Milliseconds(detection.silent_after);
+  int64_t stall_floor_ms = absl::ToInt64Milliseconds(detection.stall_floor);
+  int64_t scan_ms = 100;
+  app.add_option("--heartbeat-interval-ms", heartbeat_ms,
+                 "periodic report interval told to members")
+      ->check(CLI::Range(int64_t{10}, int64_t{600000}));
+  app.add_option("--silent-after-ms", silent_ms,
+                 "declare a member silent after this long without a heartbeat")
+      ->check(CLI::Range(int64_t{50}, int64_t{3600000}));
+  app.add_option("--stall-factor", detection.stall_factor,
+                 "stalled: step not advancing for this many median step times")
+      ->check(CLI::Range(1.0, 1000.0));
+  app.add_option("--stall-max-factor", detection.stall_max_factor,
+                 "... and at least this many times the longest recent step")
+      ->check(CLI::Range(1.0, 1000.0));
+  app.add_option("--stall-floor-ms", stall_floor_ms,
+                 "... and at least this long")
+      ->check(CLI::Range(int64_t{10}, int64_t{86400000}));
+  app.add_option("--scan-interval-ms", scan_ms,
+                 "how often the silent and stall detectors run")
+      ->check(CLI::Range(int64_t{1}, int64_t{60000}));
   CLI11_PARSE(app, argc, argv);
+  detection.heartbeat_interval = absl::Milliseconds(heartbeat_ms);
+  detection.silent_after = absl::Milliseconds(silent_ms);
+  detection.stall_floor = absl::Milliseconds(stall_floor_ms);
 
   auto token = holdfast::control::LoadToken(token_file);
   if (!token.ok()) {
@@ -53,6 +89,10 @@ int main(int argc, char** argv) {
   options.bind_address = bind;
   options.port = port;
   options.token = *token;
+  options.world_size = world_size;
+  options.detection = detection;
+  options.scan_interval = absl::Milliseconds(scan_ms);
+  options.metrics_port = metrics_port;
   auto server = holdfast::control::ControllerServer::Start(options);
   if (!server.ok()) {
     std::fprintf(stderr, "holdfast-controller: %s\n",
@@ -73,6 +113,10 @@ int main(int argc, char** argv) {
   }
   HOLDFAST_LOG_INFO("controller ready at {} for a world of {}",
                     (*server)->address(), world_size);
+  if ((*server)->metrics_port() >= 0) {
+    HOLDFAST_LOG_INFO("metrics at http://{}:{}/metrics", bind,
+                      (*server)->metrics_port());
+  }
   int sig = 0;
   sigwait(&stop, &sig);
   HOLDFAST_LOG_INFO("controller stopping ({})", strsignal(sig));

@@ -2,6 +2,7 @@
 
 #include "absl/time/clock.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -93,7 +94,44 @@ ProcessGroup::ProcessGroup(int n, std::function<int(int rank)> body) {
     fds_.push_back(fds[0]);
     buffered_.emplace_back();
     reaped_.push_back(false);
+    exits_.emplace_back();
   }
+}
+
+ProcessGroup::ProcessGroup(
+    const std::vector<std::vector<std::string>>& commands) {
+  for (const auto& argv : commands) Spawn(argv);
+}
+
+int ProcessGroup::Spawn(const std::vector<std::string>& argv) {
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  fflush(stdout);
+  fflush(stderr);
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) {
+    perror("pipe2");
+    abort();
+  }
+  pid_t pid = fork();
+  if (pid < 0) {
+    perror("fork");
+    abort();
+  }
+  if (pid == 0) {
+    // dup2 clears close-on-exec on the copy; every other pipe closes at exec.
+    if (dup2(fds[1], STDOUT_FILENO) < 0) _exit(127);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  close(fds[1]);
+  pids_.push_back(pid);
+  fds_.push_back(fds[0]);
+  buffered_.emplace_back();
+  reaped_.push_back(false);
+  exits_.emplace_back();
+  return static_cast<int>(pids_.size()) - 1;
 }
 
 ProcessGroup::~ProcessGroup() {
@@ -146,23 +184,24 @@ std::optional<std::map<std::string, std::string>> ProcessGroup::WaitEvent(
 }
 
 std::string ProcessGroup::Describe(int rank) {
-  if (reaped_[rank]) return "already reaped";
   int status = 0;
   // A child that closed its pipe may still be exiting: give it a moment.
-  for (int i = 0; i < 100; ++i) {
+  for (int i = 0; i < 100 && !reaped_[rank]; ++i) {
     if (waitpid(pids_[rank], &status, WNOHANG) == pids_[rank]) {
       reaped_[rank] = true;
-      const Exit e = Decode(status);
-      if (e.exited) return "exited with code " + std::to_string(e.code);
-      if (e.signal != 0) {
-        return "killed by signal " + std::to_string(e.signal) + " (" +
-               strsignal(e.signal) + ")";
-      }
-      return "ended";
+      exits_[rank] = Decode(status);
+      break;
     }
     usleep(10000);
   }
-  return "still running";
+  if (!reaped_[rank]) return "still running";
+  const Exit& e = exits_[rank];
+  if (e.exited) return "exited with code " + std::to_string(e.code);
+  if (e.signal != 0) {
+    return "killed by signal " + std::to_string(e.signal) + " (" +
+           strsignal(e.signal) + ")";
+  }
+  return "ended";
 }
 
 ProcessGroup::Exit ProcessGroup::Decode(int status) {
@@ -180,7 +219,10 @@ std::vector<ProcessGroup::Exit> ProcessGroup::WaitAll(absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   std::vector<Exit> exits(pids_.size());
   for (size_t i = 0; i < pids_.size(); ++i) {
-    if (reaped_[i]) continue;
+    if (reaped_[i]) {
+      exits[i] = exits_[i];
+      continue;
+    }
     int status = 0;
     for (;;) {
       pid_t r = waitpid(pids_[i], &status, WNOHANG);
@@ -197,6 +239,7 @@ std::vector<ProcessGroup::Exit> ProcessGroup::WaitAll(absl::Duration timeout) {
     const bool timed_out = exits[i].timed_out;
     exits[i] = Decode(status);
     exits[i].timed_out = timed_out;
+    exits_[i] = exits[i];
   }
   return exits;
 }

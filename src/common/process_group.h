@@ -36,9 +36,15 @@ class ProcessGroup {
  public:
   // Forks `n` children; child i runs body(i) and _exits with its result.
   ProcessGroup(int n, std::function<int(int rank)> body);
+  // Runs each command (argv[0] a path) in a child whose stdout is its report
+  // pipe (stderr is inherited). Safe in a multithreaded parent: the child
+  // only calls async-signal-safe functions before exec.
+  explicit ProcessGroup(const std::vector<std::vector<std::string>>& commands);
   ~ProcessGroup();
 
   int size() const { return static_cast<int>(pids_.size()); }
+  // Adds one more command child; returns its rank.
+  int Spawn(const std::vector<std::string>& argv);
   pid_t pid(int rank) const { return pids_[rank]; }
   void Signal(int rank, int sig);
 
@@ -48,8 +54,9 @@ class ProcessGroup {
   std::optional<std::map<std::string, std::string>> WaitEvent(
       int rank, const std::string& event, absl::Duration timeout);
 
-  // "running", "exited with code N" or "killed by signal N (name)": for
-  // messages when an expected report never comes.
+  // "still running", "exited with code N" or "killed by signal N (name)":
+  // for messages when an expected report never comes. Waits up to 1 s for a
+  // child that is exiting.
   std::string Describe(int rank);
 
   struct Exit {
@@ -69,6 +76,7 @@ class ProcessGroup {
   std::vector<int> fds_;
   std::vector<std::string> buffered_;
   std::vector<bool> reaped_;
+  std::vector<Exit> exits_;  // valid where reaped_
 };
 
 }  // namespace holdfast::proc

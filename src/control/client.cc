@@ -3,18 +3,11 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
-#include "src/control/auth.h"
 #include "src/control/controller.grpc.pb.h"
+#include "src/control/rpc_util.h"
 
 namespace holdfast::control {
 namespace {
-
-absl::Status FromGrpc(const grpc::Status& s, absl::string_view what) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(
-      static_cast<absl::StatusCode>(s.error_code()),
-      absl::StrCat("controller ", what, ": ", s.error_message()));
-}
 
 int64_t ToMillis(absl::Duration d) {
   return std::max<int64_t>(0, absl::ToInt64Milliseconds(d));
@@ -114,11 +107,8 @@ class ControllerStoreImpl final : public ControllerStore {
  private:
   // A context with the token and a deadline of `wait` plus the slack.
   std::unique_ptr<grpc::ClientContext> Context(absl::Duration wait) const {
-    auto ctx = std::make_unique<grpc::ClientContext>();
-    ctx->AddMetadata(kTokenMetadataKey, options_.token);
-    ctx->set_deadline(
-        absl::ToChronoTime(absl::Now() + wait + options_.rpc_slack));
-    return ctx;
+    return TokenContext(options_.token,
+                        absl::Now() + wait + options_.rpc_slack);
   }
 
   const ClientOptions options_;
@@ -137,6 +127,21 @@ absl::StatusOr<std::shared_ptr<ControllerStore>> ControllerStore::Connect(
   }
   return std::shared_ptr<ControllerStore>(
       std::make_shared<ControllerStoreImpl>(options));
+}
+
+absl::StatusOr<StatusResponse> FetchStatus(const ClientOptions& options,
+                                           const StatusRequest& request) {
+  if (options.address.empty() || options.token.empty()) {
+    return absl::InvalidArgumentError(
+        "status: a controller address and a job token are required");
+  }
+  auto stub = Controller::NewStub(
+      grpc::CreateChannel(options.address, grpc::InsecureChannelCredentials()));
+  auto ctx = TokenContext(options.token, absl::Now() + options.rpc_slack);
+  StatusResponse resp;
+  absl::Status s = FromGrpc(stub->Status(ctx.get(), request, &resp), "Status");
+  if (!s.ok()) return s;
+  return resp;
 }
 
 }  // namespace holdfast::control

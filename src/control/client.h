@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "holdfast/store.h"
+#include "src/control/controller.pb.h"
 
 namespace holdfast::control {
 
@@ -37,6 +38,11 @@ class ControllerStore : public Store {
       absl::string_view desired) = 0;
   virtual absl::StatusOr<int64_t> DeletePrefix(absl::string_view prefix) = 0;
 };
+
+// One Status call (for `holdfast status` and tests). Unavailable if the
+// controller does not answer within rpc_slack.
+absl::StatusOr<StatusResponse> FetchStatus(const ClientOptions& options,
+                                           const StatusRequest& request);
 
 }  // namespace holdfast::control
 

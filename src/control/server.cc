@@ -2,7 +2,18 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <prometheus/counter.h>
+#include <prometheus/exposer.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include <atomic>
+#include <optional>
+#include <thread>
+
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "src/common/logging.h"
 #include "src/control/auth.h"
 #include "src/control/controller.grpc.pb.h"
@@ -40,10 +51,285 @@ class WaitReactor final : public grpc::ServerUnaryReactor {
   const uint64_t id_;
 };
 
+// One member's heartbeat stream. Reads step reports into Membership; pushes
+// what Membership queues, one write at a time, merging what piles up (so a
+// slow reader costs one pending message, not a growing queue). Deletes
+// itself when gRPC is done with it.
+class HeartbeatReactor final
+    : public grpc::ServerBidiReactor<HeartbeatRequest, HeartbeatResponse>,
+      public MemberSink {
+ public:
+  HeartbeatReactor(Membership* membership, bool authorized)
+      : membership_(membership) {
+    if (!authorized) {
+      CloseStream(absl::UnauthenticatedError("missing or wrong job token"));
+      return;
+    }
+    StartRead(&req_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      // The member closed its side, or the connection broke.
+      Detach(leaving_ ? "left" : "stream ended without a goodbye");
+      Close(absl::OkStatus());
+      return;
+    }
+    absl::Status s = membership_->Heartbeat(req_, this, absl::Now());
+    if (!s.ok()) {
+      Detach(absl::StrCat("bad heartbeat: ", s.message()));
+      Close(s);
+      return;
+    }
+    member_id_ = req_.member_id();
+    if (req_.leaving()) leaving_ = true;
+    if (req_.want_ack()) {
+      HeartbeatResponse ack;
+      ack.set_ack_seq(req_.seq());
+      Push(ack);
+    }
+    StartRead(&req_);
+  }
+
+  void OnCancel() override { Detach("connection lost"); }
+
+  void OnWriteDone(bool ok) override {
+    std::optional<absl::Status> finish;
+    {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+      if (finish_pending_) {
+        finish_pending_ = false;
+        finish = finish_status_;
+      } else if (!ok || !TakePendingLocked()) {
+        return;  // a broken stream shows on the read side
+      } else {
+        writing_ = true;
+      }
+    }
+    if (finish.has_value()) {
+      FinishWith(*finish);
+      return;
+    }
+    StartWrite(&out_);
+  }
+
+  void OnDone() override {
+    Detach("stream done");
+    delete this;
+  }
+
+  void Push(const HeartbeatResponse& msg) override {
+    {
+      absl::MutexLock lock(&mu_);
+      if (closed_) return;
+      if (msg.has_membership()) {
+        *pending_.mutable_membership() = msg.membership();
+      }
+      if (msg.has_abort()) *pending_.mutable_abort() = msg.abort();
+      if (msg.has_committed_step()) {
+        pending_.set_committed_step(
+            std::max(msg.committed_step(), pending_.has_committed_step()
+                                               ? pending_.committed_step()
+                                               : msg.committed_step()));
+      }
+      if (msg.has_ack_seq()) pending_.set_ack_seq(msg.ack_seq());
+      has_pending_ = true;
+      if (writing_ || !TakePendingLocked()) return;
+      writing_ = true;
+    }
+    StartWrite(&out_);
+  }
+
+  // Membership drops its pointer to this sink whenever it calls Close, so
+  // after a Close no detach is needed.
+  void Close(const absl::Status& status) override { CloseStream(status); }
+
+ private:
+  void CloseStream(const absl::Status& status) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (closed_) return;
+      closed_ = true;
+      detached_ = true;
+      if (writing_) {
+        finish_pending_ = true;
+        finish_status_ = status;
+        return;
+      }
+    }
+    FinishWith(status);
+  }
+
+  // Moves pending_ into out_ for the next write; false if nothing pends.
+  bool TakePendingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!has_pending_) return false;
+    out_.Clear();
+    out_.Swap(&pending_);
+    has_pending_ = false;
+    return true;
+  }
+
+  void FinishWith(const absl::Status& s) {
+    Finish(grpc::Status(static_cast<grpc::StatusCode>(s.code()),
+                        std::string(s.message())));
+  }
+
+  void Detach(absl::string_view why) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (detached_) return;
+      detached_ = true;
+    }
+    if (member_id_ != 0) {
+      membership_->Detach(member_id_, this, leaving_, why, absl::Now());
+    }
+  }
+
+  Membership* const membership_;
+  HeartbeatRequest req_;  // read side only
+  // Set by the read side, read by OnCancel too.
+  std::atomic<uint64_t> member_id_{0};
+  std::atomic<bool> leaving_{false};
+
+  absl::Mutex mu_;
+  HeartbeatResponse pending_ ABSL_GUARDED_BY(mu_);
+  bool has_pending_ ABSL_GUARDED_BY(mu_) = false;
+  HeartbeatResponse out_;  // owned by the one write in flight
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  bool detached_ ABSL_GUARDED_BY(mu_) = false;
+  bool finish_pending_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status finish_status_ ABSL_GUARDED_BY(mu_);
+};
+
+// Prometheus metrics, fed by Membership events and refreshed from its status.
+class Metrics final : public MembershipObserver {
+ public:
+  Metrics()
+      : registry_(std::make_shared<prometheus::Registry>()),
+        heartbeats_(prometheus::BuildCounter()
+                        .Name("holdfast_heartbeats_total")
+                        .Help("Heartbeat messages received")
+                        .Register(*registry_)
+                        .Add({})),
+        incidents_(prometheus::BuildCounter()
+                       .Name("holdfast_incidents_total")
+                       .Help("Failure detections, by kind")
+                       .Register(*registry_)),
+        latency_(prometheus::BuildHistogram()
+                     .Name("holdfast_detection_latency_seconds")
+                     .Help("From a member's last sign of health to its "
+                           "detection, by incident kind")
+                     .Register(*registry_)),
+        members_(prometheus::BuildGauge()
+                     .Name("holdfast_members")
+                     .Help("Members by state, standbys and vacant slots")
+                     .Register(*registry_)),
+        job_(prometheus::BuildGauge()
+                 .Name("holdfast_job")
+                 .Help("Job-wide values: generation, committed step, world "
+                       "size, median step seconds, step rate (steps/s)")
+                 .Register(*registry_)) {}
+
+  std::shared_ptr<prometheus::Registry> registry() { return registry_; }
+
+  void OnHeartbeat() override { heartbeats_.Increment(); }
+  void OnIncident(const Incident& inc) override {
+    const std::string kind = IncidentKindName(inc.kind());
+    incidents_.Add({{"kind", kind}}).Increment();
+    latency_
+        .Add({{"kind", kind}},
+             prometheus::Histogram::BucketBoundaries{0.01, 0.05, 0.1, 0.25, 0.5,
+                                                     1, 2, 5, 10, 30, 60, 300})
+        .Observe(static_cast<double>(inc.time_to_detect_ms()) / 1000.0);
+  }
+
+  void Refresh(const StatusResponse& s) {
+    members_.Add({{"state", "alive"}}).Set(s.alive());
+    members_.Add({{"state", "dead"}}).Set(s.dead());
+    members_.Add({{"state", "left"}}).Set(s.left());
+    members_.Add({{"state", "standby"}}).Set(s.standbys());
+    members_.Add({{"state", "vacant_slot"}}).Set(s.vacant_slots());
+    job_.Add({{"value", "generation"}})
+        .Set(static_cast<double>(s.generation()));
+    job_.Add({{"value", "committed_step"}})
+        .Set(static_cast<double>(s.committed_step()));
+    job_.Add({{"value", "world_size"}}).Set(s.world_size());
+    const double median = static_cast<double>(s.median_step_us()) / 1e6;
+    job_.Add({{"value", "median_step_seconds"}}).Set(median);
+    job_.Add({{"value", "step_rate"}}).Set(median > 0 ? 1.0 / median : 0.0);
+  }
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Counter& heartbeats_;
+  prometheus::Family<prometheus::Counter>& incidents_;
+  prometheus::Family<prometheus::Histogram>& latency_;
+  prometheus::Family<prometheus::Gauge>& members_;
+  prometheus::Family<prometheus::Gauge>& job_;
+};
+
 class Service final : public Controller::CallbackService {
  public:
-  Service(std::string token, KvLimits limits)
-      : token_(std::move(token)), kv_(limits) {}
+  Service(const ControllerOptions& o)
+      : token_(o.token),
+        kv_(o.limits),
+        membership_(o.world_size, o.detection, absl::Now(),
+                    o.membership_limits) {}
+
+  Membership& membership() { return membership_; }
+
+  grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx,
+                                     const RegisterRequest* req,
+                                     RegisterResponse* resp) override {
+    return Reply(ctx, [&]() -> absl::Status {
+      auto r = membership_.Register(*req, absl::Now());
+      if (!r.ok()) return r.status();
+      *resp = std::move(*r);
+      return absl::OkStatus();
+    });
+  }
+
+  grpc::ServerBidiReactor<HeartbeatRequest, HeartbeatResponse>* Heartbeat(
+      grpc::CallbackServerContext* ctx) override {
+    return new HeartbeatReactor(&membership_, Authorized(ctx));
+  }
+
+  grpc::ServerUnaryReactor* ReportFailure(
+      grpc::CallbackServerContext* ctx, const ReportFailureRequest* req,
+      ReportFailureResponse* resp) override {
+    return Reply(ctx, [&]() -> absl::Status {
+      auto r = membership_.ReportFailure(*req, absl::Now());
+      if (!r.ok()) return r.status();
+      resp->set_declared(*r);
+      return absl::OkStatus();
+    });
+  }
+
+  grpc::ServerUnaryReactor* AckCheckpoint(
+      grpc::CallbackServerContext* ctx, const AckCheckpointRequest* req,
+      AckCheckpointResponse* resp) override {
+    return Reply(ctx, [&]() -> absl::Status {
+      auto r = membership_.AckCheckpoint(*req, absl::Now());
+      if (!r.ok()) return r.status();
+      resp->set_committed_step(*r);
+      return absl::OkStatus();
+    });
+  }
+
+  grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* ctx,
+                                   const StatusRequest* req,
+                                   StatusResponse* resp) override {
+    return Reply(ctx, [&]() -> absl::Status {
+      if (req->max_incidents() < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "max_incidents ", req->max_incidents(), " is negative"));
+      }
+      *resp = membership_.Status(*req, absl::Now());
+      return absl::OkStatus();
+    });
+  }
 
   grpc::ServerUnaryReactor* Set(grpc::CallbackServerContext* ctx,
                                 const SetRequest* req, SetResponse*) override {
@@ -154,35 +440,76 @@ class Service final : public Controller::CallbackService {
 
   const std::string token_;
   KvStore kv_;
+  Membership membership_;
 };
 
 class ServerImpl final : public ControllerServer {
  public:
-  ServerImpl(std::unique_ptr<Service> service,
-             std::unique_ptr<grpc::Server> server, std::string host, int port)
+  ServerImpl(std::unique_ptr<Service> service, std::unique_ptr<Metrics> metrics,
+             std::unique_ptr<prometheus::Exposer> exposer,
+             std::unique_ptr<grpc::Server> server, std::string host, int port,
+             absl::Duration scan_interval)
       : service_(std::move(service)),
+        metrics_(std::move(metrics)),
+        exposer_(std::move(exposer)),
         server_(std::move(server)),
         host_(std::move(host)),
-        port_(port) {}
+        port_(port),
+        scan_interval_(scan_interval) {
+    detector_ = std::thread([this] { DetectLoop(); });
+  }
   ~ServerImpl() override { Shutdown(); }
 
   int port() const override { return port_; }
+  int metrics_port() const override {
+    if (exposer_ == nullptr) return -1;
+    auto ports = exposer_->GetListeningPorts();
+    return ports.empty() ? -1 : ports[0];
+  }
   std::string address() const override {
     return absl::StrCat(host_, ":", port_);
   }
   void Shutdown() override {
     if (server_ == nullptr) return;
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    detector_.join();
     server_->Shutdown(std::chrono::system_clock::now() +
                       std::chrono::seconds(1));
     server_->Wait();
     server_.reset();
+    exposer_.reset();
   }
 
  private:
-  std::unique_ptr<Service> service_;  // outlives server_ (declared first)
+  void DetectLoop() {
+    absl::Time next_refresh = absl::InfinitePast();
+    absl::MutexLock lock(&mu_);
+    while (!stop_) {
+      mu_.AwaitWithTimeout(absl::Condition(&stop_), scan_interval_);
+      if (stop_) break;
+      const absl::Time now = absl::Now();
+      service_->membership().Scan(now);
+      if (metrics_ != nullptr && now >= next_refresh) {
+        metrics_->Refresh(service_->membership().Status({}, now));
+        next_refresh = now + absl::Seconds(1);
+      }
+    }
+  }
+
+  // Declared first: outlive the server, which calls into them.
+  std::unique_ptr<Service> service_;
+  std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
   std::unique_ptr<grpc::Server> server_;
   const std::string host_;
   const int port_;
+  const absl::Duration scan_interval_;
+  absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread detector_;
 };
 
 }  // namespace
@@ -198,13 +525,44 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
     return absl::InvalidArgumentError(
         absl::StrCat("controller: port ", options.port, " is out of range"));
   }
-  auto service = std::make_unique<Service>(options.token, options.limits);
+  if (options.world_size <= 0 || options.world_size > (1 << 20)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("controller: world size ", options.world_size,
+                     " is out of range [1, 1048576]"));
+  }
+  if (options.metrics_port < -1 || options.metrics_port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "controller: metrics port ", options.metrics_port, " is out of range"));
+  }
+  if (options.scan_interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("controller: scan interval must be > 0");
+  }
+  auto service = std::make_unique<Service>(options);
+  std::unique_ptr<Metrics> metrics;
+  std::unique_ptr<prometheus::Exposer> exposer;
+  if (options.metrics_port >= 0) {
+    metrics = std::make_unique<Metrics>();
+    const std::string where =
+        absl::StrCat(options.bind_address, ":", options.metrics_port);
+    try {
+      exposer = std::make_unique<prometheus::Exposer>(where);
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(absl::StrCat(
+          "controller: cannot serve metrics on ", where, ": ", e.what()));
+    }
+    exposer->RegisterCollectable(metrics->registry());
+    service->membership().set_observer(metrics.get());
+  }
   grpc::ServerBuilder builder;
   int bound_port = 0;
   builder.AddListeningPort(
       absl::StrCat(options.bind_address, ":", options.port),
       grpc::InsecureServerCredentials(), &bound_port);
   builder.RegisterService(service.get());
+  // Members ping every 10 s to spot a frozen controller; allow it.
+  builder.AddChannelArgument(
+      GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
   // Requests are bounded by the store's limits plus framing.
   builder.SetMaxReceiveMessageSize(static_cast<int>(
       options.limits.max_value_bytes + options.limits.max_key_bytes + 4096));
@@ -216,8 +574,17 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
   }
   HOLDFAST_LOG_INFO("controller listening on {}:{}", options.bind_address,
                     bound_port);
-  return std::unique_ptr<ControllerServer>(new ServerImpl(
-      std::move(service), std::move(server), options.bind_address, bound_port));
+  HOLDFAST_LOG_INFO(
+      "controller: world size {}, heartbeat every {} ms, silent after {} ms, "
+      "stall floor {} ms",
+      options.world_size,
+      absl::ToInt64Milliseconds(options.detection.heartbeat_interval),
+      absl::ToInt64Milliseconds(options.detection.silent_after),
+      absl::ToInt64Milliseconds(options.detection.stall_floor));
+  return std::unique_ptr<ControllerServer>(
+      new ServerImpl(std::move(service), std::move(metrics), std::move(exposer),
+                     std::move(server), options.bind_address, bound_port,
+                     options.scan_interval));
 }
 
 }  // namespace holdfast::control

@@ -1,9 +1,11 @@
 // ControllerServer: the controller's gRPC service, embeddable in-process (the
-// launcher and tests) and run by the holdfast-controller binary. This
-// revision serves the rendezvous key-value store.
+// launcher and tests) and run by the holdfast-controller binary. Membership,
+// heartbeat streams, failure detection, checkpoint acks, status, the
+// rendezvous key-value store, and an optional Prometheus endpoint.
 //
 // Threading: Start/Shutdown from one thread; the service runs on gRPC's
-// callback threads and holds no thread per waiting RPC.
+// callback threads and holds no thread per stream or waiting RPC, plus one
+// detector thread.
 #ifndef HOLDFAST_SRC_CONTROL_SERVER_H_
 #define HOLDFAST_SRC_CONTROL_SERVER_H_
 
@@ -12,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "src/control/kv_store.h"
+#include "src/control/membership.h"
 
 namespace holdfast::control {
 
@@ -22,7 +25,15 @@ struct ControllerOptions {
   int port = 0;
   // The job token every RPC must carry. Required (non-empty).
   std::string token;
+  // Worker slots; registrants beyond them become standbys. Required (> 0).
+  int world_size = 0;
   KvLimits limits;
+  DetectionOptions detection;
+  MembershipLimits membership_limits;
+  // How often the silent and stalled detectors run.
+  absl::Duration scan_interval = absl::Milliseconds(100);
+  // Prometheus text endpoint on bind_address: -1 off, 0 any free port.
+  int metrics_port = -1;
 };
 
 class ControllerServer {
@@ -34,6 +45,8 @@ class ControllerServer {
   virtual ~ControllerServer() = default;
 
   virtual int port() const = 0;
+  // The bound metrics port, or -1 when the endpoint is off.
+  virtual int metrics_port() const = 0;
   // "host:port" for clients.
   virtual std::string address() const = 0;
   // Stops serving; pending waits end with Cancelled or Unavailable.

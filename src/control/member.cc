@@ -1,0 +1,372 @@
+#include "src/control/member.h"
+
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <thread>
+#include <utility>
+
+#include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "src/common/logging.h"
+#include "src/control/controller.grpc.pb.h"
+#include "src/control/rpc_util.h"
+
+namespace holdfast::control {
+namespace {
+
+// Statuses after which this identity must never be used again.
+bool IsFinal(absl::StatusCode c) {
+  return c == absl::StatusCode::kFailedPrecondition ||
+         c == absl::StatusCode::kUnauthenticated ||
+         c == absl::StatusCode::kInvalidArgument;
+}
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+  grpc::ChannelArguments args;
+  // Find a restarted controller quickly (gRPC's default back-off reaches
+  // two minutes), and notice a frozen one without traffic.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
+                                   args);
+}
+
+class MemberClientImpl final : public MemberClient {
+ public:
+  MemberClientImpl(MemberOptions o, MemberCallbacks cb,
+                   std::unique_ptr<Controller::Stub> stub, RegisterRequest reg,
+                   const RegisterResponse& first)
+      : options_(std::move(o)),
+        callbacks_(std::move(cb)),
+        stub_(std::move(stub)),
+        register_(std::move(reg)) {
+    Adopt(first);
+    interval_ = options_.heartbeat_interval > absl::ZeroDuration()
+                    ? options_.heartbeat_interval
+                    : absl::Milliseconds(
+                          std::max<int64_t>(10, first.heartbeat_interval_ms()));
+    worker_ = std::thread([this] { Run(); });
+  }
+
+  ~MemberClientImpl() override { Leave(); }
+
+  Assignment assignment() const override {
+    absl::MutexLock lock(&mu_);
+    return assignment_;
+  }
+
+  absl::Status ReportStep(
+      int64_t step, absl::Duration step_time,
+      const std::map<std::string, double>& metrics) override {
+    if (step < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ReportStep: step ", step, " is negative"));
+    }
+    absl::MutexLock lock(&mu_);
+    report_.set_step(step);
+    report_.set_last_step_us(
+        std::max<int64_t>(0, absl::ToInt64Microseconds(step_time)));
+    report_.set_phase(PHASE_COMPUTING);
+    report_.mutable_metrics()->clear();
+    report_.mutable_metrics()->insert(metrics.begin(), metrics.end());
+    step_end_ = true;
+    return absl::OkStatus();
+  }
+
+  void SetPhase(Phase phase, int64_t collective_seq) override {
+    absl::MutexLock lock(&mu_);
+    report_.set_phase(phase);
+    report_.set_collective_seq(collective_seq);
+  }
+
+  absl::StatusOr<bool> ReportFailure(int peer_slot,
+                                     const std::string& reason) override {
+    ReportFailureRequest req;
+    {
+      absl::MutexLock lock(&mu_);
+      req.set_member_id(assignment_.member_id);
+      req.set_generation(assignment_.generation);
+    }
+    req.set_peer_slot(peer_slot);
+    req.set_reason(reason);
+    ReportFailureResponse resp;
+    auto ctx = Context();
+    absl::Status s =
+        FromGrpc(stub_->ReportFailure(ctx.get(), req, &resp), "ReportFailure");
+    if (!s.ok()) return s;
+    return resp.declared();
+  }
+
+  absl::StatusOr<int64_t> AckCheckpoint(int64_t step) override {
+    AckCheckpointRequest req;
+    {
+      absl::MutexLock lock(&mu_);
+      req.set_member_id(assignment_.member_id);
+      req.set_generation(assignment_.generation);
+    }
+    req.set_step(step);
+    AckCheckpointResponse resp;
+    auto ctx = Context();
+    absl::Status s =
+        FromGrpc(stub_->AckCheckpoint(ctx.get(), req, &resp), "AckCheckpoint");
+    if (!s.ok()) return s;
+    return resp.committed_step();
+  }
+
+  absl::Status health() const override {
+    absl::MutexLock lock(&mu_);
+    return health_;
+  }
+
+  int reconnects() const override {
+    absl::MutexLock lock(&mu_);
+    return reconnects_;
+  }
+
+  void Leave() override {
+    {
+      absl::MutexLock lock(&mu_);
+      if (stop_) return;
+      stop_ = true;
+    }
+    worker_.join();
+  }
+
+ private:
+  std::unique_ptr<grpc::ClientContext> Context() const {
+    return TokenContext(options_.client.token,
+                        absl::Now() + options_.client.rpc_slack);
+  }
+
+  void Adopt(const RegisterResponse& r) {
+    absl::MutexLock lock(&mu_);
+    assignment_.member_id = r.member_id();
+    assignment_.standby = r.role() == ROLE_STANDBY;
+    assignment_.slot = r.slot();
+    assignment_.generation = r.generation();
+    assignment_.world_size = r.world_size();
+    assignment_.committed_step = r.committed_step();
+  }
+
+  // The heartbeat thread: one stream at a time; reconnects until fenced or
+  // told to leave.
+  void Run() {
+    absl::Duration backoff = options_.reconnect_min;
+    absl::BitGen rng;
+    for (;;) {
+      const absl::Status ended = RunStream();
+      if (Stopping()) return;
+      if (IsFinal(ended.code())) {
+        Fence(ended);
+        return;
+      }
+      SetHealth(absl::UnavailableError(
+          absl::StrCat("controller at ", options_.client.address,
+                       " unreachable: ", ended.message())));
+      // Resume with back-off until the controller takes us back.
+      for (;;) {
+        const absl::Duration jitter = backoff * absl::Uniform(rng, 0.0, 0.5);
+        {
+          absl::MutexLock lock(&mu_);
+          mu_.AwaitWithTimeout(absl::Condition(&stop_), backoff + jitter);
+          if (stop_) return;
+        }
+        backoff = std::min(backoff * 2, options_.reconnect_max);
+        absl::Status s = Resume();
+        if (s.ok()) break;
+        if (IsFinal(s.code())) {
+          Fence(s);
+          return;
+        }
+      }
+      backoff = options_.reconnect_min;
+      int n;
+      {
+        absl::MutexLock lock(&mu_);
+        health_ = absl::OkStatus();
+        n = ++reconnects_;
+      }
+      HOLDFAST_LOG_INFO("member {}: heartbeat stream back (reconnect {})",
+                        assignment().member_id, n);
+      if (callbacks_.on_reconnected) callbacks_.on_reconnected(n);
+    }
+  }
+
+  absl::Status Resume() {
+    RegisterRequest req = register_;
+    const Assignment a = assignment();
+    req.set_resume(true);
+    req.set_member_id(a.member_id);
+    req.set_slot(a.standby ? -1 : a.slot);
+    req.set_generation(a.generation);
+    RegisterResponse resp;
+    auto ctx = TokenContext(
+        options_.client.token,
+        absl::Now() + options_.reconnect_max + options_.client.rpc_slack);
+    ctx->set_wait_for_ready(true);
+    absl::Status s =
+        FromGrpc(stub_->Register(ctx.get(), req, &resp), "Register");
+    if (s.ok()) Adopt(resp);
+    return s;
+  }
+
+  // One heartbeat stream, until it breaks (returns why) or we leave.
+  absl::Status RunStream() {
+    auto ctx = TokenContext(options_.client.token, absl::InfiniteFuture());
+    auto stream = stub_->Heartbeat(ctx.get());
+    {
+      absl::MutexLock lock(&mu_);
+      broken_ = false;
+      step_end_ = true;  // the first message binds the stream: send it now
+    }
+    std::thread reader([&] {
+      HeartbeatResponse msg;
+      while (stream->Read(&msg)) Dispatch(msg);
+      absl::MutexLock lock(&mu_);
+      broken_ = true;
+    });
+    bool leaving = false;
+    absl::Time next = absl::Now();
+    for (;;) {
+      HeartbeatRequest req;
+      {
+        absl::MutexLock lock(&mu_);
+        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return stop_ || broken_ || step_end_;
+        };
+        mu_.AwaitWithDeadline(absl::Condition(&ready), next);
+        if (broken_) break;
+        leaving = stop_;
+        req.set_member_id(assignment_.member_id);
+        req.set_generation(assignment_.generation);
+        *req.mutable_report() = report_;
+        req.mutable_report()->set_step_end(step_end_);
+        if (!step_end_) req.mutable_report()->clear_metrics();
+        step_end_ = false;
+        req.set_leaving(leaving);
+      }
+      if (!stream->Write(req)) break;
+      if (leaving) {
+        stream->WritesDone();
+        absl::MutexLock lock(&mu_);
+        mu_.AwaitWithTimeout(absl::Condition(&broken_), absl::Seconds(2));
+        break;
+      }
+      next = absl::Now() + interval_;
+    }
+    ctx->TryCancel();  // a no-op once the server has finished the stream
+    reader.join();
+    return FromGrpc(stream->Finish(), "Heartbeat");
+  }
+
+  void Dispatch(const HeartbeatResponse& msg) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (msg.has_membership()) {
+        const MembershipUpdate& u = msg.membership();
+        assignment_.generation = u.generation();
+        assignment_.world_size = u.world_size();
+        assignment_.standby = u.role() == ROLE_STANDBY;
+        assignment_.slot = u.slot();
+      }
+      if (msg.has_committed_step()) {
+        assignment_.committed_step =
+            std::max(assignment_.committed_step, msg.committed_step());
+      }
+    }
+    if (msg.has_abort() && callbacks_.on_abort)
+      callbacks_.on_abort(msg.abort());
+    if (msg.has_membership() && callbacks_.on_membership) {
+      callbacks_.on_membership(msg.membership());
+    }
+    if (msg.has_committed_step() && callbacks_.on_committed) {
+      callbacks_.on_committed(msg.committed_step());
+    }
+  }
+
+  void Fence(const absl::Status& why) {
+    HOLDFAST_LOG_WARN("member {}: {}", assignment().member_id,
+                      std::string(why.message()));
+    SetHealth(why);
+    if (callbacks_.on_fenced) callbacks_.on_fenced(why);
+  }
+
+  void SetHealth(absl::Status s) {
+    absl::MutexLock lock(&mu_);
+    health_ = std::move(s);
+  }
+
+  bool Stopping() const {
+    absl::MutexLock lock(&mu_);
+    return stop_;
+  }
+
+  const MemberOptions options_;
+  const MemberCallbacks callbacks_;
+  const std::unique_ptr<Controller::Stub> stub_;
+  const RegisterRequest register_;
+  absl::Duration interval_;
+
+  mutable absl::Mutex mu_;
+  Assignment assignment_ ABSL_GUARDED_BY(mu_);
+  StepReport report_ ABSL_GUARDED_BY(mu_);
+  bool step_end_ ABSL_GUARDED_BY(mu_) = false;
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status health_ ABSL_GUARDED_BY(mu_);
+  int reconnects_ ABSL_GUARDED_BY(mu_) = 0;
+  std::thread worker_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MemberClient>> MemberClient::Join(
+    const MemberOptions& options, MemberCallbacks callbacks) {
+  if (options.client.address.empty()) {
+    return absl::InvalidArgumentError("member: empty controller address");
+  }
+  if (options.client.token.empty()) {
+    return absl::InvalidArgumentError("member: empty job token");
+  }
+  if (options.heartbeat_interval < absl::ZeroDuration() ||
+      options.reconnect_min <= absl::ZeroDuration() ||
+      options.reconnect_max < options.reconnect_min) {
+    return absl::InvalidArgumentError(
+        "member: heartbeat interval must be >= 0 and 0 < reconnect_min <= "
+        "reconnect_max");
+  }
+  RegisterRequest req;
+  if (options.host.empty()) {
+    char name[256] = {};
+    gethostname(name, sizeof(name) - 1);
+    req.set_host(name);
+  } else {
+    req.set_host(options.host);
+  }
+  req.set_pid(getpid());
+  req.set_failure_domain(
+      options.failure_domain.empty() ? req.host() : options.failure_domain);
+  req.set_topology_block(options.topology_block);
+  auto stub = Controller::NewStub(MakeChannel(options.client.address));
+  RegisterResponse resp;
+  auto ctx =
+      TokenContext(options.client.token, absl::Now() + options.connect_timeout);
+  ctx->set_wait_for_ready(true);
+  grpc::Status s = stub->Register(ctx.get(), req, &resp);
+  if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    return absl::UnavailableError(absl::StrCat(
+        "member: no controller answered at ", options.client.address,
+        " within ", absl::FormatDuration(options.connect_timeout)));
+  }
+  if (!s.ok()) return FromGrpc(s, "Register");
+  return std::unique_ptr<MemberClient>(new MemberClientImpl(
+      options, std::move(callbacks), std::move(stub), std::move(req), resp));
+}
+
+}  // namespace holdfast::control

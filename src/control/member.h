@@ -1,0 +1,100 @@
+// MemberClient: a process's membership in the job. Registers with the
+// controller, keeps a heartbeat stream with step reports (at each step end
+// and every heartbeat interval from a background thread), receives the
+// controller's pushes (new generation, abort orders, committed step), and
+// rides out controller restarts by reconnecting with back-off and resuming
+// its slot and generation. Training never waits on the controller: reports
+// are queued, never blocking.
+//
+// Threading: every method is thread-safe. Callbacks run on the client's
+// reader thread, one at a time; they must not call Leave() or destroy the
+// client.
+#ifndef HOLDFAST_SRC_CONTROL_MEMBER_H_
+#define HOLDFAST_SRC_CONTROL_MEMBER_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "src/control/client.h"
+#include "src/control/controller.pb.h"
+
+namespace holdfast::control {
+
+struct MemberOptions {
+  ClientOptions client;
+  // Labels; host defaults to gethostname(), failure_domain to host.
+  std::string host;
+  std::string failure_domain;
+  std::string topology_block;
+  // Periodic report interval; zero takes the controller's.
+  absl::Duration heartbeat_interval = absl::ZeroDuration();
+  // How long Join waits for the controller to come up.
+  absl::Duration connect_timeout = absl::Seconds(60);
+  // Reconnect back-off after a broken stream (doubling, with jitter).
+  absl::Duration reconnect_min = absl::Milliseconds(50);
+  absl::Duration reconnect_max = absl::Seconds(2);
+};
+
+struct MemberCallbacks {
+  std::function<void(const MembershipUpdate&)> on_membership;
+  std::function<void(const AbortOrder&)> on_abort;
+  std::function<void(int64_t committed_step)> on_committed;
+  // The controller declared this member dead (or refused to resume it).
+  // No more heartbeats are sent; the process must not rejoin with its state.
+  std::function<void(const absl::Status&)> on_fenced;
+  // The stream came back after a break (controller restart, network).
+  std::function<void(int reconnects)> on_reconnected;
+};
+
+struct Assignment {
+  uint64_t member_id = 0;
+  bool standby = false;
+  int slot = -1;
+  int64_t generation = 0;
+  int world_size = 0;
+  int64_t committed_step = -1;
+};
+
+class MemberClient {
+ public:
+  // Registers (waiting up to connect_timeout for the controller) and starts
+  // heartbeats. InvalidArgument for bad options; Unauthenticated for a wrong
+  // token; Unavailable if the controller never answers.
+  static absl::StatusOr<std::unique_ptr<MemberClient>> Join(
+      const MemberOptions& options, MemberCallbacks callbacks = {});
+  // Leaves cleanly if Leave() was not called.
+  virtual ~MemberClient() = default;
+
+  virtual Assignment assignment() const = 0;
+
+  // At a step's end: sends a report now (without waiting for it).
+  // InvalidArgument for a negative step.
+  virtual absl::Status ReportStep(
+      int64_t step, absl::Duration step_time,
+      const std::map<std::string, double>& metrics = {}) = 0;
+  // Where the member is inside its step; periodic reports carry it.
+  virtual void SetPhase(Phase phase, int64_t collective_seq = 0) = 0;
+
+  // Unary calls with this member's identity (fenced: FailedPrecondition).
+  virtual absl::StatusOr<bool> ReportFailure(int peer_slot,
+                                             const std::string& reason) = 0;
+  virtual absl::StatusOr<int64_t> AckCheckpoint(int64_t step) = 0;
+
+  // OK while a member; the fencing status once fenced; Unavailable while
+  // the controller is unreachable (reports are kept and sent on return).
+  virtual absl::Status health() const = 0;
+  virtual int reconnects() const = 0;
+
+  // Says goodbye and closes the stream (a clean leave: no incident).
+  virtual void Leave() = 0;
+};
+
+}  // namespace holdfast::control
+
+#endif  // HOLDFAST_SRC_CONTROL_MEMBER_H_

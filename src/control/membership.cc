@@ -1,0 +1,716 @@
+#include "src/control/membership.h"
+
+#include <algorithm>
+#include <cmath>
+#include <tuple>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "src/common/logging.h"
+
+namespace holdfast::control {
+namespace {
+
+int64_t ToMs(absl::Duration d) { return absl::ToInt64Milliseconds(d); }
+
+std::string Seconds(absl::Duration d) {
+  return absl::StrFormat("%.1f s", absl::ToDoubleSeconds(d));
+}
+
+absl::Status CheckLabel(absl::string_view what, const std::string& value,
+                        size_t max) {
+  if (value.size() > max) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " is ", value.size(), " bytes; the limit is ", max));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+const char* IncidentKindName(IncidentKind kind) {
+  switch (kind) {
+    case INCIDENT_CRASHED:
+      return "crashed";
+    case INCIDENT_SILENT:
+      return "silent";
+    case INCIDENT_STALLED:
+      return "stalled";
+    case INCIDENT_REPORTED:
+      return "reported";
+    default:
+      return "unknown";
+  }
+}
+
+const char* PhaseName(Phase phase) {
+  switch (phase) {
+    case PHASE_IDLE:
+      return "idle";
+    case PHASE_COMPUTING:
+      return "computing";
+    case PHASE_COLLECTIVE:
+      return "collective";
+    case PHASE_CHECKPOINTING:
+      return "checkpointing";
+    case PHASE_RECOVERING:
+      return "recovering";
+    default:
+      return "-";
+  }
+}
+
+const char* StateName(MemberState state) {
+  switch (state) {
+    case STATE_ALIVE:
+      return "alive";
+    case STATE_DEAD:
+      return "dead";
+    case STATE_LEFT:
+      return "left";
+    default:
+      return "unknown";
+  }
+}
+
+Membership::Membership(int world_size, DetectionOptions detection,
+                       absl::Time start, MembershipLimits limits)
+    : world_size_(world_size),
+      detection_(detection),
+      limits_(limits),
+      slots_(static_cast<size_t>(world_size), 0),
+      started_(start) {
+  for (int s = 0; s < world_size; ++s) vacant_.insert(vacant_.end(), s);
+}
+
+void Membership::set_observer(MembershipObserver* observer) {
+  absl::MutexLock lock(&mu_);
+  observer_ = observer;
+}
+
+absl::Status Membership::CheckRegister(const RegisterRequest& req) const {
+  absl::Status s = CheckLabel("host", req.host(), limits_.max_label_bytes);
+  if (s.ok()) {
+    s = CheckLabel("failure_domain", req.failure_domain(),
+                   limits_.max_label_bytes);
+  }
+  if (s.ok()) {
+    s = CheckLabel("topology_block", req.topology_block(),
+                   limits_.max_label_bytes);
+  }
+  if (!s.ok()) return absl::InvalidArgumentError(s.message());
+  if (req.pid() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pid ", req.pid(), " is negative"));
+  }
+  if (req.resume()) {
+    if (req.member_id() == 0) {
+      return absl::InvalidArgumentError("resume without a member id");
+    }
+    if (req.slot() < -1 || req.slot() >= world_size_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("slot ", req.slot(), " is out of range [0, ",
+                       world_size_, ") (-1 for a standby)"));
+    }
+    if (req.generation() < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("generation ", req.generation(), " is negative"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Membership::CheckReport(const StepReport& r) const {
+  if (r.step() < -1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step ", r.step(), " is negative"));
+  }
+  if (r.last_step_us() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("last_step_us ", r.last_step_us(), " is negative"));
+  }
+  if (r.collective_seq() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("collective_seq ", r.collective_seq(), " is negative"));
+  }
+  if (!Phase_IsValid(r.phase())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("phase ", static_cast<int>(r.phase()), " is unknown"));
+  }
+  if (static_cast<size_t>(r.metrics_size()) > limits_.max_metrics) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        r.metrics_size(), " metrics; the limit is ", limits_.max_metrics));
+  }
+  for (const auto& [name, value] : r.metrics()) {
+    if (name.empty() || name.size() > limits_.max_metric_name) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("metric name of ", name.size(),
+                       " bytes; names are 1 to ", limits_.max_metric_name));
+    }
+  }
+  return absl::OkStatus();
+}
+
+uint64_t Membership::NewIdLocked() {
+  // Random ids stay unique across controller restarts, which forget which
+  // ids they handed out.
+  for (;;) {
+    uint64_t id = absl::Uniform<uint64_t>(rng_);
+    if (id != 0 && !members_.contains(id) && !fenced_.contains(id)) return id;
+  }
+}
+
+RegisterResponse Membership::AssignmentLocked(const Member& m) const {
+  RegisterResponse r;
+  r.set_member_id(m.id);
+  r.set_role(m.role);
+  r.set_slot(m.slot);
+  r.set_generation(generation_);
+  r.set_world_size(world_size_);
+  r.set_heartbeat_interval_ms(ToMs(detection_.heartbeat_interval));
+  r.set_committed_step(committed_step_);
+  return r;
+}
+
+absl::StatusOr<RegisterResponse> Membership::Register(
+    const RegisterRequest& req, absl::Time now) {
+  if (absl::Status s = CheckRegister(req); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  if (req.resume()) {
+    const uint64_t id = req.member_id();
+    if (fenced_.contains(id)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("member ", id,
+                       " was declared dead and is fenced; register as a "
+                       "new member"));
+    }
+    auto it = members_.find(id);
+    if (it != members_.end()) {
+      // Known here: a reconnect after a stream broke cleanly. Same identity.
+      if (it->second.state != STATE_ALIVE) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("member ", id, " has left the job"));
+      }
+      it->second.last_seen = now;
+      return AssignmentLocked(it->second);
+    }
+    // Unknown: this controller restarted and rebuilds the job from the
+    // members' own view.
+    if (req.generation() < generation_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "member ", id, " resumes at generation ", req.generation(),
+          " but the job is at generation ", generation_));
+    }
+    if (req.slot() >= 0 && slots_[req.slot()] != 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("member ", id, " resumes slot ", req.slot(),
+                       ", which member ", slots_[req.slot()], " holds"));
+    }
+    if (req.generation() > generation_) {
+      generation_ = req.generation();
+      acks_.clear();
+      ack_counts_.clear();
+      // Members that registered afresh meanwhile learn the generation.
+      BroadcastGenerationLocked({}, nullptr);
+    }
+    Member m;
+    m.id = id;
+    m.slot = req.slot();
+    m.role = m.slot >= 0 ? ROLE_WORKER : ROLE_STANDBY;
+    m.host = req.host();
+    m.pid = req.pid();
+    m.failure_domain = req.failure_domain();
+    m.topology_block = req.topology_block();
+    m.last_seen = m.step_changed_at = now;
+    if (m.slot >= 0) {
+      slots_[m.slot] = id;
+      vacant_.erase(m.slot);
+    } else {
+      m.standby_order = next_standby_order_++;
+      standbys_[m.standby_order] = id;
+    }
+    HOLDFAST_LOG_INFO("member {} ({}, pid {}) resumed as {} at generation {}",
+                      id, m.host, m.pid,
+                      m.slot >= 0 ? absl::StrCat("slot ", m.slot) : "standby",
+                      generation_);
+    auto [pos, inserted] = members_.emplace(id, std::move(m));
+    (void)inserted;
+    return AssignmentLocked(pos->second);
+  }
+
+  Member m;
+  m.id = NewIdLocked();
+  m.host = req.host();
+  m.pid = req.pid();
+  m.failure_domain = req.failure_domain();
+  m.topology_block = req.topology_block();
+  m.last_seen = m.step_changed_at = now;
+  if (!vacant_.empty()) {
+    m.slot = *vacant_.begin();
+    vacant_.erase(vacant_.begin());
+    m.role = ROLE_WORKER;
+    slots_[m.slot] = m.id;
+  } else {
+    m.role = ROLE_STANDBY;
+    m.standby_order = next_standby_order_++;
+    standbys_[m.standby_order] = m.id;
+  }
+  HOLDFAST_LOG_INFO("member {} ({}, pid {}, domain '{}') registered as {}",
+                    m.id, m.host, m.pid, m.failure_domain,
+                    m.slot >= 0 ? absl::StrCat("slot ", m.slot) : "standby");
+  const uint64_t id = m.id;
+  members_.emplace(id, std::move(m));
+  return AssignmentLocked(members_.at(id));
+}
+
+absl::StatusOr<Membership::Member*> Membership::LiveMemberLocked(uint64_t id) {
+  if (fenced_.contains(id)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("member ", id, " was declared dead and is fenced"));
+  }
+  auto it = members_.find(id);
+  if (it == members_.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown member id ", id));
+  }
+  if (it->second.state != STATE_ALIVE) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("member ", id, " has left the job"));
+  }
+  return &it->second;
+}
+
+absl::Status Membership::Heartbeat(const HeartbeatRequest& req,
+                                   MemberSink* sink, absl::Time now) {
+  if (absl::Status s = CheckReport(req.report()); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  auto m = LiveMemberLocked(req.member_id());
+  if (!m.ok()) return m.status();
+  Member& mem = **m;
+  if (req.generation() > generation_ || req.generation() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "generation ", req.generation(),
+        " is not one this controller opened (current ", generation_, ")"));
+  }
+  if (mem.sink != sink) {
+    if (mem.sink != nullptr) {
+      mem.sink->Close(absl::AbortedError("superseded by a newer stream"));
+    }
+    mem.sink = sink;
+  }
+  ++heartbeats_total_;
+  if (observer_ != nullptr) observer_->OnHeartbeat();
+  mem.last_seen = now;
+  const StepReport& r = req.report();
+  if (r.step() != mem.step) {
+    mem.step = r.step();
+    mem.step_changed_at = now;
+  }
+  mem.phase = r.phase();
+  mem.collective_seq = r.collective_seq();
+  if (r.last_step_us() > 0) mem.last_step_us = r.last_step_us();
+  if (!r.metrics().empty()) {
+    mem.metrics.clear();
+    for (const auto& [k, v] : r.metrics()) mem.metrics.emplace(k, v);
+  }
+  // One sample per step number, whoever reports it first: the history does
+  // not grow with the world size.
+  if (r.step_end() && r.last_step_us() > 0 && r.step() > last_history_step_ &&
+      mem.role == ROLE_WORKER) {
+    last_history_step_ = r.step();
+    step_history_us_.push_back(r.last_step_us());
+    while (step_history_us_.size() >
+           static_cast<size_t>(std::max(1, detection_.step_history))) {
+      step_history_us_.pop_front();
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Membership::Detach(uint64_t member_id, MemberSink* sink, bool clean,
+                        absl::string_view why, absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  auto it = members_.find(member_id);
+  if (it == members_.end() || it->second.sink != sink) return;
+  Member& m = it->second;
+  m.sink = nullptr;
+  if (m.state != STATE_ALIVE) return;
+  if (clean) {
+    HOLDFAST_LOG_INFO("member {} ({}) left", m.id,
+                      m.slot >= 0 ? absl::StrCat("slot ", m.slot) : "standby");
+    m.state = STATE_LEFT;
+    VacateLocked(m);
+    RetireLocked(m.id);
+    return;
+  }
+  DeclareLocked(m, INCIDENT_CRASHED,
+                absl::StrCat("heartbeat stream broke (", why, ")"), m.last_seen,
+                0, now);
+}
+
+absl::StatusOr<bool> Membership::ReportFailure(const ReportFailureRequest& req,
+                                               absl::Time now) {
+  if (req.peer_slot() < 0 || req.peer_slot() >= world_size_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("peer slot ", req.peer_slot(), " is out of range [0, ",
+                     world_size_, ")"));
+  }
+  if (req.reason().size() > limits_.max_reason_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("reason is ", req.reason().size(), " bytes; the limit is ",
+                     limits_.max_reason_bytes));
+  }
+  absl::MutexLock lock(&mu_);
+  auto reporter = LiveMemberLocked(req.member_id());
+  if (!reporter.ok()) return reporter.status();
+  if (req.generation() != generation_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "report from generation ", req.generation(), "; the job is at ",
+        generation_, " (the failure was already handled)"));
+  }
+  const uint64_t peer_id = slots_[req.peer_slot()];
+  if (peer_id == 0 || peer_id == req.member_id()) return false;
+  Member& peer = members_.at(peer_id);
+  DeclareLocked(peer, INCIDENT_REPORTED,
+                absl::StrCat("slot ", (*reporter)->slot, " (member ",
+                             req.member_id(), ") reported: ", req.reason()),
+                peer.last_seen, req.member_id(), now);
+  return true;
+}
+
+absl::StatusOr<int64_t> Membership::AckCheckpoint(
+    const AckCheckpointRequest& req, absl::Time now) {
+  (void)now;
+  if (req.step() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step ", req.step(), " is negative"));
+  }
+  absl::MutexLock lock(&mu_);
+  auto m = LiveMemberLocked(req.member_id());
+  if (!m.ok()) return m.status();
+  if (req.generation() != generation_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint ack from generation ", req.generation(),
+                     "; the job is at ", generation_));
+  }
+  if ((*m)->role != ROLE_WORKER) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("member ", req.member_id(), " is a standby"));
+  }
+  if (req.step() <= committed_step_) return committed_step_;
+  auto [it, inserted] = acks_.try_emplace(req.step());
+  if (inserted) {
+    it->second.assign(static_cast<size_t>(world_size_), false);
+    // Bound the ledger: the oldest uncommitted steps go first.
+    while (static_cast<int64_t>(acks_.size()) > limits_.max_pending_ack_steps) {
+      ack_counts_.erase(acks_.begin()->first);
+      acks_.erase(acks_.begin());
+    }
+    it = acks_.find(req.step());
+    if (it == acks_.end()) return committed_step_;
+  }
+  if (!it->second[(*m)->slot]) {
+    it->second[(*m)->slot] = true;
+    ++ack_counts_[req.step()];
+  }
+  MaybeCommitLocked();
+  return committed_step_;
+}
+
+void Membership::MaybeCommitLocked() {
+  int64_t newest = -1;
+  for (const auto& [step, count] : ack_counts_) {
+    if (count == world_size_) newest = step;
+  }
+  if (newest <= committed_step_) return;
+  committed_step_ = newest;
+  acks_.erase(acks_.begin(), acks_.upper_bound(newest));
+  ack_counts_.erase(ack_counts_.begin(), ack_counts_.upper_bound(newest));
+  HeartbeatResponse msg;
+  msg.set_committed_step(newest);
+  for (auto& [id, m] : members_) {
+    if (m.state == STATE_ALIVE && m.sink != nullptr) m.sink->Push(msg);
+  }
+}
+
+void Membership::VacateLocked(Member& m) {
+  if (m.slot >= 0) {
+    slots_[m.slot] = 0;
+    vacant_.insert(m.slot);
+  } else {
+    standbys_.erase(m.standby_order);
+  }
+}
+
+void Membership::RetireLocked(uint64_t id) {
+  retired_.push_back(id);
+  while (retired_.size() > limits_.max_dead_records) {
+    members_.erase(retired_.front());
+    retired_.pop_front();
+  }
+}
+
+void Membership::RecordIncidentLocked(Incident incident) {
+  incident.set_id(++incidents_total_);
+  HOLDFAST_LOG_WARN("incident {}: {} member {} slot {} ({}): {} [{} ms]",
+                    incident.id(), IncidentKindName(incident.kind()),
+                    incident.member_id(), incident.slot(), incident.host(),
+                    incident.evidence(), incident.time_to_detect_ms());
+  if (observer_ != nullptr) observer_->OnIncident(incident);
+  incidents_.push_back(std::move(incident));
+  while (incidents_.size() > limits_.max_incidents) incidents_.pop_front();
+}
+
+void Membership::DeclareLocked(Member& m, IncidentKind kind,
+                               std::string evidence, absl::Time onset,
+                               uint64_t reporter, absl::Time now) {
+  Incident inc;
+  inc.set_kind(kind);
+  inc.set_member_id(m.id);
+  inc.set_slot(m.slot);
+  inc.set_host(m.host);
+  inc.set_generation(generation_);
+  inc.set_detected_unix_ms(absl::ToUnixMillis(now));
+  inc.set_time_to_detect_ms(std::max<int64_t>(0, ToMs(now - onset)));
+  inc.set_evidence(evidence);
+  inc.set_reporter_id(reporter);
+  RecordIncidentLocked(std::move(inc));
+
+  m.state = STATE_DEAD;
+  fenced_.insert(m.id);
+  if (m.sink != nullptr) {
+    m.sink->Close(absl::FailedPreconditionError(absl::StrCat(
+        "member ", m.id, " was declared dead (", IncidentKindName(kind), ": ",
+        evidence, ") and is fenced")));
+    m.sink = nullptr;
+  }
+  const int slot = m.slot;
+  VacateLocked(m);
+  RetireLocked(m.id);
+  if (slot < 0) return;  // a standby: the workers are unaffected
+
+  // A worker: its generation is broken. Open the next one; the standby that
+  // waited longest takes the slot, preferring one in the same topology block
+  // so communication groups stay compact.
+  AbortOrder abort;
+  abort.set_generation(generation_);
+  abort.set_reason(absl::StrCat("slot ", slot, " (member ", m.id, ") ",
+                                IncidentKindName(kind), ": ", evidence));
+  abort.set_failed_slot(slot);
+  abort.set_failed_member_id(m.id);
+  ++generation_;
+  acks_.clear();
+  ack_counts_.clear();
+  std::vector<SlotChange> changes(1);
+  changes[0].set_slot(slot);
+  if (!standbys_.empty()) {
+    auto pick = standbys_.begin();
+    if (!m.topology_block.empty()) {
+      for (auto it = standbys_.begin(); it != standbys_.end(); ++it) {
+        if (members_.at(it->second).topology_block == m.topology_block) {
+          pick = it;
+          break;
+        }
+      }
+    }
+    Member& s = members_.at(pick->second);
+    standbys_.erase(pick);
+    s.role = ROLE_WORKER;
+    s.slot = slot;
+    s.step_changed_at = now;
+    slots_[slot] = s.id;
+    vacant_.erase(slot);
+    changes[0].set_member_id(s.id);
+    HOLDFAST_LOG_INFO("generation {}: standby {} takes slot {}", generation_,
+                      s.id, slot);
+  } else {
+    HOLDFAST_LOG_INFO("generation {}: slot {} is vacant (no standby)",
+                      generation_, slot);
+  }
+  BroadcastGenerationLocked(changes, &abort);
+}
+
+void Membership::BroadcastGenerationLocked(
+    const std::vector<SlotChange>& changes, const AbortOrder* abort) {
+  HeartbeatResponse msg;
+  MembershipUpdate* u = msg.mutable_membership();
+  u->set_generation(generation_);
+  u->set_world_size(world_size_);
+  for (const SlotChange& c : changes) *u->add_changes() = c;
+  if (abort != nullptr) *msg.mutable_abort() = *abort;
+  for (auto& [id, m] : members_) {
+    if (m.state != STATE_ALIVE || m.sink == nullptr) continue;
+    u->set_role(m.role);
+    u->set_slot(m.slot);
+    m.sink->Push(msg);
+  }
+}
+
+absl::Duration Membership::MedianStepLocked() const {
+  if (step_history_us_.empty()) return absl::ZeroDuration();
+  std::vector<int64_t> v(step_history_us_.begin(), step_history_us_.end());
+  auto mid = v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2);
+  std::nth_element(v.begin(), mid, v.end());
+  return absl::Microseconds(*mid);
+}
+
+std::optional<absl::Duration> Membership::StallThresholdLocked() const {
+  if (static_cast<int>(step_history_us_.size()) <
+      std::max(1, detection_.stall_min_history)) {
+    return std::nullopt;
+  }
+  const int64_t longest =
+      *std::max_element(step_history_us_.begin(), step_history_us_.end());
+  return std::max({detection_.stall_floor,
+                   detection_.stall_factor * MedianStepLocked(),
+                   detection_.stall_max_factor * absl::Microseconds(longest)});
+}
+
+void Membership::Scan(absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  std::vector<Member*> silent;
+  for (auto& [id, m] : members_) {
+    if (m.state == STATE_ALIVE && now - m.last_seen > detection_.silent_after) {
+      silent.push_back(&m);
+    }
+  }
+  for (Member* m : silent) {
+    DeclareLocked(
+        *m, INCIDENT_SILENT,
+        absl::StrCat("no heartbeat for ", Seconds(now - m->last_seen),
+                     " (threshold ", Seconds(detection_.silent_after), ")"),
+        m->last_seen, 0, now);
+  }
+  ScanStallsLocked(now);
+}
+
+void Membership::ScanStallsLocked(absl::Time now) {
+  const std::optional<absl::Duration> threshold = StallThresholdLocked();
+  if (!threshold.has_value()) return;
+  // Progress is (step, last collective entered). When one rank hangs in its
+  // step, the others soon wait for it inside the next collective: they stop
+  // advancing too, but they are ahead. Only the laggards are declared.
+  using Progress = std::pair<int64_t, int64_t>;
+  std::vector<Member*> stuck;
+  int live_workers = 0;
+  for (auto& [id, m] : members_) {
+    if (m.state != STATE_ALIVE || m.role != ROLE_WORKER) continue;
+    ++live_workers;
+    if (m.phase == PHASE_RECOVERING) continue;
+    if (now - m.step_changed_at > *threshold) stuck.push_back(&m);
+  }
+  if (stuck.empty()) return;
+  auto progress = [](const Member* m) {
+    return Progress(m->step, m->collective_seq);
+  };
+  Progress lowest = progress(stuck[0]);
+  for (const Member* m : stuck) lowest = std::min(lowest, progress(m));
+  std::vector<Member*> laggards;
+  bool all_equal = static_cast<int>(stuck.size()) == live_workers;
+  for (Member* m : stuck) {
+    if (progress(m) == lowest) {
+      laggards.push_back(m);
+    } else {
+      all_equal = false;
+    }
+  }
+  const absl::Duration median = MedianStepLocked();
+  auto evidence = [&](const Member* m) {
+    return absl::StrCat(
+        "step ", m->step, " has not advanced for ",
+        Seconds(now - m->step_changed_at), " (threshold ", Seconds(*threshold),
+        ": ", detection_.stall_factor, " x median step ", Seconds(median),
+        ", floor ", Seconds(detection_.stall_floor), "); phase ",
+        PhaseName(m->phase), ", last collective #", m->collective_seq);
+  };
+  if (all_equal && live_workers > 1) {
+    // Every worker is stuck at the same point: no culprit to fence. Record
+    // it once per step and generation.
+    if (job_stall_step_ == lowest.first &&
+        job_stall_generation_ == generation_) {
+      return;
+    }
+    job_stall_step_ = lowest.first;
+    job_stall_generation_ = generation_;
+    Incident inc;
+    inc.set_kind(INCIDENT_STALLED);
+    inc.set_slot(-1);
+    inc.set_generation(generation_);
+    inc.set_detected_unix_ms(absl::ToUnixMillis(now));
+    inc.set_time_to_detect_ms(std::max<int64_t>(
+        0, ToMs(now - (laggards[0]->step_changed_at + median))));
+    inc.set_evidence(absl::StrCat(
+        "all ", live_workers,
+        " workers stuck alike, no culprit: ", evidence(laggards[0])));
+    RecordIncidentLocked(std::move(inc));
+    return;
+  }
+  for (Member* m : laggards) {
+    DeclareLocked(*m, INCIDENT_STALLED, evidence(m),
+                  m->step_changed_at + median, 0, now);
+  }
+}
+
+StatusResponse Membership::Status(const StatusRequest& req,
+                                  absl::Time now) const {
+  absl::MutexLock lock(&mu_);
+  StatusResponse r;
+  r.set_world_size(world_size_);
+  r.set_generation(generation_);
+  r.set_committed_step(committed_step_);
+  r.set_uptime_ms(ToMs(now - started_));
+  r.set_vacant_slots(static_cast<int32_t>(vacant_.size()));
+  r.set_standbys(static_cast<int32_t>(standbys_.size()));
+  r.set_median_step_us(absl::ToInt64Microseconds(MedianStepLocked()));
+  auto threshold = StallThresholdLocked();
+  r.set_stall_threshold_ms(threshold.has_value() ? ToMs(*threshold) : -1);
+  r.set_heartbeats_total(heartbeats_total_);
+  r.set_incidents_total(incidents_total_);
+  int alive = 0, dead = 0, left = 0;
+  for (const auto& [id, m] : members_) {
+    alive += m.state == STATE_ALIVE;
+    dead += m.state == STATE_DEAD;
+    left += m.state == STATE_LEFT;
+    if (!req.include_members()) continue;
+    MemberInfo* info = r.add_members();
+    info->set_member_id(m.id);
+    info->set_role(m.role);
+    info->set_slot(m.slot);
+    info->set_state(m.state);
+    info->set_host(m.host);
+    info->set_pid(m.pid);
+    info->set_failure_domain(m.failure_domain);
+    info->set_topology_block(m.topology_block);
+    info->set_step(m.step);
+    info->set_phase(m.phase);
+    info->set_collective_seq(m.collective_seq);
+    info->set_last_step_us(m.last_step_us);
+    info->set_heartbeat_age_ms(ToMs(now - m.last_seen));
+    info->mutable_metrics()->insert(m.metrics.begin(), m.metrics.end());
+    info->set_connected(m.sink != nullptr);
+  }
+  // Dead members beyond the retained records still count.
+  r.set_alive(alive);
+  r.set_dead(static_cast<int32_t>(
+      std::max<size_t>(static_cast<size_t>(dead), fenced_.size())));
+  r.set_left(left);
+  if (req.include_members()) {
+    std::sort(r.mutable_members()->begin(), r.mutable_members()->end(),
+              [](const MemberInfo& a, const MemberInfo& b) {
+                auto key = [](const MemberInfo& m) {
+                  return std::make_tuple(m.state() != STATE_ALIVE,
+                                         m.slot() < 0 ? INT32_MAX : m.slot(),
+                                         m.member_id());
+                };
+                return key(a) < key(b);
+              });
+  }
+  const int n = std::min<int>(std::max(0, req.max_incidents()),
+                              static_cast<int>(incidents_.size()));
+  for (auto it = incidents_.end() - n; it != incidents_.end(); ++it) {
+    *r.add_incidents() = *it;
+  }
+  return r;
+}
+
+}  // namespace holdfast::control

@@ -1,0 +1,221 @@
+// Membership: the controller's view of the job. Slots and standbys,
+// generations, heartbeats, failure detection (crashed, silent, stalled,
+// reported), incidents, fencing and the checkpoint ledger. Pure logic: no
+// gRPC and no clock of its own (every call takes `now`), so tests drive it
+// with a fake time.
+//
+// Threading: thread-safe (one mutex). Sinks and the observer are called with
+// that mutex held; they must not call back into Membership.
+#ifndef HOLDFAST_SRC_CONTROL_MEMBERSHIP_H_
+#define HOLDFAST_SRC_CONTROL_MEMBERSHIP_H_
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/random/random.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "src/control/controller.pb.h"
+
+namespace holdfast::control {
+
+struct DetectionOptions {
+  // How often members send a periodic report (told to them at Register).
+  absl::Duration heartbeat_interval = absl::Seconds(1);
+  // silent: no heartbeat for this long.
+  absl::Duration silent_after = absl::Seconds(5);
+  // stalled: the step has not advanced for
+  //   max(stall_floor, stall_factor x median, stall_max_factor x longest)
+  // over the job's last `step_history` steps. Needs stall_min_history steps
+  // of history first: a long first step (compilation, loading) is never a
+  // stall, and a job with periodic long steps (an RL rollout every few
+  // steps) has shown one before the rule applies.
+  double stall_factor = 10.0;
+  double stall_max_factor = 3.0;
+  absl::Duration stall_floor = absl::Seconds(30);
+  int stall_min_history = 16;
+  int step_history = 128;
+};
+
+struct MembershipLimits {
+  size_t max_label_bytes = 256;  // host, failure domain, topology block
+  size_t max_metrics = 64;       // per report
+  size_t max_metric_name = 64;   // bytes
+  size_t max_reason_bytes = 4096;
+  size_t max_incidents = 1024;     // kept for Status (the oldest drop)
+  size_t max_dead_records = 4096;  // dead or left members kept for Status
+  int64_t max_pending_ack_steps = 1024;
+};
+
+// A member's heartbeat stream, as Membership sees it.
+class MemberSink {
+ public:
+  virtual ~MemberSink() = default;
+  // Queues `msg` for the member; merges with what is still queued (the
+  // latest membership, abort and committed step win).
+  virtual void Push(const HeartbeatResponse& msg) = 0;
+  // Ends the stream with `status` (fenced, superseded).
+  virtual void Close(const absl::Status& status) = 0;
+};
+
+// Metrics hooks; called with the Membership mutex held.
+class MembershipObserver {
+ public:
+  virtual ~MembershipObserver() = default;
+  virtual void OnHeartbeat() {}
+  virtual void OnIncident(const Incident& incident) { (void)incident; }
+};
+
+class Membership {
+ public:
+  // `start` is the controller's start time (for uptime).
+  Membership(int world_size, DetectionOptions detection, absl::Time start,
+             MembershipLimits limits = {});
+
+  // `observer` (may be null) must outlive this object.
+  void set_observer(MembershipObserver* observer);
+
+  // New members get the lowest vacant slot, or the standby role when every
+  // slot is held. A resume keeps its id, slot and generation when they are
+  // still consistent with what this controller knows (after a controller
+  // restart it knows nothing, and adopts them). InvalidArgument for bad
+  // fields; FailedPrecondition for a fenced member, a stale generation or a
+  // slot held by another member.
+  absl::StatusOr<RegisterResponse> Register(const RegisterRequest& req,
+                                            absl::Time now);
+
+  // A message on `sink`'s stream. The first one binds the stream to the
+  // member (a previous stream of the same member is closed as superseded).
+  // InvalidArgument for an unknown id or a bad report; FailedPrecondition
+  // for a fenced or departed member.
+  absl::Status Heartbeat(const HeartbeatRequest& req, MemberSink* sink,
+                         absl::Time now);
+
+  // `sink`'s stream ended. `clean`: the member said it was leaving. A
+  // member whose current stream breaks is declared crashed.
+  void Detach(uint64_t member_id, MemberSink* sink, bool clean,
+              absl::string_view why, absl::Time now);
+
+  // Declares the reporter's peer dead (kind reported). Returns false if it
+  // already was. FailedPrecondition for a fenced reporter or a stale
+  // generation.
+  absl::StatusOr<bool> ReportFailure(const ReportFailureRequest& req,
+                                     absl::Time now);
+
+  // Records that the member holds its shard of `step`; returns the
+  // committed step (every slot of the current generation acked it).
+  absl::StatusOr<int64_t> AckCheckpoint(const AckCheckpointRequest& req,
+                                        absl::Time now);
+
+  // Runs the silent and stalled detectors.
+  void Scan(absl::Time now);
+
+  StatusResponse Status(const StatusRequest& req, absl::Time now) const;
+
+  int world_size() const { return world_size_; }
+
+ private:
+  struct Member {
+    uint64_t id = 0;
+    Role role = ROLE_STANDBY;
+    int slot = -1;
+    MemberState state = STATE_ALIVE;
+    std::string host, failure_domain, topology_block;
+    int64_t pid = 0;
+    int64_t step = -1;
+    Phase phase = PHASE_UNSPECIFIED;
+    int64_t collective_seq = 0;
+    int64_t last_step_us = 0;
+    std::map<std::string, double> metrics;
+    absl::Time last_seen;
+    absl::Time step_changed_at;
+    uint64_t standby_order = 0;  // lower joined earlier
+    MemberSink* sink = nullptr;
+  };
+
+  absl::Status CheckRegister(const RegisterRequest& req) const;
+  absl::Status CheckReport(const StepReport& report) const;
+  // The live member `id`, or InvalidArgument (unknown) / FailedPrecondition
+  // (fenced or departed).
+  absl::StatusOr<Member*> LiveMemberLocked(uint64_t id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t NewIdLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  RegisterResponse AssignmentLocked(const Member& m) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Marks `m` dead, fences it, records the incident and, for a worker,
+  // opens the next generation (a standby takes the slot if there is one).
+  void DeclareLocked(Member& m, IncidentKind kind, std::string evidence,
+                     absl::Time onset, uint64_t reporter, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RecordIncidentLocked(Incident incident)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Pushes the new generation to every live member (personalized), with an
+  // abort order when `abort` is set.
+  void BroadcastGenerationLocked(const std::vector<SlotChange>& changes,
+                                 const AbortOrder* abort)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void VacateLocked(Member& m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RetireLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The stall threshold from the job's step history, or nullopt while the
+  // history is too short.
+  std::optional<absl::Duration> StallThresholdLocked() const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Duration MedianStepLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ScanStallsLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeCommitLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const int world_size_;
+  const DetectionOptions detection_;
+  const MembershipLimits limits_;
+
+  mutable absl::Mutex mu_;
+  MembershipObserver* observer_ ABSL_GUARDED_BY(mu_) = nullptr;
+  absl::BitGen rng_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, Member> members_ ABSL_GUARDED_BY(mu_);
+  // Ids of members declared dead: refused forever (bounded by the job's
+  // failures, 8 bytes each).
+  absl::flat_hash_set<uint64_t> fenced_ ABSL_GUARDED_BY(mu_);
+  std::deque<uint64_t> retired_
+      ABSL_GUARDED_BY(mu_);                           // dead/left, oldest first
+  std::vector<uint64_t> slots_ ABSL_GUARDED_BY(mu_);  // 0: vacant
+  std::set<int> vacant_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, uint64_t> standbys_ ABSL_GUARDED_BY(mu_);  // order -> id
+  uint64_t next_standby_order_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+
+  // One duration per step number (the first report of it), newest last.
+  std::deque<int64_t> step_history_us_ ABSL_GUARDED_BY(mu_);
+  int64_t last_history_step_ ABSL_GUARDED_BY(mu_) = -1;
+  // Steps already reported as a job-wide stall (no culprit), per generation.
+  int64_t job_stall_step_ ABSL_GUARDED_BY(mu_) = -1;
+  int64_t job_stall_generation_ ABSL_GUARDED_BY(mu_) = -1;
+
+  // Checkpoint ledger for the current generation: step -> slots acked.
+  std::map<int64_t, std::vector<bool>> acks_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, int> ack_counts_ ABSL_GUARDED_BY(mu_);
+  int64_t committed_step_ ABSL_GUARDED_BY(mu_) = -1;
+
+  std::deque<Incident> incidents_ ABSL_GUARDED_BY(mu_);
+  uint64_t incidents_total_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t heartbeats_total_ ABSL_GUARDED_BY(mu_) = 0;
+  const absl::Time started_;
+};
+
+// "crashed", "silent", ... (for logs, the CLI and metric labels).
+const char* IncidentKindName(IncidentKind kind);
+const char* PhaseName(Phase phase);
+const char* StateName(MemberState state);
+
+}  // namespace holdfast::control
+
+#endif  // HOLDFAST_SRC_CONTROL_MEMBERSHIP_H_

@@ -1,0 +1,413 @@
+// Failure detection on real processes: holdfast_test_member children (fake
+// trainers with the real MemberClient) are SIGKILLed, SIGSTOPped, stalled
+// or left uneven, and the tests check what the controller concluded, what
+// the survivors were told, and that a frozen member that wakes is fenced.
+// Also: a controller restart under running members, `holdfast status`, and
+// the Prometheus endpoint. Nothing here asserts on speed.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <grpcpp/grpcpp.h>
+#include <catch2/catch.hpp>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "src/common/process_group.h"
+#include "src/control/client.h"
+#include "src/control/controller.grpc.pb.h"
+#include "src/control/server.h"
+
+using namespace holdfast;
+using namespace holdfast::control;
+
+namespace {
+
+constexpr char kToken[] = "detection-test-token";
+const absl::Duration kLong = absl::Seconds(30);
+
+ControllerOptions Options(int world) {
+  ControllerOptions o;
+  o.token = kToken;
+  o.world_size = world;
+  o.detection.heartbeat_interval = absl::Milliseconds(100);
+  o.detection.silent_after = absl::Seconds(1);
+  o.detection.stall_floor = absl::Seconds(1);
+  o.detection.stall_factor = 5;
+  o.detection.stall_max_factor = 2;
+  o.detection.stall_min_history = 8;
+  o.scan_interval = absl::Milliseconds(20);
+  return o;
+}
+
+// A file holding `token`, for the child processes.
+std::string TokenFile(const std::string& token) {
+  const std::string path = proc::MakeTempDir() + "/token";
+  std::ofstream(path) << token << "\n";
+  return path;
+}
+
+std::vector<std::string> Member(const std::string& address,
+                                std::vector<std::string> extra = {}) {
+  static const std::string token_file = TokenFile(kToken);
+  std::vector<std::string> argv = {HOLDFAST_TEST_MEMBER_BIN, "--controller",
+                                   address, "--token-file", token_file};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return argv;
+}
+
+StatusResponse GetStatus(const std::string& address) {
+  ClientOptions c;
+  c.address = address;
+  c.token = kToken;
+  StatusRequest r;
+  r.set_include_members(true);
+  r.set_max_incidents(100);
+  auto s = FetchStatus(c, r);
+  REQUIRE(s.ok());
+  return *s;
+}
+
+// Polls the controller until an incident for `member` shows up.
+std::optional<Incident> WaitIncident(const std::string& address,
+                                     uint64_t member, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    const StatusResponse s = GetStatus(address);
+    for (const Incident& i : s.incidents()) {
+      if (i.member_id() == member) return i;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return std::nullopt;
+}
+
+struct Registered {
+  uint64_t member;
+  int slot;
+};
+
+Registered WaitRegistered(proc::ProcessGroup& g, int rank) {
+  auto e = g.WaitEvent(rank, "registered", kLong);
+  INFO("member " << rank << ": " << g.Describe(rank));
+  REQUIRE(e.has_value());
+  return {std::stoull(e->at("member")), std::stoi(e->at("slot"))};
+}
+
+std::string HttpGet(int port, const std::string& path) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    close(fd);
+    return "";
+  }
+  const std::string req =
+      "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+  (void)!write(fd, req.data(), req.size());
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof(buf))) > 0) out.append(buf, n);
+  close(fd);
+  return out;
+}
+
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "detection: a SIGKILLed member is declared crashed and the "
+    "survivors get an abort order") {
+  ControllerOptions o = Options(3);
+  o.metrics_port = 0;
+  auto server = ControllerServer::Start(o);
+  REQUIRE(server.ok());
+  const std::string addr = (*server)->address();
+  proc::ProcessGroup g({Member(addr), Member(addr), Member(addr)});
+  std::vector<Registered> reg;
+  for (int r = 0; r < 3; ++r) reg.push_back(WaitRegistered(g, r));
+  for (int r = 0; r < 3; ++r) REQUIRE(g.WaitEvent(r, "step", kLong));
+
+  g.Signal(1, SIGKILL);
+  auto inc = WaitIncident(addr, reg[1].member, kLong);
+  REQUIRE(inc.has_value());
+  CHECK(inc->kind() == INCIDENT_CRASHED);
+  CHECK(inc->slot() == reg[1].slot);
+  CHECK(inc->evidence().find("stream") != std::string::npos);
+  for (int r : {0, 2}) {
+    auto abort = g.WaitEvent(r, "abort", kLong);
+    REQUIRE(abort.has_value());
+    CHECK(abort->at("failed_slot") == std::to_string(reg[1].slot));
+    CHECK(abort->at("failed_member") == std::to_string(reg[1].member));
+    CHECK(abort->at("msg").find("crashed") != std::string::npos);
+  }
+  StatusResponse s = GetStatus(addr);
+  CHECK(s.alive() == 2);
+  CHECK(s.dead() == 1);
+  CHECK(s.generation() == 1);
+
+  // The Prometheus endpoint counts it (gauges refresh every second).
+  std::string text;
+  for (int i = 0; i < 100; ++i) {
+    text = HttpGet((*server)->metrics_port(), "/metrics");
+    if (text.find("holdfast_members{state=\"dead\"} 1") != std::string::npos) {
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  CHECK(text.find("holdfast_incidents_total{kind=\"crashed\"} 1") !=
+        std::string::npos);
+  CHECK(text.find("holdfast_members{state=\"dead\"} 1") != std::string::npos);
+  CHECK(text.find("holdfast_members{state=\"alive\"} 2") != std::string::npos);
+  CHECK(text.find("holdfast_heartbeats_total") != std::string::npos);
+  CHECK(text.find("holdfast_detection_latency_seconds_count{kind=\"crashed\"} "
+                  "1") != std::string::npos);
+}
+
+TEST_CASE(
+    "detection: a frozen member goes silent and is fenced when it "
+    "wakes") {
+  auto server = ControllerServer::Start(Options(2));
+  REQUIRE(server.ok());
+  const std::string addr = (*server)->address();
+  proc::ProcessGroup g(
+      {Member(addr, {"--hb-ms", "100"}), Member(addr, {"--hb-ms", "100"})});
+  std::vector<Registered> reg = {WaitRegistered(g, 0), WaitRegistered(g, 1)};
+  REQUIRE(g.WaitEvent(1, "step", kLong));
+
+  g.Signal(1, SIGSTOP);
+  auto inc = WaitIncident(addr, reg[1].member, kLong);
+  REQUIRE(inc.has_value());
+  CHECK(inc->kind() == INCIDENT_SILENT);
+  CHECK(inc->evidence().find("no heartbeat for") != std::string::npos);
+  REQUIRE(g.WaitEvent(0, "abort", kLong));
+
+  // It wakes up with its old identity: refused, and it stops.
+  g.Signal(1, SIGCONT);
+  auto fenced = g.WaitEvent(1, "fenced", kLong);
+  INFO(g.Describe(1));
+  REQUIRE(fenced.has_value());
+  CHECK(fenced->at("code") == "FAILED_PRECONDITION");
+  CHECK(fenced->at("msg").find("declared dead") != std::string::npos);
+  g.Signal(0, SIGKILL);
+  auto exits = g.WaitAll(kLong);
+  CHECK(exits[1].exited);
+  CHECK(exits[1].code == 3);
+  // Every call with the old id is refused, whoever makes it.
+  auto stub = Controller::NewStub(
+      grpc::CreateChannel(addr, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("x-holdfast-token", kToken);
+  AckCheckpointRequest ack;
+  ack.set_member_id(reg[1].member);
+  ack.set_step(1);
+  AckCheckpointResponse resp;
+  CHECK(stub->AckCheckpoint(&ctx, ack, &resp).error_code() ==
+        grpc::StatusCode::FAILED_PRECONDITION);
+  grpc::ClientContext ctx2;
+  ctx2.AddMetadata("x-holdfast-token", kToken);
+  RegisterRequest resume;
+  resume.set_resume(true);
+  resume.set_member_id(reg[1].member);
+  resume.set_slot(reg[1].slot);
+  RegisterResponse rr;
+  CHECK(stub->Register(&ctx2, resume, &rr).error_code() ==
+        grpc::StatusCode::FAILED_PRECONDITION);
+}
+
+TEST_CASE(
+    "detection: a member alive but stuck inside its step is declared "
+    "stalled") {
+  auto server = ControllerServer::Start(Options(3));
+  REQUIRE(server.ok());
+  const std::string addr = (*server)->address();
+  proc::ProcessGroup g({Member(addr, {"--step-ms", "20"}),
+                        Member(addr, {"--step-ms", "20", "--stall-at", "25"}),
+                        Member(addr, {"--step-ms", "20"})});
+  std::vector<Registered> reg;
+  for (int r = 0; r < 3; ++r) reg.push_back(WaitRegistered(g, r));
+  REQUIRE(g.WaitEvent(1, "stalling", kLong));
+  auto inc = WaitIncident(addr, reg[1].member, kLong);
+  REQUIRE(inc.has_value());
+  CHECK(inc->kind() == INCIDENT_STALLED);
+  CHECK(inc->evidence().find("step 24 has not advanced") != std::string::npos);
+  // It was alive (heartbeating) all along: silence is not what fired.
+  auto fenced = g.WaitEvent(1, "fenced", kLong);
+  REQUIRE(fenced.has_value());
+  // No one else was blamed.
+  const StatusResponse after = GetStatus(addr);
+  for (const Incident& i : after.incidents()) {
+    CHECK(i.member_id() == reg[1].member);
+  }
+}
+
+TEST_CASE("detection: uneven step times raise no false stall") {
+  // Steps of 50 ms with a 300 ms "rollout" every 4th. With a 200 ms floor a
+  // median-only rule (3 x 50 ms) would fire on every rollout; the history
+  // (8 steps before the rule applies) has seen rollouts by then.
+  ControllerOptions o = Options(2);
+  o.detection.stall_floor = absl::Milliseconds(200);
+  o.detection.stall_factor = 3;
+  auto server = ControllerServer::Start(o);
+  REQUIRE(server.ok());
+  const std::string addr = (*server)->address();
+  const std::vector<std::string> args = {"--step-ms", "50", "--uneven",
+                                         "--steps", "40"};
+  proc::ProcessGroup g({Member(addr, args), Member(addr, args)});
+  for (int r = 0; r < 2; ++r) WaitRegistered(g, r);
+  for (int r = 0; r < 2; ++r) {
+    auto done = g.WaitEvent(r, "done", absl::Minutes(2));
+    INFO(g.Describe(r));
+    REQUIRE(done.has_value());
+  }
+  StatusResponse s = GetStatus(addr);
+  CHECK(s.incidents_total() == 0);
+  CHECK(s.dead() == 0);
+  CHECK(s.left() == 2);  // both said goodbye: a clean leave is no incident
+  CHECK(s.stall_threshold_ms() >= 600);  // 2 x the longest (300 ms) step
+  auto exits = g.WaitAll(kLong);
+  for (const auto& e : exits) CHECK((e.exited && e.code == 0));
+}
+
+TEST_CASE("detection: a standby takes the slot of a crashed worker") {
+  auto server = ControllerServer::Start(Options(2));
+  REQUIRE(server.ok());
+  const std::string addr = (*server)->address();
+  proc::ProcessGroup g({Member(addr)});
+  Registered w0 = WaitRegistered(g, 0);
+  g.Spawn(Member(addr));
+  Registered w1 = WaitRegistered(g, 1);
+  g.Spawn(Member(addr));
+  Registered sb = WaitRegistered(g, 2);
+  CHECK(w0.slot == 0);
+  CHECK(w1.slot == 1);
+  CHECK(sb.slot == -1);
+  g.Signal(0, SIGKILL);
+  auto m = g.WaitEvent(2, "membership", kLong);
+  REQUIRE(m.has_value());
+  CHECK(m->at("slot") == "0");
+  CHECK(m->at("standby") == "0");
+  CHECK(m->at("generation") == "1");
+  StatusResponse s = GetStatus(addr);
+  CHECK(s.vacant_slots() == 0);
+  CHECK(s.standbys() == 0);
+}
+
+TEST_CASE(
+    "restart: members ride out a controller restart and resume their "
+    "slots") {
+  const std::string token_file = TokenFile(kToken);
+  const int port = FreePort();
+  const std::string addr = absl::StrCat("127.0.0.1:", port);
+  const std::vector<std::string> controller = {HOLDFAST_CONTROLLER_BIN,
+                                               "--world-size",
+                                               "2",
+                                               "--port",
+                                               std::to_string(port),
+                                               "--token-file",
+                                               token_file,
+                                               "--heartbeat-interval-ms",
+                                               "100"};
+  proc::ProcessGroup g({controller});  // rank 0: the controller
+  const int a = g.Spawn(Member(addr, {"--step-ms", "20"}));
+  const int b = g.Spawn(Member(addr, {"--step-ms", "20"}));
+  Registered ra = WaitRegistered(g, a);
+  Registered rb = WaitRegistered(g, b);
+
+  g.Signal(0, SIGKILL);
+  // Training goes on while the controller is away; the members notice.
+  for (int r : {a, b}) {
+    bool saw_unhealthy = false;
+    for (int i = 0; i < 2000 && !saw_unhealthy; ++i) {
+      auto e = g.WaitEvent(r, "step", kLong);
+      REQUIRE(e.has_value());
+      saw_unhealthy = e->at("healthy") == "0";
+    }
+    CHECK(saw_unhealthy);
+  }
+  const int c2 = g.Spawn(controller);
+  for (int r : {a, b}) {
+    auto e = g.WaitEvent(r, "reconnected", kLong);
+    INFO(g.Describe(r) << " / controller " << g.Describe(c2));
+    REQUIRE(e.has_value());
+  }
+  StatusResponse s = GetStatus(addr);
+  CHECK(s.alive() == 2);
+  CHECK(s.incidents_total() == 0);
+  CHECK(s.generation() == 0);
+  std::map<uint64_t, int> slots;
+  for (const auto& m : s.members()) slots[m.member_id()] = m.slot();
+  CHECK(slots[ra.member] == ra.slot);
+  CHECK(slots[rb.member] == rb.slot);
+  // Nobody was disrupted: both keep stepping, healthy again.
+  for (int r : {a, b}) {
+    bool healthy = false;
+    for (int i = 0; i < 2000 && !healthy; ++i) {
+      auto e = g.WaitEvent(r, "step", kLong);
+      REQUIRE(e.has_value());
+      healthy = e->at("healthy") == "1";
+    }
+    CHECK(healthy);
+    CHECK(g.Describe(r) == "still running");
+  }
+}
+
+TEST_CASE("holdfast status prints the members table and the incidents") {
+  auto server = ControllerServer::Start(Options(2));
+  REQUIRE(server.ok());
+  const std::string addr = (*server)->address();
+  proc::ProcessGroup g(
+      {Member(addr, {"--host", "node-a"}), Member(addr, {"--host", "node-b"})});
+  for (int r = 0; r < 2; ++r) WaitRegistered(g, r);
+  REQUIRE(g.WaitEvent(0, "step", kLong));
+  g.Signal(1, SIGKILL);
+  REQUIRE(g.WaitEvent(0, "abort", kLong));
+
+  const std::string good = TokenFile(kToken);
+  const int cli = g.Spawn(
+      {HOLDFAST_CLI_BIN, "status", "--controller", addr, "--token-file", good});
+  std::string out;
+  while (auto line = g.ReadLine(cli, kLong)) out += *line + "\n";
+  INFO(out);
+  CHECK(out.find("SLOT") != std::string::npos);
+  CHECK(out.find("node-a") != std::string::npos);
+  CHECK(out.find("alive") != std::string::npos);
+  CHECK(out.find("crashed") != std::string::npos);
+  CHECK(out.find("loss=") != std::string::npos);
+
+  const int js = g.Spawn({HOLDFAST_CLI_BIN, "status", "--controller", addr,
+                          "--token-file", good, "--json"});
+  std::string json;
+  while (auto line = g.ReadLine(js, kLong)) json += *line + "\n";
+  auto parsed = nlohmann::json::parse(json);
+  CHECK(parsed["members"].size() == 2);
+  CHECK(parsed["incidents"][0]["kind"] == "INCIDENT_CRASHED");
+
+  const int bad = g.Spawn({HOLDFAST_CLI_BIN, "status", "--controller", addr,
+                           "--token-file", TokenFile("wrong")});
+  while (g.ReadLine(bad, kLong)) {
+  }
+  g.Signal(0, SIGKILL);
+  auto exits = g.WaitAll(kLong);
+  CHECK(exits[cli].code == 0);
+  CHECK(exits[js].code == 0);
+  CHECK(exits[bad].exited);
+  CHECK(exits[bad].code == 1);  // Unauthenticated
+}

@@ -1,0 +1,407 @@
+// Membership logic with a fake time: slots and standbys, resume after a
+// controller restart, the four detectors, fencing, generations and the
+// checkpoint ledger. No sleeping: every call takes `now`.
+#include <catch2/catch.hpp>
+#include <vector>
+
+#include "src/control/membership.h"
+
+using namespace holdfast::control;
+
+namespace {
+
+const absl::Time kT0 = absl::FromUnixSeconds(1700000000);
+
+// Records what Membership pushes to one member.
+struct FakeSink : MemberSink {
+  std::vector<HeartbeatResponse> pushed;
+  absl::Status closed = absl::OkStatus();
+  bool is_closed = false;
+  void Push(const HeartbeatResponse& msg) override { pushed.push_back(msg); }
+  void Close(const absl::Status& s) override {
+    closed = s;
+    is_closed = true;
+  }
+  bool GotAbortFor(int slot) const {
+    for (const auto& m : pushed) {
+      if (m.has_abort() && m.abort().failed_slot() == slot) return true;
+    }
+    return false;
+  }
+};
+
+struct Job {
+  explicit Job(int world, DetectionOptions d = Defaults()) : m(world, d, kT0) {}
+  static DetectionOptions Defaults() {
+    DetectionOptions d;
+    d.silent_after = absl::Seconds(5);
+    d.stall_floor = absl::Seconds(2);
+    d.stall_factor = 5;
+    d.stall_max_factor = 2;
+    d.stall_min_history = 8;
+    return d;
+  }
+  // Registers a member and binds a sink with a first heartbeat.
+  RegisterResponse Join(const std::string& host, absl::Time now,
+                        const std::string& block = "") {
+    RegisterRequest r;
+    r.set_host(host);
+    r.set_pid(1000 + static_cast<int>(sinks.size()));
+    r.set_failure_domain(host);
+    r.set_topology_block(block);
+    auto resp = m.Register(r, now);
+    REQUIRE(resp.ok());
+    sinks.emplace_back(std::make_unique<FakeSink>());
+    ids.push_back(resp->member_id());
+    REQUIRE(Beat(ids.size() - 1, -1, now).ok());
+    return *resp;
+  }
+  absl::Status Beat(size_t i, int64_t step, absl::Time now, int64_t step_us = 0,
+                    Phase phase = PHASE_COMPUTING, int64_t coll = 0) {
+    HeartbeatRequest h;
+    h.set_member_id(ids[i]);
+    h.set_generation(generation);
+    h.mutable_report()->set_step(step);
+    h.mutable_report()->set_phase(phase);
+    h.mutable_report()->set_collective_seq(coll);
+    h.mutable_report()->set_last_step_us(step_us);
+    h.mutable_report()->set_step_end(step_us > 0);
+    return m.Heartbeat(h, sinks[i].get(), now);
+  }
+  std::vector<Incident> Incidents(absl::Time now) {
+    StatusRequest r;
+    r.set_max_incidents(100);
+    auto s = m.Status(r, now);
+    return {s.incidents().begin(), s.incidents().end()};
+  }
+  Membership m;
+  int64_t generation = 0;
+  std::vector<std::unique_ptr<FakeSink>> sinks;
+  std::vector<uint64_t> ids;
+};
+
+}  // namespace
+
+TEST_CASE(
+    "membership: slots fill in order and extra registrants are standbys") {
+  Job job(2);
+  CHECK(job.Join("a", kT0).slot() == 0);
+  CHECK(job.Join("b", kT0).slot() == 1);
+  RegisterResponse c = job.Join("c", kT0);
+  CHECK(c.role() == ROLE_STANDBY);
+  CHECK(c.slot() == -1);
+  CHECK(c.world_size() == 2);
+  CHECK(job.ids[0] != job.ids[1]);
+}
+
+TEST_CASE("membership: bad registrations and reports get InvalidArgument") {
+  Job job(2);
+  RegisterRequest r;
+  r.set_host(std::string(300, 'h'));
+  CHECK(job.m.Register(r, kT0).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  r.set_host("h");
+  r.set_resume(true);
+  r.set_member_id(77);
+  r.set_slot(2);  // world of 2: slots 0 and 1
+  auto s = job.m.Register(r, kT0).status();
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(s.message().find("slot 2 is out of range") != absl::string_view::npos);
+  r.set_slot(0);
+  r.set_generation(-1);
+  CHECK(job.m.Register(r, kT0).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+
+  job.Join("a", kT0);
+  CHECK(job.Beat(0, -5, kT0).code() == absl::StatusCode::kInvalidArgument);
+  HeartbeatRequest h;
+  h.set_member_id(12345);  // never registered
+  FakeSink sink;
+  auto unknown = job.m.Heartbeat(h, &sink, kT0);
+  CHECK(unknown.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(unknown.message().find("unknown member id") != absl::string_view::npos);
+  h.set_member_id(job.ids[0]);
+  for (int i = 0; i < 100; ++i) {
+    (*h.mutable_report()->mutable_metrics())["m" + std::to_string(i)] = i;
+  }
+  CHECK(job.m.Heartbeat(h, job.sinks[0].get(), kT0).code() ==
+        absl::StatusCode::kInvalidArgument);
+  h.mutable_report()->clear_metrics();
+  h.set_generation(9);  // never opened
+  CHECK(job.m.Heartbeat(h, job.sinks[0].get(), kT0).code() ==
+        absl::StatusCode::kInvalidArgument);
+
+  ReportFailureRequest f;
+  f.set_member_id(job.ids[0]);
+  f.set_peer_slot(5);
+  CHECK(job.m.ReportFailure(f, kT0).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  AckCheckpointRequest a;
+  a.set_member_id(job.ids[0]);
+  a.set_step(-3);
+  CHECK(job.m.AckCheckpoint(a, kT0).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE(
+    "membership: a silent member is declared dead and fenced and a "
+    "standby takes its slot") {
+  Job job(2);
+  job.Join("a", kT0, "rack1");
+  job.Join("b", kT0, "rack2");
+  job.Join("c", kT0, "rack9");  // standby, other block
+  job.Join("d", kT0, "rack2");  // standby, same block as b
+  absl::Time t = kT0;
+  for (int step = 0; step < 4; ++step) {
+    t += absl::Seconds(1);
+    for (size_t i : {0, 2, 3}) REQUIRE(job.Beat(i, step, t, 1000000).ok());
+    // b (slot 1) stops sending after step 0.
+    if (step == 0) REQUIRE(job.Beat(1, step, t, 1000000).ok());
+    job.m.Scan(t);
+  }
+  CHECK(job.Incidents(t).empty());
+  t += absl::Seconds(3);  // b silent for 6 s
+  for (size_t i : {0, 2, 3}) REQUIRE(job.Beat(i, 4, t, 1000000).ok());
+  job.m.Scan(t);
+  auto inc = job.Incidents(t);
+  REQUIRE(inc.size() == 1);
+  CHECK(inc[0].kind() == INCIDENT_SILENT);
+  CHECK(inc[0].member_id() == job.ids[1]);
+  CHECK(inc[0].slot() == 1);
+  CHECK(inc[0].time_to_detect_ms() == 6000);
+  CHECK(inc[0].evidence().find("no heartbeat for 6.0 s") != std::string::npos);
+  // Fenced: its stream is closed, and every call with its id is refused.
+  CHECK(job.sinks[1]->is_closed);
+  CHECK(job.sinks[1]->closed.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(job.Beat(1, 5, t).code() == absl::StatusCode::kFailedPrecondition);
+  AckCheckpointRequest ack;
+  ack.set_member_id(job.ids[1]);
+  CHECK(job.m.AckCheckpoint(ack, t).status().code() ==
+        absl::StatusCode::kFailedPrecondition);
+  RegisterRequest resume;
+  resume.set_resume(true);
+  resume.set_member_id(job.ids[1]);
+  resume.set_slot(1);
+  resume.set_generation(0);
+  CHECK(job.m.Register(resume, t).status().code() ==
+        absl::StatusCode::kFailedPrecondition);
+  // Generation 1: the standby in b's block (d) took slot 1; everyone alive
+  // got the abort order and their place in the new generation.
+  for (size_t i : {0, 2, 3}) CHECK(job.sinks[i]->GotAbortFor(1));
+  const auto& last_d = job.sinks[3]->pushed.back();
+  REQUIRE(last_d.has_membership());
+  CHECK(last_d.membership().generation() == 1);
+  CHECK(last_d.membership().slot() == 1);
+  CHECK(last_d.membership().role() == ROLE_WORKER);
+  CHECK(job.sinks[2]->pushed.back().membership().role() == ROLE_STANDBY);
+  StatusResponse s = job.m.Status({}, t);
+  CHECK(s.generation() == 1);
+  CHECK(s.alive() == 3);
+  CHECK(s.dead() == 1);
+  CHECK(s.standbys() == 1);
+  CHECK(s.vacant_slots() == 0);
+}
+
+TEST_CASE("membership: a broken stream is a crash and a goodbye is not") {
+  Job job(3);
+  job.Join("a", kT0);
+  job.Join("b", kT0);
+  job.Join("c", kT0);
+  job.m.Detach(job.ids[1], job.sinks[1].get(), /*clean=*/false, "reset",
+               kT0 + absl::Milliseconds(5));
+  job.m.Detach(job.ids[2], job.sinks[2].get(), /*clean=*/true, "bye",
+               kT0 + absl::Milliseconds(5));
+  auto inc = job.Incidents(kT0 + absl::Seconds(1));
+  REQUIRE(inc.size() == 1);
+  CHECK(inc[0].kind() == INCIDENT_CRASHED);
+  CHECK(inc[0].member_id() == job.ids[1]);
+  CHECK(job.sinks[0]->GotAbortFor(1));
+  StatusResponse s = job.m.Status({}, kT0);
+  CHECK(s.left() == 1);
+  CHECK(s.dead() == 1);
+  CHECK(s.vacant_slots() == 2);
+  // A detach from a superseded stream changes nothing.
+  FakeSink old;
+  job.m.Detach(job.ids[0], &old, false, "old stream", kT0);
+  CHECK(job.m.Status({}, kT0).alive() == 1);
+}
+
+TEST_CASE(
+    "membership: a member whose step stops advancing is declared stalled") {
+  Job job(4);
+  for (const char* h : {"a", "b", "c", "d"}) job.Join(h, kT0);
+  absl::Time t = kT0;
+  // 1 s steps. Member 2 hangs inside step 10 (computing); the others finish
+  // step 10 and then wait for it inside collective #11.
+  for (int step = 0; step <= 10; ++step) {
+    t += absl::Seconds(1);
+    for (size_t i = 0; i < 4; ++i) {
+      if (i == 2 && step == 10) continue;
+      REQUIRE(job.Beat(i, step, t, 1000000).ok());
+    }
+    job.m.Scan(t);
+  }
+  // Heartbeats go on (the process is alive) until the detector fires.
+  for (int tick = 0; tick < 20 && job.Incidents(t).empty(); ++tick) {
+    t += absl::Seconds(1);
+    for (size_t i = 0; i < 4; ++i) {
+      if (i == 2) {
+        REQUIRE(job.Beat(i, 9, t, 0, PHASE_COMPUTING, 10).ok());
+      } else {
+        REQUIRE(job.Beat(i, 10, t, 0, PHASE_COLLECTIVE, 11).ok());
+      }
+    }
+    job.m.Scan(t);
+  }
+  CHECK(t == kT0 + absl::Seconds(16));  // step 9 ended at 10 s; 6 s > 5 s
+  // Threshold: max(2 s floor, 5 x 1 s median, 2 x 1 s longest) = 5 s. Only
+  // the laggard is declared, though everyone stopped advancing.
+  auto inc = job.Incidents(t);
+  REQUIRE(inc.size() == 1);
+  CHECK(inc[0].kind() == INCIDENT_STALLED);
+  CHECK(inc[0].member_id() == job.ids[2]);
+  CHECK(inc[0].evidence().find("step 9 has not advanced") != std::string::npos);
+  CHECK(inc[0].evidence().find("threshold 5.0 s") != std::string::npos);
+  CHECK(job.sinks[2]->closed.code() == absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_CASE("membership: uneven step times raise no false stall") {
+  // An RL-like job: every 4th step is a rollout 6x as long. Stall detection
+  // takes the job's own longest recent step into account.
+  Job job(3);
+  for (const char* h : {"a", "b", "c"}) job.Join(h, kT0);
+  absl::Time t = kT0;
+  for (int step = 0; step < 200; ++step) {
+    const absl::Duration d =
+        step % 4 == 3 ? absl::Seconds(6) : absl::Seconds(1);
+    // Heartbeats every second while the step runs, then the step end.
+    for (absl::Duration in = absl::Seconds(1); in < d; in += absl::Seconds(1)) {
+      for (size_t i = 0; i < 3; ++i)
+        REQUIRE(job.Beat(i, step - 1, t + in).ok());
+      job.m.Scan(t + in);
+    }
+    t += d;
+    for (size_t i = 0; i < 3; ++i) {
+      REQUIRE(job.Beat(i, step, t, absl::ToInt64Microseconds(d)).ok());
+    }
+    job.m.Scan(t);
+  }
+  CHECK(job.Incidents(t).empty());
+  // Median 1 s x 5 = 5 s would have fired on the 6 s rollouts.
+  CHECK(job.m.Status({}, t).stall_threshold_ms() == 12000);
+}
+
+TEST_CASE(
+    "membership: a job-wide stall with no culprit is recorded once and "
+    "fences nobody") {
+  Job job(2);
+  job.Join("a", kT0);
+  job.Join("b", kT0);
+  absl::Time t = kT0;
+  for (int step = 0; step < 10; ++step) {
+    t += absl::Seconds(1);
+    for (size_t i = 0; i < 2; ++i) REQUIRE(job.Beat(i, step, t, 1000000).ok());
+  }
+  for (int tick = 0; tick < 20; ++tick) {
+    t += absl::Seconds(1);
+    for (size_t i = 0; i < 2; ++i) {
+      REQUIRE(job.Beat(i, 9, t, 0, PHASE_COLLECTIVE, 10).ok());
+    }
+    job.m.Scan(t);
+  }
+  auto inc = job.Incidents(t);
+  REQUIRE(inc.size() == 1);
+  CHECK(inc[0].kind() == INCIDENT_STALLED);
+  CHECK(inc[0].member_id() == 0);
+  CHECK(inc[0].evidence().find("no culprit") != std::string::npos);
+  CHECK(job.m.Status({}, t).alive() == 2);
+}
+
+TEST_CASE(
+    "membership: a reported peer is declared and stale reports are "
+    "refused") {
+  Job job(3);
+  for (const char* h : {"a", "b", "c"}) job.Join(h, kT0);
+  ReportFailureRequest f;
+  f.set_member_id(job.ids[0]);
+  f.set_generation(0);
+  f.set_peer_slot(2);
+  f.set_reason("allreduce #7 lost its connection to rank 2");
+  auto r = job.m.ReportFailure(f, kT0 + absl::Seconds(1));
+  REQUIRE(r.ok());
+  CHECK(*r);
+  auto inc = job.Incidents(kT0 + absl::Seconds(1));
+  REQUIRE(inc.size() == 1);
+  CHECK(inc[0].kind() == INCIDENT_REPORTED);
+  CHECK(inc[0].reporter_id() == job.ids[0]);
+  CHECK(inc[0].evidence().find("allreduce #7") != std::string::npos);
+  // A second report of the same failure, from the old generation.
+  f.set_member_id(job.ids[1]);
+  CHECK(job.m.ReportFailure(f, kT0).status().code() ==
+        absl::StatusCode::kFailedPrecondition);
+  // The dead member cannot report either.
+  f.set_member_id(job.ids[2]);
+  f.set_generation(1);
+  f.set_peer_slot(0);
+  CHECK(job.m.ReportFailure(f, kT0).status().code() ==
+        absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_CASE("membership: a step commits when every slot acked it") {
+  Job job(2);
+  job.Join("a", kT0);
+  job.Join("b", kT0);
+  AckCheckpointRequest a;
+  a.set_generation(0);
+  a.set_step(3);
+  a.set_member_id(job.ids[0]);
+  CHECK(*job.m.AckCheckpoint(a, kT0) == -1);
+  CHECK(*job.m.AckCheckpoint(a, kT0) == -1);  // a duplicate counts once
+  a.set_member_id(job.ids[1]);
+  CHECK(*job.m.AckCheckpoint(a, kT0) == 3);
+  bool pushed = false;
+  for (const auto& m : job.sinks[0]->pushed) {
+    pushed = pushed || (m.has_committed_step() && m.committed_step() == 3);
+  }
+  CHECK(pushed);
+  a.set_generation(1);
+  CHECK(job.m.AckCheckpoint(a, kT0).status().code() ==
+        absl::StatusCode::kFailedPrecondition);
+  CHECK(job.m.Status({}, kT0).committed_step() == 3);
+}
+
+TEST_CASE(
+    "membership: after a controller restart members resume their slots "
+    "and generation") {
+  Job job(3);  // a fresh controller that knows nothing
+  auto resume = [&](uint64_t id, int slot, int64_t gen) {
+    RegisterRequest r;
+    r.set_host("h");
+    r.set_resume(true);
+    r.set_member_id(id);
+    r.set_slot(slot);
+    r.set_generation(gen);
+    return job.m.Register(r, kT0);
+  };
+  auto a = resume(111, 2, 4);
+  REQUIRE(a.ok());
+  CHECK(a->member_id() == 111);
+  CHECK(a->slot() == 2);
+  CHECK(a->generation() == 4);
+  CHECK(resume(222, 0, 4).ok());
+  // Conflicts are refused: a taken slot, a generation older than the job's.
+  auto taken = resume(333, 2, 4);
+  CHECK(taken.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(taken.status().message().find("member 111 holds") !=
+        absl::string_view::npos);
+  CHECK(resume(444, 1, 3).status().code() ==
+        absl::StatusCode::kFailedPrecondition);
+  // A new registrant takes the remaining slot at the adopted generation.
+  RegisterRequest fresh;
+  fresh.set_host("n");
+  auto n = job.m.Register(fresh, kT0);
+  REQUIRE(n.ok());
+  CHECK(n->slot() == 1);
+  CHECK(n->generation() == 4);
+  CHECK(job.m.Status({}, kT0).vacant_slots() == 0);
+}
