@@ -1,0 +1,546 @@
+// Heartbeat-load benchmark for the controller. For each member count M it
+// starts a fresh holdfast-controller process pinned to one core, registers
+// M simulated members from this process (other cores), opens M heartbeat
+// streams and sends each a step report at --rate Hz with an ack request. It
+// reports:
+//   - controller CPU per heartbeat and the fraction of its one core in use
+//   - p50/p99 heartbeat round trip (send to ack, measured here: an upper
+//     bound on the controller's handling latency), and the ratio to the same
+//     figure for a single idle stream measured first in the same run
+//   - controller memory per member (RSS growth / M)
+//   - time to detect a crash at that scale: a real member process (this
+//     binary in --member mode, using MemberClient) is SIGKILLed; from the
+//     kill to the controller's incident timestamp.
+//
+//   heartbeat_bench [--members 1000,4000,16000] [--seconds 10] [--rate 1]
+//                   [--channels 64] [--ack-every 10] [--json]
+#include <dirent.h>
+#include <grpcpp/grpcpp.h>
+#include <sched.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "src/common/process_group.h"
+#include "src/control/auth.h"
+#include "src/control/client.h"
+#include "src/control/controller.grpc.pb.h"
+#include "src/control/member.h"
+
+using namespace holdfast;
+using namespace holdfast::control;
+using nlohmann::json;
+
+namespace {
+
+constexpr char kToken[] = "heartbeat-bench-token";
+
+std::string SelfDir() {
+  char buf[4096];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return ".";
+  std::string p(buf, static_cast<size_t>(n));
+  return p.substr(0, p.rfind('/'));
+}
+
+std::string SelfExe() { return SelfDir() + "/heartbeat_bench"; }
+
+// utime + stime of a process, in seconds.
+double CpuSeconds(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(in, line);
+  // Fields after the command (which may hold spaces) start after ')'.
+  std::istringstream rest(line.substr(line.rfind(')') + 2));
+  std::string field;
+  long long utime = 0, stime = 0;
+  for (int i = 3; rest >> field; ++i) {
+    if (i == 14) utime = std::stoll(field);
+    if (i == 15) {
+      stime = std::stoll(field);
+      break;
+    }
+  }
+  return static_cast<double>(utime + stime) /
+         static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+// Resident set size in bytes.
+double RssBytes(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string key;
+  while (in >> key) {
+    if (key == "VmRSS:") {
+      double kb = 0;
+      in >> kb;
+      return kb * 1024.0;
+    }
+    in.ignore(1 << 16, '\n');
+  }
+  return 0;
+}
+
+// Pins every thread of `pid` (now and, by inheritance, later) to `cpu`.
+bool PinProcess(pid_t pid, int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  bool ok = true;
+  const std::string dir = "/proc/" + std::to_string(pid) + "/task";
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return false;
+  while (dirent* e = readdir(d)) {
+    const int tid = std::atoi(e->d_name);
+    if (tid > 0) ok = sched_setaffinity(tid, sizeof(set), &set) == 0 && ok;
+  }
+  closedir(d);
+  return ok;
+}
+
+struct Latencies {
+  absl::Mutex mu;
+  std::vector<double> us ABSL_GUARDED_BY(mu);
+  bool recording ABSL_GUARDED_BY(mu) = false;
+  void Record(double v) {
+    absl::MutexLock lock(&mu);
+    if (recording) us.push_back(v);
+  }
+};
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t i = static_cast<size_t>(p * static_cast<double>(v.size() - 1));
+  return v[i];
+}
+
+// One simulated member's stream. A ticker thread calls TrySend; the ack's
+// round trip goes into `lat`.
+class SimStream final
+    : public grpc::ClientBidiReactor<HeartbeatRequest, HeartbeatResponse> {
+ public:
+  // Asks for an ack on one heartbeat in `ack_every` (members do not ask;
+  // the acks are this benchmark's latency probes).
+  SimStream(Controller::Stub* stub, uint64_t id, Latencies* lat,
+            int ack_every = 1)
+      : id_(id), lat_(lat), ack_every_(ack_every) {
+    ctx_.AddMetadata(kTokenMetadataKey, kToken);
+    stub->async()->Heartbeat(&ctx_, this);
+    StartRead(&resp_);
+    StartCall();
+  }
+
+  // False if the previous write is still in flight (then skipped).
+  bool TrySend(int64_t step) {
+    if (writing_.exchange(true)) return false;
+    ++seq_;
+    req_.set_member_id(id_);
+    req_.set_seq(seq_);
+    req_.set_want_ack((seq_ + id_) % static_cast<uint64_t>(ack_every_) == 0);
+    req_.mutable_report()->set_step(step);
+    req_.mutable_report()->set_phase(PHASE_COMPUTING);
+    sent_ns_[seq_ % kRing].store(absl::GetCurrentTimeNanos());
+    StartWrite(&req_);
+    return true;
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) failed_ = true;
+    writing_ = false;
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) return;
+    if (resp_.has_ack_seq()) {
+      const int64_t sent = sent_ns_[resp_.ack_seq() % kRing].load();
+      lat_->Record(static_cast<double>(absl::GetCurrentTimeNanos() - sent) /
+                   1e3);
+    }
+    StartRead(&resp_);
+  }
+  void OnDone(const grpc::Status&) override {
+    absl::MutexLock lock(&mu_);
+    done_ = true;
+  }
+  void AwaitDone() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&done_));
+  }
+  bool failed() const { return failed_; }
+
+ private:
+  static constexpr int kRing = 64;
+  const uint64_t id_;
+  Latencies* const lat_;
+  const int ack_every_;
+  grpc::ClientContext ctx_;
+  HeartbeatRequest req_;
+  HeartbeatResponse resp_;
+  std::atomic<bool> writing_{false};
+  std::atomic<bool> failed_{false};
+  uint64_t seq_ = 0;
+  std::atomic<int64_t> sent_ns_[kRing] = {};
+  absl::Mutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+struct RunResult {
+  int members = 0;
+  double seconds = 0;
+  uint64_t heartbeats = 0;
+  double cpu_us_per_hb = 0;
+  double core_fraction = 0;
+  double p50_ms = 0, p99_ms = 0;
+  double idle_p50_ms = 0, idle_p99_ms = 0;
+  double rss_per_member_bytes = 0;
+  double crash_detect_ms = -1;
+  uint64_t skipped = 0;
+  bool pinned = false;
+};
+
+StatusResponse Status(const std::string& addr, int incidents) {
+  ClientOptions c{addr, kToken};
+  StatusRequest r;
+  r.set_max_incidents(incidents);
+  auto s = FetchStatus(c, r);
+  return s.ok() ? *s : StatusResponse();
+}
+
+// Sends heartbeats from `streams` for `d` at `rate` Hz each, member i at
+// offset i/n of each period, from `threads` ticker threads. Returns how
+// many sends were skipped because the member's previous write was still in
+// flight.
+uint64_t Drive(std::vector<std::unique_ptr<SimStream>>& streams, double rate,
+               absl::Duration d, int threads) {
+  std::atomic<uint64_t> skipped{0};
+  const absl::Time start = absl::Now();
+  const absl::Duration period = absl::Seconds(1.0 / rate);
+  const size_t n = streams.size();
+  std::vector<std::thread> ts;
+  for (int t = 0; t < threads; ++t) {
+    ts.emplace_back([&, t] {
+      std::vector<size_t> mine;
+      for (size_t i = static_cast<size_t>(t); i < n;
+           i += static_cast<size_t>(threads)) {
+        mine.push_back(i);
+      }
+      size_t cursor = 0;
+      int64_t cycle = 0;
+      auto fire = [&](size_t k) {
+        if (!streams[mine[k]]->TrySend(cycle)) ++skipped;
+      };
+      for (;;) {
+        const absl::Duration el = absl::Now() - start;
+        if (el >= d) break;
+        // FDivDuration: Duration / Duration is integer division.
+        const double cycles = absl::FDivDuration(el, period);
+        const int64_t now_cycle = static_cast<int64_t>(cycles);
+        if (now_cycle != cycle) {
+          while (cursor < mine.size()) fire(cursor++);  // catch up
+          cursor = 0;
+          cycle = now_cycle;
+        }
+        const double frac = cycles - static_cast<double>(now_cycle);
+        while (cursor < mine.size() &&
+               static_cast<double>(mine[cursor]) / static_cast<double>(n) <=
+                   frac) {
+          fire(cursor++);
+        }
+        absl::SleepFor(absl::Microseconds(500));
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  return skipped;
+}
+
+RunResult RunOne(int members, double seconds, double rate, int channels,
+                 int cpus, int ack_every) {
+  RunResult r;
+  r.members = members;
+  const std::string dir = proc::MakeTempDir();
+  const std::string token_file = dir + "/token";
+  std::ofstream(token_file) << kToken << "\n";
+  const std::string port_file = dir + "/port";
+  // World M + 1: the idle-baseline stream and the M simulated members are
+  // workers; the crash victim joins as a standby.
+  proc::ProcessGroup g(
+      {{SelfDir() + "/holdfast-controller", "--world-size",
+        std::to_string(members + 1), "--port", "0", "--token-file", token_file,
+        "--port-file", port_file, "--heartbeat-interval-ms",
+        std::to_string(static_cast<int>(1000 / rate)),
+        // Registering 16k members takes a while before
+        // their streams start beating.
+        "--silent-after-ms", "30000"}});
+  int port = 0;
+  for (int i = 0; i < 1000 && port == 0; ++i) {
+    std::ifstream in(port_file);
+    if (!(in >> port)) port = 0;
+    if (port == 0) absl::SleepFor(absl::Milliseconds(10));
+  }
+  if (port == 0) {
+    std::fprintf(stderr, "controller did not start: %s\n",
+                 g.Describe(0).c_str());
+    std::exit(1);
+  }
+  const std::string addr = absl::StrCat("127.0.0.1:", port);
+  // The controller gets core 0; this process the others.
+  r.pinned = cpus > 1 && PinProcess(g.pid(0), 0);
+  if (cpus > 1) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (int c = 1; c < cpus; ++c) CPU_SET(c, &set);
+    sched_setaffinity(0, sizeof(set), &set);
+  }
+  const double rss0 = RssBytes(g.pid(0));
+
+  std::vector<std::shared_ptr<grpc::Channel>> chans;
+  std::vector<std::unique_ptr<Controller::Stub>> stubs;
+  for (int c = 0; c < channels; ++c) {
+    grpc::ChannelArguments args;
+    args.SetInt("holdfast.bench.channel", c);  // distinct connections
+    chans.push_back(grpc::CreateCustomChannel(
+        addr, grpc::InsecureChannelCredentials(), args));
+    stubs.push_back(Controller::NewStub(chans.back()));
+  }
+
+  // Baseline: one stream on an idle controller, acks one at a time. The
+  // stream stays open (a worker) until the end.
+  Latencies idle;
+  std::unique_ptr<SimStream> idle_stream;
+  {
+    RegisterRequest req;
+    req.set_host("idle");
+    RegisterResponse resp;
+    grpc::ClientContext ctx;
+    ctx.AddMetadata(kTokenMetadataKey, kToken);
+    if (!stubs[0]->Register(&ctx, req, &resp).ok()) std::exit(1);
+    idle_stream =
+        std::make_unique<SimStream>(stubs[0].get(), resp.member_id(), &idle);
+    {
+      absl::MutexLock lock(&idle.mu);
+      idle.recording = true;
+    }
+    for (int i = 0; i < 300; ++i) {
+      while (!idle_stream->TrySend(i)) absl::SleepFor(absl::Microseconds(50));
+      absl::SleepFor(absl::Milliseconds(3));
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+    absl::MutexLock lock(&idle.mu);
+    r.idle_p50_ms = Percentile(idle.us, 0.5) / 1e3;
+    r.idle_p99_ms = Percentile(idle.us, 0.99) / 1e3;
+  }
+
+  // Register M members (from a few threads), then open their streams.
+  std::vector<uint64_t> ids(static_cast<size_t>(members));
+  {
+    std::vector<std::thread> ts;
+    const int nt = 8;
+    for (int t = 0; t < nt; ++t) {
+      ts.emplace_back([&, t] {
+        for (int i = t; i < members; i += nt) {
+          RegisterRequest req;
+          req.set_host(absl::StrCat("sim-", i / 8));
+          req.set_failure_domain(req.host());
+          req.set_pid(i);
+          RegisterResponse resp;
+          grpc::ClientContext ctx;
+          ctx.AddMetadata(kTokenMetadataKey, kToken);
+          grpc::Status s = stubs[static_cast<size_t>(i % channels)]->Register(
+              &ctx, req, &resp);
+          if (!s.ok()) {
+            std::fprintf(stderr, "register: %s\n", s.error_message().c_str());
+            std::exit(1);
+          }
+          ids[static_cast<size_t>(i)] = resp.member_id();
+        }
+      });
+    }
+    for (auto& t : ts) t.join();
+  }
+  Latencies lat;
+  std::vector<std::unique_ptr<SimStream>> streams;
+  streams.push_back(std::move(idle_stream));  // beats with the rest now
+  for (int i = 0; i < members; ++i) {
+    streams.push_back(std::make_unique<SimStream>(
+        stubs[static_cast<size_t>(i % channels)].get(),
+        ids[static_cast<size_t>(i)], &lat, ack_every));
+  }
+  // Warm up: every member sends, the streams bind.
+  const int tickers = std::max(1, std::min(4, cpus - 1));
+  Drive(streams, rate, absl::Seconds(2.0 / rate), tickers);
+
+  const StatusResponse before = Status(addr, 0);
+  const double cpu0 = CpuSeconds(g.pid(0));
+  const absl::Time t0 = absl::Now();
+  {
+    absl::MutexLock lock(&lat.mu);
+    lat.recording = true;
+  }
+  r.skipped = Drive(streams, rate, absl::Seconds(seconds), tickers);
+  {
+    absl::MutexLock lock(&lat.mu);
+    lat.recording = false;
+  }
+  const double cpu1 = CpuSeconds(g.pid(0));
+  r.seconds = absl::ToDoubleSeconds(absl::Now() - t0);
+  const StatusResponse after = Status(addr, 0);
+  r.heartbeats = after.heartbeats_total() - before.heartbeats_total();
+  r.cpu_us_per_hb =
+      r.heartbeats > 0 ? (cpu1 - cpu0) * 1e6 / static_cast<double>(r.heartbeats)
+                       : 0;
+  r.core_fraction = (cpu1 - cpu0) / r.seconds;
+  {
+    absl::MutexLock lock(&lat.mu);
+    r.p50_ms = Percentile(lat.us, 0.5) / 1e3;
+    r.p99_ms = Percentile(lat.us, 0.99) / 1e3;
+  }
+  r.rss_per_member_bytes = (RssBytes(g.pid(0)) - rss0) / members;
+
+  // Crash detection at this scale: a real member process, SIGKILLed, while
+  // the M streams keep beating (it joins as a standby: every slot is held).
+  std::atomic<bool> stop_load{false};
+  std::thread load([&] {
+    while (!stop_load) Drive(streams, rate, absl::Seconds(1), tickers);
+  });
+  const int victim =
+      g.Spawn({SelfExe(), "--member", addr, "--token-file", token_file});
+  auto ready = g.WaitEvent(victim, "ready", absl::Seconds(60));
+  if (ready.has_value()) {
+    absl::SleepFor(absl::Milliseconds(300));  // its stream is bound
+    const uint64_t victim_id = std::stoull(ready->at("member"));
+    const int64_t kill_ms = absl::ToUnixMillis(absl::Now());
+    g.Signal(victim, SIGKILL);
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (absl::Now() < deadline && r.crash_detect_ms < 0) {
+      const StatusResponse s = Status(addr, 4);
+      for (const Incident& i : s.incidents()) {
+        if (i.member_id() == victim_id) {
+          r.crash_detect_ms =
+              static_cast<double>(i.detected_unix_ms() - kill_ms);
+        }
+      }
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+  }
+  stop_load = true;
+  load.join();
+  g.Signal(0, SIGKILL);  // ends every stream at once
+  for (auto& s : streams) s->AwaitDone();
+  g.WaitAll(absl::Seconds(10));
+  return r;
+}
+
+int MemberMode(const std::string& addr, const std::string& token_file) {
+  auto token = LoadToken(token_file);
+  if (!token.ok()) return 1;
+  MemberOptions o;
+  o.client = {addr, *token};
+  auto m = MemberClient::Join(o);
+  if (!m.ok()) {
+    std::fprintf(stderr, "member: %s\n", m.status().ToString().c_str());
+    return 1;
+  }
+  std::printf("event=ready member=%llu\n",
+              static_cast<unsigned long long>((*m)->assignment().member_id));
+  std::fflush(stdout);
+  for (;;) absl::SleepFor(absl::Seconds(1));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"controller heartbeat-load benchmark"};
+  std::string members_list = "1000,4000,16000";
+  double seconds = 10, rate = 1;
+  int channels = 64;
+  int ack_every = 10;
+  bool as_json = false;
+  std::string member_addr, token_file;
+  app.add_option("--members", members_list, "comma-separated member counts");
+  app.add_option("--seconds", seconds, "measured window per count")
+      ->check(CLI::Range(1.0, 3600.0));
+  app.add_option("--rate", rate, "heartbeats per second per member")
+      ->check(CLI::Range(0.1, 100.0));
+  app.add_option("--channels", channels, "client connections to spread over")
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--ack-every", ack_every,
+                 "ask for an ack (a latency probe) on 1 heartbeat in N")
+      ->check(CLI::Range(1, 1000000));
+  app.add_flag("--json", as_json, "print JSON");
+  app.add_option("--member", member_addr, "(internal) run as one member");
+  app.add_option("--token-file", token_file, "(internal)");
+  CLI11_PARSE(app, argc, argv);
+  if (!member_addr.empty()) return MemberMode(member_addr, token_file);
+
+  std::vector<int> counts;
+  for (absl::string_view part : absl::StrSplit(members_list, ',')) {
+    int n = 0;
+    if (!absl::SimpleAtoi(part, &n) || n < 1 || n > 1000000) {
+      std::fprintf(stderr, "--members: bad count '%s'\n",
+                   std::string(part).c_str());
+      return 2;
+    }
+    counts.push_back(n);
+  }
+  const int cpus = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  json out = json::array();
+  if (!as_json) {
+    std::printf(
+        "controller pinned to 1 core; %d cores here; %g Hz per member; "
+        "%d client connections; latency probes on 1 heartbeat in %d\n",
+        cpus, rate, channels, ack_every);
+    std::printf("%8s %10s %9s %9s %9s %9s %10s %10s %11s %9s\n", "members",
+                "hb/s", "cpu us/hb", "core use", "p50 ms", "p99 ms", "idle p99",
+                "p99/idle", "B/member", "crash ms");
+  }
+  for (int m : counts) {
+    RunResult r = RunOne(m, seconds, rate, channels, cpus, ack_every);
+    const double ratio = r.idle_p99_ms > 0 ? r.p99_ms / r.idle_p99_ms : 0;
+    if (as_json) {
+      out.push_back({{"members", r.members},
+                     {"seconds", r.seconds},
+                     {"heartbeats", r.heartbeats},
+                     {"heartbeats_per_s", r.heartbeats / r.seconds},
+                     {"cpu_us_per_heartbeat", r.cpu_us_per_hb},
+                     {"controller_core_fraction", r.core_fraction},
+                     {"p50_ms", r.p50_ms},
+                     {"p99_ms", r.p99_ms},
+                     {"idle_p50_ms", r.idle_p50_ms},
+                     {"idle_p99_ms", r.idle_p99_ms},
+                     {"p99_over_idle_p99", ratio},
+                     {"rss_bytes_per_member", r.rss_per_member_bytes},
+                     {"crash_detect_ms", r.crash_detect_ms},
+                     {"skipped_sends", r.skipped},
+                     {"controller_pinned", r.pinned},
+                     {"goal_met", r.core_fraction < 1.0 && r.p99_ms < 10.0}});
+    } else {
+      std::printf(
+          "%8d %10.0f %9.1f %9.3f %9.2f %9.2f %10.2f %10.2f %11.0f %9.0f\n",
+          r.members, r.heartbeats / r.seconds, r.cpu_us_per_hb, r.core_fraction,
+          r.p50_ms, r.p99_ms, r.idle_p99_ms, ratio, r.rss_per_member_bytes,
+          r.crash_detect_ms);
+      if (r.skipped > 0) {
+        std::printf("         (%llu sends skipped: previous write in flight)\n",
+                    static_cast<unsigned long long>(r.skipped));
+      }
+    }
+    std::fflush(stdout);
+  }
+  if (as_json) std::printf("%s\n", out.dump(2).c_str());
+  return 0;
+}
