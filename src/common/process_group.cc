@@ -67,20 +67,9 @@ std::map<std::string, std::string> ParseReport(const std::string& line) {
 }
 
 ProcessGroup::ProcessGroup(int n, std::function<int(int rank)> body) {
-  fflush(stdout);
-  fflush(stderr);
   for (int i = 0; i < n; ++i) {
     int fds[2];
-    if (pipe(fds) != 0) {
-      perror("pipe");
-      abort();
-    }
-    pid_t pid = fork();
-    if (pid < 0) {
-      perror("fork");
-      abort();
-    }
-    if (pid == 0) {
+    if (ForkChild(fds, 0) == 0) {
       close(fds[0]);
       for (int fd : fds_) close(fd);
       g_report_fd = fds[1];
@@ -89,13 +78,29 @@ ProcessGroup::ProcessGroup(int n, std::function<int(int rank)> body) {
       fflush(stderr);
       _exit(code);
     }
-    close(fds[1]);
-    pids_.push_back(pid);
-    fds_.push_back(fds[0]);
-    buffered_.emplace_back();
-    reaped_.push_back(false);
-    exits_.emplace_back();
   }
+}
+
+pid_t ProcessGroup::ForkChild(int fds[2], int pipe_flags) {
+  fflush(stdout);
+  fflush(stderr);
+  if (pipe2(fds, pipe_flags) != 0) {
+    perror("pipe2");
+    abort();
+  }
+  pid_t pid = fork();
+  if (pid < 0) {
+    perror("fork");
+    abort();
+  }
+  if (pid == 0) return 0;
+  close(fds[1]);
+  pids_.push_back(pid);
+  fds_.push_back(fds[0]);
+  buffered_.emplace_back();
+  reaped_.push_back(false);
+  exits_.emplace_back();
+  return pid;
 }
 
 ProcessGroup::ProcessGroup(
@@ -107,30 +112,13 @@ int ProcessGroup::Spawn(const std::vector<std::string>& argv) {
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
-  fflush(stdout);
-  fflush(stderr);
   int fds[2];
-  if (pipe2(fds, O_CLOEXEC) != 0) {
-    perror("pipe2");
-    abort();
-  }
-  pid_t pid = fork();
-  if (pid < 0) {
-    perror("fork");
-    abort();
-  }
-  if (pid == 0) {
+  if (ForkChild(fds, O_CLOEXEC) == 0) {
     // dup2 clears close-on-exec on the copy; every other pipe closes at exec.
     if (dup2(fds[1], STDOUT_FILENO) < 0) _exit(127);
     execv(args[0], args.data());
     _exit(127);
   }
-  close(fds[1]);
-  pids_.push_back(pid);
-  fds_.push_back(fds[0]);
-  buffered_.emplace_back();
-  reaped_.push_back(false);
-  exits_.emplace_back();
   return static_cast<int>(pids_.size()) - 1;
 }
 

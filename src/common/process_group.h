@@ -69,6 +69,10 @@ class ProcessGroup {
   std::vector<Exit> WaitAll(absl::Duration timeout);
 
  private:
+  // Opens the report pipe (with `pipe_flags`) and forks. In the parent:
+  // records the child and returns its pid. In the child: returns 0 with
+  // both pipe ends open and nothing else done.
+  pid_t ForkChild(int fds[2], int pipe_flags);
   // A waitpid status as an Exit (timed_out left false).
   static Exit Decode(int status);
 

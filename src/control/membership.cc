@@ -18,8 +18,8 @@ std::string Seconds(absl::Duration d) {
   return absl::StrFormat("%.1f s", absl::ToDoubleSeconds(d));
 }
 
-absl::Status CheckLabel(absl::string_view what, const std::string& value,
-                        size_t max) {
+absl::Status CheckLength(absl::string_view what, const std::string& value,
+                         size_t max) {
   if (value.size() > max) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, " is ", value.size(), " bytes; the limit is ", max));
@@ -90,16 +90,16 @@ void Membership::set_observer(MembershipObserver* observer) {
 }
 
 absl::Status Membership::CheckRegister(const RegisterRequest& req) const {
-  absl::Status s = CheckLabel("host", req.host(), limits_.max_label_bytes);
+  absl::Status s = CheckLength("host", req.host(), limits_.max_label_bytes);
   if (s.ok()) {
-    s = CheckLabel("failure_domain", req.failure_domain(),
-                   limits_.max_label_bytes);
+    s = CheckLength("failure_domain", req.failure_domain(),
+                    limits_.max_label_bytes);
   }
   if (s.ok()) {
-    s = CheckLabel("topology_block", req.topology_block(),
-                   limits_.max_label_bytes);
+    s = CheckLength("topology_block", req.topology_block(),
+                    limits_.max_label_bytes);
   }
-  if (!s.ok()) return absl::InvalidArgumentError(s.message());
+  if (!s.ok()) return s;
   if (req.pid() < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("pid ", req.pid(), " is negative"));
@@ -210,58 +210,46 @@ absl::StatusOr<RegisterResponse> Membership::Register(
     if (req.generation() > generation_) {
       generation_ = req.generation();
       acks_.clear();
-      ack_counts_.clear();
       // Members that registered afresh meanwhile learn the generation.
       BroadcastGenerationLocked({}, nullptr);
     }
-    Member m;
-    m.id = id;
-    m.slot = req.slot();
-    m.role = m.slot >= 0 ? ROLE_WORKER : ROLE_STANDBY;
-    m.host = req.host();
-    m.pid = req.pid();
-    m.failure_domain = req.failure_domain();
-    m.topology_block = req.topology_block();
-    m.last_seen = m.step_changed_at = now;
-    if (m.slot >= 0) {
-      slots_[m.slot] = id;
-      vacant_.erase(m.slot);
-    } else {
-      m.standby_order = next_standby_order_++;
-      standbys_[m.standby_order] = id;
-    }
+    const Member& m = AddMemberLocked(id, req, req.slot(), now);
     HOLDFAST_LOG_INFO("member {} ({}, pid {}) resumed as {} at generation {}",
                       id, m.host, m.pid,
                       m.slot >= 0 ? absl::StrCat("slot ", m.slot) : "standby",
                       generation_);
-    auto [pos, inserted] = members_.emplace(id, std::move(m));
-    (void)inserted;
-    return AssignmentLocked(pos->second);
+    return AssignmentLocked(m);
   }
 
+  const int slot = vacant_.empty() ? -1 : *vacant_.begin();
+  const Member& m = AddMemberLocked(NewIdLocked(), req, slot, now);
+  HOLDFAST_LOG_INFO("member {} ({}, pid {}, domain '{}') registered as {}",
+                    m.id, m.host, m.pid, m.failure_domain,
+                    m.slot >= 0 ? absl::StrCat("slot ", m.slot) : "standby");
+  return AssignmentLocked(m);
+}
+
+Membership::Member& Membership::AddMemberLocked(uint64_t id,
+                                                const RegisterRequest& req,
+                                                int slot, absl::Time now) {
   Member m;
-  m.id = NewIdLocked();
+  m.id = id;
   m.host = req.host();
   m.pid = req.pid();
   m.failure_domain = req.failure_domain();
   m.topology_block = req.topology_block();
   m.last_seen = m.step_changed_at = now;
-  if (!vacant_.empty()) {
-    m.slot = *vacant_.begin();
-    vacant_.erase(vacant_.begin());
+  m.slot = slot;
+  if (slot >= 0) {
     m.role = ROLE_WORKER;
-    slots_[m.slot] = m.id;
+    slots_[slot] = id;
+    vacant_.erase(slot);
   } else {
     m.role = ROLE_STANDBY;
     m.standby_order = next_standby_order_++;
-    standbys_[m.standby_order] = m.id;
+    standbys_[m.standby_order] = id;
   }
-  HOLDFAST_LOG_INFO("member {} ({}, pid {}, domain '{}') registered as {}",
-                    m.id, m.host, m.pid, m.failure_domain,
-                    m.slot >= 0 ? absl::StrCat("slot ", m.slot) : "standby");
-  const uint64_t id = m.id;
-  members_.emplace(id, std::move(m));
-  return AssignmentLocked(members_.at(id));
+  return members_.emplace(id, std::move(m)).first->second;
 }
 
 absl::StatusOr<Membership::Member*> Membership::LiveMemberLocked(uint64_t id) {
@@ -355,10 +343,10 @@ absl::StatusOr<bool> Membership::ReportFailure(const ReportFailureRequest& req,
         absl::StrCat("peer slot ", req.peer_slot(), " is out of range [0, ",
                      world_size_, ")"));
   }
-  if (req.reason().size() > limits_.max_reason_bytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("reason is ", req.reason().size(), " bytes; the limit is ",
-                     limits_.max_reason_bytes));
+  if (absl::Status s =
+          CheckLength("reason", req.reason(), limits_.max_reason_bytes);
+      !s.ok()) {
+    return s;
   }
   absl::MutexLock lock(&mu_);
   auto reporter = LiveMemberLocked(req.member_id());
@@ -400,18 +388,17 @@ absl::StatusOr<int64_t> Membership::AckCheckpoint(
   if (req.step() <= committed_step_) return committed_step_;
   auto [it, inserted] = acks_.try_emplace(req.step());
   if (inserted) {
-    it->second.assign(static_cast<size_t>(world_size_), false);
+    it->second.slots.assign(static_cast<size_t>(world_size_), false);
     // Bound the ledger: the oldest uncommitted steps go first.
     while (static_cast<int64_t>(acks_.size()) > limits_.max_pending_ack_steps) {
-      ack_counts_.erase(acks_.begin()->first);
       acks_.erase(acks_.begin());
     }
     it = acks_.find(req.step());
     if (it == acks_.end()) return committed_step_;
   }
-  if (!it->second[(*m)->slot]) {
-    it->second[(*m)->slot] = true;
-    ++ack_counts_[req.step()];
+  if (!it->second.slots[(*m)->slot]) {
+    it->second.slots[(*m)->slot] = true;
+    ++it->second.count;
   }
   MaybeCommitLocked();
   return committed_step_;
@@ -419,13 +406,12 @@ absl::StatusOr<int64_t> Membership::AckCheckpoint(
 
 void Membership::MaybeCommitLocked() {
   int64_t newest = -1;
-  for (const auto& [step, count] : ack_counts_) {
-    if (count == world_size_) newest = step;
+  for (const auto& [step, acks] : acks_) {
+    if (acks.count == world_size_) newest = step;
   }
   if (newest <= committed_step_) return;
   committed_step_ = newest;
   acks_.erase(acks_.begin(), acks_.upper_bound(newest));
-  ack_counts_.erase(ack_counts_.begin(), ack_counts_.upper_bound(newest));
   HeartbeatResponse msg;
   msg.set_committed_step(newest);
   for (auto& [id, m] : members_) {
@@ -500,7 +486,6 @@ void Membership::DeclareLocked(Member& m, IncidentKind kind,
   abort.set_failed_member_id(m.id);
   ++generation_;
   acks_.clear();
-  ack_counts_.clear();
   std::vector<SlotChange> changes(1);
   changes[0].set_slot(slot);
   if (!standbys_.empty()) {
@@ -666,10 +651,9 @@ StatusResponse Membership::Status(const StatusRequest& req,
   r.set_stall_threshold_ms(threshold.has_value() ? ToMs(*threshold) : -1);
   r.set_heartbeats_total(heartbeats_total_);
   r.set_incidents_total(incidents_total_);
-  int alive = 0, dead = 0, left = 0;
+  int alive = 0, left = 0;
   for (const auto& [id, m] : members_) {
     alive += m.state == STATE_ALIVE;
-    dead += m.state == STATE_DEAD;
     left += m.state == STATE_LEFT;
     if (!req.include_members()) continue;
     MemberInfo* info = r.add_members();
@@ -689,10 +673,9 @@ StatusResponse Membership::Status(const StatusRequest& req,
     info->mutable_metrics()->insert(m.metrics.begin(), m.metrics.end());
     info->set_connected(m.sink != nullptr);
   }
-  // Dead members beyond the retained records still count.
   r.set_alive(alive);
-  r.set_dead(static_cast<int32_t>(
-      std::max<size_t>(static_cast<size_t>(dead), fenced_.size())));
+  // Every member declared dead is fenced, also those whose records dropped.
+  r.set_dead(static_cast<int32_t>(fenced_.size()));
   r.set_left(left);
   if (req.include_members()) {
     std::sort(r.mutable_members()->begin(), r.mutable_members()->end(),

@@ -150,6 +150,10 @@ class Membership {
   absl::StatusOr<Member*> LiveMemberLocked(uint64_t id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t NewIdLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds a live member with the request's labels, in `slot` (marked held)
+  // or, for -1, as the newest standby.
+  Member& AddMemberLocked(uint64_t id, const RegisterRequest& req, int slot,
+                          absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   RegisterResponse AssignmentLocked(const Member& m) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Marks `m` dead, fences it, records the incident and, for a worker,
@@ -201,8 +205,11 @@ class Membership {
   int64_t job_stall_generation_ ABSL_GUARDED_BY(mu_) = -1;
 
   // Checkpoint ledger for the current generation: step -> slots acked.
-  std::map<int64_t, std::vector<bool>> acks_ ABSL_GUARDED_BY(mu_);
-  std::map<int64_t, int> ack_counts_ ABSL_GUARDED_BY(mu_);
+  struct StepAcks {
+    std::vector<bool> slots;
+    int count = 0;
+  };
+  std::map<int64_t, StepAcks> acks_ ABSL_GUARDED_BY(mu_);
   int64_t committed_step_ ABSL_GUARDED_BY(mu_) = -1;
 
   std::deque<Incident> incidents_ ABSL_GUARDED_BY(mu_);

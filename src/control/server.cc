@@ -127,11 +127,10 @@ class HeartbeatReactor final
         *pending_.mutable_membership() = msg.membership();
       }
       if (msg.has_abort()) *pending_.mutable_abort() = msg.abort();
-      if (msg.has_committed_step()) {
-        pending_.set_committed_step(
-            std::max(msg.committed_step(), pending_.has_committed_step()
-                                               ? pending_.committed_step()
-                                               : msg.committed_step()));
+      if (msg.has_committed_step() &&
+          (!pending_.has_committed_step() ||
+           msg.committed_step() > pending_.committed_step())) {
+        pending_.set_committed_step(msg.committed_step());
       }
       if (msg.has_ack_seq()) pending_.set_ack_seq(msg.ack_seq());
       has_pending_ = true;
