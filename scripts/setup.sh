@@ -30,7 +30,7 @@ packages=(
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   libtorch-dev python3-torch python3-dev python3-pytest python3-numpy
   nlohmann-json3-dev libxxhash-dev libcli11-dev libspdlog-dev libfmt-dev
-  prometheus-cpp-dev clang-format
+  prometheus-cpp-dev libssl-dev clang-format
 )
 
 missing=()

@@ -476,8 +476,8 @@ TEST_CASE(
   }
   CHECK(seen);
   (*c)->Leave();
-  (*b)->Leave();
-  (*a)->Leave();
+  (*b)->Leave(/*finished=*/true);
+  (*a)->Leave(/*finished=*/true);
   auto s = FetchStatus(co, {});
   REQUIRE(s.ok());
   CHECK(s->left() == 3);

@@ -112,7 +112,7 @@ int main(int argc, char** argv) {
     Emit(absl::StrCat("event=step step=", step,
                       " healthy=", (*member)->health().ok()));
   }
-  (*member)->Leave();
+  (*member)->Leave(/*finished=*/true);
   Emit("event=done");
   return fenced ? 3 : 0;
 }

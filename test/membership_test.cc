@@ -22,6 +22,19 @@ struct FakeSink : MemberSink {
     closed = s;
     is_closed = true;
   }
+  // The last membership update pushed, or nullptr.
+  const MembershipUpdate* LastUpdate() const {
+    for (auto it = pushed.rbegin(); it != pushed.rend(); ++it) {
+      if (it->has_membership()) return &it->membership();
+    }
+    return nullptr;
+  }
+  const JobEnd* End() const {
+    for (const auto& m : pushed) {
+      if (m.has_job_end()) return &m.job_end();
+    }
+    return nullptr;
+  }
   bool GotAbortFor(int slot) const {
     for (const auto& m : pushed) {
       if (m.has_abort() && m.abort().failed_slot() == slot) return true;
@@ -31,7 +44,9 @@ struct FakeSink : MemberSink {
 };
 
 struct Job {
-  explicit Job(int world, DetectionOptions d = Defaults()) : m(world, d, kT0) {}
+  explicit Job(int world, DetectionOptions d = Defaults(),
+               RecoveryPolicy p = {})
+      : m(world, d, kT0, {}, p) {}
   static DetectionOptions Defaults() {
     DetectionOptions d;
     d.silent_after = absl::Seconds(5);
@@ -207,10 +222,10 @@ TEST_CASE("membership: a broken stream is a crash and a goodbye is not") {
   job.Join("a", kT0);
   job.Join("b", kT0);
   job.Join("c", kT0);
-  job.m.Detach(job.ids[1], job.sinks[1].get(), /*clean=*/false, "reset",
-               kT0 + absl::Milliseconds(5));
-  job.m.Detach(job.ids[2], job.sinks[2].get(), /*clean=*/true, "bye",
-               kT0 + absl::Milliseconds(5));
+  job.m.Detach(job.ids[1], job.sinks[1].get(), /*clean=*/false,
+               /*finished=*/false, "reset", kT0 + absl::Milliseconds(5));
+  job.m.Detach(job.ids[2], job.sinks[2].get(), /*clean=*/true,
+               /*finished=*/true, "bye", kT0 + absl::Milliseconds(5));
   auto inc = job.Incidents(kT0 + absl::Seconds(1));
   REQUIRE(inc.size() == 1);
   CHECK(inc[0].kind() == INCIDENT_CRASHED);
@@ -219,10 +234,12 @@ TEST_CASE("membership: a broken stream is a crash and a goodbye is not") {
   StatusResponse s = job.m.Status({}, kT0);
   CHECK(s.left() == 1);
   CHECK(s.dead() == 1);
-  CHECK(s.vacant_slots() == 2);
+  // No standby: the world shrank to the two that were alive.
+  CHECK(s.world_size() == 2);
+  CHECK(s.vacant_slots() == 1);
   // A detach from a superseded stream changes nothing.
   FakeSink old;
-  job.m.Detach(job.ids[0], &old, false, "old stream", kT0);
+  job.m.Detach(job.ids[0], &old, false, false, "old stream", kT0);
   CHECK(job.m.Status({}, kT0).alive() == 1);
 }
 
@@ -404,4 +421,138 @@ TEST_CASE(
   CHECK(n->slot() == 1);
   CHECK(n->generation() == 4);
   CHECK(job.m.Status({}, kT0).vacant_slots() == 0);
+}
+
+TEST_CASE("membership: shrink mode renumbers the survivors in order") {
+  RecoveryPolicy p;
+  p.shrink = true;
+  Job job(4, Job::Defaults(), p);
+  for (const char* h : {"a", "b", "c", "d", "e"}) job.Join(h, kT0);
+  job.m.Detach(job.ids[1], job.sinks[1].get(), false, false, "reset",
+               kT0 + absl::Seconds(1));
+  // The standby is not used in shrink mode.
+  const MembershipUpdate* c = job.sinks[2]->LastUpdate();
+  REQUIRE(c != nullptr);
+  CHECK(c->generation() == 1);
+  CHECK(c->world_size() == 3);
+  CHECK(c->slot() == 1);
+  CHECK(job.sinks[3]->LastUpdate()->slot() == 2);
+  CHECK(job.sinks[0]->LastUpdate()->slot() == 0);
+  CHECK(job.sinks[4]->LastUpdate()->role() == ROLE_STANDBY);
+  CHECK(job.sinks[2]->GotAbortFor(1));
+  StatusResponse s = job.m.Status({}, kT0 + absl::Seconds(1));
+  CHECK(s.world_size() == 3);
+  CHECK(s.initial_world_size() == 4);
+  CHECK(s.standbys() == 1);
+  CHECK(s.job_state() == JOB_RUNNING);
+}
+
+TEST_CASE(
+    "membership: replace mode shrinks without a standby and stops below the "
+    "minimum world") {
+  RecoveryPolicy p;
+  p.min_world = 2;
+  Job job(3, Job::Defaults(), p);
+  for (const char* h : {"a", "b", "c", "d"}) job.Join(h, kT0);
+  absl::Time t = kT0 + absl::Seconds(1);
+  job.m.Detach(job.ids[0], job.sinks[0].get(), false, false, "reset", t);
+  // The standby takes slot 0; the world keeps 3 slots.
+  CHECK(job.sinks[3]->LastUpdate()->slot() == 0);
+  CHECK(job.sinks[3]->LastUpdate()->role() == ROLE_WORKER);
+  CHECK(job.m.world_size() == 3);
+  job.m.Detach(job.ids[1], job.sinks[1].get(), false, false, "reset", t);
+  // No standby left: slot 2 becomes slot 1 of 2.
+  CHECK(job.sinks[2]->LastUpdate()->slot() == 1);
+  CHECK(job.sinks[2]->LastUpdate()->world_size() == 2);
+  CHECK(job.sinks[2]->End() == nullptr);
+  job.m.Detach(job.ids[2], job.sinks[2].get(), false, false, "reset", t);
+  const JobEnd* end = job.sinks[3]->End();
+  REQUIRE(end != nullptr);
+  CHECK(end->state() == JOB_STOPPED);
+  CHECK_THAT(end->reason(), Catch::Contains("below the minimum world size 2"));
+  CHECK(job.m.job_state() == JOB_STOPPED);
+  RegisterRequest late;
+  late.set_host("z");
+  auto r = job.m.Register(late, t);
+  CHECK(r.status().code() == absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_CASE(
+    "membership: a communicator failure report rebuilds the group and fences "
+    "nobody") {
+  Job job(2);
+  job.Join("a", kT0);
+  job.Join("b", kT0);
+  ReportFailureRequest req;
+  req.set_member_id(job.ids[0]);
+  req.set_generation(0);
+  req.set_peer_slot(-1);
+  req.set_reason("injected fail-op");
+  auto r = job.m.ReportFailure(req, kT0);
+  REQUIRE(r.ok());
+  CHECK(*r);
+  // The second rank's report of the same failure comes too late.
+  req.set_member_id(job.ids[1]);
+  CHECK(job.m.ReportFailure(req, kT0).status().code() ==
+        absl::StatusCode::kFailedPrecondition);
+  StatusResponse s = job.m.Status({}, kT0);
+  CHECK(s.generation() == 1);
+  CHECK(s.world_size() == 2);
+  CHECK(s.dead() == 0);
+  auto inc = job.Incidents(kT0);
+  REQUIRE(inc.size() == 1);
+  CHECK(inc[0].kind() == INCIDENT_COMM_FAILED);
+  CHECK(job.sinks[1]->GotAbortFor(-1));
+  CHECK(job.sinks[1]->LastUpdate()->generation() == 1);
+  req.set_peer_slot(-2);
+  req.set_generation(1);
+  CHECK(job.m.ReportFailure(req, kT0).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE(
+    "membership: the job finishes when every worker has finished and a "
+    "worker that leaves early is lost") {
+  Job job(2);
+  for (const char* h : {"a", "b", "c"}) job.Join(h, kT0);
+  // Each acks step 5: it commits, and the next generation carries it.
+  for (size_t i = 0; i < 2; ++i) {
+    AckCheckpointRequest ack;
+    ack.set_member_id(job.ids[i]);
+    ack.set_step(5);
+    REQUIRE(job.m.AckCheckpoint(ack, kT0).ok());
+  }
+  job.m.Detach(job.ids[0], job.sinks[0].get(), true, false, "bye", kT0);
+  auto inc = job.Incidents(kT0);
+  REQUIRE(inc.size() == 1);
+  CHECK(inc[0].kind() == INCIDENT_LEFT);
+  const MembershipUpdate* u = job.sinks[2]->LastUpdate();
+  REQUIRE(u != nullptr);
+  CHECK(u->slot() == 0);
+  CHECK(u->committed_step() == 5);
+  job.generation = 1;
+  job.m.Detach(job.ids[1], job.sinks[1].get(), true, true, "done", kT0);
+  CHECK(job.sinks[2]->End() == nullptr);  // slot 0 still runs
+  job.m.Detach(job.ids[2], job.sinks[2].get(), true, true, "done", kT0);
+  CHECK(job.m.job_state() == JOB_FINISHED);
+  CHECK(job.Incidents(kT0).size() == 1);
+}
+
+TEST_CASE("membership: a resume after a restart adopts a shrunken world") {
+  Job job(4);
+  RegisterRequest r;
+  r.set_host("a");
+  r.set_resume(true);
+  r.set_member_id(77);
+  r.set_slot(1);
+  r.set_generation(3);
+  r.set_world_size(2);
+  auto resp = job.m.Register(r, kT0);
+  REQUIRE(resp.ok());
+  CHECK(resp->world_size() == 2);
+  CHECK(resp->generation() == 3);
+  r.set_member_id(78);
+  r.set_slot(2);
+  CHECK(job.m.Register(r, kT0).status().code() ==
+        absl::StatusCode::kInvalidArgument);
 }

@@ -43,6 +43,15 @@ int main(int argc, char** argv) {
   app.add_option("--metrics-port", metrics_port,
                  "serve Prometheus metrics on this port (0: any free port)")
       ->check(CLI::Range(0, 65535));
+  std::string mode = "replace";
+  app.add_option("--mode", mode,
+                 "on a lost worker: replace (a standby takes the slot; "
+                 "shrink when none is left) or shrink")
+      ->check(CLI::IsMember({"replace", "shrink"}));
+  int min_world = 1;
+  app.add_option("--min-world", min_world,
+                 "stop the job below this many workers")
+      ->check(CLI::Range(1, 1 << 20));
   holdfast::control::DetectionOptions detection;
   int64_t heartbeat_ms =
       absl::ToInt64Milliseconds(detection.heartbeat_interval);
@@ -91,6 +100,8 @@ int main(int argc, char** argv) {
   options.token = *token;
   options.world_size = world_size;
   options.detection = detection;
+  options.recovery.shrink = mode == "shrink";
+  options.recovery.min_world = min_world;
   options.scan_interval = absl::Milliseconds(scan_ms);
   options.metrics_port = metrics_port;
   auto server = holdfast::control::ControllerServer::Start(options);

@@ -16,6 +16,7 @@
 #include "src/common/config.h"
 #include "src/common/logging.h"
 #include "src/common/status_util.h"
+#include "src/fault/fault.h"
 
 namespace holdfast {
 namespace comm {
@@ -337,7 +338,10 @@ void CommunicatorImpl::RunInline(uint64_t seq) {
 void CommunicatorImpl::Execute(const std::shared_ptr<Pending>& p) {
   absl::Status result = absl::OkStatus();
   if (p->spec.count > 0 || p->spec.type == OpType::kBarrier) {
-    result = backend_->Run(p->spec);
+    // An injected failure (fail-op) stands for a transport error.
+    result = fault::Injector::Global().AtCollective(options_.rank,
+                                                    p->record.coll_seq);
+    if (result.ok()) result = backend_->Run(p->spec);
   }
   Complete(p, std::move(result));
 }

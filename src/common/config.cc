@@ -44,6 +44,21 @@ const std::vector<Entry>& Registry() {
        Kind::kString},
       {{"HOLDFAST_LOG_LEVEL", "info", "trace, debug, info, warn, error or off"},
        Kind::kString},
+      {{"HOLDFAST_CONTROLLER", "",
+        "host:port of the job's controller (the runtime joins it)"},
+       Kind::kString},
+      {{"HOLDFAST_HOST", "",
+        "this process's host label (failure domain); default: the host name"},
+       Kind::kString},
+      {{"HOLDFAST_TOPOLOGY_BLOCK", "",
+        "this process's topology block (rack, leaf switch), optional"},
+       Kind::kString},
+      {{"HOLDFAST_RECOVERY_TIMEOUT_MS", "300000",
+        "how long one recovery may take before the runtime gives up"},
+       Kind::kInt},
+      {{"HOLDFAST_FAULTS", "",
+        "faults to inject, e.g. kill:slot=2:step=30 (see docs/recovery.md)"},
+       Kind::kString},
   };
   return *entries;
 }

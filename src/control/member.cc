@@ -54,7 +54,7 @@ class MemberClientImpl final : public MemberClient {
     worker_ = std::thread([this] { Run(); });
   }
 
-  ~MemberClientImpl() override { Leave(); }
+  ~MemberClientImpl() override { Leave(false); }
 
   Assignment assignment() const override {
     absl::MutexLock lock(&mu_);
@@ -103,12 +103,13 @@ class MemberClientImpl final : public MemberClient {
     return resp.declared();
   }
 
-  absl::StatusOr<int64_t> AckCheckpoint(int64_t step) override {
+  absl::StatusOr<int64_t> AckCheckpoint(int64_t step,
+                                        int64_t generation) override {
     AckCheckpointRequest req;
     {
       absl::MutexLock lock(&mu_);
       req.set_member_id(assignment_.member_id);
-      req.set_generation(assignment_.generation);
+      req.set_generation(generation >= 0 ? generation : assignment_.generation);
     }
     req.set_step(step);
     AckCheckpointResponse resp;
@@ -129,11 +130,12 @@ class MemberClientImpl final : public MemberClient {
     return reconnects_;
   }
 
-  void Leave() override {
+  void Leave(bool finished) override {
     {
       absl::MutexLock lock(&mu_);
       if (stop_) return;
       stop_ = true;
+      finished_ = finished;
     }
     worker_.join();
   }
@@ -205,6 +207,7 @@ class MemberClientImpl final : public MemberClient {
     req.set_member_id(a.member_id);
     req.set_slot(a.standby ? -1 : a.slot);
     req.set_generation(a.generation);
+    req.set_world_size(a.world_size);
     RegisterResponse resp;
     auto ctx = TokenContext(
         options_.client.token,
@@ -250,6 +253,7 @@ class MemberClientImpl final : public MemberClient {
         if (!step_end_) req.mutable_report()->clear_metrics();
         step_end_ = false;
         req.set_leaving(leaving);
+        req.set_finished(leaving && finished_);
       }
       if (!stream->Write(req)) break;
       if (leaving) {
@@ -274,6 +278,8 @@ class MemberClientImpl final : public MemberClient {
         assignment_.world_size = u.world_size();
         assignment_.standby = u.role() == ROLE_STANDBY;
         assignment_.slot = u.slot();
+        assignment_.committed_step =
+            std::max(assignment_.committed_step, u.committed_step());
       }
       if (msg.has_committed_step()) {
         assignment_.committed_step =
@@ -287,6 +293,9 @@ class MemberClientImpl final : public MemberClient {
     }
     if (msg.has_committed_step() && callbacks_.on_committed) {
       callbacks_.on_committed(msg.committed_step());
+    }
+    if (msg.has_job_end() && callbacks_.on_job_end) {
+      callbacks_.on_job_end(msg.job_end());
     }
   }
 
@@ -319,6 +328,7 @@ class MemberClientImpl final : public MemberClient {
   bool step_end_ ABSL_GUARDED_BY(mu_) = false;
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status health_ ABSL_GUARDED_BY(mu_);
   int reconnects_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread worker_;

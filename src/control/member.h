@@ -50,6 +50,9 @@ struct MemberCallbacks {
   std::function<void(const absl::Status&)> on_fenced;
   // The stream came back after a break (controller restart, network).
   std::function<void(int reconnects)> on_reconnected;
+  // The job is over (every worker finished, or it stopped below the
+  // minimum world size).
+  std::function<void(const JobEnd&)> on_job_end;
 };
 
 struct Assignment {
@@ -84,15 +87,20 @@ class MemberClient {
   // Unary calls with this member's identity (fenced: FailedPrecondition).
   virtual absl::StatusOr<bool> ReportFailure(int peer_slot,
                                              const std::string& reason) = 0;
-  virtual absl::StatusOr<int64_t> AckCheckpoint(int64_t step) = 0;
+  // `generation`: the generation the snapshot was taken in (-1: the
+  // current one); an ack from an older one is refused.
+  virtual absl::StatusOr<int64_t> AckCheckpoint(int64_t step,
+                                                int64_t generation = -1) = 0;
 
   // OK while a member; the fencing status once fenced; Unavailable while
   // the controller is unreachable (reports are kept and sent on return).
   virtual absl::Status health() const = 0;
   virtual int reconnects() const = 0;
 
-  // Says goodbye and closes the stream (a clean leave: no incident).
-  virtual void Leave() = 0;
+  // Says goodbye and closes the stream. `finished`: a worker that completed
+  // its last step; a worker that leaves unfinished while the job runs is a
+  // lost worker to the controller (a standby's leave is always clean).
+  virtual void Leave(bool finished = false) = 0;
 };
 
 }  // namespace holdfast::control

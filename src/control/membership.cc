@@ -39,6 +39,23 @@ const char* IncidentKindName(IncidentKind kind) {
       return "stalled";
     case INCIDENT_REPORTED:
       return "reported";
+    case INCIDENT_COMM_FAILED:
+      return "comm_failed";
+    case INCIDENT_LEFT:
+      return "left";
+    default:
+      return "unknown";
+  }
+}
+
+const char* JobStateName(JobState state) {
+  switch (state) {
+    case JOB_RUNNING:
+      return "running";
+    case JOB_FINISHED:
+      return "finished";
+    case JOB_STOPPED:
+      return "stopped";
     default:
       return "unknown";
   }
@@ -75,13 +92,26 @@ const char* StateName(MemberState state) {
 }
 
 Membership::Membership(int world_size, DetectionOptions detection,
-                       absl::Time start, MembershipLimits limits)
-    : world_size_(world_size),
+                       absl::Time start, MembershipLimits limits,
+                       RecoveryPolicy policy)
+    : initial_world_size_(world_size),
       detection_(detection),
       limits_(limits),
+      policy_(policy),
+      world_size_(world_size),
       slots_(static_cast<size_t>(world_size), 0),
       started_(start) {
   for (int s = 0; s < world_size; ++s) vacant_.insert(vacant_.end(), s);
+}
+
+int Membership::world_size() const {
+  absl::MutexLock lock(&mu_);
+  return world_size_;
+}
+
+JobState Membership::job_state() const {
+  absl::MutexLock lock(&mu_);
+  return job_state_;
 }
 
 void Membership::set_observer(MembershipObserver* observer) {
@@ -108,10 +138,15 @@ absl::Status Membership::CheckRegister(const RegisterRequest& req) const {
     if (req.member_id() == 0) {
       return absl::InvalidArgumentError("resume without a member id");
     }
-    if (req.slot() < -1 || req.slot() >= world_size_) {
+    if (req.slot() < -1 ||
+        (req.world_size() > 0 && req.slot() >= req.world_size())) {
       return absl::InvalidArgumentError(
           absl::StrCat("slot ", req.slot(), " is out of range [0, ",
-                       world_size_, ") (-1 for a standby)"));
+                       req.world_size(), ") (-1 for a standby)"));
+    }
+    if (req.world_size() < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("world size ", req.world_size(), " is negative"));
     }
     if (req.generation() < 0) {
       return absl::InvalidArgumentError(
@@ -177,6 +212,10 @@ absl::StatusOr<RegisterResponse> Membership::Register(
     const RegisterRequest& req, absl::Time now) {
   if (absl::Status s = CheckRegister(req); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
+  if (job_state_ != JOB_RUNNING) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the job has ", JobStateName(job_state_), ": ", job_reason_));
+  }
   if (req.resume()) {
     const uint64_t id = req.member_id();
     if (fenced_.contains(id)) {
@@ -202,12 +241,25 @@ absl::StatusOr<RegisterResponse> Membership::Register(
           "member ", id, " resumes at generation ", req.generation(),
           " but the job is at generation ", generation_));
     }
+    const int world = req.generation() > generation_ && req.world_size() > 0
+                          ? req.world_size()
+                          : world_size_;
+    if (req.slot() >= world) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("slot ", req.slot(), " is out of range [0, ", world,
+                       ") (-1 for a standby)"));
+    }
     if (req.slot() >= 0 && slots_[req.slot()] != 0) {
       return absl::FailedPreconditionError(
           absl::StrCat("member ", id, " resumes slot ", req.slot(),
                        ", which member ", slots_[req.slot()], " holds"));
     }
     if (req.generation() > generation_) {
+      if (world != world_size_ && !ResizeLocked(world)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "member ", id, " resumes generation ", req.generation(), " of ",
+            world, " slots, but members here hold slots beyond it"));
+      }
       generation_ = req.generation();
       acks_.clear();
       // Members that registered afresh meanwhile learn the generation.
@@ -221,7 +273,9 @@ absl::StatusOr<RegisterResponse> Membership::Register(
     return AssignmentLocked(m);
   }
 
-  const int slot = vacant_.empty() ? -1 : *vacant_.begin();
+  // Once a worker has finished, nobody new takes a slot.
+  const int slot =
+      vacant_.empty() || finished_workers_ > 0 ? -1 : *vacant_.begin();
   const Member& m = AddMemberLocked(NewIdLocked(), req, slot, now);
   HOLDFAST_LOG_INFO("member {} ({}, pid {}, domain '{}') registered as {}",
                     m.id, m.host, m.pid, m.failure_domain,
@@ -316,19 +370,31 @@ absl::Status Membership::Heartbeat(const HeartbeatRequest& req,
 }
 
 void Membership::Detach(uint64_t member_id, MemberSink* sink, bool clean,
-                        absl::string_view why, absl::Time now) {
+                        bool finished, absl::string_view why, absl::Time now) {
   absl::MutexLock lock(&mu_);
   auto it = members_.find(member_id);
   if (it == members_.end() || it->second.sink != sink) return;
   Member& m = it->second;
   m.sink = nullptr;
   if (m.state != STATE_ALIVE) return;
+  const bool worker = m.role == ROLE_WORKER;
+  if (clean && worker && !finished && job_state_ == JOB_RUNNING &&
+      finished_workers_ == 0) {
+    DeclareLocked(m, INCIDENT_LEFT, "left the job before it finished",
+                  m.last_seen, 0, now);
+    return;
+  }
   if (clean) {
-    HOLDFAST_LOG_INFO("member {} ({}) left", m.id,
-                      m.slot >= 0 ? absl::StrCat("slot ", m.slot) : "standby");
+    HOLDFAST_LOG_INFO("member {} ({}) {}", m.id,
+                      m.slot >= 0 ? absl::StrCat("slot ", m.slot) : "standby",
+                      finished && worker ? "finished" : "left");
     m.state = STATE_LEFT;
     VacateLocked(m);
     RetireLocked(m.id);
+    if (finished && worker) {
+      ++finished_workers_;
+      MaybeFinishLocked();
+    }
     return;
   }
   DeclareLocked(m, INCIDENT_CRASHED,
@@ -338,11 +404,6 @@ void Membership::Detach(uint64_t member_id, MemberSink* sink, bool clean,
 
 absl::StatusOr<bool> Membership::ReportFailure(const ReportFailureRequest& req,
                                                absl::Time now) {
-  if (req.peer_slot() < 0 || req.peer_slot() >= world_size_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("peer slot ", req.peer_slot(), " is out of range [0, ",
-                     world_size_, ")"));
-  }
   if (absl::Status s =
           CheckLength("reason", req.reason(), limits_.max_reason_bytes);
       !s.ok()) {
@@ -355,6 +416,36 @@ absl::StatusOr<bool> Membership::ReportFailure(const ReportFailureRequest& req,
     return absl::FailedPreconditionError(absl::StrCat(
         "report from generation ", req.generation(), "; the job is at ",
         generation_, " (the failure was already handled)"));
+  }
+  if (req.peer_slot() < -1 || req.peer_slot() >= world_size_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("peer slot ", req.peer_slot(), " is out of range [0, ",
+                     world_size_, ") (-1: the communicator failed)"));
+  }
+  if (req.peer_slot() == -1) {
+    Member& r = **reporter;
+    if (r.role != ROLE_WORKER) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "member ", r.id, " is a standby; it has no communicator"));
+    }
+    if (job_state_ != JOB_RUNNING || finished_workers_ > 0) return false;
+    Incident inc;
+    inc.set_kind(INCIDENT_COMM_FAILED);
+    inc.set_member_id(r.id);
+    inc.set_slot(r.slot);
+    inc.set_host(r.host);
+    inc.set_generation(generation_);
+    inc.set_detected_unix_ms(absl::ToUnixMillis(now));
+    inc.set_evidence(absl::StrCat(
+        "slot ", r.slot, " reported its communicator failed: ", req.reason()));
+    inc.set_reporter_id(r.id);
+    RecordIncidentLocked(std::move(inc));
+    AbortOrder abort;
+    abort.set_reason(absl::StrCat("slot ", r.slot,
+                                  "'s communicator failed: ", req.reason()));
+    abort.set_failed_slot(-1);
+    OpenGenerationLocked(-1, "", std::move(abort), now);
+    return true;
   }
   const uint64_t peer_id = slots_[req.peer_slot()];
   if (peer_id == 0 || peer_id == req.member_id()) return false;
@@ -474,25 +565,36 @@ void Membership::DeclareLocked(Member& m, IncidentKind kind,
   VacateLocked(m);
   RetireLocked(m.id);
   if (slot < 0) return;  // a standby: the workers are unaffected
-
-  // A worker: its generation is broken. Open the next one; the standby that
-  // waited longest takes the slot, preferring one in the same topology block
-  // so communication groups stay compact.
+  if (job_state_ != JOB_RUNNING) return;
+  if (finished_workers_ > 0) {
+    // The job is finishing: the finished slots hold no communicator any
+    // more, so there is no group to rebuild.
+    MaybeFinishLocked();
+    return;
+  }
   AbortOrder abort;
-  abort.set_generation(generation_);
   abort.set_reason(absl::StrCat("slot ", slot, " (member ", m.id, ") ",
                                 IncidentKindName(kind), ": ", evidence));
   abort.set_failed_slot(slot);
   abort.set_failed_member_id(m.id);
+  OpenGenerationLocked(slot, m.topology_block, std::move(abort), now);
+}
+
+void Membership::OpenGenerationLocked(int lost_slot,
+                                      const std::string& topology_block,
+                                      AbortOrder abort, absl::Time now) {
+  // The generation that broke; every member of it aborts.
+  abort.set_generation(generation_);
   ++generation_;
   acks_.clear();
-  std::vector<SlotChange> changes(1);
-  changes[0].set_slot(slot);
-  if (!standbys_.empty()) {
+  std::vector<SlotChange> changes;
+  if (lost_slot >= 0 && !policy_.shrink && !standbys_.empty()) {
+    // Replace: the standby that waited longest takes the slot, preferring
+    // one in the same topology block so communication groups stay compact.
     auto pick = standbys_.begin();
-    if (!m.topology_block.empty()) {
+    if (!topology_block.empty()) {
       for (auto it = standbys_.begin(); it != standbys_.end(); ++it) {
-        if (members_.at(it->second).topology_block == m.topology_block) {
+        if (members_.at(it->second).topology_block == topology_block) {
           pick = it;
           break;
         }
@@ -501,18 +603,91 @@ void Membership::DeclareLocked(Member& m, IncidentKind kind,
     Member& s = members_.at(pick->second);
     standbys_.erase(pick);
     s.role = ROLE_WORKER;
-    s.slot = slot;
+    s.slot = lost_slot;
     s.step_changed_at = now;
-    slots_[slot] = s.id;
-    vacant_.erase(slot);
-    changes[0].set_member_id(s.id);
+    slots_[lost_slot] = s.id;
+    vacant_.erase(lost_slot);
+    SlotChange& c = changes.emplace_back();
+    c.set_slot(lost_slot);
+    c.set_member_id(s.id);
     HOLDFAST_LOG_INFO("generation {}: standby {} takes slot {}", generation_,
-                      s.id, slot);
+                      s.id, lost_slot);
+  } else if (lost_slot >= 0) {
+    // Shrink: the survivors are renumbered in their old order.
+    std::vector<uint64_t> survivors;
+    for (uint64_t id : slots_) {
+      if (id != 0) survivors.push_back(id);
+    }
+    slots_ = survivors;
+    vacant_.clear();
+    world_size_ = static_cast<int>(survivors.size());
+    for (int i = 0; i < world_size_; ++i) {
+      Member& w = members_.at(survivors[static_cast<size_t>(i)]);
+      if (w.slot != i) {
+        SlotChange& c = changes.emplace_back();
+        c.set_slot(i);
+        c.set_member_id(w.id);
+      }
+      w.slot = i;
+    }
+    HOLDFAST_LOG_INFO(
+        "generation {}: slot {} lost, {}; the world shrinks "
+        "to {}",
+        generation_, lost_slot,
+        policy_.shrink ? "shrink mode" : "no standby left", world_size_);
   } else {
-    HOLDFAST_LOG_INFO("generation {}: slot {} is vacant (no standby)",
-                      generation_, slot);
+    HOLDFAST_LOG_INFO("generation {}: the group is rebuilt ({})", generation_,
+                      abort.reason());
   }
   BroadcastGenerationLocked(changes, &abort);
+  if (world_size_ < policy_.min_world) {
+    EndJobLocked(JOB_STOPPED,
+                 absl::StrCat(world_size_,
+                              " live workers, below the minimum "
+                              "world size ",
+                              policy_.min_world, " (", abort.reason(), ")"));
+  }
+}
+
+void Membership::EndJobLocked(JobState state, std::string reason) {
+  if (job_state_ != JOB_RUNNING) return;
+  job_state_ = state;
+  job_reason_ = std::move(reason);
+  if (state == JOB_STOPPED) {
+    HOLDFAST_LOG_ERROR("job stopped: {}", job_reason_);
+  } else {
+    HOLDFAST_LOG_INFO("job {}: {}", JobStateName(state), job_reason_);
+  }
+  HeartbeatResponse msg;
+  msg.mutable_job_end()->set_state(state);
+  msg.mutable_job_end()->set_reason(job_reason_);
+  for (auto& [id, m] : members_) {
+    if (m.state == STATE_ALIVE && m.sink != nullptr) m.sink->Push(msg);
+  }
+}
+
+void Membership::MaybeFinishLocked() {
+  if (finished_workers_ == 0) return;
+  for (uint64_t id : slots_) {
+    if (id != 0) return;  // a worker is still running
+  }
+  EndJobLocked(JOB_FINISHED, absl::StrCat(finished_workers_,
+                                          " workers finished at "
+                                          "generation ",
+                                          generation_));
+}
+
+bool Membership::ResizeLocked(int world_size) {
+  for (size_t s = static_cast<size_t>(world_size); s < slots_.size(); ++s) {
+    if (slots_[s] != 0) return false;
+  }
+  slots_.resize(static_cast<size_t>(world_size), 0);
+  world_size_ = world_size;
+  vacant_.clear();
+  for (int s = 0; s < world_size; ++s) {
+    if (slots_[static_cast<size_t>(s)] == 0) vacant_.insert(s);
+  }
+  return true;
 }
 
 void Membership::BroadcastGenerationLocked(
@@ -521,6 +696,7 @@ void Membership::BroadcastGenerationLocked(
   MembershipUpdate* u = msg.mutable_membership();
   u->set_generation(generation_);
   u->set_world_size(world_size_);
+  u->set_committed_step(committed_step_);
   for (const SlotChange& c : changes) *u->add_changes() = c;
   if (abort != nullptr) *msg.mutable_abort() = *abort;
   for (auto& [id, m] : members_) {
@@ -641,6 +817,11 @@ StatusResponse Membership::Status(const StatusRequest& req,
   absl::MutexLock lock(&mu_);
   StatusResponse r;
   r.set_world_size(world_size_);
+  r.set_initial_world_size(initial_world_size_);
+  r.set_job_state(job_state_);
+  r.set_job_reason(job_reason_);
+  r.set_shrink(policy_.shrink);
+  r.set_min_world(policy_.min_world);
   r.set_generation(generation_);
   r.set_committed_step(committed_step_);
   r.set_uptime_ms(ToMs(now - started_));

@@ -57,6 +57,16 @@ struct MembershipLimits {
   int64_t max_pending_ack_steps = 1024;
 };
 
+// What happens when a worker is lost.
+struct RecoveryPolicy {
+  // false (replace): a standby takes the lost slot; with none left the
+  // world shrinks. true: the survivors are always renumbered into a
+  // smaller world.
+  bool shrink = false;
+  // Below this many workers the job stops (JobEnd STOPPED), >= 1.
+  int min_world = 1;
+};
+
 // A member's heartbeat stream, as Membership sees it.
 class MemberSink {
  public:
@@ -80,7 +90,7 @@ class Membership {
  public:
   // `start` is the controller's start time (for uptime).
   Membership(int world_size, DetectionOptions detection, absl::Time start,
-             MembershipLimits limits = {});
+             MembershipLimits limits = {}, RecoveryPolicy policy = {});
 
   // `observer` (may be null) must outlive this object.
   void set_observer(MembershipObserver* observer);
@@ -101,14 +111,19 @@ class Membership {
   absl::Status Heartbeat(const HeartbeatRequest& req, MemberSink* sink,
                          absl::Time now);
 
-  // `sink`'s stream ended. `clean`: the member said it was leaving. A
-  // member whose current stream breaks is declared crashed.
-  void Detach(uint64_t member_id, MemberSink* sink, bool clean,
+  // `sink`'s stream ended. `clean`: the member said it was leaving;
+  // `finished`: a worker that completed its last step. A member whose
+  // current stream breaks is declared crashed; a worker that leaves
+  // unfinished while the job runs is declared lost (kind left). When every
+  // worker has finished, the job ends (JobEnd FINISHED to the standbys).
+  void Detach(uint64_t member_id, MemberSink* sink, bool clean, bool finished,
               absl::string_view why, absl::Time now);
 
   // Declares the reporter's peer dead (kind reported). Returns false if it
-  // already was. FailedPrecondition for a fenced reporter or a stale
-  // generation.
+  // already was. A peer slot of -1 reports that the reporter's
+  // communicator failed with no peer known dead: the group is rebuilt at
+  // the next generation (kind comm_failed, nobody fenced). FailedPrecondition
+  // for a fenced reporter or a stale generation.
   absl::StatusOr<bool> ReportFailure(const ReportFailureRequest& req,
                                      absl::Time now);
 
@@ -122,7 +137,8 @@ class Membership {
 
   StatusResponse Status(const StatusRequest& req, absl::Time now) const;
 
-  int world_size() const { return world_size_; }
+  int world_size() const;
+  JobState job_state() const;
 
  private:
   struct Member {
@@ -161,6 +177,19 @@ class Membership {
   void DeclareLocked(Member& m, IncidentKind kind, std::string evidence,
                      absl::Time onset, uint64_t reporter, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Opens the next generation after `lost_slot` was lost (-1: none lost,
+  // the group is only rebuilt): a standby takes the slot, or the world
+  // shrinks; below the minimum world the job stops. Pushes it all.
+  void OpenGenerationLocked(int lost_slot, const std::string& topology_block,
+                            AbortOrder abort, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EndJobLocked(JobState state, std::string reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the job as finished once a worker has finished and none is left.
+  void MaybeFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Resizes the slot table (a resume after a controller restart adopts a
+  // shrunken world). False if a held slot would fall outside.
+  bool ResizeLocked(int world_size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RecordIncidentLocked(Incident incident)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Pushes the new generation to every live member (personalized), with an
@@ -178,11 +207,16 @@ class Membership {
   void ScanStallsLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeCommitLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  const int world_size_;
+  const int initial_world_size_;
   const DetectionOptions detection_;
   const MembershipLimits limits_;
+  const RecoveryPolicy policy_;
 
   mutable absl::Mutex mu_;
+  int world_size_ ABSL_GUARDED_BY(mu_);
+  JobState job_state_ ABSL_GUARDED_BY(mu_) = JOB_RUNNING;
+  std::string job_reason_ ABSL_GUARDED_BY(mu_);
+  int finished_workers_ ABSL_GUARDED_BY(mu_) = 0;
   MembershipObserver* observer_ ABSL_GUARDED_BY(mu_) = nullptr;
   absl::BitGen rng_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, Member> members_ ABSL_GUARDED_BY(mu_);
@@ -220,6 +254,7 @@ class Membership {
 
 // "crashed", "silent", ... (for logs, the CLI and metric labels).
 const char* IncidentKindName(IncidentKind kind);
+const char* JobStateName(JobState state);
 const char* PhaseName(Phase phase);
 const char* StateName(MemberState state);
 

@@ -82,7 +82,10 @@ class HeartbeatReactor final
       return;
     }
     member_id_ = req_.member_id();
-    if (req_.leaving()) leaving_ = true;
+    if (req_.leaving()) {
+      finished_ = req_.finished();
+      leaving_ = true;
+    }
     if (req_.want_ack()) {
       HeartbeatResponse ack;
       ack.set_ack_seq(req_.seq());
@@ -133,6 +136,7 @@ class HeartbeatReactor final
         pending_.set_committed_step(msg.committed_step());
       }
       if (msg.has_ack_seq()) pending_.set_ack_seq(msg.ack_seq());
+      if (msg.has_job_end()) *pending_.mutable_job_end() = msg.job_end();
       has_pending_ = true;
       if (writing_ || !TakePendingLocked()) return;
       writing_ = true;
@@ -181,7 +185,8 @@ class HeartbeatReactor final
       detached_ = true;
     }
     if (member_id_ != 0) {
-      membership_->Detach(member_id_, this, leaving_, why, absl::Now());
+      membership_->Detach(member_id_, this, leaving_, finished_, why,
+                          absl::Now());
     }
   }
 
@@ -190,6 +195,7 @@ class HeartbeatReactor final
   // Set by the read side, read by OnCancel too.
   std::atomic<uint64_t> member_id_{0};
   std::atomic<bool> leaving_{false};
+  std::atomic<bool> finished_{false};
 
   absl::Mutex mu_;
   HeartbeatResponse pending_ ABSL_GUARDED_BY(mu_);
@@ -274,8 +280,8 @@ class Service final : public Controller::CallbackService {
   Service(const ControllerOptions& o)
       : token_(o.token),
         kv_(o.limits),
-        membership_(o.world_size, o.detection, absl::Now(),
-                    o.membership_limits) {}
+        membership_(o.world_size, o.detection, absl::Now(), o.membership_limits,
+                    o.recovery) {}
 
   Membership& membership() { return membership_; }
 
@@ -532,6 +538,12 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
   if (options.metrics_port < -1 || options.metrics_port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat(
         "controller: metrics port ", options.metrics_port, " is out of range"));
+  }
+  if (options.recovery.min_world < 1 ||
+      options.recovery.min_world > options.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "controller: minimum world size ", options.recovery.min_world,
+        " is out of range [1, ", options.world_size, "]"));
   }
   if (options.scan_interval <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("controller: scan interval must be > 0");

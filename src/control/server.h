@@ -30,6 +30,7 @@ struct ControllerOptions {
   KvLimits limits;
   DetectionOptions detection;
   MembershipLimits membership_limits;
+  RecoveryPolicy recovery;
   // How often the silent and stalled detectors run.
   absl::Duration scan_interval = absl::Milliseconds(100);
   // Prometheus text endpoint on bind_address: -1 off, 0 any free port.

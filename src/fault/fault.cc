@@ -1,0 +1,238 @@
+#include "src/fault/fault.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "src/common/config.h"
+#include "src/common/logging.h"
+
+namespace holdfast::fault {
+namespace {
+
+absl::Status Bad(absl::string_view spec, absl::string_view why) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("fault spec '", spec, "': ", why,
+                   " (expected e.g. kill:slot=2:step=30, hang:slot=1:step=50, "
+                   "exit:slot=0:step=10, slow:slot=3:ms=300 or "
+                   "fail-op:slot=2:seq=120)"));
+}
+
+absl::StatusOr<FaultSpec> ParseOne(absl::string_view text, int index) {
+  std::vector<absl::string_view> parts = absl::StrSplit(text, ':');
+  FaultSpec f;
+  f.index = index;
+  f.text = std::string(text);
+  const absl::string_view kind = parts[0];
+  if (kind == "kill") {
+    f.kind = Kind::kKill;
+  } else if (kind == "hang") {
+    f.kind = Kind::kHang;
+  } else if (kind == "exit") {
+    f.kind = Kind::kExit;
+  } else if (kind == "slow") {
+    f.kind = Kind::kSlow;
+  } else if (kind == "fail-op") {
+    f.kind = Kind::kFailOp;
+  } else {
+    return Bad(text, absl::StrCat("unknown kind '", kind,
+                                  "' (kill, hang, exit, slow or fail-op)"));
+  }
+  for (size_t i = 1; i < parts.size(); ++i) {
+    std::pair<absl::string_view, absl::string_view> kv =
+        absl::StrSplit(parts[i], absl::MaxSplits('=', 1));
+    int64_t v = 0;
+    if (kv.second.empty() || !absl::SimpleAtoi(kv.second, &v) || v < 0) {
+      return Bad(text, absl::StrCat("'", parts[i],
+                                    "' is not key=non-negative integer"));
+    }
+    const absl::string_view key = kv.first;
+    if (key == "slot") {
+      if (v > (1 << 20)) return Bad(text, "slot out of range");
+      f.slot = static_cast<int>(v);
+    } else if (key == "step") {
+      f.step = v;
+    } else if (key == "seq" && f.kind == Kind::kFailOp) {
+      f.seq = v;
+    } else if (key == "ms" && f.kind == Kind::kSlow) {
+      if (v > 3600000) return Bad(text, "ms out of range");
+      f.ms = v;
+    } else if (key == "recovery" && f.kind != Kind::kSlow &&
+               f.kind != Kind::kFailOp) {
+      if (v < 1 || v > (1 << 20)) return Bad(text, "recovery counts from 1");
+      f.recovery = static_cast<int>(v);
+    } else if (key == "code" && f.kind == Kind::kExit) {
+      if (v > 255) return Bad(text, "code out of range [0, 255]");
+      f.code = static_cast<int>(v);
+    } else {
+      return Bad(text,
+                 absl::StrCat("key '", key, "' does not apply to ", kind));
+    }
+  }
+  if (f.slot < 0) return Bad(text, "slot=N is required");
+  switch (f.kind) {
+    case Kind::kKill:
+    case Kind::kHang:
+    case Kind::kExit:
+      if ((f.step < 0) == (f.recovery < 0)) {
+        return Bad(text, "give exactly one of step=N and recovery=N");
+      }
+      break;
+    case Kind::kSlow:
+      if (f.ms <= 0) return Bad(text, "ms=N (> 0) is required");
+      break;
+    case Kind::kFailOp:
+      if (f.seq < 0) return Bad(text, "seq=N is required");
+      break;
+  }
+  return f;
+}
+
+}  // namespace
+
+const char* KindName(Kind kind) {
+  switch (kind) {
+    case Kind::kKill:
+      return "kill";
+    case Kind::kHang:
+      return "hang";
+    case Kind::kExit:
+      return "exit";
+    case Kind::kSlow:
+      return "slow";
+    case Kind::kFailOp:
+      return "fail-op";
+  }
+  return "?";
+}
+
+absl::StatusOr<std::vector<FaultSpec>> Parse(absl::string_view list) {
+  std::vector<FaultSpec> out;
+  for (absl::string_view item :
+       absl::StrSplit(list, absl::ByAnyChar(",;"), absl::SkipWhitespace())) {
+    item = absl::StripAsciiWhitespace(item);
+    absl::StatusOr<FaultSpec> f = ParseOne(item, static_cast<int>(out.size()));
+    if (!f.ok()) return f.status();
+    out.push_back(std::move(*f));
+  }
+  return out;
+}
+
+Injector& Injector::Global() {
+  static Injector* injector = new Injector();
+  return *injector;
+}
+
+Injector::Injector() {
+  const std::string list = config::StringParam("HOLDFAST_FAULTS");
+  if (list.empty()) return;
+  absl::Status s = Configure(list);
+  if (!s.ok()) {
+    HOLDFAST_LOG_ERROR("HOLDFAST_FAULTS ignored: {}", std::string(s.message()));
+  }
+}
+
+absl::Status Injector::Configure(absl::string_view list) {
+  absl::StatusOr<std::vector<FaultSpec>> parsed = Parse(list);
+  if (!parsed.ok()) return parsed.status();
+  absl::MutexLock lock(&mu_);
+  faults_ = std::move(*parsed);
+  fired_.assign(faults_.size(), false);
+  return absl::OkStatus();
+}
+
+void Injector::SetClaim(std::function<bool(const FaultSpec&)> claim) {
+  absl::MutexLock lock(&mu_);
+  claim_ = std::move(claim);
+}
+
+bool Injector::empty() const {
+  absl::MutexLock lock(&mu_);
+  return faults_.empty();
+}
+
+bool Injector::ClaimLocked(const FaultSpec& f) {
+  if (fired_[static_cast<size_t>(f.index)]) return false;
+  fired_[static_cast<size_t>(f.index)] = true;
+  return !claim_ || claim_(f);
+}
+
+void Injector::Fire(const FaultSpec& f, absl::string_view where) {
+  HOLDFAST_LOG_WARN("injecting fault '{}' {} (pid {})", f.text,
+                    std::string(where), getpid());
+  switch (f.kind) {
+    case Kind::kKill:
+      kill(getpid(), SIGKILL);
+      break;
+    case Kind::kHang:
+      kill(getpid(), SIGSTOP);
+      // Woken with SIGCONT: carry on; the controller has fenced us, and
+      // the runtime finds out at its next call.
+      return;
+    case Kind::kExit:
+      std::fflush(nullptr);
+      _exit(f.code);
+    case Kind::kSlow:
+    case Kind::kFailOp:
+      return;
+  }
+  for (;;) pause();  // SIGKILL is on its way
+}
+
+void Injector::AtStep(int slot, int64_t step) {
+  int64_t slow_ms = 0;
+  const FaultSpec* fire = nullptr;
+  FaultSpec copy;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const FaultSpec& f : faults_) {
+      if (f.slot != slot) continue;
+      if (f.kind == Kind::kSlow) {
+        if (step >= f.step) slow_ms += f.ms;
+      } else if (f.kind != Kind::kFailOp && f.step == step && fire == nullptr &&
+                 ClaimLocked(f)) {
+        copy = f;
+        fire = &copy;
+      }
+    }
+  }
+  if (slow_ms > 0) absl::SleepFor(absl::Milliseconds(slow_ms));
+  if (fire != nullptr) Fire(*fire, absl::StrCat("at step ", step));
+}
+
+void Injector::AtRecovery(int slot, int recovery) {
+  FaultSpec copy;
+  bool fire = false;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const FaultSpec& f : faults_) {
+      if (f.slot == slot && f.recovery == recovery && ClaimLocked(f)) {
+        copy = f;
+        fire = true;
+        break;
+      }
+    }
+  }
+  if (fire) Fire(copy, absl::StrCat("in recovery ", recovery));
+}
+
+absl::Status Injector::AtCollective(int slot, int64_t seq) {
+  absl::MutexLock lock(&mu_);
+  for (const FaultSpec& f : faults_) {
+    if (f.kind == Kind::kFailOp && f.slot == slot && f.seq == seq &&
+        ClaimLocked(f)) {
+      HOLDFAST_LOG_WARN("injecting fault '{}' (pid {})", f.text, getpid());
+      return absl::InternalError(absl::StrCat("injected fault '", f.text, "'"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace holdfast::fault

@@ -1,0 +1,94 @@
+// Fault injection inside the library, so every trainer can be chaos-tested.
+// Faults come from HOLDFAST_FAULTS (or the launcher's --inject), a list
+// separated by ',' or ';' of specs such as
+//
+//   kill:slot=2:step=30      SIGKILL itself at the start of step 30
+//   hang:slot=1:step=50      SIGSTOP itself (a frozen process)
+//   exit:slot=0:step=10      exit(code), code=1 unless given
+//   slow:slot=3:ms=300       sleep ms at the start of every step (a
+//                            straggler), from step=S if given
+//   fail-op:slot=2:seq=120   collective number 120 of the communicator fails
+//   kill:slot=1:recovery=1   SIGKILL itself inside its first recovery,
+//                            before rendezvous (also hang and exit)
+//
+// `slot` is the rank at the time the point is reached, so a fault on a slot
+// also hits a standby that took it over. Each fault fires once per job: the
+// runtime claims it in the controller's store before firing (without a
+// runtime, once per process).
+//
+// Threading: the injector is a process-wide object; every method is
+// thread-safe.
+#ifndef HOLDFAST_SRC_FAULT_FAULT_H_
+#define HOLDFAST_SRC_FAULT_FAULT_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+
+namespace holdfast::fault {
+
+enum class Kind { kKill, kHang, kExit, kSlow, kFailOp };
+
+struct FaultSpec {
+  int index = 0;  // position in the list: the job-wide identity
+  Kind kind = Kind::kKill;
+  int slot = -1;      // required
+  int64_t step = -1;  // at this step (slow: from this step)
+  int64_t seq = -1;   // fail-op: the collective number
+  int recovery = -1;  // at the start of this recovery (1 = the first)
+  int64_t ms = 0;     // slow: delay per step
+  int code = 1;       // exit: the exit code
+  std::string text;   // the spec as written
+};
+
+// Parses a list. InvalidArgument naming the spec and what is wrong: an
+// unknown kind or key, a missing slot, a value out of range, or a kind
+// without its trigger (kill/hang/exit need step or recovery, fail-op seq,
+// slow ms).
+absl::StatusOr<std::vector<FaultSpec>> Parse(absl::string_view list);
+
+const char* KindName(Kind kind);
+
+class Injector {
+ public:
+  // The process-wide injector, configured from HOLDFAST_FAULTS on first use
+  // (a bad list is logged and ignored here; the runtime and launcher
+  // validate it first and refuse it).
+  static Injector& Global();
+
+  // Replaces the fault list.
+  absl::Status Configure(absl::string_view list);
+  // Decides whether fault `index` may fire (true once per job). Default:
+  // once per process.
+  void SetClaim(std::function<bool(const FaultSpec&)> claim);
+
+  bool empty() const;
+
+  // Points. Kill, hang and exit do not return when they fire.
+  void AtStep(int slot, int64_t step);
+  void AtRecovery(int slot, int recovery);
+  // Non-OK (Internal, "injected fault ...") when fail-op fires.
+  absl::Status AtCollective(int slot, int64_t seq);
+
+ private:
+  Injector();
+  // Fires kill/hang/exit now (does not return) or returns for slow.
+  void Fire(const FaultSpec& f, absl::string_view where);
+  bool ClaimLocked(const FaultSpec& f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  mutable absl::Mutex mu_;
+  std::vector<FaultSpec> faults_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> fired_ ABSL_GUARDED_BY(mu_);
+  std::function<bool(const FaultSpec&)> claim_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace holdfast::fault
+
+#endif  // HOLDFAST_SRC_FAULT_FAULT_H_

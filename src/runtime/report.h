@@ -1,0 +1,34 @@
+// What runtimes leave in the controller's store for the launcher's summary:
+// one record per recovery (written by slot 0 of the generation that
+// recovered, after its first step) and the final result (slot 0 at the
+// end). Internal; shared by the runtime and holdfast-run.
+#ifndef HOLDFAST_SRC_RUNTIME_REPORT_H_
+#define HOLDFAST_SRC_RUNTIME_REPORT_H_
+
+#include <nlohmann/json.hpp>
+
+#include "holdfast/runtime.h"
+
+namespace holdfast {
+
+inline constexpr char kRecoveryPrefix[] = "holdfast/report/recovery/";
+inline constexpr char kFinalKey[] = "holdfast/report/final";
+
+inline nlohmann::json ToJson(const RecoveryRecord& r) {
+  return {{"failed_generation", r.failed_generation},
+          {"generation", r.generation},
+          {"cause", r.cause},
+          {"seen_ms", r.seen_ms},
+          {"aborted_ms", r.aborted_ms},
+          {"agreed_ms", r.agreed_ms},
+          {"rebuilt_ms", r.rebuilt_ms},
+          {"restored_ms", r.restored_ms},
+          {"first_step_ms", r.first_step_ms},
+          {"restored_step", r.restored_step},
+          {"lost_steps", r.lost_steps},
+          {"received_state", r.received_state}};
+}
+
+}  // namespace holdfast
+
+#endif  // HOLDFAST_SRC_RUNTIME_REPORT_H_
