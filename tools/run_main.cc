@@ -525,14 +525,19 @@ int Launcher::Main(int argc, char** argv) {
   }
   // Let the processes finish: standbys and fenced members exit once told.
   // A frozen (stopped) process is woken so it can see it was fenced.
+  // Members of a job that ended were told so by the controller; others
+  // (an interrupted launch) get SIGTERM at once.
   KillAll(SIGCONT);
-  if (outcome != "finished") KillAll(SIGTERM);
-  const absl::Time grace =
-      absl::Now() + absl::Seconds(outcome == "finished" ? 20 : 5);
-  while (!AllExited() && absl::Now() < grace) {
-    Pump(absl::Milliseconds(50));
-    Reap();
-  }
+  auto wait_exits = [&](absl::Duration d) {
+    const absl::Time until = absl::Now() + d;
+    while (!AllExited() && absl::Now() < until) {
+      Pump(absl::Milliseconds(50));
+      Reap();
+    }
+  };
+  if (outcome != "failed") wait_exits(absl::Seconds(20));
+  KillAll(SIGTERM);
+  wait_exits(absl::Seconds(3));
   KillAll(SIGKILL);
   while (!AllExited()) {
     Pump(absl::Milliseconds(20));

@@ -1,0 +1,304 @@
+// Recovery without killing the job, end to end: holdfast-run starts the
+// embedded controller and real trainer processes (examples/cpp/
+// dp_trainer.cc); faults are real (SIGKILL, SIGSTOP, exit, a failed
+// collective), injected through HOLDFAST_FAULTS. Every case checks what the
+// survivors end with: their final parameter hashes (equal among themselves,
+// and equal to a fault-free run in replace mode), the launcher's outcome
+// and summary.json. Nothing asserts on speed.
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "src/common/process_group.h"
+#include "src/fault/fault.h"
+
+namespace {
+
+using nlohmann::json;
+
+struct JobRun {
+  int rc = -1;
+  std::string out, err;
+  json summary;
+  // slot label -> (world, hash) from each "final step=" line.
+  std::vector<std::string> hashes;
+  std::vector<int> worlds;
+  std::vector<int64_t> steps;
+  std::vector<double> losses;
+};
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Runs holdfast-run with `args` and the trainer with `trainer_args`.
+JobRun Launch(const std::vector<std::string>& args,
+              const std::vector<std::string>& trainer_args) {
+  const std::string dir = holdfast::proc::MakeTempDir();
+  const std::string cmd = absl::StrCat(
+      "timeout -s KILL 240 ", HOLDFAST_RUN_BIN, " --log-dir ", dir, " ",
+      absl::StrJoin(args, " "), " -- ", HOLDFAST_DP_TRAINER_BIN, " ",
+      absl::StrJoin(trainer_args, " "), " > ", dir, "/out.txt 2> ", dir,
+      "/err.txt");
+  JobRun r;
+  const int status = std::system(cmd.c_str());
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = ReadFile(dir + "/out.txt");
+  r.err = ReadFile(dir + "/err.txt");
+  const std::string summary = ReadFile(dir + "/summary.json");
+  r.summary = json::parse(summary, nullptr, false);
+  static const std::regex kFinal(
+      R"(final step=(\d+) world=(\d+) params_sha256=([0-9a-f]{64}))");
+  for (std::sregex_iterator it(r.out.begin(), r.out.end(), kFinal), end;
+       it != end; ++it) {
+    r.steps.push_back(std::stoll((*it)[1]));
+    r.worlds.push_back(std::stoi((*it)[2]));
+    r.hashes.push_back((*it)[3]);
+  }
+  static const std::regex kLoss(R"(final_loss=([0-9.]+))");
+  for (std::sregex_iterator it(r.err.begin(), r.err.end(), kLoss), end;
+       it != end; ++it) {
+    r.losses.push_back(std::stod((*it)[1]));
+  }
+  INFO("command: " << cmd);
+  INFO("stderr tail: " << r.err.substr(r.err.size() > 4000 ? r.err.size() - 4000
+                                                           : 0));
+  REQUIRE(!r.summary.is_discarded());
+  return r;
+}
+
+const std::vector<std::string> kTrainer = {"--steps", "40"};
+
+// The fault-free run's hash for `n` slots.
+std::string Reference(int n) {
+  JobRun r = Launch({"-n", std::to_string(n)}, kTrainer);
+  REQUIRE(r.rc == 0);
+  REQUIRE(r.hashes.size() == static_cast<size_t>(n));
+  for (const std::string& h : r.hashes) REQUIRE(h == r.hashes[0]);
+  return r.hashes[0];
+}
+
+// Every survivor finished all steps in a world of `world` with one hash.
+void CheckConsistent(const JobRun& r, int world) {
+  INFO("stdout: " << r.out);
+  REQUIRE(r.hashes.size() == static_cast<size_t>(world));
+  for (size_t i = 0; i < r.hashes.size(); ++i) {
+    CHECK(r.hashes[i] == r.hashes[0]);
+    CHECK(r.worlds[i] == world);
+    CHECK(r.steps[i] == 40);
+  }
+  CHECK(r.summary.value("outcome", "") == "finished");
+  CHECK(r.summary.value("steps", 0) == 40);
+}
+
+std::vector<std::string> Kinds(const JobRun& r) {
+  std::vector<std::string> kinds;
+  for (const json& i : r.summary["incidents"])
+    kinds.push_back(i.value("kind", ""));
+  return kinds;
+}
+
+int CountExits(const JobRun& r, const std::string& how) {
+  int n = 0;
+  for (const json& p : r.summary["processes"]) n += p.value("exit", "") == how;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("recovery: fault specs parse and bad ones are refused by name") {
+  auto ok = holdfast::fault::Parse(
+      "kill:slot=2:step=30, hang:slot=1:step=50;exit:slot=0:step=10:code=7,"
+      "slow:slot=3:ms=300,fail-op:slot=2:seq=120,kill:slot=1:recovery=1");
+  REQUIRE(ok.ok());
+  REQUIRE(ok->size() == 6);
+  CHECK((*ok)[2].code == 7);
+  CHECK((*ok)[3].ms == 300);
+  CHECK((*ok)[4].seq == 120);
+  CHECK((*ok)[5].recovery == 1);
+  for (const char* bad :
+       {"boom:slot=1:step=2", "kill:step=3", "kill:slot=1",
+        "kill:slot=x:step=1", "slow:slot=1", "fail-op:slot=1:step=3",
+        "kill:slot=1:step=2:recovery=1", "exit:slot=0:step=1:code=300"}) {
+    auto r = holdfast::fault::Parse(bad);
+    INFO(bad);
+    CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(r.status().message().find(bad) != absl::string_view::npos);
+  }
+}
+
+TEST_CASE(
+    "recovery: a killed rank is replaced and the hash equals the fault-free "
+    "run") {
+  const std::string ref = Reference(3);
+  JobRun r =
+      Launch({"-n", "3", "--standby", "1", "--inject", "kill:slot=1:step=15"},
+             kTrainer);
+  CHECK(r.rc == 0);
+  CheckConsistent(r, 3);
+  CHECK(r.hashes[0] == ref);
+  CHECK(Kinds(r) == std::vector<std::string>{"crashed"});
+  CHECK(r.summary["incidents"][0].contains("recovery_ms"));
+  CHECK(CountExits(r, "killed by signal 9 (Killed)") == 1);
+  CHECK(r.summary.value("generation", 0) == 1);
+}
+
+TEST_CASE("recovery: rank 0 killed") {
+  const std::string ref = Reference(3);
+  JobRun r =
+      Launch({"-n", "3", "--standby", "1", "--inject", "kill:slot=0:step=12"},
+             kTrainer);
+  CHECK(r.rc == 0);
+  CheckConsistent(r, 3);
+  CHECK(r.hashes[0] == ref);
+  CHECK(Kinds(r) == std::vector<std::string>{"crashed"});
+}
+
+TEST_CASE(
+    "recovery: a frozen rank is declared silent and fenced when it wakes") {
+  const std::string ref = Reference(3);
+  JobRun r = Launch({"-n", "3", "--standby", "1", "--silent-after-ms", "1500",
+                     "--inject", "hang:slot=2:step=10"},
+                    kTrainer);
+  CHECK(r.rc == 0);
+  CheckConsistent(r, 3);
+  CHECK(r.hashes[0] == ref);
+  CHECK(Kinds(r) == std::vector<std::string>{"silent"});
+  // The launcher wakes it at the end: it finds itself fenced and exits 3.
+  CHECK(CountExits(r, "exited with code 3") == 1);
+  CHECK(r.err.find("declared dead and is fenced") != std::string::npos);
+}
+
+TEST_CASE("recovery: a survivor killed during recovery restarts the protocol") {
+  const std::string ref = Reference(3);
+  JobRun r =
+      Launch({"-n", "3", "--standby", "2", "--inject", "kill:slot=1:step=10",
+              "--inject", "kill:slot=0:recovery=1"},
+             kTrainer);
+  CHECK(r.rc == 0);
+  CheckConsistent(r, 3);
+  CHECK(r.hashes[0] == ref);
+  CHECK(Kinds(r).size() == 2);
+  CHECK(r.summary.value("generation", 0) == 2);
+}
+
+TEST_CASE("recovery: the standby killed while taking over is replaced too") {
+  const std::string ref = Reference(3);
+  JobRun r =
+      Launch({"-n", "3", "--standby", "2", "--inject", "kill:slot=1:step=10",
+              "--inject", "kill:slot=1:recovery=1"},
+             kTrainer);
+  CHECK(r.rc == 0);
+  CheckConsistent(r, 3);
+  CHECK(r.hashes[0] == ref);
+  CHECK(Kinds(r) == std::vector<std::string>{"crashed", "crashed"});
+  CHECK(CountExits(r, "killed by signal 9 (Killed)") == 2);
+}
+
+TEST_CASE("recovery: two ranks killed at once") {
+  const std::string ref = Reference(4);
+  JobRun r = Launch({"-n", "4", "--standby", "2", "--inject",
+                     "kill:slot=1:step=20", "--inject", "kill:slot=3:step=20"},
+                    kTrainer);
+  CHECK(r.rc == 0);
+  CheckConsistent(r, 4);
+  CHECK(r.hashes[0] == ref);
+  CHECK(Kinds(r).size() == 2);
+}
+
+TEST_CASE(
+    "recovery: a failed collective rebuilds the group without fencing anyone") {
+  const std::string ref = Reference(3);
+  JobRun r = Launch({"-n", "3", "--inject", "fail-op:slot=2:seq=25"}, kTrainer);
+  CHECK(r.rc == 0);
+  CheckConsistent(r, 3);
+  CHECK(r.hashes[0] == ref);
+  CHECK(Kinds(r) == std::vector<std::string>{"comm_failed"});
+}
+
+TEST_CASE(
+    "recovery: an exiting rank without a standby shrinks the world in replace "
+    "mode") {
+  JobRun ref = Launch({"-n", "3"}, kTrainer);
+  REQUIRE(ref.losses.size() == 3);
+  JobRun r = Launch({"-n", "3", "--inject", "exit:slot=1:step=8"}, kTrainer);
+  CHECK(r.rc == 0);
+  CheckConsistent(r, 2);
+  REQUIRE(r.losses.size() == 2);
+  // The global batch is re-split over the survivors: the same training up
+  // to the summation order.
+  CHECK(r.losses[0] == Approx(ref.losses[0]).epsilon(0.01));
+  CHECK(r.summary.value("world_size_final", 0) == 2);
+}
+
+TEST_CASE("recovery: shrink mode down to the minimum world") {
+  JobRun ref = Launch({"-n", "4"}, kTrainer);
+  REQUIRE(ref.losses.size() == 4);
+  JobRun r = Launch(
+      {"-n", "4", "--standby", "1", "--mode", "shrink", "--min-world", "2",
+       "--inject", "kill:slot=1:step=10", "--inject", "kill:slot=2:step=25"},
+      kTrainer);
+  CHECK(r.rc == 0);
+  CheckConsistent(r, 2);
+  REQUIRE(r.losses.size() == 2);
+  CHECK(r.losses[0] == Approx(ref.losses[0]).epsilon(0.01));
+  // Shrink mode never uses the standby; it leaves when the job finishes.
+  CHECK(r.err.find("finished without needing this standby") !=
+        std::string::npos);
+}
+
+TEST_CASE(
+    "recovery: below the minimum world the job stops cleanly with a report") {
+  JobRun r =
+      Launch({"-n", "3", "--mode", "shrink", "--min-world", "2", "--inject",
+              "kill:slot=1:step=10", "--inject", "kill:slot=0:step=20"},
+             kTrainer);
+  CHECK(r.rc == 1);
+  CHECK(r.summary.value("outcome", "") == "stopped");
+  CHECK(r.summary.value("reason", "").find("below the minimum world size 2") !=
+        std::string::npos);
+  CHECK(r.hashes.empty());
+  // The last worker was told why and exited with the trainer's code 4.
+  CHECK(CountExits(r, "exited with code 4") == 1);
+}
+
+TEST_CASE("recovery: the launcher refuses bad input with a clear error") {
+  auto run = [](const std::string& args) {
+    const std::string dir = holdfast::proc::MakeTempDir();
+    const std::string cmd =
+        absl::StrCat("timeout -s KILL 60 ", HOLDFAST_RUN_BIN, " ", args, " > ",
+                     dir, "/out.txt 2> ", dir, "/err.txt");
+    const int status = std::system(cmd.c_str());
+    return std::make_pair(WIFEXITED(status) ? WEXITSTATUS(status) : -1,
+                          ReadFile(dir + "/err.txt"));
+  };
+  auto [rc1, err1] = run(
+      absl::StrCat("-n 2 --inject kill:slot=1 -- ", HOLDFAST_DP_TRAINER_BIN));
+  CHECK(rc1 == 2);
+  CHECK(err1.find("fault spec 'kill:slot=1'") != std::string::npos);
+  auto [rc2, err2] = run(absl::StrCat("-n 0 -- ", HOLDFAST_DP_TRAINER_BIN));
+  CHECK(rc2 == 2);
+  CHECK(err2.find("-n 0 is out of range") != std::string::npos);
+  auto [rc3, err3] = run("-n 2 -- /nonexistent/trainer");
+  CHECK(rc3 == 2);
+  CHECK(err3.find("'/nonexistent/trainer' not found") != std::string::npos);
+  // A command that never creates a Runtime.
+  auto [rc4, err4] = run("-n 2 -- /bin/true");
+  CHECK(rc4 == 1);
+  CHECK(err4.find("without joining the job") != std::string::npos);
+  auto [rc5, err5] = run("-n 2 --join-timeout-s 2 -- /bin/sleep 30");
+  CHECK(rc5 == 1);
+  CHECK(err5.find("only 0 of 2 processes joined") != std::string::npos);
+}
