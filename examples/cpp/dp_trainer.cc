@@ -121,6 +121,13 @@ int main(int argc, char** argv) {
   int64_t step_ms = 0;
   int64_t snapshot_every = 1;
   float lr = 0.05f;
+  std::string save, load;
+  app.add_option("--save", save,
+                 "slot 0 writes the final state to this file (the restart "
+                 "baseline of benchmarks/recovery_bench)");
+  app.add_option("--load", load,
+                 "start from the state in this file instead of the fixed "
+                 "initialization");
   app.add_option("--steps", steps, "steps to train")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   app.add_option("--state-mb", state_mb,
@@ -161,6 +168,24 @@ int main(int argc, char** argv) {
   if (!reg.ok()) {
     std::fprintf(stderr, "dp-trainer: %s\n", reg.ToString().c_str());
     return 1;
+  }
+  const std::vector<std::pair<void*, size_t>> state = {
+      {params.data(), params.size() * sizeof(float)},
+      {momentum.data(), momentum.size() * sizeof(float)},
+      {table.data(), table.size()}};
+  if (!load.empty()) {
+    std::FILE* f = std::fopen(load.c_str(), "rb");
+    bool ok = f != nullptr;
+    for (const auto& [p, n] : state) ok = ok && std::fread(p, 1, n, f) == n;
+    ok = ok && std::fgetc(f) == EOF;
+    if (f != nullptr) std::fclose(f);
+    if (!ok) {
+      std::fprintf(stderr,
+                   "dp-trainer: --load %s: missing, short or of another "
+                   "--state-mb\n",
+                   load.c_str());
+      return 1;
+    }
   }
 
   std::vector<float> grad(kParams);
@@ -221,6 +246,17 @@ int main(int argc, char** argv) {
       eval / 256, result->recoveries.size(),
       static_cast<long long>(result->productive_ms),
       static_cast<long long>(result->wall_ms));
+  if (!save.empty() && result->slot == 0) {
+    const std::string tmp = save + ".tmp";
+    std::FILE* f = std::fopen(tmp.c_str(), "wb");
+    bool ok = f != nullptr;
+    for (const auto& [p, n] : state) ok = ok && std::fwrite(p, 1, n, f) == n;
+    ok = f != nullptr && std::fclose(f) == 0 && ok;
+    if (!ok || std::rename(tmp.c_str(), save.c_str()) != 0) {
+      std::fprintf(stderr, "dp-trainer: --save %s failed\n", save.c_str());
+      return 1;
+    }
+  }
   const std::string hash =
       Sha256Hex({{params.data(), params.size() * sizeof(float)},
                  {table.data(), table.size()}});

@@ -478,6 +478,11 @@ class RuntimeImpl final : public Runtime {
         continue;
       }
       const absl::Time t1 = absl::Now();
+      if (pending_record_.has_value()) {
+        // The first training step after the recovery is done (its
+        // snapshot is the loop's usual per-step work).
+        pending_record_->first_step_ms = absl::ToUnixMillis(t1);
+      }
       if (step == 1) ledger_[0] = absl::ToUnixMillis(t0);
       ledger_[static_cast<size_t>(step)] = absl::ToInt64Microseconds(t1 - t0);
       high_step_ = std::max(high_step_, step);
@@ -490,7 +495,6 @@ class RuntimeImpl final : public Runtime {
                  options.metrics ? options.metrics()
                                  : std::map<std::string, double>{});
       if (pending_record_.has_value()) {
-        pending_record_->first_step_ms = NowMs();
         recovery_records_.push_back(*pending_record_);
         PublishRecovery(*pending_record_);
         pending_record_.reset();
@@ -827,6 +831,9 @@ class RuntimeImpl final : public Runtime {
     j["wall_ms"] = r.wall_ms;
     j["snapshots"] = r.snapshots;
     j["snapshots_skipped"] = r.snapshots_skipped;
+    if (ledger_.size() > 1) {
+      j["first_step_done_unix_ms"] = ledger_[0] + ledger_[1] / 1000;
+    }
     (void)store_->Set(kFinalKey, j.dump());
   }
 

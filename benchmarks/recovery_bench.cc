@@ -1,0 +1,210 @@
+// Recovery benchmark: how long a job needs to get back to training after a
+// rank is SIGKILLed, in process (holdfast) against what users do today
+// (stop every process, start them all again, load a checkpoint file).
+//
+// For each world size N and state size M it runs, through holdfast-run and
+// the example trainer (examples/cpp/dp_trainer.cc, --state-mb M):
+//   1. holdfast: N workers + 1 standby; slot 1 is killed at step K. From the
+//      launcher's summary.json: the detection time (last heartbeat to
+//      detection) and the stages of the recovery as the members saw them:
+//      abort, new generation agreed, communicator rebuilt, state restored
+//      (the standby receives M MiB from a survivor), first step done.
+//   2. restart baseline, in the same run: the job's final state is saved to
+//      a file; then a fresh job of N processes is started with --load FILE
+//      and timed from the launch to its first step done. This counts no
+//      detection, no scheduler and a checkpoint read from the page cache,
+//      so it is a lower bound on a real restart.
+// Prints holdfast's recovery time (detection included) and
+// baseline / holdfast.
+//
+//   recovery_bench [--ranks 2,4,8] [--state-mb 1,16,256,1024] [--json]
+//                  [--run BIN] [--trainer BIN]
+#include <sys/sysinfo.h>
+#include <sys/wait.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "src/common/process_group.h"
+
+using nlohmann::json;
+
+namespace {
+
+json ReadJson(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return json::parse(ss.str(), nullptr, false);
+}
+
+int System(const std::string& cmd) {
+  const int st = std::system(cmd.c_str());
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+struct Result {
+  int ranks = 0;
+  int64_t state_mb = 0;
+  bool ok = false;
+  std::string error;
+  int64_t detect_ms = 0, abort_ms = 0, agree_ms = 0, rebuild_ms = 0,
+          restore_ms = 0, first_step_ms = 0;
+  int64_t recovery_ms = 0;  // detection + every stage
+  int64_t baseline_ms = 0;
+};
+
+Result Measure(const std::string& run, const std::string& trainer, int n,
+               int64_t mb) {
+  Result r;
+  r.ranks = n;
+  r.state_mb = mb;
+  const std::string dir = holdfast::proc::MakeTempDir();
+  const std::string ckpt = dir + "/checkpoint.bin";
+  // Enough steps that the kill lands after a few committed snapshots.
+  const int steps = 8, kill_at = 5;
+  const std::string trainer_args =
+      absl::StrCat(" --state-mb ", mb, " --step-ms 20 --steps ");
+  const std::string hf = absl::StrCat(
+      "HOLDFAST_LOG_LEVEL=warn ", run, " -n ", n, " --standby 1 --log-dir ",
+      dir, "/hf --inject kill:slot=1:step=", kill_at, " -- ", trainer,
+      trainer_args, steps, " --save ", ckpt, " > ", dir, "/hf.out 2> ", dir,
+      "/hf.err");
+  if (System(hf) != 0) {
+    r.error = absl::StrCat("holdfast run failed; see ", dir, "/hf.err");
+    return r;
+  }
+  json s = ReadJson(dir + "/hf/summary.json");
+  if (s.is_discarded() || s["incidents"].empty() || s["recoveries"].empty()) {
+    r.error = absl::StrCat("no recovery recorded; see ", dir);
+    return r;
+  }
+  const json& inc = s["incidents"][0];
+  const json& rec = s["recoveries"][0];
+  auto at = [&](const char* k) { return rec.value(k, int64_t{0}); };
+  r.detect_ms = inc.value("detect_ms", int64_t{0});
+  const int64_t detected = inc.value("detected_unix_ms", int64_t{0});
+  // The member's view starts when it saw the failure (at or a little after
+  // the detection); stages are measured from there.
+  r.abort_ms = at("aborted_ms") - at("seen_ms");
+  r.agree_ms = at("agreed_ms") - at("aborted_ms");
+  r.rebuild_ms = at("rebuilt_ms") - at("agreed_ms");
+  r.restore_ms = at("restored_ms") - at("rebuilt_ms");
+  r.first_step_ms = at("first_step_ms") - at("restored_ms");
+  r.recovery_ms = r.detect_ms + (at("first_step_ms") - detected);
+
+  // The restart baseline: a fresh job from the file, to its first step.
+  const int64_t t0 = absl::ToUnixMillis(absl::Now());
+  const std::string base =
+      absl::StrCat("HOLDFAST_LOG_LEVEL=warn ", run, " -n ", n, " --log-dir ",
+                   dir, "/base -- ", trainer, trainer_args, 1, " --load ", ckpt,
+                   " > ", dir, "/base.out 2> ", dir, "/base.err");
+  if (System(base) != 0) {
+    r.error = absl::StrCat("restart baseline failed; see ", dir, "/base.err");
+    return r;
+  }
+  json b = ReadJson(dir + "/base/summary.json");
+  const int64_t first =
+      b.is_object() && b.contains("final")
+          ? b["final"].value("first_step_done_unix_ms", int64_t{0})
+          : 0;
+  if (first <= 0) {
+    r.error =
+        absl::StrCat("restart baseline left no first-step time; see ", dir);
+    return r;
+  }
+  r.baseline_ms = first - t0;
+  r.ok = true;
+  System(absl::StrCat("rm -rf ", dir));
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"holdfast recovery benchmark: in-process recovery vs restart"};
+  std::vector<int> ranks = {2, 4, 8};
+  std::vector<int64_t> sizes = {1, 16, 256, 1024};
+  std::string run = HOLDFAST_RUN_BIN, trainer = HOLDFAST_DP_TRAINER_BIN;
+  bool as_json = false;
+  app.add_option("--ranks", ranks, "world sizes")->delimiter(',');
+  app.add_option("--state-mb", sizes, "state sizes in MiB")->delimiter(',');
+  app.add_option("--run", run, "holdfast-run binary");
+  app.add_option("--trainer", trainer, "trainer binary");
+  app.add_flag("--json", as_json, "print JSON");
+  CLI11_PARSE(app, argc, argv);
+
+  struct sysinfo si;
+  sysinfo(&si);
+  const double ram_mb =
+      static_cast<double>(si.totalram) * si.mem_unit / (1 << 20);
+  json out = json::array();
+  if (!as_json) {
+    std::printf("%5s %9s | %8s %7s %7s %8s %8s %8s | %9s | %9s %7s\n", "ranks",
+                "state", "detect", "abort", "agree", "rebuild", "restore",
+                "1st step", "recovery", "restart", "ratio");
+  }
+  for (int n : ranks) {
+    for (int64_t mb : sizes) {
+      // Each process holds the state and two snapshots; the standby too.
+      const double need_mb = 3.0 * static_cast<double>(mb) * (n + 1);
+      if (need_mb > 0.6 * ram_mb) {
+        if (!as_json) {
+          std::printf("%5d %6lld MiB | skipped: needs ~%.0f GiB of %.0f GiB\n",
+                      n, static_cast<long long>(mb), need_mb / 1024,
+                      ram_mb / 1024);
+        }
+        out.push_back({{"ranks", n}, {"state_mb", mb}, {"skipped", "memory"}});
+        continue;
+      }
+      Result r = Measure(run, trainer, n, mb);
+      const double ratio =
+          r.ok && r.recovery_ms > 0
+              ? static_cast<double>(r.baseline_ms) / r.recovery_ms
+              : 0;
+      json j = {{"ranks", n},
+                {"state_mb", mb},
+                {"ok", r.ok},
+                {"detect_ms", r.detect_ms},
+                {"abort_ms", r.abort_ms},
+                {"agree_ms", r.agree_ms},
+                {"rebuild_ms", r.rebuild_ms},
+                {"restore_ms", r.restore_ms},
+                {"first_step_ms", r.first_step_ms},
+                {"recovery_ms", r.recovery_ms},
+                {"restart_baseline_ms", r.baseline_ms},
+                {"baseline_over_holdfast", ratio}};
+      if (!r.ok) j["error"] = r.error;
+      out.push_back(j);
+      if (as_json) continue;
+      if (!r.ok) {
+        std::printf("%5d %6lld MiB | error: %s\n", n,
+                    static_cast<long long>(mb), r.error.c_str());
+        continue;
+      }
+      std::printf(
+          "%5d %6lld MiB | %5lld ms %4lld ms %4lld ms %5lld ms %5lld ms %5lld "
+          "ms | "
+          "%6lld ms | %6lld ms %6.1fx\n",
+          n, static_cast<long long>(mb), static_cast<long long>(r.detect_ms),
+          static_cast<long long>(r.abort_ms),
+          static_cast<long long>(r.agree_ms),
+          static_cast<long long>(r.rebuild_ms),
+          static_cast<long long>(r.restore_ms),
+          static_cast<long long>(r.first_step_ms),
+          static_cast<long long>(r.recovery_ms),
+          static_cast<long long>(r.baseline_ms), ratio);
+      std::fflush(stdout);
+    }
+  }
+  if (as_json) std::printf("%s\n", out.dump(2).c_str());
+  return 0;
+}
