@@ -339,6 +339,13 @@ absl::Status Membership::Heartbeat(const HeartbeatRequest& req,
       mem.sink->Close(absl::AbortedError("superseded by a newer stream"));
     }
     mem.sink = sink;
+    // A new stream learns the committed step it may have missed while it
+    // was not bound (a commit is pushed only to bound streams).
+    if (committed_step_ >= 0) {
+      HeartbeatResponse msg;
+      msg.set_committed_step(committed_step_);
+      sink->Push(msg);
+    }
   }
   ++heartbeats_total_;
   if (observer_ != nullptr) observer_->OnHeartbeat();
