@@ -105,6 +105,8 @@ class Launcher {
   json Summary(const StatusResponse& s, const std::string& outcome,
                const std::string& reason);
   void PrintSummary(const json& j);
+  // The controller's view, with members and every incident kept.
+  absl::StatusOr<StatusResponse> FetchJob() const;
   void KillAll(int sig);
   bool AllExited() const;
   void Reap();
@@ -232,6 +234,13 @@ void Launcher::RefreshLabels(const StatusResponse& s) {
     auto it = by_pid.find(p->pid);
     if (it != by_pid.end()) p->label = it->second;
   }
+}
+
+absl::StatusOr<StatusResponse> Launcher::FetchJob() const {
+  holdfast::control::StatusRequest req;
+  req.set_include_members(true);
+  req.set_max_incidents(1000);
+  return holdfast::control::FetchStatus(client_, req);
 }
 
 void Launcher::Reap() {
@@ -496,10 +505,7 @@ int Launcher::Main(int argc, char** argv) {
     }
     if (absl::Now() < next_status && !AllExited()) continue;
     next_status = absl::Now() + absl::Milliseconds(200);
-    holdfast::control::StatusRequest req;
-    req.set_include_members(true);
-    req.set_max_incidents(1000);
-    auto s = holdfast::control::FetchStatus(client_, req);
+    auto s = FetchJob();
     if (!s.ok()) continue;
     last = *s;
     RefreshLabels(last);
@@ -544,13 +550,7 @@ int Launcher::Main(int argc, char** argv) {
     Reap();
   }
   for (int k = 0; k < 20; ++k) Pump(absl::Milliseconds(1));  // drain
-  {
-    holdfast::control::StatusRequest req;
-    req.set_include_members(true);
-    req.set_max_incidents(1000);
-    auto s = holdfast::control::FetchStatus(client_, req);
-    if (s.ok()) last = *s;
-  }
+  if (auto s = FetchJob(); s.ok()) last = *s;
   json summary = Summary(last, outcome, reason);
   PrintSummary(summary);
   if (!log_dir_.empty()) {

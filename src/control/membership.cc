@@ -436,17 +436,11 @@ absl::StatusOr<bool> Membership::ReportFailure(const ReportFailureRequest& req,
           "member ", r.id, " is a standby; it has no communicator"));
     }
     if (job_state_ != JOB_RUNNING || finished_workers_ > 0) return false;
-    Incident inc;
-    inc.set_kind(INCIDENT_COMM_FAILED);
-    inc.set_member_id(r.id);
-    inc.set_slot(r.slot);
-    inc.set_host(r.host);
-    inc.set_generation(generation_);
-    inc.set_detected_unix_ms(absl::ToUnixMillis(now));
-    inc.set_evidence(absl::StrCat(
-        "slot ", r.slot, " reported its communicator failed: ", req.reason()));
-    inc.set_reporter_id(r.id);
-    RecordIncidentLocked(std::move(inc));
+    RecordIncidentLocked(MakeIncidentLocked(
+        r, INCIDENT_COMM_FAILED,
+        absl::StrCat("slot ", r.slot,
+                     " reported its communicator failed: ", req.reason()),
+        now, r.id, now));
     AbortOrder abort;
     abort.set_reason(absl::StrCat("slot ", r.slot,
                                   "'s communicator failed: ", req.reason()));
@@ -534,6 +528,23 @@ void Membership::RetireLocked(uint64_t id) {
   }
 }
 
+Incident Membership::MakeIncidentLocked(const Member& m, IncidentKind kind,
+                                        std::string evidence, absl::Time onset,
+                                        uint64_t reporter,
+                                        absl::Time now) const {
+  Incident inc;
+  inc.set_kind(kind);
+  inc.set_member_id(m.id);
+  inc.set_slot(m.slot);
+  inc.set_host(m.host);
+  inc.set_generation(generation_);
+  inc.set_detected_unix_ms(absl::ToUnixMillis(now));
+  inc.set_time_to_detect_ms(std::max<int64_t>(0, ToMs(now - onset)));
+  inc.set_evidence(std::move(evidence));
+  inc.set_reporter_id(reporter);
+  return inc;
+}
+
 void Membership::RecordIncidentLocked(Incident incident) {
   incident.set_id(++incidents_total_);
   HOLDFAST_LOG_WARN("incident {}: {} member {} slot {} ({}): {} [{} ms]",
@@ -548,17 +559,8 @@ void Membership::RecordIncidentLocked(Incident incident) {
 void Membership::DeclareLocked(Member& m, IncidentKind kind,
                                std::string evidence, absl::Time onset,
                                uint64_t reporter, absl::Time now) {
-  Incident inc;
-  inc.set_kind(kind);
-  inc.set_member_id(m.id);
-  inc.set_slot(m.slot);
-  inc.set_host(m.host);
-  inc.set_generation(generation_);
-  inc.set_detected_unix_ms(absl::ToUnixMillis(now));
-  inc.set_time_to_detect_ms(std::max<int64_t>(0, ToMs(now - onset)));
-  inc.set_evidence(evidence);
-  inc.set_reporter_id(reporter);
-  RecordIncidentLocked(std::move(inc));
+  RecordIncidentLocked(
+      MakeIncidentLocked(m, kind, evidence, onset, reporter, now));
 
   m.state = STATE_DEAD;
   fenced_.insert(m.id);

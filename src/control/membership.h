@@ -190,6 +190,11 @@ class Membership {
   // Resizes the slot table (a resume after a controller restart adopts a
   // shrunken world). False if a held slot would fall outside.
   bool ResizeLocked(int world_size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // An incident about `m`, detected at `now`, its onset at `onset`.
+  Incident MakeIncidentLocked(const Member& m, IncidentKind kind,
+                              std::string evidence, absl::Time onset,
+                              uint64_t reporter, absl::Time now) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RecordIncidentLocked(Incident incident)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Pushes the new generation to every live member (personalized), with an

@@ -54,33 +54,41 @@ class CancellableStore final : public Store {
   }
   absl::StatusOr<std::string> Get(absl::string_view key,
                                   absl::Duration timeout) override {
-    const absl::Time deadline = absl::Now() + timeout;
-    for (;;) {
-      if (auto why = cancelled_()) return absl::AbortedError(*why);
-      const absl::Duration left = deadline - absl::Now();
-      absl::StatusOr<std::string> v = base_->Get(key, std::min(left, kSlice));
-      if (v.ok() || v.status().code() != absl::StatusCode::kDeadlineExceeded ||
-          left <= kSlice) {
-        return v;
-      }
-    }
+    std::string value;
+    absl::Status s = Sliced(timeout, [&](absl::Duration slice) {
+      absl::StatusOr<std::string> v = base_->Get(key, slice);
+      if (v.ok()) value = *std::move(v);
+      return v.status();
+    });
+    if (!s.ok()) return s;
+    return value;
   }
   absl::Status Wait(const std::vector<std::string>& keys,
                     absl::Duration timeout) override {
+    return Sliced(timeout, [&](absl::Duration slice) {
+      return base_->Wait(keys, slice);
+    });
+  }
+
+ private:
+  static constexpr absl::Duration kSlice = absl::Milliseconds(100);
+
+  // Runs `wait` (a wait on the base store) in slices of at most kSlice
+  // until it ends other than by its own deadline, `timeout` passes, or the
+  // rendezvous is cancelled.
+  template <typename F>
+  absl::Status Sliced(absl::Duration timeout, F wait) {
     const absl::Time deadline = absl::Now() + timeout;
     for (;;) {
       if (auto why = cancelled_()) return absl::AbortedError(*why);
       const absl::Duration left = deadline - absl::Now();
-      absl::Status s = base_->Wait(keys, std::min(left, kSlice));
-      if (s.ok() || s.code() != absl::StatusCode::kDeadlineExceeded ||
-          left <= kSlice) {
+      absl::Status s = wait(std::min(left, kSlice));
+      if (s.code() != absl::StatusCode::kDeadlineExceeded || left <= kSlice) {
         return s;
       }
     }
   }
 
- private:
-  static constexpr absl::Duration kSlice = absl::Milliseconds(100);
   const std::shared_ptr<Store> base_;
   const std::function<std::optional<std::string>()> cancelled_;
 };
