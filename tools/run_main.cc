@@ -377,7 +377,9 @@ void Launcher::PrintSummary(const json& j) {
 
 int Launcher::Main(int argc, char** argv) {
   CLI::App app{"holdfast-run: run a fault-tolerant job on this machine"};
-  int n = 0, standby = 0, min_world = 1, hosts = 0;
+  int n = 0, standby = 0, min_world = 1, hosts = 0, replicas = 0;
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;
   std::string mode = "replace";
   std::vector<std::string> inject;
   int64_t heartbeat_ms = 500, silent_ms = 3000, join_timeout_s = 60;
@@ -394,8 +396,18 @@ int Launcher::Main(int argc, char** argv) {
   app.add_option("--log-dir", log_dir_,
                  "write per-process logs and summary.json here");
   app.add_option("--hosts", hosts,
-                 "give the processes fake host labels host0..host{H-1}")
+                 "fake host labels: workers' slots in H equal contiguous "
+                 "blocks host0..host{H-1}, standbys spare0..")
       ->check(CLI::Range(0, 4096));
+  app.add_option("--replicas", replicas,
+                 "copies of each checkpoint piece on buddies "
+                 "(HOLDFAST_REPLICAS; default 1)")
+      ->check(CLI::Range(1, 64));
+  app.add_option("--checkpoint-dir", checkpoint_dir,
+                 "disk tier directory (HOLDFAST_CHECKPOINT_DIR)");
+  app.add_option("--checkpoint-every", checkpoint_every,
+                 "disk tier cadence in steps (HOLDFAST_CHECKPOINT_EVERY)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   app.add_option("--heartbeat-ms", heartbeat_ms, "member heartbeat interval")
       ->check(CLI::Range(int64_t{10}, int64_t{60000}));
   app.add_option("--silent-after-ms", silent_ms,
@@ -475,7 +487,26 @@ int Launcher::Main(int argc, char** argv) {
         absl::StrCat("HOLDFAST_JOB_TOKEN=", token),
         absl::StrCat("HOLDFAST_FAULTS=", faults),
     };
-    if (hosts > 0) env.push_back(absl::StrCat("HOLDFAST_HOST=host", i % hosts));
+    if (replicas > 0) {
+      env.push_back(absl::StrCat("HOLDFAST_REPLICAS=", replicas));
+    }
+    if (!checkpoint_dir.empty()) {
+      env.push_back(absl::StrCat("HOLDFAST_CHECKPOINT_DIR=", checkpoint_dir));
+    }
+    if (checkpoint_every > 0) {
+      env.push_back(
+          absl::StrCat("HOLDFAST_CHECKPOINT_EVERY=", checkpoint_every));
+    }
+    // Worker i asks for slot i (standbys for the standby role), so fault
+    // specs and host labels name the same processes in every run.
+    env.push_back(absl::StrCat("HOLDFAST_PREFERRED_SLOT=",
+                               i < n ? absl::StrCat(i) : "standby"));
+    if (hosts > 0) {
+      env.push_back(absl::StrCat(
+          "HOLDFAST_HOST=",
+          i < n ? absl::StrCat("host", static_cast<int64_t>(i) * hosts / n)
+                : absl::StrCat("spare", i - n)));
+    }
     if (!log_dir_.empty()) {
       env.push_back(absl::StrCat("HOLDFAST_TRACE_DIR=", log_dir_, "/trace"));
       p->log.open(absl::StrCat(log_dir_, "/proc", i, ".log"));

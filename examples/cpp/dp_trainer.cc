@@ -6,6 +6,11 @@
 // A run with a fault in replace mode therefore ends with exactly the bytes
 // of the fault-free run.
 //
+// --zero1 shards the momentum ZeRO-1 style: it is registered as sharded
+// state, each slot updates the parameters of its partition with its own
+// momentum shard, and the parameters are all-gathered. The arithmetic per
+// parameter is the same, so the hash equals the plain run's.
+//
 //   holdfast-run -n 4 --standby 1 -- holdfast-dp-trainer --steps 200
 //
 // Each rank prints one line to stdout at the end:
@@ -15,6 +20,7 @@
 // was never needed), 3 fenced, 4 the job stopped, 1 any other error.
 #include <openssl/evp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -122,6 +128,10 @@ int main(int argc, char** argv) {
   int64_t snapshot_every = 1;
   float lr = 0.05f;
   std::string save, load;
+  bool zero1 = false;
+  app.add_flag("--zero1", zero1,
+               "shard the momentum over the slots (ZeRO-1) and all-gather "
+               "the parameters");
   app.add_option("--save", save,
                  "slot 0 writes the final state to this file (the restart "
                  "baseline of benchmarks/recovery_bench)");
@@ -141,6 +151,10 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   app.add_option("--lr", lr, "learning rate");
   CLI11_PARSE(app, argc, argv);
+  if (zero1 && (!save.empty() || !load.empty())) {
+    std::fprintf(stderr, "dp-trainer: --save/--load need the plain mode\n");
+    return 2;
+  }
 
   auto rt = holdfast::Runtime::Create();
   if (!rt.ok()) {
@@ -158,9 +172,15 @@ int main(int argc, char** argv) {
     table[i] = static_cast<uint8_t>(i * 131);
   absl::Status reg = runtime.RegisterState("params", params.data(),
                                            params.size() * sizeof(float));
-  if (reg.ok()) {
+  if (reg.ok() && !zero1) {
     reg = runtime.RegisterState("momentum", momentum.data(),
                                 momentum.size() * sizeof(float));
+  } else if (reg.ok()) {
+    // Zero-initialized by the runtime, like the plain momentum.
+    reg = runtime
+              .RegisterShardedState("momentum", kParams * sizeof(float),
+                                    sizeof(float))
+              .status();
   }
   if (reg.ok() && !table.empty()) {
     reg = runtime.RegisterState("table", table.data(), table.size());
@@ -210,9 +230,44 @@ int main(int argc, char** argv) {
     grad.pop_back();
     if (!s.ok()) return s;
     const float scale = 1.0f / static_cast<float>(batch);
-    for (int i = 0; i < kParams; ++i) {
-      momentum[i] = 0.9f * momentum[i] + grad[i] * scale;
-      params[i] -= lr * momentum[i];
+    if (!zero1) {
+      for (int i = 0; i < kParams; ++i) {
+        momentum[i] = 0.9f * momentum[i] + grad[i] * scale;
+        params[i] -= lr * momentum[i];
+      }
+    } else {
+      // This slot's partition of the momentum (it moves after a shrink).
+      absl::StatusOr<holdfast::ShardView> shard =
+          ctx.runtime->Shard("momentum");
+      if (!shard.ok()) return shard.status();
+      float* m = reinterpret_cast<float*>(shard->data);
+      const size_t first = shard->offset / sizeof(float);
+      const size_t count = shard->bytes / sizeof(float);
+      for (size_t k = 0; k < count; ++k) {
+        const size_t i = first + k;
+        m[k] = 0.9f * m[k] + grad[i] * scale;
+        params[i] -= lr * m[k];
+      }
+      // All-gather the updated partitions (padded to equal size; the
+      // runtime's partition gives the first kParams % W slots one more).
+      const int w = ctx.world_size;
+      const size_t chunk = (kParams + w - 1) / w;
+      std::vector<float> send(chunk, 0.0f), recv(chunk * w);
+      std::copy(params.begin() + first, params.begin() + first + count,
+                send.begin());
+      s = ctx.comm
+              ->AllGather(send.data(), recv.data(), chunk,
+                          holdfast::DataType::kFloat32)
+              ->Wait();
+      if (!s.ok()) return s;
+      const size_t base = kParams / w, extra = kParams % w;
+      for (int r = 0; r < w; ++r) {
+        const size_t ru = static_cast<size_t>(r);
+        const size_t rf = ru * base + std::min(ru, extra);
+        const size_t rc = base + (ru < extra ? 1 : 0);
+        std::copy(recv.begin() + ru * chunk, recv.begin() + ru * chunk + rc,
+                  params.begin() + rf);
+      }
     }
     if (!table.empty()) {
       // A sparse update of the table, as an embedding would get.

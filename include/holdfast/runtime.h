@@ -18,8 +18,21 @@
 //       }, {.steps = 1000});
 //
 // Steps are numbered from 1; step 0 is the registered state as it is when
-// Run() starts (every slot must start from the same state). The state after
-// step s is snapshot s; s is committed once every slot holds it.
+// Run() starts. The state after step s is snapshot s.
+//
+// State is replicated (identical on every slot: parameters and optimizer
+// state of plain data parallelism, the data position) or sharded (each slot
+// owns a different partition of a global array: ZeRO optimizer shards,
+// tensor- or pipeline-parallel partitions). A snapshot is cut into one
+// piece per slot: slot i keeps partition i of every replicated buffer and
+// its own partition of every sharded one, so snapshot memory and traffic
+// per slot are 1/N of the replicated state. Each piece is copied to
+// `replicas` buddies in other failure domains (its host label) over a side
+// communicator, from a background thread. A step is committed once every
+// piece is held by its owner and its buddies. A restore reassembles what
+// each member needs from the pieces of the committed step, verifying their
+// xxHash3 checksums, and falls back to another copy or to the optional disk
+// tier; with no good copy left it fails with DataLoss naming the piece.
 //
 // Threading: Run() and the low-level calls belong to one thread (the
 // training loop). Controller pushes arrive on a background thread; they
@@ -71,7 +84,33 @@ struct RuntimeOptions {
   absl::Duration commit_wait = absl::Seconds(2);
   // Faults to inject; empty reads HOLDFAST_FAULTS.
   std::string faults;
+  // Ask for this slot when joining (-1: the standby role); below -1 reads
+  // HOLDFAST_PREFERRED_SLOT (default: the controller chooses).
+  int preferred_slot = -2;
+  // Copies of each piece on buddies; 0 reads HOLDFAST_REPLICAS (default 1).
+  int replicas = 0;
+  // The parallel layout buddies avoid: slot = ((dp * pp) + pp_index) * tp +
+  // tp_index. 0 reads HOLDFAST_TP_SIZE / HOLDFAST_PP_SIZE (default 1).
+  int tp_size = 0;
+  int pp_size = 0;
+  // Disk tier: every committed step that is a multiple of checkpoint_every
+  // is written here (asynchronously, atomically, with checksums); read when
+  // no memory copy is left, and when a fresh job starts. Empty reads
+  // HOLDFAST_CHECKPOINT_DIR (empty: no disk tier); 0 reads
+  // HOLDFAST_CHECKPOINT_EVERY (default 100).
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;
 };
+
+// A slot's partition of a sharded global array.
+struct ShardView {
+  uint8_t* data = nullptr;  // this slot's bytes (moves after a recovery)
+  size_t offset = 0;        // where they start in the global array
+  size_t bytes = 0;
+  size_t global_bytes = 0;
+};
+
+class Runtime;
 
 // What the step function gets.
 struct StepContext {
@@ -80,6 +119,7 @@ struct StepContext {
   int world_size = 0;
   int64_t generation = 0;
   Communicator* comm = nullptr;  // this generation's; valid during the call
+  Runtime* runtime = nullptr;    // for Shard()
 };
 
 struct RunOptions {
@@ -104,7 +144,9 @@ struct RecoveryRecord {
   int64_t first_step_ms = 0;      // the first step after it ended
   int64_t restored_step = 0;      // the committed step restored
   int64_t lost_steps = 0;         // steps done past it, done again
-  bool received_state = false;    // from a survivor (a standby's view)
+  bool received_state = false;    // pieces came from other members
+  bool from_disk = false;         // no memory copy was left: disk tier
+  int64_t bytes_received = 0;     // by this member
 };
 
 struct RunResult {
@@ -120,6 +162,12 @@ struct RunResult {
   // start to the last step's end.
   int64_t productive_ms = 0;
   int64_t wall_ms = 0;
+  // Backups: rounds committed, bytes this member sent and received for
+  // them, and the time its background thread spent in them.
+  int64_t backups = 0;
+  int64_t backup_bytes = 0;
+  int64_t backup_ms = 0;
+  int64_t disk_writes = 0;
 };
 
 class Runtime {
@@ -140,6 +188,17 @@ class Runtime {
   // names and sizes in the same order (checked at each restore).
   virtual absl::Status RegisterState(const std::string& name, void* data,
                                      size_t bytes) = 0;
+  // Registers sharded state: a `global_bytes` array partitioned over the
+  // slots in whole units of `unit_bytes` (an element, or one slot's whole
+  // tensor-parallel partition); the runtime owns the memory. Returns this
+  // slot's partition (zeroed; fill it before Run). After a recovery that
+  // changes the world size the partitions move: survivors receive the
+  // parts of the lost slot's data that now fall in their partition, so a
+  // trainer reads Shard() (or ctx.runtime->Shard()) at every step.
+  virtual absl::StatusOr<ShardView> RegisterShardedState(
+      const std::string& name, size_t global_bytes, size_t unit_bytes) = 0;
+  // The current partition of a sharded buffer. NotFound for another name.
+  virtual absl::StatusOr<ShardView> Shard(const std::string& name) = 0;
 
   // ---- The step loop ------------------------------------------------------
   // Runs steps committed+1 .. options.steps with automatic recovery. A
@@ -162,9 +221,11 @@ class Runtime {
   // The current generation's communicator; builds it if needed (blocks
   // until every slot has arrived). Null only on error.
   virtual absl::StatusOr<Communicator*> communicator() = 0;
-  // Copies the registered state into the host snapshot of `step`, and acks
-  // it to the controller. Returns false if skipped: the older buffer still
-  // holds a step that may yet commit.
+  // Copies this slot's piece of the registered state into a host snapshot
+  // of `step` and hands it to the backup thread, which copies it to the
+  // buddies and acks it. Returns false if skipped: the previous snapshot is
+  // still being backed up (training never waits for a backup), or `step`
+  // is not newer than the committed step.
   virtual absl::StatusOr<bool> Snapshot(int64_t step) = 0;
   // Full recovery after `cause`; returns the restored step (the loop goes
   // on at restored + 1).

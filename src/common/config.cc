@@ -59,6 +59,25 @@ const std::vector<Entry>& Registry() {
       {{"HOLDFAST_FAULTS", "",
         "faults to inject, e.g. kill:slot=2:step=30 (see docs/recovery.md)"},
        Kind::kString},
+      {{"HOLDFAST_PREFERRED_SLOT", "",
+        "the slot to ask for when joining (a launcher's placement), or "
+        "'standby'; empty: the controller chooses"},
+       Kind::kString},
+      {{"HOLDFAST_REPLICAS", "1",
+        "copies of every checkpoint piece kept by buddies in other failure "
+        "domains"},
+       Kind::kInt},
+      {{"HOLDFAST_TP_SIZE", "1",
+        "tensor-parallel group size (buddies are placed outside a slot's "
+        "groups)"},
+       Kind::kInt},
+      {{"HOLDFAST_PP_SIZE", "1", "pipeline-parallel group size"}, Kind::kInt},
+      {{"HOLDFAST_CHECKPOINT_DIR", "",
+        "directory of the disk tier (empty: no disk tier)"},
+       Kind::kString},
+      {{"HOLDFAST_CHECKPOINT_EVERY", "100",
+        "the disk tier writes committed steps that are multiples of this"},
+       Kind::kInt},
   };
   return *entries;
 }

@@ -32,6 +32,9 @@ struct MemberOptions {
   std::string host;
   std::string failure_domain;
   std::string topology_block;
+  // A fresh registration's wish: this slot if still vacant, or -1 for the
+  // standby role; unset (below -1) lets the controller choose.
+  int preferred_slot = -2;
   // Periodic report interval; zero takes the controller's.
   absl::Duration heartbeat_interval = absl::ZeroDuration();
   // How long Join waits for the controller to come up.

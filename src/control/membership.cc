@@ -130,6 +130,11 @@ absl::Status Membership::CheckRegister(const RegisterRequest& req) const {
                     limits_.max_label_bytes);
   }
   if (!s.ok()) return s;
+  if (req.has_preferred_slot() && req.preferred_slot() < -1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("preferred slot ", req.preferred_slot(),
+                     " is negative (-1 asks for the standby role)"));
+  }
   if (req.pid() < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("pid ", req.pid(), " is negative"));
@@ -274,8 +279,14 @@ absl::StatusOr<RegisterResponse> Membership::Register(
   }
 
   // Once a worker has finished, nobody new takes a slot.
-  const int slot =
-      vacant_.empty() || finished_workers_ > 0 ? -1 : *vacant_.begin();
+  int slot = vacant_.empty() || finished_workers_ > 0 ? -1 : *vacant_.begin();
+  if (slot >= 0 && req.has_preferred_slot()) {
+    if (req.preferred_slot() < 0) {
+      slot = -1;
+    } else if (vacant_.count(req.preferred_slot()) > 0) {
+      slot = req.preferred_slot();
+    }
+  }
   const Member& m = AddMemberLocked(NewIdLocked(), req, slot, now);
   HOLDFAST_LOG_INFO("member {} ({}, pid {}, domain '{}') registered as {}",
                     m.id, m.host, m.pid, m.failure_domain,

@@ -22,7 +22,7 @@ absl::Status Bad(absl::string_view spec, absl::string_view why) {
       absl::StrCat("fault spec '", spec, "': ", why,
                    " (expected e.g. kill:slot=2:step=30, hang:slot=1:step=50, "
                    "exit:slot=0:step=10, slow:slot=3:ms=300 or "
-                   "fail-op:slot=2:seq=120)"));
+                   "fail-op:slot=2:seq=120 or corrupt-shard:slot=1:step=20)"));
 }
 
 absl::StatusOr<FaultSpec> ParseOne(absl::string_view text, int index) {
@@ -41,9 +41,12 @@ absl::StatusOr<FaultSpec> ParseOne(absl::string_view text, int index) {
     f.kind = Kind::kSlow;
   } else if (kind == "fail-op") {
     f.kind = Kind::kFailOp;
+  } else if (kind == "corrupt-shard") {
+    f.kind = Kind::kCorruptShard;
   } else {
     return Bad(text, absl::StrCat("unknown kind '", kind,
-                                  "' (kill, hang, exit, slow or fail-op)"));
+                                  "' (kill, hang, exit, slow, fail-op or "
+                                  "corrupt-shard)"));
   }
   for (size_t i = 1; i < parts.size(); ++i) {
     std::pair<absl::string_view, absl::string_view> kv =
@@ -65,7 +68,7 @@ absl::StatusOr<FaultSpec> ParseOne(absl::string_view text, int index) {
       if (v > 3600000) return Bad(text, "ms out of range");
       f.ms = v;
     } else if (key == "recovery" && f.kind != Kind::kSlow &&
-               f.kind != Kind::kFailOp) {
+               f.kind != Kind::kFailOp && f.kind != Kind::kCorruptShard) {
       if (v < 1 || v > (1 << 20)) return Bad(text, "recovery counts from 1");
       f.recovery = static_cast<int>(v);
     } else if (key == "code" && f.kind == Kind::kExit) {
@@ -91,6 +94,9 @@ absl::StatusOr<FaultSpec> ParseOne(absl::string_view text, int index) {
     case Kind::kFailOp:
       if (f.seq < 0) return Bad(text, "seq=N is required");
       break;
+    case Kind::kCorruptShard:
+      if (f.step < 0) return Bad(text, "step=N is required");
+      break;
   }
   return f;
 }
@@ -109,6 +115,8 @@ const char* KindName(Kind kind) {
       return "slow";
     case Kind::kFailOp:
       return "fail-op";
+    case Kind::kCorruptShard:
+      return "corrupt-shard";
   }
   return "?";
 }
@@ -181,6 +189,7 @@ void Injector::Fire(const FaultSpec& f, absl::string_view where) {
       _exit(f.code);
     case Kind::kSlow:
     case Kind::kFailOp:
+    case Kind::kCorruptShard:
       return;
   }
   for (;;) pause();  // SIGKILL is on its way
@@ -196,8 +205,8 @@ void Injector::AtStep(int slot, int64_t step) {
       if (f.slot != slot) continue;
       if (f.kind == Kind::kSlow) {
         if (step >= f.step) slow_ms += f.ms;
-      } else if (f.kind != Kind::kFailOp && f.step == step && fire == nullptr &&
-                 ClaimLocked(f)) {
+      } else if (f.kind != Kind::kFailOp && f.kind != Kind::kCorruptShard &&
+                 f.step == step && fire == nullptr && ClaimLocked(f)) {
         copy = f;
         fire = &copy;
       }
@@ -213,7 +222,8 @@ void Injector::AtRecovery(int slot, int recovery) {
   {
     absl::MutexLock lock(&mu_);
     for (const FaultSpec& f : faults_) {
-      if (f.slot == slot && f.recovery == recovery && ClaimLocked(f)) {
+      if (f.slot == slot && f.recovery >= 0 && f.recovery == recovery &&
+          ClaimLocked(f)) {
         copy = f;
         fire = true;
         break;
@@ -233,6 +243,18 @@ absl::Status Injector::AtCollective(int slot, int64_t seq) {
     }
   }
   return absl::OkStatus();
+}
+
+bool Injector::AtShard(int slot, int64_t step) {
+  absl::MutexLock lock(&mu_);
+  for (const FaultSpec& f : faults_) {
+    if (f.kind == Kind::kCorruptShard && f.slot == slot && f.step == step &&
+        ClaimLocked(f)) {
+      HOLDFAST_LOG_WARN("injecting fault '{}' (pid {})", f.text, getpid());
+      return true;
+    }
+  }
+  return false;
 }
 
 }  // namespace holdfast::fault

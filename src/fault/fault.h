@@ -10,6 +10,10 @@
 //   fail-op:slot=2:seq=120   collective number 120 of the communicator fails
 //   kill:slot=1:recovery=1   SIGKILL itself inside its first recovery,
 //                            before rendezvous (also hang and exit)
+//   corrupt-shard:slot=1:step=20
+//                            once step 20 is committed, flip a byte of
+//                            slot 1's own copy of its checkpoint piece (a
+//                            restore must notice and use a buddy's copy)
 //
 // `slot` is the rank at the time the point is reached, so a fault on a slot
 // also hits a standby that took it over. Each fault fires once per job: the
@@ -34,7 +38,7 @@
 
 namespace holdfast::fault {
 
-enum class Kind { kKill, kHang, kExit, kSlow, kFailOp };
+enum class Kind { kKill, kHang, kExit, kSlow, kFailOp, kCorruptShard };
 
 struct FaultSpec {
   int index = 0;  // position in the list: the job-wide identity
@@ -76,6 +80,9 @@ class Injector {
   void AtRecovery(int slot, int recovery);
   // Non-OK (Internal, "injected fault ...") when fail-op fires.
   absl::Status AtCollective(int slot, int64_t seq);
+  // True once when corrupt-shard fires for this slot's piece of `step`
+  // (the caller does the corrupting).
+  bool AtShard(int slot, int64_t step);
 
  private:
   Injector();

@@ -26,7 +26,9 @@ inline nlohmann::json ToJson(const RecoveryRecord& r) {
           {"first_step_ms", r.first_step_ms},
           {"restored_step", r.restored_step},
           {"lost_steps", r.lost_steps},
-          {"received_state", r.received_state}};
+          {"received_state", r.received_state},
+          {"from_disk", r.from_disk},
+          {"bytes_received", r.bytes_received}};
 }
 
 }  // namespace holdfast

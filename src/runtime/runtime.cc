@@ -4,17 +4,22 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <map>
 #include <optional>
 #include <thread>
 #include <utility>
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "holdfast/status.h"
+#include "holdfast/store.h"
 #include "src/common/config.h"
 #include "src/common/logging.h"
 #include "src/control/auth.h"
@@ -22,6 +27,7 @@
 #include "src/control/member.h"
 #include "src/fault/fault.h"
 #include "src/runtime/report.h"
+#include "src/runtime/shards.h"
 
 namespace holdfast {
 namespace {
@@ -93,15 +99,34 @@ class CancellableStore final : public Store {
   const std::function<std::optional<std::string>()> cancelled_;
 };
 
+// Backups wait for every slot to reach the same snapshot; that may take
+// as long as a training step, so their agreement has no deadline of its
+// own (a failure aborts the side communicator instead).
+constexpr absl::Duration kAgreeTimeout = absl::Hours(24);
+constexpr uint32_t kBackupTag = 0xb4c0;
+constexpr absl::Duration kSideConnectTimeout = absl::Seconds(15);
+constexpr char kSidePrefix[] = "holdfast/side/";
+
 struct StateBuffer {
   std::string name;
-  uint8_t* data;
-  size_t bytes;
+  bool sharded = false;
+  size_t global = 0;             // bytes of the global array
+  size_t unit = 1;               // partitions are whole units
+  uint8_t* data = nullptr;       // replicated: the caller's whole array
+  std::vector<uint8_t> storage;  // sharded: this slot's partition
+  shards::Range part;            // sharded: what storage holds
 };
 
-// One host snapshot of the whole registered state.
-struct Snap {
-  int64_t step = -1;  // -1: empty
+// One slot's piece of one snapshot (its own, a buddy's copy, or one
+// received during a restore).
+struct Piece {
+  int64_t step = -1;
+  int64_t layout_generation = 0;  // the generation whose world cut it
+  int world = 0;
+  int slot = 0;  // whose partition, in that world
+  uint64_t checksum = 0;
+  bool own = false;
+  size_t size = 0;
   std::unique_ptr<uint8_t[]> bytes;
 };
 
@@ -111,11 +136,6 @@ class RuntimeImpl final : public Runtime {
 
   ~RuntimeImpl() override {
     Leave(finished_);
-    {
-      absl::MutexLock lock(&ack_mu_);
-      ack_stop_ = true;
-    }
-    if (ack_thread_.joinable()) ack_thread_.join();
     fault::Injector::Global().SetClaim(nullptr);
   }
 
@@ -123,6 +143,39 @@ class RuntimeImpl final : public Runtime {
     if (options_.recovery_timeout <= absl::ZeroDuration()) {
       options_.recovery_timeout =
           absl::Milliseconds(config::IntParam("HOLDFAST_RECOVERY_TIMEOUT_MS"));
+    }
+    if (options_.replicas <= 0) {
+      options_.replicas = static_cast<int>(
+          std::min<int64_t>(config::IntParam("HOLDFAST_REPLICAS"), 64));
+    }
+    if (options_.tp_size <= 0) {
+      options_.tp_size = static_cast<int>(config::IntParam("HOLDFAST_TP_SIZE"));
+    }
+    if (options_.pp_size <= 0) {
+      options_.pp_size = static_cast<int>(config::IntParam("HOLDFAST_PP_SIZE"));
+    }
+    if (options_.checkpoint_dir.empty()) {
+      options_.checkpoint_dir = config::StringParam("HOLDFAST_CHECKPOINT_DIR");
+    }
+    if (options_.checkpoint_every <= 0) {
+      options_.checkpoint_every = config::IntParam("HOLDFAST_CHECKPOINT_EVERY");
+    }
+    if (options_.preferred_slot < -1) {
+      const std::string want = config::StringParam("HOLDFAST_PREFERRED_SLOT");
+      if (want == "standby") {
+        options_.preferred_slot = -1;
+      } else if (!want.empty() &&
+                 (!absl::SimpleAtoi(want, &options_.preferred_slot) ||
+                  options_.preferred_slot < 0)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("HOLDFAST_PREFERRED_SLOT='", want,
+                         "' is neither a slot number nor 'standby'"));
+      }
+    }
+    if (options_.host.empty()) {
+      char name[256] = {};
+      gethostname(name, sizeof(name) - 1);
+      options_.host = name;
     }
     const std::string faults = options_.faults.empty()
                                    ? config::StringParam("HOLDFAST_FAULTS")
@@ -140,6 +193,7 @@ class RuntimeImpl final : public Runtime {
     mo.host = options_.host;
     mo.topology_block = options_.topology_block;
     mo.connect_timeout = options_.join_timeout;
+    mo.preferred_slot = options_.preferred_slot;
     control::MemberCallbacks cb;
     cb.on_membership = [this](const MembershipUpdate& u) { OnMembership(u); };
     cb.on_abort = [this](const control::AbortOrder& a) {
@@ -176,9 +230,8 @@ class RuntimeImpl final : public Runtime {
       committed_ = std::max(committed_, a.committed_step);
     }
     HOLDFAST_LOG_INFO(
-        "runtime: member {} joined as {} (generation {}, world "
-        "{})",
-        a.member_id,
+        "runtime: member {} ({}) joined as {} (generation {}, world {})",
+        a.member_id, options_.host,
         a.standby ? std::string("standby") : absl::StrCat("slot ", a.slot),
         a.generation, a.world_size);
     // Each fault fires once per job: the first process to claim it in the
@@ -190,7 +243,7 @@ class RuntimeImpl final : public Runtime {
                                     "", true, absl::StrCat(id));
       return r.ok() && r->first;
     });
-    ack_thread_ = std::thread([this] { AckLoop(); });
+    backup_thread_ = std::thread([this] { BackupLoop(); });
     return absl::OkStatus();
   }
 
@@ -198,22 +251,46 @@ class RuntimeImpl final : public Runtime {
 
   absl::Status RegisterState(const std::string& name, void* data,
                              size_t bytes) override {
-    if (name.empty() || (data == nullptr && bytes > 0)) {
+    if (data == nullptr && bytes > 0) {
       return absl::InvalidArgumentError(
-          "RegisterState: the name must be non-empty and the data non-null");
+          absl::StrCat("RegisterState('", name,
+                       "'): the data is null but bytes is ", bytes));
     }
-    if (started_) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "RegisterState('", name, "'): state is registered before Run"));
-    }
-    for (const StateBuffer& b : buffers_) {
-      if (b.name == name) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("RegisterState: '", name, "' is registered twice"));
-      }
-    }
-    buffers_.push_back({name, static_cast<uint8_t*>(data), bytes});
+    HOLDFAST_RETURN_IF_ERROR(CheckNewName(name));
+    StateBuffer b;
+    b.name = name;
+    b.global = bytes;
+    b.data = static_cast<uint8_t*>(data);
+    buffers_.push_back(std::move(b));
     return absl::OkStatus();
+  }
+
+  absl::StatusOr<ShardView> RegisterShardedState(const std::string& name,
+                                                 size_t global_bytes,
+                                                 size_t unit_bytes) override {
+    if (unit_bytes == 0 || global_bytes % unit_bytes != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "RegisterShardedState('", name, "'): global_bytes ", global_bytes,
+          " is not a whole number of units of ", unit_bytes, " bytes"));
+    }
+    HOLDFAST_RETURN_IF_ERROR(CheckNewName(name));
+    StateBuffer b;
+    b.name = name;
+    b.sharded = true;
+    b.global = global_bytes;
+    b.unit = unit_bytes;
+    buffers_.push_back(std::move(b));
+    const View v = CurrentView();
+    if (!v.standby) Repartition(buffers_.back(), v.world, v.slot);
+    return ViewOf(buffers_.back());
+  }
+
+  absl::StatusOr<ShardView> Shard(const std::string& name) override {
+    for (const StateBuffer& b : buffers_) {
+      if (b.name == name && b.sharded) return ViewOf(b);
+    }
+    return absl::NotFoundError(
+        absl::StrCat("no sharded state named '", name, "' is registered"));
   }
 
   // ---- Views ----------------------------------------------------------------
@@ -260,69 +337,81 @@ class RuntimeImpl final : public Runtime {
   void Leave(bool finished) override {
     if (left_) return;
     left_ = true;
+    // Stop the backup thread first. An idle one just exits; one inside a
+    // round (peers that stopped snapshotting leave it waiting) is freed by
+    // aborting the side communicator.
+    bool busy;
+    {
+      // Under the lock: the thread either sees the stop before it starts a
+      // round, or the round is seen here and aborted.
+      absl::MutexLock lock(&bk_mu_);
+      bk_stop_ = true;
+      bk_wake_ = true;
+      busy = busy_;
+    }
+    if (busy) AbortComm(INT64_MAX, "this member left the job");
+    if (backup_thread_.joinable()) backup_thread_.join();
+    std::shared_ptr<Communicator> comm, side;
     {
       absl::MutexLock lock(&mu_);
-      comm_.reset();
+      comm = std::move(comm_);
+      side = std::move(side_);
     }
+    comm.reset();  // quietly: leaving is no failure
+    side.reset();
     if (member_ != nullptr) member_->Leave(finished);
   }
 
-  // ---- Snapshots
-  // --------------------------------------------------------------
+  // ---- Snapshots ------------------------------------------------------------
 
   absl::StatusOr<bool> Snapshot(int64_t step) override {
     if (step < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("Snapshot: step ", step, " is negative"));
     }
-    EnsureSnapshots();
-    // Keep the newest snapshot that is committed. The other buffer may be
-    // overwritten once what it holds is committed-and-superseded (or
-    // empty). If it holds a step that may still commit, wait for that
-    // commit: every slot acked it right after taking it, so it is normally
-    // in flight. Skipping instead would leave slots holding different steps
-    // and nothing would ever commit.
-    const absl::Time deadline = absl::Now() + options_.commit_wait;
-    int target = -1;
-    for (;;) {
-      const int64_t committed = committed_step();
-      int keep = -1;
-      for (int i = 0; i < 2; ++i) {
-        if (snaps_[i].step >= 0 && snaps_[i].step <= committed &&
-            (keep < 0 || snaps_[i].step > snaps_[keep].step)) {
-          keep = i;
-        }
-      }
-      target = keep >= 0 ? 1 - keep : snaps_[0].step < snaps_[1].step ? 0 : 1;
-      if (snaps_[target].step <= committed) break;
-      if (!AwaitCommitted(snaps_[target].step, deadline)) {
+    const View v = CurrentView();
+    if (v.standby || v.slot < 0) {
+      return absl::FailedPreconditionError(
+          "Snapshot: a standby has no state to snapshot");
+    }
+    // After a rollback to the disk tier the controller's committed step
+    // may be ahead of the loop; those steps cannot commit again.
+    if (step <= committed_step()) {
+      ++snapshots_skipped_;
+      return false;
+    }
+    {
+      absl::MutexLock lock(&bk_mu_);
+      if (pending_ != nullptr || busy_) {
+        // The previous snapshot is still being backed up: skip this one
+        // rather than stall training.
         ++snapshots_skipped_;
-        HOLDFAST_LOG_WARN(
-            "runtime: snapshot of step {} skipped: step {} is not committed "
-            "after {}",
-            step, snaps_[target].step,
-            absl::FormatDuration(options_.commit_wait));
         return false;
       }
     }
-    snaps_[target].step = -1;  // torn until the copy completes
-    uint8_t* out = snaps_[target].bytes.get();
+    auto p = std::make_unique<Piece>();
+    p->step = step;
+    p->layout_generation = CommGeneration();
+    p->world = v.world;
+    p->slot = v.slot;
+    p->own = true;
+    p->size = PieceSize(v.world, v.slot);
+    p->bytes = Acquire(p->size);
+    uint8_t* out = p->bytes.get();
     for (const StateBuffer& b : buffers_) {
-      if (b.bytes > 0) std::memcpy(out, b.data, b.bytes);
-      out += b.bytes;
+      const shards::Range r = Part(b, v.world, v.slot);
+      const uint8_t* src = b.sharded ? b.storage.data() : b.data + r.offset;
+      if (r.bytes > 0) std::memcpy(out, src, r.bytes);
+      out += r.bytes;
     }
-    snaps_[target].step = step;
     ++snapshots_;
-    if (!standby()) {
-      absl::MutexLock lock(&ack_mu_);
-      ack_step_ = step;
-      ack_generation_ = CommGeneration();
-    }
+    absl::MutexLock lock(&bk_mu_);
+    pending_ = p.get();
+    pieces_.push_back(std::move(p));
     return true;
   }
 
-  // ---- Recovery
-  // ---------------------------------------------------------------
+  // ---- Recovery -------------------------------------------------------------
 
   absl::StatusOr<int64_t> Recover(const absl::Status& cause) override {
     RecoveryRecord rec;
@@ -352,12 +441,7 @@ class RuntimeImpl final : public Runtime {
       // crash is seen at once). If it does not, nobody it knows of failed:
       // report the broken communicator, which rebuilds the group.
       if (!AwaitGeneration(failed, absl::Now() + options_.report_grace)) {
-        absl::StatusOr<bool> r = member_->ReportFailure(-1, last_error);
-        if (!r.ok() &&
-            r.status().code() != absl::StatusCode::kFailedPrecondition) {
-          HOLDFAST_LOG_WARN("runtime: reporting the failure: {}",
-                            std::string(r.status().message()));
-        }
+        ReportBroken(last_error);
         AwaitGeneration(failed, deadline);
         continue;
       }
@@ -374,7 +458,7 @@ class RuntimeImpl final : public Runtime {
       absl::Status s = BuildComm();
       if (s.ok()) {
         rec.rebuilt_ms = NowMs();
-        absl::StatusOr<int64_t> restored = Restore(&rec.received_state);
+        absl::StatusOr<int64_t> restored = Restore(&rec);
         if (restored.ok()) {
           rec.restored_ms = NowMs();
           rec.generation = v.generation;
@@ -383,9 +467,9 @@ class RuntimeImpl final : public Runtime {
           pending_record_ = rec;
           HOLDFAST_LOG_INFO(
               "runtime: slot {} of {} recovered at generation {}: step {} "
-              "restored{} in {} ms",
-              v.slot, v.world, v.generation, *restored,
-              rec.received_state ? " (state received)" : "",
+              "restored ({} bytes received{}) in {} ms",
+              v.slot, v.world, v.generation, *restored, rec.bytes_received,
+              rec.from_disk ? ", from the disk tier" : "",
               rec.restored_ms - rec.seen_ms);
           return *restored;
         }
@@ -400,8 +484,7 @@ class RuntimeImpl final : public Runtime {
     }
   }
 
-  // ---- The loop
-  // ---------------------------------------------------------------
+  // ---- The loop -------------------------------------------------------------
 
   absl::StatusOr<RunResult> Run(
       std::function<absl::Status(const StepContext&)> step_fn,
@@ -414,29 +497,18 @@ class RuntimeImpl final : public Runtime {
           "Run: steps must be >= 0, snapshot_every >= 1 and step_fn set");
     }
     // The runtime's own ledger travels with the state, so the productive
-    // time survives a rollback (and reaches a standby that takes over):
-    // [0] the first step's start (Unix ms), [s] step s's duration (us).
-    ledger_.assign(static_cast<size_t>(options.steps) + 1, 0);
-    HOLDFAST_RETURN_IF_ERROR(RegisterState("holdfast/ledger", ledger_.data(),
-                                           ledger_.size() * sizeof(int64_t)));
+    // time survives a rollback (and reaches a member that takes over):
+    // the first step's start (Unix ms), the productive time of the steps
+    // done so far (us), and the first step's duration (us).
+    HOLDFAST_RETURN_IF_ERROR(
+        RegisterState("holdfast/ledger", ledger_, sizeof(ledger_)));
     started_ = true;
-    // Step 0: the state as every slot starts.
-    HOLDFAST_ASSIGN_OR_RETURN(bool taken, Snapshot(0));
-    (void)taken;
     RunResult result;
     HOLDFAST_RETURN_IF_ERROR(AwaitSlot());
 
     int64_t step;
     {
-      const View v = CurrentView();
-      if (v.generation > 0) {
-        // Joining a running job (a standby taking a slot): its first
-        // recovery, for fault injection.
-        fault::Injector::Global().AtRecovery(v.slot, ++recoveries_);
-      }
-      absl::Status s = BuildComm();
-      absl::StatusOr<int64_t> restored =
-          s.ok() ? Restore(nullptr) : absl::StatusOr<int64_t>(s);
+      absl::StatusOr<int64_t> restored = Start();
       if (!restored.ok()) {
         if (!IsRecoverable(restored.status()) && CommHealthy()) {
           return restored.status();
@@ -466,6 +538,7 @@ class RuntimeImpl final : public Runtime {
         ctx.world_size = v.world;
         ctx.generation = v.generation;
         ctx.comm = comm;
+        ctx.runtime = this;
         s = step_fn(ctx);
       }
       // A step that finished while its generation was being replaced may
@@ -491,8 +564,11 @@ class RuntimeImpl final : public Runtime {
         // snapshot is the loop's usual per-step work).
         pending_record_->first_step_ms = absl::ToUnixMillis(t1);
       }
-      if (step == 1) ledger_[0] = absl::ToUnixMillis(t0);
-      ledger_[static_cast<size_t>(step)] = absl::ToInt64Microseconds(t1 - t0);
+      if (step == 1) {
+        ledger_[0] = absl::ToUnixMillis(t0);
+        ledger_[2] = absl::ToInt64Microseconds(t1 - t0);
+      }
+      ledger_[1] += absl::ToInt64Microseconds(t1 - t0);
       high_step_ = std::max(high_step_, step);
       if (step % options.snapshot_every == 0 || step == options.steps) {
         member_->SetPhase(control::PHASE_CHECKPOINTING, 0);
@@ -509,6 +585,9 @@ class RuntimeImpl final : public Runtime {
       }
       ++step;
     }
+    // Let the last backup round finish (its peers are in it too) before
+    // leaving, so nobody sees this member vanish from under a transfer.
+    AwaitBackupsSettled(options.steps, absl::Now() + options_.commit_wait);
     const View v = CurrentView();
     result.final_step = options.steps;
     result.world_size = v.world;
@@ -517,10 +596,15 @@ class RuntimeImpl final : public Runtime {
     result.recoveries = recovery_records_;
     result.snapshots = snapshots_;
     result.snapshots_skipped = snapshots_skipped_;
-    int64_t us = 0;
-    for (size_t s = 1; s < ledger_.size(); ++s) us += ledger_[s];
-    result.productive_ms = us / 1000;
+    result.productive_ms = ledger_[1] / 1000;
     result.wall_ms = options.steps > 0 ? NowMs() - ledger_[0] : 0;
+    {
+      absl::MutexLock lock(&bk_mu_);
+      result.backups = backups_;
+      result.backup_bytes = backup_bytes_;
+      result.backup_ms = backup_us_ / 1000;
+      result.disk_writes = disk_writes_;
+    }
     if (v.slot == 0) PublishFinal(result);
     finished_ = true;
     Leave(true);
@@ -554,6 +638,136 @@ class RuntimeImpl final : public Runtime {
   }
   bool CommHealthy() const { return CommHealth().ok(); }
 
+  absl::Status CheckNewName(const std::string& name) const {
+    if (name.empty()) {
+      return absl::InvalidArgumentError("RegisterState: the name is empty");
+    }
+    if (started_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "RegisterState('", name, "'): state is registered before Run"));
+    }
+    for (const StateBuffer& b : buffers_) {
+      if (b.name == name) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("RegisterState: '", name, "' is registered twice"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // ---- Pieces ---------------------------------------------------------------
+
+  static shards::Range Part(const StateBuffer& b, int world, int slot) {
+    return shards::Partition(b.global, b.unit, world, slot);
+  }
+  // What a member at (world, slot) holds live: all of a replicated buffer,
+  // its partition of a sharded one.
+  static shards::Range Needed(const StateBuffer& b, int world, int slot) {
+    return b.sharded ? Part(b, world, slot) : shards::Range{0, b.global};
+  }
+  static ShardView ViewOf(const StateBuffer& b) {
+    ShardView v;
+    v.data = const_cast<uint8_t*>(b.storage.data());
+    v.offset = b.part.offset;
+    v.bytes = b.part.bytes;
+    v.global_bytes = b.global;
+    return v;
+  }
+  static void Repartition(StateBuffer& b, int world, int slot) {
+    const shards::Range r = Part(b, world, slot);
+    if (r.offset == b.part.offset && r.bytes == b.part.bytes &&
+        b.storage.size() == r.bytes) {
+      return;
+    }
+    b.storage.assign(r.bytes, 0);
+    b.part = r;
+  }
+
+  size_t PieceSize(int world, int slot) const {
+    size_t n = 0;
+    for (const StateBuffer& b : buffers_) n += Part(b, world, slot).bytes;
+    return n;
+  }
+
+  // Whether the member at (world, slot) needs any byte of piece `p` of a
+  // snapshot cut for `old_world`.
+  bool Needs(int world, int slot, int old_world, int p) const {
+    for (const StateBuffer& b : buffers_) {
+      if (shards::Intersect(Needed(b, world, slot), Part(b, old_world, p))
+              .bytes > 0) {
+        return true;
+      }
+    }
+    return false;
+  }
+
+  // Copies what this member (world, slot) needs out of piece `p`.
+  void Apply(const uint8_t* piece, int old_world, int p, int world, int slot) {
+    size_t off = 0;
+    for (StateBuffer& b : buffers_) {
+      const shards::Range r = Part(b, old_world, p);
+      const shards::Range need = Needed(b, world, slot);
+      const shards::Range x = shards::Intersect(need, r);
+      if (x.bytes > 0) {
+        uint8_t* dst = b.sharded ? b.storage.data() + (x.offset - need.offset)
+                                 : b.data + x.offset;
+        std::memcpy(dst, piece + off + (x.offset - r.offset), x.bytes);
+      }
+      off += r.bytes;
+    }
+  }
+
+  uint64_t LayoutHash() const {
+    uint64_t h = 0x686f6c64;
+    for (const StateBuffer& b : buffers_) {
+      h = XXH3_64bits_withSeed(b.name.data(), b.name.size(), h);
+      const uint64_t meta[3] = {b.sharded ? 1u : 0u, b.global, b.unit};
+      h = XXH3_64bits_withSeed(meta, sizeof(meta), h);
+    }
+    return h;
+  }
+
+  std::unique_ptr<uint8_t[]> Acquire(size_t size) {
+    {
+      absl::MutexLock lock(&bk_mu_);
+      auto it = pool_.find(size);
+      if (it != pool_.end()) {
+        std::unique_ptr<uint8_t[]> b = std::move(it->second);
+        pool_.erase(it);
+        return b;
+      }
+    }
+    return std::unique_ptr<uint8_t[]>(new uint8_t[std::max<size_t>(1, size)]);
+  }
+
+  // Removes pieces matching `drop` from the store (their memory goes back
+  // to the pool, which keeps a few buffers of each size).
+  template <typename Pred>
+  void EvictLocked(Pred drop) ABSL_EXCLUSIVE_LOCKS_REQUIRED(bk_mu_) {
+    for (auto it = pieces_.begin(); it != pieces_.end();) {
+      if (drop(**it)) {
+        if (pool_.count((*it)->size) < 4) {
+          pool_.emplace((*it)->size, std::move((*it)->bytes));
+        }
+        if (pending_ == it->get()) pending_ = nullptr;
+        it = pieces_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  template <typename Pred>
+  void Evict(Pred drop) {
+    absl::MutexLock lock(&bk_mu_);
+    EvictLocked(drop);
+  }
+  void Drop(const Piece* p) {
+    Evict([p](const Piece& q) { return &q == p; });
+  }
+
+  // ---- Membership events
+  // ------------------------------------------------------
+
   void OnMembership(const MembershipUpdate& u) {
     {
       absl::MutexLock lock(&mu_);
@@ -573,10 +787,21 @@ class RuntimeImpl final : public Runtime {
     committed_ = std::max(committed_, c);
   }
 
-  // Aborts the communicator if its generation is <= `upto`.
+  // Aborts the training and side communicators of generations <= `upto`.
   void AbortComm(int64_t upto, absl::string_view reason) {
     absl::MutexLock lock(&mu_);
     if (comm_ != nullptr && comm_generation_ <= upto) comm_->Abort(reason);
+    if (side_ != nullptr && side_generation_ <= upto) side_->Abort(reason);
+  }
+
+  // Reports a communicator failure nobody explained; the controller opens a
+  // generation with the same members.
+  void ReportBroken(const std::string& why) {
+    absl::StatusOr<bool> r = member_->ReportFailure(-1, why);
+    if (!r.ok() && r.status().code() != absl::StatusCode::kFailedPrecondition) {
+      HOLDFAST_LOG_WARN("runtime: reporting the failure: {}",
+                        std::string(r.status().message()));
+    }
   }
 
   // OK, or why the job cannot go on for this member.
@@ -600,7 +825,7 @@ class RuntimeImpl final : public Runtime {
   }
 
   // Waits until `step` is committed; false on timeout or when the
-  // communicator fails meanwhile.
+  // communicator fails or the generation moves meanwhile.
   bool AwaitCommitted(int64_t step, absl::Time deadline) {
     absl::MutexLock lock(&mu_);
     auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -643,6 +868,20 @@ class RuntimeImpl final : public Runtime {
     return Terminal();
   }
 
+  // Why a rendezvous of generation `gen` is pointless now, if it is.
+  std::optional<std::string> Abandoned(int64_t gen) const {
+    absl::MutexLock lock(&mu_);
+    if (view_.generation > gen) {
+      return absl::StrCat("rendezvous of generation ", gen,
+                          " abandoned: generation ", view_.generation,
+                          " opened");
+    }
+    if (!fenced_.ok()) return std::string("fenced");
+    if (job_end_.has_value()) return std::string("the job ended");
+    if (bk_stop_) return std::string("the runtime is shutting down");
+    return std::nullopt;
+  }
+
   // Builds the communicator of the current generation.
   absl::Status BuildComm() {
     const View v = CurrentView();
@@ -657,17 +896,7 @@ class RuntimeImpl final : public Runtime {
     }
     old.reset();  // joins its threads; never blocks on a peer
     const int64_t gen = v.generation;
-    auto cancelled = [this, gen]() -> std::optional<std::string> {
-      absl::MutexLock lock(&mu_);
-      if (view_.generation > gen) {
-        return absl::StrCat("rendezvous of generation ", gen,
-                            " abandoned: generation ", view_.generation,
-                            " opened");
-      }
-      if (!fenced_.ok()) return std::string("fenced");
-      if (job_end_.has_value()) return std::string("the job ended");
-      return std::nullopt;
-    };
+    auto cancelled = [this, gen] { return Abandoned(gen); };
     CommunicatorOptions o = options_.comm;
     o.rank = v.slot;
     o.size = v.world;
@@ -679,146 +908,728 @@ class RuntimeImpl final : public Runtime {
       return c.status();
     }
     std::shared_ptr<Communicator> comm(std::move(*c));
-    absl::MutexLock lock(&mu_);
-    comm_ = comm;
-    comm_generation_ = gen;
-    // An order that arrived while building applies now.
-    if (view_.generation > gen) comm_->Abort("a newer generation opened");
-    return absl::OkStatus();
+    {
+      absl::MutexLock lock(&mu_);
+      comm_ = comm;
+      comm_generation_ = gen;
+      // An order that arrived while building applies now.
+      if (view_.generation > gen) comm_->Abort("a newer generation opened");
+    }
+    // The side communicator for backups is built here too, while every
+    // member is in the same protocol step: Gloo's connect phase cannot be
+    // cancelled, so building it later, while peers train (and may die),
+    // could hold a member for Gloo's own timeout.
+    return BuildSide(gen, v.world, v.slot);
   }
 
-  // Rolls every slot back to the newest committed step some member holds;
-  // members without it receive it from the lowest slot that has it.
-  // `received`: set when this member received the state.
-  absl::StatusOr<int64_t> Restore(bool* received) {
+  // The start of Run for a member with a slot: a worker of a fresh job
+  // starts from its registered state, or from the disk tier when it holds
+  // a checkpoint; a member joining a running job (a standby taking a slot)
+  // restores the committed step. Then the starting state is snapshotted and
+  // backed up before the first step, so every step after it can be
+  // recovered. Returns the step the state is at.
+  absl::StatusOr<int64_t> Start() {
+    const View v = CurrentView();
+    if (v.generation > 0) {
+      // Joining a running job: its first recovery, for fault injection.
+      fault::Injector::Global().AtRecovery(v.slot, ++recoveries_);
+    }
+    HOLDFAST_RETURN_IF_ERROR(BuildComm());
+    for (StateBuffer& b : buffers_) {
+      if (b.sharded) Repartition(b, v.world, v.slot);
+    }
+    int64_t at = 0;
+    if (v.generation > 0 || committed_step() >= 0) {
+      HOLDFAST_ASSIGN_OR_RETURN(at, Restore(nullptr));
+      return at;
+    }
+    if (!options_.checkpoint_dir.empty()) {
+      RecoveryRecord rec;
+      HOLDFAST_ASSIGN_OR_RETURN(std::optional<int64_t> d,
+                                RestoreFromDisk(&rec, /*required=*/false));
+      if (d.has_value()) {
+        at = *d;
+        HOLDFAST_LOG_INFO(
+            "runtime: slot {} resumes from the disk tier at "
+            "step {}",
+            v.slot, at);
+      }
+    }
+    high_step_ = std::max(high_step_, at);
+    HOLDFAST_ASSIGN_OR_RETURN(bool taken, Snapshot(at));
+    if (!taken ||
+        !AwaitCommitted(at, absl::Now() + options_.recovery_timeout)) {
+      HOLDFAST_RETURN_IF_ERROR(Terminal());
+      absl::Status s = CommHealth();
+      return s.ok()
+                 ? absl::AbortedError(absl::StrCat("the starting state (step ",
+                                                   at, ") was not committed"))
+                 : s;
+    }
+    return at;
+  }
+
+  // ---- Restore
+  // ----------------------------------------------------------------
+
+  // Waits until the backup thread is out of any round (the caller aborted
+  // its communicator) and drops a snapshot it has not started on.
+  void QuiesceBackups() {
+    absl::MutexLock lock(&bk_mu_);
+    if (pending_ != nullptr) {
+      const Piece* p = pending_;
+      EvictLocked([p](const Piece& q) { return &q == p; });
+    }
+    auto idle = [this]()
+                    ABSL_EXCLUSIVE_LOCKS_REQUIRED(bk_mu_) { return !busy_; };
+    bk_mu_.Await(absl::Condition(&idle));
+  }
+
+  // Rolls every member back to the newest committed step. Each member says
+  // which pieces of that step it holds (after checking their checksums);
+  // the pieces of the newest world cut that is complete are used, each
+  // member receiving the ones it needs and lacks from the lowest member
+  // holding a good copy. With a piece lost everywhere, the disk tier, else
+  // DataLoss naming it. `rec` (optional) gets what was received.
+  absl::StatusOr<int64_t> Restore(RecoveryRecord* rec) {
     Communicator* comm;
     {
       absl::MutexLock lock(&mu_);
       comm = comm_.get();
     }
     const View v = CurrentView();
-    size_t total = 0;
-    uint64_t layout = 0;
-    for (const StateBuffer& b : buffers_) {
-      total += b.bytes;
-      layout =
-          XXH3_64bits_withSeed(b.name.data(), b.name.size(), layout) ^ b.bytes;
+    QuiesceBackups();
+    const uint64_t layout = LayoutHash();
+    int64_t held;
+    {
+      absl::MutexLock lock(&bk_mu_);
+      held = static_cast<int64_t>(pieces_.size());
     }
-    const int64_t target_here = std::max<int64_t>(0, committed_step());
-    // Every slot: [the step it would restore, the highest step it reached,
-    // total bytes, layout hash].
-    const int64_t mine[4] = {target_here, high_step_,
-                             static_cast<int64_t>(total),
-                             static_cast<int64_t>(layout)};
+    const int64_t mine[4] = {committed_step(), high_step_,
+                             static_cast<int64_t>(layout), held};
     std::vector<int64_t> all(static_cast<size_t>(v.world) * 4);
-    // Two rounds: agree on the target, then on who holds it.
     HOLDFAST_RETURN_IF_ERROR(
         comm->AllGather(mine, all.data(), 4, DataType::kInt64)->Wait());
-    int64_t target = 0;
-    int64_t high = 0;
+    int64_t target = 0, high = 0, kmax = 1;
     for (int r = 0; r < v.world; ++r) {
       const int64_t* e = &all[static_cast<size_t>(r) * 4];
-      if (e[2] != mine[2] || e[3] != mine[3]) {
+      if (e[2] != mine[2]) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "registered state differs between slots: slot ", r, " has ", e[2],
-            " bytes (layout hash ", static_cast<uint64_t>(e[3]), "), slot ",
-            v.slot, " has ", total, " (", layout,
-            "); every slot must register the same names and sizes"));
+            "registered state differs between slots: slot ", r,
+            " has layout hash ", static_cast<uint64_t>(e[2]), ", slot ", v.slot,
+            " has ", layout,
+            "; every slot must register the same names, kinds and sizes in "
+            "the same order"));
       }
       target = std::max(target, e[0]);
       high = std::max(high, e[1]);
+      kmax = std::max(kmax, e[3]);
     }
     lost_steps_ = std::max<int64_t>(0, high - target);
-    int held = -1;
-    for (int i = 0; i < 2; ++i) {
-      if (snaps_[i].step == target) held = i;
-    }
-    int64_t have = held >= 0 ? 1 : 0;
-    std::vector<int64_t> haves(static_cast<size_t>(v.world));
-    HOLDFAST_RETURN_IF_ERROR(
-        comm->AllGather(&have, haves.data(), 1, DataType::kInt64)->Wait());
-    int root = -1;
-    for (int r = 0; r < v.world && root < 0; ++r) {
-      if (haves[static_cast<size_t>(r)] != 0) root = r;
-    }
-    if (root < 0) {
-      return absl::DataLossError(
-          absl::StrCat("no member of generation ", v.generation,
-                       " holds the committed snapshot of step ", target,
-                       "; the state cannot be restored"));
-    }
     // Snapshots past the target belong to a timeline that was abandoned.
-    for (Snap& s : snaps_) {
-      if (s.step > target) s.step = -1;
-    }
-    if (held < 0) {
-      // Receive into a free buffer (the one not holding anything useful).
-      held = snaps_[0].step < 0 ? 0 : 1;
-      snaps_[held].step = -1;
-      uint8_t* dst = snaps_[held].bytes.get();
-      for (size_t off = 0; off < total; off += kChunkBytes) {
-        const size_t n = std::min(kChunkBytes, total - off);
-        OpOptions oo;
-        oo.tag = kRestoreTag;
-        HOLDFAST_RETURN_IF_ERROR(
-            comm->Recv(dst + off, n, DataType::kUInt8, root, oo)->Wait());
+    Evict([target](const Piece& p) { return p.step > target; });
+
+    // What this member holds of the target: [layout generation, world,
+    // slot, checksum, good], padded with world = 0.
+    constexpr int kFields = 5;
+    std::vector<int64_t> entries(static_cast<size_t>(kmax) * kFields, 0);
+    std::vector<Piece*> at;
+    {
+      absl::MutexLock lock(&bk_mu_);
+      for (auto& p : pieces_) {
+        if (p->step == target) at.push_back(p.get());
       }
-      snaps_[held].step = target;
-      if (received != nullptr) *received = true;
-    } else if (v.slot == root) {
-      const uint8_t* src = snaps_[held].bytes.get();
-      std::vector<std::shared_ptr<Work>> sends;
-      for (int r = 0; r < v.world; ++r) {
-        if (haves[static_cast<size_t>(r)] != 0) continue;
-        for (size_t off = 0; off < total; off += kChunkBytes) {
-          const size_t n = std::min(kChunkBytes, total - off);
-          OpOptions oo;
-          oo.tag = kRestoreTag;
-          sends.push_back(comm->Send(src + off, n, DataType::kUInt8, r, oo));
+    }
+    std::vector<bool> good_at(at.size());
+    for (size_t i = 0; i < at.size() && i < static_cast<size_t>(kmax); ++i) {
+      const Piece& p = *at[i];
+      const bool good = shards::Checksum(p.bytes.get(), p.size) == p.checksum;
+      good_at[i] = good;
+      if (!good) {
+        HOLDFAST_LOG_ERROR(
+            "runtime: slot {}'s copy of the piece of slot {} (world {}, step "
+            "{}) failed its checksum; it is not used",
+            v.slot, p.slot, p.world, p.step);
+      }
+      int64_t* e = &entries[i * kFields];
+      e[0] = p.layout_generation;
+      e[1] = p.world;
+      e[2] = p.slot;
+      e[3] = static_cast<int64_t>(p.checksum);
+      e[4] = good ? 1 : 0;
+    }
+    std::vector<int64_t> every(entries.size() * static_cast<size_t>(v.world));
+    HOLDFAST_RETURN_IF_ERROR(comm->AllGather(entries.data(), every.data(),
+                                             entries.size(), DataType::kInt64)
+                                 ->Wait());
+    // (layout generation, world) -> slot -> the members with a good copy,
+    // and the checksum they report.
+    struct Holders {
+      std::vector<std::vector<int>> by_slot;
+      std::vector<uint64_t> checksum;
+    };
+    std::map<std::pair<int64_t, int>, Holders, std::greater<>> cuts;
+    for (int m = 0; m < v.world; ++m) {
+      for (int64_t i = 0; i < kmax; ++i) {
+        const int64_t* e =
+            &every[(static_cast<size_t>(m) * static_cast<size_t>(kmax) +
+                    static_cast<size_t>(i)) *
+                   kFields];
+        if (e[1] <= 0 || e[4] == 0 || e[2] < 0 || e[2] >= e[1]) continue;
+        Holders& h = cuts[{e[0], static_cast<int>(e[1])}];
+        h.by_slot.resize(static_cast<size_t>(e[1]));
+        h.checksum.resize(static_cast<size_t>(e[1]));
+        h.by_slot[static_cast<size_t>(e[2])].push_back(m);
+        h.checksum[static_cast<size_t>(e[2])] = static_cast<uint64_t>(e[3]);
+      }
+    }
+    const Holders* use = nullptr;
+    int64_t use_gen = 0;
+    int old_world = 0;
+    std::string missing;
+    for (const auto& [key, h] : cuts) {
+      std::vector<int> lost;
+      for (int p = 0; p < key.second; ++p) {
+        if (h.by_slot[static_cast<size_t>(p)].empty()) lost.push_back(p);
+      }
+      if (lost.empty()) {
+        use = &h;
+        use_gen = key.first;
+        old_world = key.second;
+        break;
+      }
+      if (missing.empty()) {
+        missing = absl::StrCat("the piece", lost.size() > 1 ? "s" : "",
+                               " of slot", lost.size() > 1 ? "s " : " ",
+                               absl::StrJoin(lost, ", "), " (world ",
+                               key.second, ", generation ", key.first, ")");
+      }
+    }
+    if (use == nullptr) {
+      const std::string why = absl::StrCat(
+          "step ", target,
+          " cannot be restored from memory: no live member "
+          "holds a good copy of ",
+          missing.empty() ? std::string("any piece") : missing,
+          " (with replicas=", options_.replicas, " every piece has ",
+          options_.replicas + 1,
+          " copies; all of them are gone or failed their checksum)");
+      if (options_.checkpoint_dir.empty()) {
+        return absl::DataLossError(absl::StrCat(
+            why, "; no disk tier is configured (HOLDFAST_CHECKPOINT_DIR)"));
+      }
+      HOLDFAST_LOG_WARN("runtime: {}; falling back to the disk tier", why);
+      RecoveryRecord ignored;
+      HOLDFAST_ASSIGN_OR_RETURN(
+          std::optional<int64_t> d,
+          RestoreFromDisk(rec != nullptr ? rec : &ignored, /*required=*/true));
+      (void)d;
+      return *d;
+    }
+
+    // Transfers, in one order every member follows.
+    for (StateBuffer& b : buffers_) {
+      if (b.sharded) Repartition(b, v.world, v.slot);
+    }
+    std::map<int, const Piece*> local;
+    for (size_t i = 0; i < at.size(); ++i) {
+      const Piece* p = at[i];
+      if (good_at[i] && p->layout_generation == use_gen &&
+          p->world == old_world) {
+        local.emplace(p->slot, p);
+      }
+    }
+    std::map<int, std::unique_ptr<Piece>> received;
+    std::vector<std::shared_ptr<Work>> works;
+    OpOptions oo;
+    oo.tag = kRestoreTag;
+    for (int p = 0; p < old_world; ++p) {
+      const std::vector<int>& hs = use->by_slot[static_cast<size_t>(p)];
+      const int from = hs.front();
+      const size_t size = PieceSize(old_world, p);
+      for (int m = 0; m < v.world; ++m) {
+        if (std::find(hs.begin(), hs.end(), m) != hs.end() ||
+            !Needs(v.world, m, old_world, p) || size == 0) {
+          continue;
+        }
+        if (v.slot == from) {
+          const uint8_t* src = local.at(p)->bytes.get();
+          for (size_t off = 0; off < size; off += kChunkBytes) {
+            works.push_back(comm->Send(src + off,
+                                       std::min(kChunkBytes, size - off),
+                                       DataType::kUInt8, m, oo));
+          }
+        } else if (v.slot == m) {
+          auto piece = std::make_unique<Piece>();
+          piece->step = target;
+          piece->layout_generation = use_gen;
+          piece->world = old_world;
+          piece->slot = p;
+          piece->checksum = use->checksum[static_cast<size_t>(p)];
+          piece->size = size;
+          piece->bytes = Acquire(size);
+          for (size_t off = 0; off < size; off += kChunkBytes) {
+            works.push_back(comm->Recv(piece->bytes.get() + off,
+                                       std::min(kChunkBytes, size - off),
+                                       DataType::kUInt8, from, oo));
+          }
+          received.emplace(p, std::move(piece));
         }
       }
-      for (auto& w : sends) HOLDFAST_RETURN_IF_ERROR(w->Wait());
     }
-    const uint8_t* src = snaps_[held].bytes.get();
-    for (const StateBuffer& b : buffers_) {
-      if (b.bytes > 0) std::memcpy(b.data, src, b.bytes);
-      src += b.bytes;
+    for (auto& w : works) HOLDFAST_RETURN_IF_ERROR(w->Wait());
+    int64_t bytes_received = 0;
+    for (auto& [p, piece] : received) {
+      if (shards::Checksum(piece->bytes.get(), piece->size) !=
+          piece->checksum) {
+        return absl::DataLossError(absl::StrCat(
+            "the piece of slot ", p, " (world ", old_world, ", step ", target,
+            ") received from slot ", use->by_slot[static_cast<size_t>(p)][0],
+            " failed its checksum"));
+      }
+      bytes_received += static_cast<int64_t>(piece->size);
+    }
+    for (int p = 0; p < old_world; ++p) {
+      if (!Needs(v.world, v.slot, old_world, p)) continue;
+      auto l = local.find(p);
+      const Piece* src = l != local.end()        ? l->second
+                         : received.count(p) > 0 ? received.at(p).get()
+                                                 : nullptr;
+      if (src == nullptr) {
+        if (PieceSize(old_world, p) == 0) continue;
+        return absl::InternalError(
+            absl::StrCat("restore: the piece of slot ", p, " never arrived"));
+      }
+      Apply(src->bytes.get(), old_world, p, v.world, v.slot);
+    }
+    {
+      // Received copies stay: they cover a second fault before the next
+      // commit.
+      absl::MutexLock lock(&bk_mu_);
+      for (auto& [p, piece] : received) pieces_.push_back(std::move(piece));
+    }
+    if (rec != nullptr) {
+      rec->bytes_received = bytes_received;
+      rec->received_state = bytes_received > 0;
     }
     high_step_ = std::max(high_step_, target);
     return target;
   }
 
-  void EnsureSnapshots() {
-    if (snaps_[0].bytes != nullptr) return;
-    size_t total = 0;
-    for (const StateBuffer& b : buffers_) total += b.bytes;
-    for (Snap& s : snaps_) {
-      s.bytes.reset(new uint8_t[std::max<size_t>(1, total)]);
+  // Restores from the disk tier's newest complete checkpoint. nullopt when
+  // there is none and it is not `required` (else DataLoss).
+  absl::StatusOr<std::optional<int64_t>> RestoreFromDisk(RecoveryRecord* rec,
+                                                         bool required) {
+    Communicator* comm;
+    {
+      absl::MutexLock lock(&mu_);
+      comm = comm_.get();
+    }
+    const View v = CurrentView();
+    const std::string& dir = options_.checkpoint_dir;
+    const uint64_t layout = LayoutHash();
+    absl::StatusOr<std::optional<shards::DiskStep>> found =
+        shards::FindNewest(dir, layout);
+    int64_t mine[2] = {-1, 0};
+    if (found.ok() && found->has_value()) {
+      mine[0] = (*found)->step;
+      mine[1] = (*found)->world;
+    } else if (!found.ok()) {
+      mine[0] = -2;
+    }
+    std::vector<int64_t> all(static_cast<size_t>(v.world) * 2);
+    HOLDFAST_RETURN_IF_ERROR(
+        comm->AllGather(mine, all.data(), 2, DataType::kInt64)->Wait());
+    int64_t step = -1;
+    int world = 0;
+    bool refused = false;
+    for (int r = 0; r < v.world; ++r) {
+      refused |= all[static_cast<size_t>(r) * 2] == -2;
+      if (all[static_cast<size_t>(r) * 2] > step) {
+        step = all[static_cast<size_t>(r) * 2];
+        world = static_cast<int>(all[static_cast<size_t>(r) * 2 + 1]);
+      }
+    }
+    if (!found.ok()) return found.status();
+    if (refused) {
+      return absl::InvalidArgumentError(
+          "another slot refused the disk checkpoint (see its log)");
+    }
+    if (step < 0) {
+      if (!required) return std::optional<int64_t>();
+      return absl::DataLossError(absl::StrCat(
+          "no memory copy of the committed state is left and the disk tier "
+          "in ",
+          dir, " holds no complete checkpoint"));
+    }
+    for (StateBuffer& b : buffers_) {
+      if (b.sharded) Repartition(b, v.world, v.slot);
+    }
+    absl::Status s;
+    std::vector<uint8_t> data;
+    for (int p = 0; p < world && s.ok(); ++p) {
+      if (!Needs(v.world, v.slot, world, p)) continue;
+      shards::PieceHeader h;
+      s = shards::ReadPiece(shards::PiecePath(dir, step, world, p), layout, &h,
+                            &data);
+      if (s.ok() && data.size() != PieceSize(world, p)) {
+        s = absl::DataLossError(absl::StrCat(
+            "checkpoint piece ", shards::PiecePath(dir, step, world, p),
+            " holds ", data.size(), " bytes; ", PieceSize(world, p),
+            " expected"));
+      }
+      if (s.ok()) Apply(data.data(), world, p, v.world, v.slot);
+    }
+    const int64_t ok = s.ok() ? 1 : 0;
+    std::vector<int64_t> oks(static_cast<size_t>(v.world));
+    HOLDFAST_RETURN_IF_ERROR(
+        comm->AllGather(&ok, oks.data(), 1, DataType::kInt64)->Wait());
+    if (!s.ok()) return s;
+    for (int r = 0; r < v.world; ++r) {
+      if (oks[static_cast<size_t>(r)] == 0) {
+        return absl::DataLossError(absl::StrCat(
+            "slot ", r, " could not read the disk checkpoint of step ", step,
+            " in ", dir, " (see its log)"));
+      }
+    }
+    lost_steps_ = std::max<int64_t>(0, high_step_ - step);
+    last_disk_step_ = step;
+    rec->from_disk = true;
+    HOLDFAST_LOG_WARN("runtime: slot {} restored step {} from the disk tier",
+                      v.slot, step);
+    return std::optional<int64_t>(step);
+  }
+
+  // ---- Backups (the background thread) ------------------------------------
+
+  void BackupLoop() {
+    for (;;) {
+      int64_t gen;
+      {
+        absl::MutexLock lock(&bk_mu_);
+        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(bk_mu_) {
+          return bk_wake_ || pending_ != nullptr;
+        };
+        bk_mu_.Await(absl::Condition(&ready));
+        if (bk_stop_) return;
+        bk_wake_ = false;
+        if (pending_ == nullptr) continue;
+        gen = pending_->layout_generation;
+      }
+      absl::StatusOr<Communicator*> side = Side(gen);
+      const absl::Time t0 = absl::Now();
+      Piece* own;
+      {
+        absl::MutexLock lock(&bk_mu_);
+        if (bk_stop_) return;
+        if (pending_ == nullptr || pending_->layout_generation != gen) {
+          continue;  // a restore dropped it
+        }
+        own = pending_;
+        pending_ = nullptr;
+        if (!side.ok()) {
+          EvictLocked([own](const Piece& q) { return &q == own; });
+        } else {
+          busy_ = true;
+        }
+      }
+      absl::StatusOr<bool> committed =
+          side.ok() ? BackupRound(own, *side) : side.status();
+      {
+        absl::MutexLock lock(&bk_mu_);
+        busy_ = false;
+        if (committed.ok() && *committed) {
+          ++backups_;
+          backup_us_ += absl::ToInt64Microseconds(absl::Now() - t0);
+        }
+      }
+      if (!committed.ok()) SideFailed(committed.status(), gen);
     }
   }
 
-  // Sends the newest snapshot ack; the controller commits a step once every
-  // slot acked it.
-  void AckLoop() {
-    int64_t sent = -1;
-    int64_t sent_gen = -1;
-    for (;;) {
-      int64_t step, gen;
-      {
-        absl::MutexLock lock(&ack_mu_);
-        auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ack_mu_) {
-          return ack_stop_ || ack_step_ != sent || ack_generation_ != sent_gen;
-        };
-        ack_mu_.Await(absl::Condition(&ready));
-        if (ack_stop_) return;
-        step = ack_step_;
-        gen = ack_generation_;
+  // The side communicator of generation `gen`, for the backup thread.
+  absl::StatusOr<Communicator*> Side(int64_t gen) {
+    absl::MutexLock lock(&mu_);
+    if (side_generation_ != gen || side_ == nullptr) {
+      return absl::AbortedError(
+          absl::StrCat("no side communicator of generation ", gen));
+    }
+    HOLDFAST_RETURN_IF_ERROR(side_->health());
+    return side_.get();
+  }
+
+  // Builds the side communicator of generation `gen` and places the
+  // buddies of every slot in it.
+  absl::Status BuildSide(int64_t gen, int world, int slot) {
+    std::shared_ptr<Communicator> old;
+    {
+      absl::MutexLock lock(&mu_);
+      old = std::move(side_);
+      side_generation_ = gen;
+    }
+    old.reset();
+    auto cancelled = [this, gen] { return Abandoned(gen); };
+    std::shared_ptr<Store> store = NewPrefixStore(
+        kSidePrefix, std::make_shared<CancellableStore>(store_, cancelled));
+    // Everyone arrives first (as long as a training step may take; a new
+    // generation or leaving cancels it). Gloo's own connect phase cannot be
+    // cancelled: with every member known to be here it is short, and its
+    // timeout bounds the wait for one that dies inside it.
+    const std::string arrived = absl::StrCat("g", gen, "/arrived/");
+    std::vector<std::string> keys;
+    for (int r = 0; r < world; ++r) keys.push_back(absl::StrCat(arrived, r));
+    absl::Status here = store->Set(absl::StrCat(arrived, slot), "1");
+    if (here.ok()) here = store->Wait(keys, kAgreeTimeout);
+    if (!here.ok()) {
+      if (auto why = cancelled()) return absl::AbortedError(*why);
+      return here;
+    }
+    CommunicatorOptions o = options_.comm;
+    o.rank = slot;
+    o.size = world;
+    o.generation = gen;
+    o.connect_timeout = std::min(o.connect_timeout, kSideConnectTimeout);
+    absl::StatusOr<std::unique_ptr<Communicator>> c =
+        Communicator::Create(store, o);
+    if (!c.ok()) {
+      if (auto why = cancelled()) return absl::AbortedError(*why);
+      return c.status();
+    }
+    std::shared_ptr<Communicator> side(std::move(*c));
+    {
+      absl::MutexLock lock(&mu_);
+      side_ = side;
+      if (view_.generation > gen) side_->Abort("a newer generation opened");
+    }
+    // Failure domains: each member's own labels, exchanged here.
+    const int64_t labels[2] = {static_cast<int64_t>(XXH3_64bits(
+                                   options_.host.data(), options_.host.size())),
+                               options_.topology_block.empty()
+                                   ? 0
+                                   : static_cast<int64_t>(XXH3_64bits(
+                                         options_.topology_block.data(),
+                                         options_.topology_block.size()))};
+    std::vector<int64_t> all(static_cast<size_t>(world) * 2);
+    HOLDFAST_RETURN_IF_ERROR(
+        side->AllGather(labels, all.data(), 2, DataType::kInt64)->Wait());
+    shards::PlacementInput in;
+    for (int r = 0; r < world; ++r) {
+      in.domain.push_back(
+          static_cast<uint64_t>(all[static_cast<size_t>(r) * 2]));
+      in.block.push_back(
+          static_cast<uint64_t>(all[static_cast<size_t>(r) * 2 + 1]));
+    }
+    in.replicas = options_.replicas;
+    in.tp = options_.tp_size;
+    in.pp = options_.pp_size;
+    shards::Placement pl = shards::Place(in);
+    {
+      // The backup thread reads them between rounds.
+      absl::MutexLock lock(&bk_mu_);
+      buddies_ = std::move(pl.buddies);
+      buddies_generation_ = gen;
+    }
+    if (slot == 0) {
+      for (size_t i = 0; i < pl.warnings.size() && i < 4; ++i) {
+        HOLDFAST_LOG_WARN("runtime: placement of generation {}: {}", gen,
+                          pl.warnings[i]);
       }
-      sent = step;
-      sent_gen = gen;
-      if (gen < 0) continue;
-      absl::StatusOr<int64_t> c = member_->AckCheckpoint(step, gen);
-      if (c.ok()) NoteCommitted(*c);
+      if (pl.warnings.size() > 4) {
+        HOLDFAST_LOG_WARN(
+            "runtime: placement of generation {}: {} more like "
+            "these",
+            gen, pl.warnings.size() - 4);
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // A side communicator failed while the training one did not: the group
+  // is broken all the same (backups can no longer commit), so it is
+  // rebuilt unless something else already explains it.
+  void SideFailed(const absl::Status& why, int64_t gen) {
+    if (bk_stop_ || !CommHealthy()) return;
+    if (AwaitGeneration(gen, absl::Now() + options_.report_grace)) return;
+    if (bk_stop_ || !CommHealthy()) return;
+    HOLDFAST_LOG_WARN(
+        "runtime: the side communicator of generation {} "
+        "failed: {}",
+        gen, std::string(why.message()));
+    ReportBroken(absl::StrCat("side communicator: ", why.message()));
+  }
+
+  // Backs up one snapshot: every slot agrees on the step, sends its piece
+  // to its buddies and receives the pieces it is a buddy for, checks them,
+  // and acks the step once every slot succeeded. True once it commits.
+  // An error is a failure of the side communicator.
+  absl::StatusOr<bool> BackupRound(Piece* own, Communicator* c) {
+    const int64_t s = own->step;
+    const int64_t gen = own->layout_generation;
+    const int world = own->world;
+    const int me = own->slot;
+    std::vector<std::vector<int>> buddies;
+    {
+      absl::MutexLock lock(&bk_mu_);
+      if (buddies_generation_ != gen) {
+        return absl::AbortedError("the placement is of another generation");
+      }
+      buddies = buddies_;
+    }
+    own->checksum = shards::Checksum(own->bytes.get(), own->size);
+    OpOptions agree;
+    agree.timeout = kAgreeTimeout;
+    const int64_t mine[2] = {s, static_cast<int64_t>(own->checksum)};
+    std::vector<int64_t> all(static_cast<size_t>(world) * 2);
+    absl::Status st =
+        c->AllGather(mine, all.data(), 2, DataType::kInt64, agree)->Wait();
+    if (!st.ok()) {
+      Drop(own);
+      return st;
+    }
+    for (int r = 0; r < world; ++r) {
+      if (all[static_cast<size_t>(r) * 2] != s) {
+        // Another slot snapshotted another step (its previous backup was
+        // still running): nobody backs this one up.
+        Drop(own);
+        return false;
+      }
+    }
+    std::vector<std::unique_ptr<Piece>> got;
+    std::vector<std::shared_ptr<Work>> works;
+    OpOptions oo;
+    oo.tag = kBackupTag;
+    int64_t moved = 0;
+    for (int o = 0; o < world; ++o) {
+      for (int b : buddies[static_cast<size_t>(o)]) {
+        const size_t size = PieceSize(world, o);
+        if (size == 0) continue;
+        if (me == o) {
+          for (size_t off = 0; off < size; off += kChunkBytes) {
+            works.push_back(c->Send(own->bytes.get() + off,
+                                    std::min(kChunkBytes, size - off),
+                                    DataType::kUInt8, b, oo));
+          }
+          moved += static_cast<int64_t>(size);
+        } else if (me == b) {
+          auto p = std::make_unique<Piece>();
+          p->step = s;
+          p->layout_generation = gen;
+          p->world = world;
+          p->slot = o;
+          p->checksum =
+              static_cast<uint64_t>(all[static_cast<size_t>(o) * 2 + 1]);
+          p->size = size;
+          p->bytes = Acquire(size);
+          for (size_t off = 0; off < size; off += kChunkBytes) {
+            works.push_back(c->Recv(p->bytes.get() + off,
+                                    std::min(kChunkBytes, size - off),
+                                    DataType::kUInt8, o, oo));
+          }
+          moved += static_cast<int64_t>(size);
+          got.push_back(std::move(p));
+        }
+      }
+    }
+    for (auto& w : works) {
+      absl::Status ws = w->Wait();
+      if (st.ok()) st = ws;
+    }
+    if (!st.ok()) {
+      Drop(own);
+      return st;
+    }
+    int64_t good = 1;
+    for (const auto& p : got) {
+      if (shards::Checksum(p->bytes.get(), p->size) != p->checksum) {
+        HOLDFAST_LOG_ERROR(
+            "runtime: the backup of slot {}'s piece of step {} arrived "
+            "corrupt; the step is not committed",
+            p->slot, s);
+        good = 0;
+      }
+    }
+    std::vector<int64_t> goods(static_cast<size_t>(world));
+    st = c->AllGather(&good, goods.data(), 1, DataType::kInt64, agree)->Wait();
+    if (!st.ok()) {
+      Drop(own);
+      return st;
+    }
+    if (std::find(goods.begin(), goods.end(), 0) != goods.end()) {
+      Drop(own);
+      return false;
+    }
+    {
+      absl::MutexLock lock(&bk_mu_);
+      for (auto& p : got) pieces_.push_back(std::move(p));
+      backup_bytes_ += moved;
+    }
+    // Every slot holds its piece and its buddies' copies: ack.
+    absl::StatusOr<int64_t> ack = member_->AckCheckpoint(s, gen);
+    if (ack.ok()) NoteCommitted(*ack);
+    for (;;) {
+      absl::MutexLock lock(&mu_);
+      auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return committed_ >= s || view_.generation > gen || !fenced_.ok() ||
+               job_end_.has_value() || bk_stop_;
+      };
+      if (mu_.AwaitWithDeadline(absl::Condition(&ready),
+                                absl::Now() + absl::Milliseconds(100))) {
+        break;
+      }
+    }
+    if (committed_step() < s) return false;
+    // Older steps are superseded everywhere.
+    Evict([s](const Piece& p) { return p.step < s; });
+    if (fault::Injector::Global().AtShard(me, s) && own->size > 0) {
+      own->bytes[own->size / 2] ^= 0x5a;
+      HOLDFAST_LOG_WARN(
+          "runtime: corrupted slot {}'s own copy of its piece "
+          "of step {} (injected)",
+          me, s);
+    }
+    // The first committed step of every window of checkpoint_every steps
+    // (the multiple itself unless its snapshot was skipped).
+    if (!options_.checkpoint_dir.empty() &&
+        s / options_.checkpoint_every >
+            last_disk_step_ / options_.checkpoint_every) {
+      WriteToDisk(*own);
+      last_disk_step_ = s;
+    }
+    return true;
+  }
+
+  void WriteToDisk(const Piece& own) {
+    shards::PieceHeader h;
+    h.step = own.step;
+    h.layout_generation = own.layout_generation;
+    h.world = own.world;
+    h.slot = own.slot;
+    h.layout_hash = LayoutHash();
+    h.bytes = own.size;
+    h.checksum = own.checksum;
+    absl::Status s =
+        shards::WritePiece(options_.checkpoint_dir, h, own.bytes.get());
+    if (!s.ok()) {
+      HOLDFAST_LOG_ERROR("runtime: disk tier: {}", std::string(s.message()));
+      return;
+    }
+    {
+      absl::MutexLock lock(&bk_mu_);
+      ++disk_writes_;
+    }
+    // Keep the newest three step directories (one may be incomplete).
+    if (own.slot == 0) shards::Prune(options_.checkpoint_dir, 3);
+  }
+
+  // At the end of Run: waits (bounded) until the last step is committed or
+  // no backup is under way.
+  void AwaitBackupsSettled(int64_t last, absl::Time deadline) {
+    while (absl::Now() < deadline && committed_step() < last) {
+      {
+        absl::MutexLock lock(&bk_mu_);
+        if (pending_ == nullptr && !busy_) return;
+      }
+      absl::SleepFor(absl::Milliseconds(2));
     }
   }
 
@@ -839,8 +1650,12 @@ class RuntimeImpl final : public Runtime {
     j["wall_ms"] = r.wall_ms;
     j["snapshots"] = r.snapshots;
     j["snapshots_skipped"] = r.snapshots_skipped;
-    if (ledger_.size() > 1) {
-      j["first_step_done_unix_ms"] = ledger_[0] + ledger_[1] / 1000;
+    j["backups"] = r.backups;
+    j["backup_bytes"] = r.backup_bytes;
+    j["backup_ms"] = r.backup_ms;
+    j["disk_writes"] = r.disk_writes;
+    if (ledger_[0] > 0) {
+      j["first_step_done_unix_ms"] = ledger_[0] + ledger_[2] / 1000;
     }
     (void)store_->Set(kFinalKey, j.dump());
   }
@@ -856,11 +1671,12 @@ class RuntimeImpl final : public Runtime {
   std::optional<JobEnd> job_end_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<Communicator> comm_ ABSL_GUARDED_BY(mu_);
   int64_t comm_generation_ ABSL_GUARDED_BY(mu_) = -1;
+  std::shared_ptr<Communicator> side_ ABSL_GUARDED_BY(mu_);
+  int64_t side_generation_ ABSL_GUARDED_BY(mu_) = -1;
 
   // The training thread's own.
   std::vector<StateBuffer> buffers_;
-  Snap snaps_[2];
-  std::vector<int64_t> ledger_;
+  int64_t ledger_[3] = {0, 0, 0};
   bool started_ = false;
   bool finished_ = false;
   bool left_ = false;
@@ -872,11 +1688,27 @@ class RuntimeImpl final : public Runtime {
   std::optional<RecoveryRecord> pending_record_;
   std::vector<RecoveryRecord> recovery_records_;
 
-  absl::Mutex ack_mu_;
-  int64_t ack_step_ ABSL_GUARDED_BY(ack_mu_) = -1;
-  int64_t ack_generation_ ABSL_GUARDED_BY(ack_mu_) = -1;
-  bool ack_stop_ ABSL_GUARDED_BY(ack_mu_) = false;
-  std::thread ack_thread_;
+  // Pieces and the backup thread. A piece's bytes are touched without the
+  // lock by one thread at a time: the training thread while it creates it
+  // (before listing it) and during Restore (the backup thread is idle), the
+  // backup thread during a round (the training thread only lists and
+  // skips).
+  absl::Mutex bk_mu_;
+  std::vector<std::unique_ptr<Piece>> pieces_ ABSL_GUARDED_BY(bk_mu_);
+  std::multimap<size_t, std::unique_ptr<uint8_t[]>> pool_
+      ABSL_GUARDED_BY(bk_mu_);
+  Piece* pending_ ABSL_GUARDED_BY(bk_mu_) = nullptr;
+  bool busy_ ABSL_GUARDED_BY(bk_mu_) = false;
+  bool bk_wake_ ABSL_GUARDED_BY(bk_mu_) = false;
+  int64_t backups_ ABSL_GUARDED_BY(bk_mu_) = 0;
+  int64_t backup_bytes_ ABSL_GUARDED_BY(bk_mu_) = 0;
+  int64_t backup_us_ ABSL_GUARDED_BY(bk_mu_) = 0;
+  int64_t disk_writes_ ABSL_GUARDED_BY(bk_mu_) = 0;
+  std::atomic<bool> bk_stop_{false};
+  std::vector<std::vector<int>> buddies_ ABSL_GUARDED_BY(bk_mu_);
+  int64_t buddies_generation_ ABSL_GUARDED_BY(bk_mu_) = -1;
+  std::atomic<int64_t> last_disk_step_{0};
+  std::thread backup_thread_;
 };
 
 }  // namespace

@@ -1,0 +1,348 @@
+// Checkpoint pieces, buddies and the disk tier. The placement and the
+// on-disk format are tested as functions; the rest end to end: holdfast-run
+// with the example trainer in ZeRO-1 mode (sharded momentum, replicated
+// parameters), real faults (SIGKILL, a corrupted copy, an exit), and the
+// survivors' final parameter hashes compared with a fault-free run.
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "src/common/process_group.h"
+#include "src/fault/fault.h"
+#include "src/runtime/shards.h"
+#include "test/job_run.h"
+
+namespace {
+
+using holdfast::test::JobRun;
+using holdfast::test::Launch;
+namespace shards = holdfast::shards;
+
+constexpr int kSteps = 40;
+
+std::vector<std::string> Trainer(std::vector<std::string> extra = {}) {
+  std::vector<std::string> args = {"--steps", std::to_string(kSteps),
+                                   "--zero1"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
+// The fault-free run's hash for `n` slots (ZeRO-1 or plain).
+std::string Reference(int n, bool zero1 = true) {
+  std::vector<std::string> args = {"--steps", std::to_string(kSteps)};
+  if (zero1) args.push_back("--zero1");
+  JobRun r = Launch({"-n", std::to_string(n)}, args);
+  REQUIRE(r.rc == 0);
+  REQUIRE(r.hashes.size() == static_cast<size_t>(n));
+  for (const std::string& h : r.hashes) REQUIRE(h == r.hashes[0]);
+  return r.hashes[0];
+}
+
+void CheckFinished(const JobRun& r, int world) {
+  INFO("stdout: " << r.out);
+  INFO("summary: " << r.summary.dump(1));
+  CHECK(r.rc == 0);
+  REQUIRE(r.hashes.size() == static_cast<size_t>(world));
+  for (size_t i = 0; i < r.hashes.size(); ++i) {
+    CHECK(r.hashes[i] == r.hashes[0]);
+    CHECK(r.worlds[i] == world);
+    CHECK(r.steps[i] == kSteps);
+  }
+  CHECK(r.summary.value("outcome", "") == "finished");
+}
+
+// The step the disk tier restored (-1: none), from the trainers' logs.
+int64_t DiskStep(const JobRun& r) {
+  static const std::regex kDisk(R"(restored step (\d+) from the disk tier)");
+  std::smatch m;
+  if (!std::regex_search(r.err, m, kDisk)) return -1;
+  return std::stoll(m[1]);
+}
+
+std::vector<int> Received(const shards::Placement& p, int world) {
+  std::vector<int> n(static_cast<size_t>(world), 0);
+  for (const auto& b : p.buddies) {
+    for (int c : b) ++n[static_cast<size_t>(c)];
+  }
+  return n;
+}
+
+}  // namespace
+
+// ---- Partitions and placement ----------------------------------------------
+
+TEST_CASE("shards: partitions cover the array once in whole units") {
+  for (size_t total : {size_t{0}, size_t{4}, size_t{36}, size_t{2324}}) {
+    for (int parts : {1, 2, 3, 4, 7}) {
+      size_t next = 0;
+      size_t lo = SIZE_MAX, hi = 0;
+      for (int p = 0; p < parts; ++p) {
+        const shards::Range r = shards::Partition(total, 4, parts, p);
+        CHECK(r.offset == next);
+        CHECK(r.bytes % 4 == 0);
+        next = r.end();
+        lo = std::min(lo, r.bytes);
+        hi = std::max(hi, r.bytes);
+      }
+      CHECK(next == total);
+      CHECK(hi - lo <= 4);
+    }
+  }
+  CHECK(shards::Partition(100, 1, 4, 4).bytes == 0);  // out of range
+  CHECK(shards::Intersect({0, 10}, {10, 5}).bytes == 0);
+  CHECK(shards::Intersect({0, 10}, {5, 10}).offset == 5);
+  CHECK(shards::Intersect({0, 10}, {5, 10}).bytes == 5);
+}
+
+TEST_CASE("shards: buddies sit evenly in another failure domain") {
+  for (int hosts : {2, 4}) {
+    for (int r : {1, 2}) {
+      shards::PlacementInput in;
+      const int world = 8;
+      for (int s = 0; s < world; ++s) {
+        in.domain.push_back(static_cast<uint64_t>(100 + s * hosts / world));
+      }
+      in.replicas = r;
+      const shards::Placement p = shards::Place(in);
+      INFO("hosts " << hosts << " replicas " << r);
+      CHECK(p.warnings.empty());
+      for (int s = 0; s < world; ++s) {
+        const auto& b = p.buddies[static_cast<size_t>(s)];
+        REQUIRE(b.size() == static_cast<size_t>(r));
+        CHECK(std::set<int>(b.begin(), b.end()).size() == b.size());
+        for (int c : b) {
+          CHECK(c != s);
+          CHECK(in.domain[static_cast<size_t>(c)] !=
+                in.domain[static_cast<size_t>(s)]);
+        }
+      }
+      // Every slot holds exactly r copies: nobody is a hot spot.
+      for (int n : Received(p, world)) CHECK(n == r);
+      // Deterministic.
+      CHECK(shards::Place(in).buddies == p.buddies);
+    }
+  }
+}
+
+TEST_CASE("shards: buddies are placed outside the slot's parallel groups") {
+  // 8 slots, TP 2 x PP 2 x DP 2, one host per DP replica.
+  shards::PlacementInput in;
+  for (int s = 0; s < 8; ++s) in.domain.push_back(s < 4 ? 1 : 2);
+  in.tp = 2;
+  in.pp = 2;
+  const shards::Placement p = shards::Place(in);
+  CHECK(p.warnings.empty());
+  for (int s = 0; s < 8; ++s) {
+    const int c = p.buddies[static_cast<size_t>(s)].at(0);
+    const int same =
+        (s % 2 == c % 2) + ((s / 2) % 2 == (c / 2) % 2) + (s / 4 == c / 4);
+    INFO("slot " << s << " buddy " << c);
+    CHECK(same <= 1);  // shares no TP, PP or DP group
+    CHECK(in.domain[static_cast<size_t>(c)] !=
+          in.domain[static_cast<size_t>(s)]);
+  }
+}
+
+TEST_CASE("shards: one failure domain still gets buddies and a warning") {
+  shards::PlacementInput in;
+  in.domain.assign(3, 7);
+  in.replicas = 5;  // more than the other slots: capped at world - 1
+  const shards::Placement p = shards::Place(in);
+  CHECK(!p.warnings.empty());
+  CHECK(p.warnings[0].find("failure domain") != std::string::npos);
+  for (const auto& b : p.buddies) CHECK(b.size() == 2);
+  in.domain.assign(1, 7);
+  CHECK(shards::Place(in).buddies.at(0).empty());
+}
+
+// ---- The disk format
+// ---------------------------------------------------------
+
+TEST_CASE("shards: disk pieces round-trip; damage is refused by name") {
+  const std::string dir = holdfast::proc::MakeTempDir();
+  std::vector<uint8_t> data(1000);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>(i);
+  shards::PieceHeader h;
+  h.step = 30;
+  h.world = 2;
+  h.layout_hash = 42;
+  h.bytes = data.size();
+  h.checksum = shards::Checksum(data.data(), data.size());
+  for (int slot = 0; slot < 2; ++slot) {
+    h.slot = slot;
+    REQUIRE(shards::WritePiece(dir, h, data.data()).ok());
+  }
+  // A newer step with one piece of two is not complete.
+  h.step = 40;
+  h.slot = 0;
+  REQUIRE(shards::WritePiece(dir, h, data.data()).ok());
+  auto found = shards::FindNewest(dir, 42);
+  REQUIRE(found.ok());
+  REQUIRE(found->has_value());
+  CHECK((*found)->step == 30);
+  CHECK((*found)->world == 2);
+
+  shards::PieceHeader got;
+  std::vector<uint8_t> back;
+  const std::string path = shards::PiecePath(dir, 30, 2, 1);
+  REQUIRE(shards::ReadPiece(path, 42, &got, &back).ok());
+  CHECK(back == data);
+  CHECK(got.slot == 1);
+
+  absl::Status s = shards::ReadPiece(path, 43, &got, &back);
+  CHECK(s.code() == absl::StatusCode::kDataLoss);
+  CHECK(s.message().find("another state layout") != absl::string_view::npos);
+
+  {  // One flipped byte.
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(56 + 500);
+    f.put(static_cast<char>(0xff));
+  }
+  s = shards::ReadPiece(path, 42, &got, &back);
+  CHECK(s.code() == absl::StatusCode::kDataLoss);
+  CHECK(s.message().find("failed its checksum") != absl::string_view::npos);
+  CHECK(s.message().find(path) != absl::string_view::npos);
+
+  std::filesystem::resize_file(path, 300);
+  s = shards::ReadPiece(path, 42, &got, &back);
+  CHECK(s.code() == absl::StatusCode::kDataLoss);
+  CHECK(s.message().find("truncated") != absl::string_view::npos);
+
+  // Only another layout on disk: refused, naming the directory.
+  auto other = shards::FindNewest(dir, 7);
+  CHECK(other.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(other.status().message().find(dir) != absl::string_view::npos);
+  // No directory at all: nothing, no error.
+  auto none = shards::FindNewest(dir + "/absent", 42);
+  REQUIRE(none.ok());
+  CHECK(!none->has_value());
+}
+
+TEST_CASE("shards: the corrupt-shard fault parses and needs its step") {
+  auto f = holdfast::fault::Parse("corrupt-shard:slot=1:step=20");
+  REQUIRE(f.ok());
+  CHECK(f->at(0).kind == holdfast::fault::Kind::kCorruptShard);
+  CHECK(f->at(0).step == 20);
+  CHECK(!holdfast::fault::Parse("corrupt-shard:slot=1").ok());
+  CHECK(!holdfast::fault::Parse("corrupt-shard:slot=1:recovery=1").ok());
+}
+
+// ---- End to end
+// ----------------------------------------------------------------
+
+TEST_CASE("shards: ZeRO-1 trains exactly like the plain trainer") {
+  CHECK(Reference(4, true) == Reference(4, false));
+}
+
+TEST_CASE("shards: ZeRO-1 with a killed rank equals the fault-free run") {
+  const std::string ref = Reference(4);
+  JobRun r =
+      Launch({"-n", "4", "--standby", "1", "--inject", "kill:slot=2:step=20"},
+             Trainer());
+  CheckFinished(r, 4);
+  CHECK(r.hashes[0] == ref);
+}
+
+TEST_CASE("shards: one fault per failure domain") {
+  const std::string ref = Reference(4);
+  JobRun r = Launch({"-n", "4", "--standby", "2", "--hosts", "2", "--inject",
+                     "kill:slot=1:step=10", "--inject", "kill:slot=2:step=25"},
+                    Trainer());
+  CheckFinished(r, 4);
+  CHECK(r.hashes[0] == ref);
+}
+
+TEST_CASE("shards: whole-node loss: two ranks with the same host label") {
+  // host0 holds slots 0 and 1; their pieces' buddies are on host1.
+  const std::string ref = Reference(4);
+  JobRun r = Launch({"-n", "4", "--standby", "2", "--hosts", "2", "--inject",
+                     "kill:slot=0:step=20", "--inject", "kill:slot=1:step=21"},
+                    Trainer());
+  CheckFinished(r, 4);
+  CHECK(r.hashes[0] == ref);
+}
+
+TEST_CASE("shards: a corrupted copy is refused and another copy used") {
+  // Snapshots every 10 steps: step 20 is the one restored after the kill
+  // at 25, and slot 1's own copy of it is corrupt; its buddy (slot 3)
+  // lives.
+  const std::string ref = Reference(4);
+  JobRun r = Launch(
+      {"-n", "4", "--standby", "1", "--hosts", "2", "--inject",
+       "corrupt-shard:slot=1:step=20", "--inject", "kill:slot=2:step=25"},
+      Trainer({"--snapshot-every", "10"}));
+  CheckFinished(r, 4);
+  CHECK(r.hashes[0] == ref);
+  CHECK(r.err.find("slot 1's copy of the piece of slot 1 (world 4, step 20) "
+                   "failed its checksum") != std::string::npos);
+}
+
+TEST_CASE("shards: a piece lost with all its copies is DataLoss and no model") {
+  // Slot 1's buddy is slot 3 (the same place on the other host).
+  JobRun r = Launch({"-n", "4", "--standby", "2", "--hosts", "2", "--inject",
+                     "kill:slot=1:step=20", "--inject", "kill:slot=3:step=20"},
+                    Trainer());
+  CHECK(r.rc == 1);
+  CHECK(r.hashes.empty());
+  CHECK(r.err.find("DATA_LOSS") != std::string::npos);
+  CHECK(r.err.find("no live member holds a good copy of the pieces of slots "
+                   "1, 3") != std::string::npos);
+}
+
+TEST_CASE("shards: the disk tier restores when every memory copy is gone") {
+  const std::string ref = Reference(4);
+  const std::string dir = holdfast::proc::MakeTempDir();
+  JobRun r =
+      Launch({"-n", "4", "--standby", "2", "--hosts", "2", "--checkpoint-dir",
+              dir, "--checkpoint-every", "10", "--inject",
+              "kill:slot=1:step=25", "--inject", "kill:slot=3:step=25"},
+             Trainer());
+  CheckFinished(r, 4);
+  CHECK(r.hashes[0] == ref);
+  // The first committed step of the window [20, 30) (20 unless its
+  // snapshot was skipped).
+  const int64_t d = DiskStep(r);
+  CHECK(d >= 20);
+  CHECK(d < 25);
+}
+
+TEST_CASE("shards: a restarted job resumes from the disk tier") {
+  const std::string ref = Reference(4);
+  const std::string dir = holdfast::proc::MakeTempDir();
+  // The first run stops (below its minimum world) after step 30 was
+  // written.
+  JobRun first =
+      Launch({"-n", "4", "--min-world", "4", "--checkpoint-dir", dir,
+              "--checkpoint-every", "10", "--inject", "exit:slot=0:step=35"},
+             Trainer());
+  CHECK(first.rc == 1);
+  CHECK(first.hashes.empty());
+  // A new job (new controller, new processes) on a smaller world.
+  JobRun again = Launch({"-n", "2", "--checkpoint-dir", dir}, Trainer());
+  CheckFinished(again, 2);
+  const int64_t d = DiskStep(again);
+  CHECK(d >= 30);
+  CHECK(d < 35);
+  // ZeRO-1's arithmetic does not depend on the world size, but the
+  // gradient sum's order does: compare the losses, not the bytes.
+  JobRun ref2 = Launch({"-n", "2"}, Trainer());
+  REQUIRE(ref2.losses.size() == 2);
+  REQUIRE(again.losses.size() == 2);
+  CHECK(again.losses[0] == Approx(ref2.losses[0]).epsilon(0.01));
+  (void)ref;
+}
+
+TEST_CASE("shards: in shrink mode the survivors take over the lost shard") {
+  JobRun ref = Launch({"-n", "4"}, Trainer());
+  REQUIRE(ref.losses.size() == 4);
+  JobRun r =
+      Launch({"-n", "4", "--mode", "shrink", "--inject", "kill:slot=1:step=20"},
+             Trainer());
+  CheckFinished(r, 3);
+  REQUIRE(r.losses.size() == 3);
+  CHECK(r.losses[0] == Approx(ref.losses[0]).epsilon(0.01));
+}
