@@ -110,6 +110,15 @@ struct ShardView {
   size_t global_bytes = 0;
 };
 
+// What the backup thread did so far (this member).
+struct BackupStats {
+  int64_t rounds = 0;       // rounds that committed
+  int64_t bytes = 0;        // sent to buddies plus received from owners
+  int64_t transfer_us = 0;  // inside the sends and receives
+  int64_t round_us = 0;     // whole rounds, checks and commit included
+  int64_t disk_writes = 0;
+};
+
 class Runtime;
 
 // What the step function gets.
@@ -230,6 +239,7 @@ class Runtime {
   // Full recovery after `cause`; returns the restored step (the loop goes
   // on at restored + 1).
   virtual absl::StatusOr<int64_t> Recover(const absl::Status& cause) = 0;
+  virtual BackupStats backup_stats() const = 0;
   // Sends a step report (at each step's end).
   virtual void ReportStep(int64_t step, absl::Duration step_time,
                           const std::map<std::string, double>& metrics) = 0;

@@ -329,6 +329,17 @@ class RuntimeImpl final : public Runtime {
     return comm_.get();
   }
 
+  BackupStats backup_stats() const override {
+    absl::MutexLock lock(&bk_mu_);
+    BackupStats b;
+    b.rounds = backups_;
+    b.bytes = backup_bytes_;
+    b.transfer_us = transfer_us_;
+    b.round_us = backup_us_;
+    b.disk_writes = disk_writes_;
+    return b;
+  }
+
   void ReportStep(int64_t step, absl::Duration step_time,
                   const std::map<std::string, double>& metrics) override {
     (void)member_->ReportStep(step, step_time, metrics);
@@ -1498,6 +1509,7 @@ class RuntimeImpl final : public Runtime {
     std::vector<std::shared_ptr<Work>> works;
     OpOptions oo;
     oo.tag = kBackupTag;
+    const absl::Time transfer_start = absl::Now();
     int64_t moved = 0;
     for (int o = 0; o < world; ++o) {
       for (int b : buddies[static_cast<size_t>(o)]) {
@@ -1534,6 +1546,8 @@ class RuntimeImpl final : public Runtime {
       absl::Status ws = w->Wait();
       if (st.ok()) st = ws;
     }
+    const int64_t transfer_us =
+        absl::ToInt64Microseconds(absl::Now() - transfer_start);
     if (!st.ok()) {
       Drop(own);
       return st;
@@ -1562,6 +1576,7 @@ class RuntimeImpl final : public Runtime {
       absl::MutexLock lock(&bk_mu_);
       for (auto& p : got) pieces_.push_back(std::move(p));
       backup_bytes_ += moved;
+      transfer_us_ += transfer_us;
     }
     // Every slot holds its piece and its buddies' copies: ack.
     absl::StatusOr<int64_t> ack = member_->AckCheckpoint(s, gen);
@@ -1693,7 +1708,7 @@ class RuntimeImpl final : public Runtime {
   // (before listing it) and during Restore (the backup thread is idle), the
   // backup thread during a round (the training thread only lists and
   // skips).
-  absl::Mutex bk_mu_;
+  mutable absl::Mutex bk_mu_;
   std::vector<std::unique_ptr<Piece>> pieces_ ABSL_GUARDED_BY(bk_mu_);
   std::multimap<size_t, std::unique_ptr<uint8_t[]>> pool_
       ABSL_GUARDED_BY(bk_mu_);
@@ -1703,6 +1718,7 @@ class RuntimeImpl final : public Runtime {
   int64_t backups_ ABSL_GUARDED_BY(bk_mu_) = 0;
   int64_t backup_bytes_ ABSL_GUARDED_BY(bk_mu_) = 0;
   int64_t backup_us_ ABSL_GUARDED_BY(bk_mu_) = 0;
+  int64_t transfer_us_ ABSL_GUARDED_BY(bk_mu_) = 0;
   int64_t disk_writes_ ABSL_GUARDED_BY(bk_mu_) = 0;
   std::atomic<bool> bk_stop_{false};
   std::vector<std::vector<int>> buddies_ ABSL_GUARDED_BY(bk_mu_);

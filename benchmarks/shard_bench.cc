@@ -1,0 +1,350 @@
+// Checkpoint benchmark: what a snapshot and its backup cost, against the
+// hardware floor measured in the same run.
+//
+// For each state size S (MiB of replicated state, two slots, one replica):
+//   snapshot     Runtime::Snapshot() of the slot's piece (S/2 bytes: each of
+//                the two slots keeps half of replicated state), against a
+//                plain memcpy of the same bytes. Goal: >= 80 %.
+//   round        from Snapshot() returning to the step being committed: the
+//                checksum, the agreement, sending S/2 to the buddy while
+//                receiving its S/2 over the side communicator, the check,
+//                the ack. Against a raw loopback exchange of the same bytes
+//                (two threads, one TCP socket pair, both directions at
+//                once). Goal: >= 80 %. Also the runtime's own time inside
+//                the sends and receives ("transfer"), to tell the wire from
+//                the protocol around it.
+// Both slots live in this process (two Runtimes, two threads) with an
+// embedded controller, so the two measurements share one machine.
+//
+// Then the step-time overhead of every-step snapshots on the example
+// trainer (holdfast-run, 2 workers, --step-ms of idle compute per step,
+// --state-mb of state): training time from the first step to the last with
+// a snapshot every step, against one snapshot at the end. Goal: <= 3 % when
+// the backup fits in the step's idle time.
+//
+//   shard_bench [--sizes-mb 16,64,256] [--reps 5] [--overhead-mb 64]
+//               [--step-ms 50] [--steps 100] [--json]
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "holdfast/runtime.h"
+#include "src/common/process_group.h"
+#include "src/control/server.h"
+
+using nlohmann::json;
+
+namespace {
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// Median seconds of a plain memcpy of `bytes` (buffers already touched).
+double MemcpySeconds(size_t bytes, int reps) {
+  std::vector<uint8_t> src(bytes, 1), dst(bytes, 2);
+  std::vector<double> t;
+  for (int i = 0; i < reps + 1; ++i) {
+    const absl::Time t0 = absl::Now();
+    std::memcpy(dst.data(), src.data(), bytes);
+    t.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
+    src[static_cast<size_t>(i) % bytes] ^= dst[bytes / 2];  // keep it alive
+  }
+  t.erase(t.begin());  // the first copy faults the pages in
+  return Median(t);
+}
+
+// Median seconds for two threads to exchange `bytes` each way over one
+// loopback TCP connection.
+double RawExchangeSeconds(size_t bytes, int reps) {
+  const int lfd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  listen(lfd, 1);
+  getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len);
+  const int c = socket(AF_INET, SOCK_STREAM, 0);
+  connect(c, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  const int s = accept(lfd, nullptr, nullptr);
+  close(lfd);
+  int one = 1;
+  setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  std::vector<uint8_t> out_a(bytes, 3), in_a(bytes), out_b(bytes, 4),
+      in_b(bytes);
+  auto pump = [bytes](int fd, const uint8_t* out, uint8_t* in) {
+    // Send and receive at once, as the backup does.
+    std::thread sender([&] {
+      size_t done = 0;
+      while (done < bytes) {
+        const ssize_t n = write(fd, out + done, bytes - done);
+        if (n <= 0) return;
+        done += static_cast<size_t>(n);
+      }
+    });
+    size_t got = 0;
+    while (got < bytes) {
+      const ssize_t n = read(fd, in + got, bytes - got);
+      if (n <= 0) break;
+      got += static_cast<size_t>(n);
+    }
+    sender.join();
+  };
+  std::vector<double> t;
+  for (int i = 0; i < reps + 1; ++i) {
+    const absl::Time t0 = absl::Now();
+    std::thread peer([&] { pump(s, out_b.data(), in_b.data()); });
+    pump(c, out_a.data(), in_a.data());
+    peer.join();
+    t.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
+  }
+  close(c);
+  close(s);
+  t.erase(t.begin());
+  return Median(t);
+}
+
+struct Pair {
+  double snapshot_s = 0;
+  double replicate_s = 0;  // from Snapshot() returning to the commit
+  double transfer_s = 0;   // the runtime's own send+receive time, per round
+  size_t piece_bytes = 0;
+  std::string error;
+};
+
+// Two runtimes (slots 0 and 1) in this process; `reps` snapshots of a
+// replicated `bytes` buffer each, timed.
+Pair MeasureRuntime(size_t bytes, int reps) {
+  Pair out;
+  holdfast::control::ControllerOptions co;
+  co.token = "shard-bench-token";
+  co.world_size = 2;
+  auto server = holdfast::control::ControllerServer::Start(co);
+  if (!server.ok()) {
+    out.error = std::string(server.status().message());
+    return out;
+  }
+  std::vector<double> snap[2], repl[2];
+  std::string errors[2];
+  double transfer_s = 0;
+  // Slot 1 snapshots after slot 0's copy is done, so the timed copy (slot
+  // 0's) has the memory bus to itself, as the memcpy baseline does.
+  absl::Mutex mu;
+  int64_t copied = 0;
+  auto slot_main = [&](int want) {
+    holdfast::RuntimeOptions o;
+    o.controller = (*server)->address();
+    o.token = co.token;
+    o.host = absl::StrCat("bench-host-", want);
+    o.preferred_slot = want;
+    auto rt = holdfast::Runtime::Create(o);
+    if (!rt.ok()) {
+      errors[want] = std::string(rt.status().message());
+      return;
+    }
+    std::vector<uint8_t> state(bytes, static_cast<uint8_t>(want + 1));
+    absl::Status s = (*rt)->RegisterState("state", state.data(), bytes);
+    if (s.ok()) s = (*rt)->communicator().status();
+    for (int i = 0; s.ok() && i <= reps; ++i) {
+      const int64_t step = i + 1;
+      state[static_cast<size_t>(i) % bytes] ^= 1;
+      if (want == 1) {
+        absl::MutexLock lock(&mu);
+        auto ready = [&] { return copied >= step; };
+        mu.Await(absl::Condition(&ready));
+      }
+      const absl::Time t0 = absl::Now();
+      absl::StatusOr<bool> taken = (*rt)->Snapshot(step);
+      const absl::Time t1 = absl::Now();
+      if (want == 0) {
+        absl::MutexLock lock(&mu);
+        copied = step;
+      }
+      if (!taken.ok() || !*taken) {
+        s = taken.ok() ? absl::InternalError("snapshot skipped")
+                       : taken.status();
+        break;
+      }
+      while ((*rt)->committed_step() < step &&
+             absl::Now() - t1 < absl::Seconds(60)) {
+        absl::SleepFor(absl::Microseconds(100));
+      }
+      const absl::Time t2 = absl::Now();
+      if ((*rt)->committed_step() < step) {
+        s = absl::DeadlineExceededError("no commit in 60 s");
+        break;
+      }
+      if (i > 0) {  // the first round allocates and faults pages in
+        snap[want].push_back(absl::ToDoubleSeconds(t1 - t0));
+        repl[want].push_back(absl::ToDoubleSeconds(t2 - t1));
+      }
+      // Let the other slot see the commit too before the next round.
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    if (!s.ok()) errors[want] = std::string(s.message());
+    if (want == 0) {
+      const holdfast::BackupStats b = (*rt)->backup_stats();
+      transfer_s = b.rounds > 0 ? b.transfer_us / 1e6 / b.rounds : 0;
+    }
+    (*rt)->Leave(true);
+  };
+  std::thread t0([&] { slot_main(0); });
+  std::thread t1([&] { slot_main(1); });
+  t0.join();
+  t1.join();
+  (*server)->Shutdown();
+  out.error = errors[0].empty() ? errors[1] : errors[0];
+  out.snapshot_s = Median(snap[0]);
+  out.replicate_s = std::max(Median(repl[0]), Median(repl[1]));
+  out.transfer_s = transfer_s;
+  out.piece_bytes = bytes / 2;
+  return out;
+}
+
+json ReadJson(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return json::parse(ss.str(), nullptr, false);
+}
+
+// Training wall time of the example trainer (first step start to last step
+// end), in ms; -1 on failure.
+double TrainerWallMs(int64_t steps, int64_t step_ms, int64_t state_mb,
+                     int64_t snapshot_every) {
+  const std::string dir = holdfast::proc::MakeTempDir();
+  const std::string cmd =
+      absl::StrCat(HOLDFAST_RUN_BIN, " -n 2 --log-dir ", dir, " -- ",
+                   HOLDFAST_DP_TRAINER_BIN, " --steps ", steps, " --step-ms ",
+                   step_ms, " --state-mb ", state_mb, " --snapshot-every ",
+                   snapshot_every, " > /dev/null 2>&1");
+  const int st = std::system(cmd.c_str());
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) return -1;
+  json j = ReadJson(dir + "/summary.json");
+  return j.is_object() ? j.value("train_wall_ms", -1.0) : -1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"holdfast checkpoint benchmark"};
+  std::string sizes = "16,64,256";
+  int reps = 5;
+  int64_t overhead_mb = 64, step_ms = 50, steps = 100;
+  bool as_json = false;
+  app.add_option("--sizes-mb", sizes, "state sizes, MiB (comma-separated)");
+  app.add_option("--reps", reps, "timed rounds per size")
+      ->check(CLI::Range(1, 1000));
+  app.add_option("--overhead-mb", overhead_mb,
+                 "trainer state for the step overhead, MiB (0: skip)")
+      ->check(CLI::Range(int64_t{0}, int64_t{65536}));
+  app.add_option("--step-ms", step_ms, "idle compute per trainer step, ms")
+      ->check(CLI::Range(int64_t{1}, int64_t{60000}));
+  app.add_option("--steps", steps, "trainer steps")
+      ->check(CLI::Range(int64_t{10}, int64_t{100000}));
+  app.add_flag("--json", as_json, "print JSON");
+  CLI11_PARSE(app, argc, argv);
+  setenv("HOLDFAST_LOG_LEVEL", "warn", 0);
+
+  json out;
+  out["sizes"] = json::array();
+  for (absl::string_view tok : absl::StrSplit(sizes, ',')) {
+    int64_t mb = 0;
+    if (!absl::SimpleAtoi(tok, &mb) || mb <= 0) {
+      std::fprintf(stderr, "shard_bench: bad size '%s'\n",
+                   std::string(tok).c_str());
+      return 2;
+    }
+    const size_t bytes = static_cast<size_t>(mb) << 20;
+    Pair p = MeasureRuntime(bytes, reps);
+    json r;
+    r["state_mb"] = mb;
+    if (!p.error.empty()) {
+      r["error"] = p.error;
+      out["sizes"].push_back(r);
+      continue;
+    }
+    const double mem_s = MemcpySeconds(p.piece_bytes, reps);
+    const double raw_s = RawExchangeSeconds(p.piece_bytes, reps);
+    const double gb = static_cast<double>(p.piece_bytes) / 1e9;
+    r["piece_mb"] = static_cast<double>(p.piece_bytes) / (1 << 20);
+    r["snapshot_gbps"] = gb / p.snapshot_s;
+    r["memcpy_gbps"] = gb / mem_s;
+    r["snapshot_vs_memcpy"] = mem_s / p.snapshot_s;
+    r["replication_gbps"] = gb / p.replicate_s;
+    r["raw_exchange_gbps"] = gb / raw_s;
+    r["replication_vs_raw"] = raw_s / p.replicate_s;
+    r["transfer_gbps"] = p.transfer_s > 0 ? gb / p.transfer_s : 0;
+    r["transfer_vs_raw"] = p.transfer_s > 0 ? raw_s / p.transfer_s : 0;
+    out["sizes"].push_back(r);
+  }
+  if (overhead_mb > 0) {
+    const double with = TrainerWallMs(steps, step_ms, overhead_mb, 1);
+    const double without =
+        TrainerWallMs(steps, step_ms, overhead_mb, steps + 1);
+    json o;
+    o["state_mb"] = overhead_mb;
+    o["step_ms"] = step_ms;
+    o["steps"] = steps;
+    o["wall_ms_every_step"] = with;
+    o["wall_ms_no_snapshots"] = without;
+    o["overhead"] = with > 0 && without > 0 ? with / without - 1 : -1;
+    out["overhead"] = o;
+  }
+  if (as_json) {
+    std::printf("%s\n", out.dump(2).c_str());
+    return 0;
+  }
+  std::printf("%-8s %-9s %-12s %-12s %-7s %-13s %-13s %-13s %-7s %-7s\n",
+              "state", "piece", "snapshot", "memcpy", "ratio", "round",
+              "transfer", "raw exchange", "round", "xfer");
+  for (const json& r : out["sizes"]) {
+    if (r.contains("error")) {
+      std::printf("%-6lld MiB: %s\n",
+                  static_cast<long long>(r.value("state_mb", 0)),
+                  r.value("error", "").c_str());
+      continue;
+    }
+    std::printf(
+        "%-4lld MiB %-5.0f MiB %6.2f GB/s  %6.2f GB/s  %5.2f   %6.2f GB/s   "
+        "%6.2f GB/s   %6.2f GB/s   %5.2f   %5.2f\n",
+        static_cast<long long>(r.value("state_mb", 0)),
+        r.value("piece_mb", 0.0), r.value("snapshot_gbps", 0.0),
+        r.value("memcpy_gbps", 0.0), r.value("snapshot_vs_memcpy", 0.0),
+        r.value("replication_gbps", 0.0), r.value("transfer_gbps", 0.0),
+        r.value("raw_exchange_gbps", 0.0), r.value("replication_vs_raw", 0.0),
+        r.value("transfer_vs_raw", 0.0));
+  }
+  if (out.contains("overhead")) {
+    const json& o = out["overhead"];
+    std::printf(
+        "every-step snapshots, %lld MiB state, %lld steps of %lld ms: "
+        "%.0f ms vs %.0f ms without: overhead %.1f %%\n",
+        static_cast<long long>(o.value("state_mb", 0)),
+        static_cast<long long>(o.value("steps", 0)),
+        static_cast<long long>(o.value("step_ms", 0)),
+        o.value("wall_ms_every_step", 0.0),
+        o.value("wall_ms_no_snapshots", 0.0), 100 * o.value("overhead", 0.0));
+  }
+  return 0;
+}
