@@ -63,6 +63,17 @@ int64_t DiskStep(const JobRun& r) {
   return std::stoll(m[1]);
 }
 
+// A 4-slot ZeRO-1 job under these launcher arguments finishes with the
+// fault-free run's hash.
+JobRun ExpectFaultFreeHash(const std::vector<std::string>& args,
+                           const std::vector<std::string>& extra = {}) {
+  const std::string ref = Reference(4);
+  JobRun r = Launch(args, Trainer(extra));
+  CheckFinished(r, 4);
+  CHECK(r.hashes[0] == ref);
+  return r;
+}
+
 std::vector<int> Received(const shards::Placement& p, int world) {
   std::vector<int> n(static_cast<size_t>(world), 0);
   for (const auto& b : p.buddies) {
@@ -239,31 +250,21 @@ TEST_CASE("shards: ZeRO-1 trains exactly like the plain trainer") {
 }
 
 TEST_CASE("shards: ZeRO-1 with a killed rank equals the fault-free run") {
-  const std::string ref = Reference(4);
-  JobRun r =
-      Launch({"-n", "4", "--standby", "1", "--inject", "kill:slot=2:step=20"},
-             Trainer());
-  CheckFinished(r, 4);
-  CHECK(r.hashes[0] == ref);
+  ExpectFaultFreeHash(
+      {"-n", "4", "--standby", "1", "--inject", "kill:slot=2:step=20"});
 }
 
 TEST_CASE("shards: one fault per failure domain") {
-  const std::string ref = Reference(4);
-  JobRun r = Launch({"-n", "4", "--standby", "2", "--hosts", "2", "--inject",
-                     "kill:slot=1:step=10", "--inject", "kill:slot=2:step=25"},
-                    Trainer());
-  CheckFinished(r, 4);
-  CHECK(r.hashes[0] == ref);
+  ExpectFaultFreeHash({"-n", "4", "--standby", "2", "--hosts", "2", "--inject",
+                       "kill:slot=1:step=10", "--inject",
+                       "kill:slot=2:step=25"});
 }
 
 TEST_CASE("shards: whole-node loss: two ranks with the same host label") {
   // host0 holds slots 0 and 1; their pieces' buddies are on host1.
-  const std::string ref = Reference(4);
-  JobRun r = Launch({"-n", "4", "--standby", "2", "--hosts", "2", "--inject",
-                     "kill:slot=0:step=20", "--inject", "kill:slot=1:step=21"},
-                    Trainer());
-  CheckFinished(r, 4);
-  CHECK(r.hashes[0] == ref);
+  ExpectFaultFreeHash({"-n", "4", "--standby", "2", "--hosts", "2", "--inject",
+                       "kill:slot=0:step=20", "--inject",
+                       "kill:slot=1:step=21"});
 }
 
 TEST_CASE("shards: a corrupted copy is refused and another copy used") {
@@ -271,12 +272,10 @@ TEST_CASE("shards: a corrupted copy is refused and another copy used") {
   // at 25, and slot 1's own copy of it is corrupt; its buddy (slot 3)
   // lives.
   const std::string ref = Reference(4);
-  JobRun r = Launch(
+  JobRun r = ExpectFaultFreeHash(
       {"-n", "4", "--standby", "1", "--hosts", "2", "--inject",
        "corrupt-shard:slot=1:step=20", "--inject", "kill:slot=2:step=25"},
-      Trainer({"--snapshot-every", "10"}));
-  CheckFinished(r, 4);
-  CHECK(r.hashes[0] == ref);
+      {"--snapshot-every", "10"});
   CHECK(r.err.find("slot 1's copy of the piece of slot 1 (world 4, step 20) "
                    "failed its checksum") != std::string::npos);
 }
@@ -294,15 +293,11 @@ TEST_CASE("shards: a piece lost with all its copies is DataLoss and no model") {
 }
 
 TEST_CASE("shards: the disk tier restores when every memory copy is gone") {
-  const std::string ref = Reference(4);
   const std::string dir = holdfast::proc::MakeTempDir();
-  JobRun r =
-      Launch({"-n", "4", "--standby", "2", "--hosts", "2", "--checkpoint-dir",
-              dir, "--checkpoint-every", "10", "--inject",
-              "kill:slot=1:step=25", "--inject", "kill:slot=3:step=25"},
-             Trainer());
-  CheckFinished(r, 4);
-  CHECK(r.hashes[0] == ref);
+  JobRun r = ExpectFaultFreeHash({"-n", "4", "--standby", "2", "--hosts", "2",
+                                  "--checkpoint-dir", dir, "--checkpoint-every",
+                                  "10", "--inject", "kill:slot=1:step=25",
+                                  "--inject", "kill:slot=3:step=25"});
   // The first committed step of the window [20, 30) (20 unless its
   // snapshot was skipped).
   const int64_t d = DiskStep(r);
@@ -311,7 +306,6 @@ TEST_CASE("shards: the disk tier restores when every memory copy is gone") {
 }
 
 TEST_CASE("shards: a restarted job resumes from the disk tier") {
-  const std::string ref = Reference(4);
   const std::string dir = holdfast::proc::MakeTempDir();
   // The first run stops (below its minimum world) after step 30 was
   // written.
@@ -333,7 +327,6 @@ TEST_CASE("shards: a restarted job resumes from the disk tier") {
   REQUIRE(ref2.losses.size() == 2);
   REQUIRE(again.losses.size() == 2);
   CHECK(again.losses[0] == Approx(ref2.losses[0]).epsilon(0.01));
-  (void)ref;
 }
 
 TEST_CASE("shards: in shrink mode the survivors take over the lost shard") {

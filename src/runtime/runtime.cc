@@ -893,6 +893,26 @@ class RuntimeImpl final : public Runtime {
     return std::nullopt;
   }
 
+  // A communicator of generation `gen` on `store` (rendezvous keys are
+  // namespaced by generation); Aborted naming why when the rendezvous was
+  // abandoned (a newer generation, fencing, the job's end).
+  absl::StatusOr<std::shared_ptr<Communicator>> CreateComm(
+      std::shared_ptr<Store> store, int64_t gen, int world, int slot,
+      absl::Duration connect_timeout) {
+    CommunicatorOptions o = options_.comm;
+    o.rank = slot;
+    o.size = world;
+    o.generation = gen;
+    o.connect_timeout = std::min(o.connect_timeout, connect_timeout);
+    absl::StatusOr<std::unique_ptr<Communicator>> c =
+        Communicator::Create(std::move(store), o);
+    if (!c.ok()) {
+      if (auto why = Abandoned(gen)) return absl::AbortedError(*why);
+      return c.status();
+    }
+    return std::shared_ptr<Communicator>(std::move(*c));
+  }
+
   // Builds the communicator of the current generation.
   absl::Status BuildComm() {
     const View v = CurrentView();
@@ -907,18 +927,11 @@ class RuntimeImpl final : public Runtime {
     }
     old.reset();  // joins its threads; never blocks on a peer
     const int64_t gen = v.generation;
-    auto cancelled = [this, gen] { return Abandoned(gen); };
-    CommunicatorOptions o = options_.comm;
-    o.rank = v.slot;
-    o.size = v.world;
-    o.generation = gen;
-    absl::StatusOr<std::unique_ptr<Communicator>> c = Communicator::Create(
-        std::make_shared<CancellableStore>(store_, cancelled), o);
-    if (!c.ok()) {
-      if (auto why = cancelled()) return absl::AbortedError(*why);
-      return c.status();
-    }
-    std::shared_ptr<Communicator> comm(std::move(*c));
+    HOLDFAST_ASSIGN_OR_RETURN(
+        std::shared_ptr<Communicator> comm,
+        CreateComm(std::make_shared<CancellableStore>(
+                       store_, [this, gen] { return Abandoned(gen); }),
+                   gen, v.world, v.slot, options_.comm.connect_timeout));
     {
       absl::MutexLock lock(&mu_);
       comm_ = comm;
@@ -1327,7 +1340,7 @@ class RuntimeImpl final : public Runtime {
         if (pending_ == nullptr) continue;
         gen = pending_->layout_generation;
       }
-      absl::StatusOr<Communicator*> side = Side(gen);
+      absl::StatusOr<std::shared_ptr<Communicator>> side = Side(gen);
       const absl::Time t0 = absl::Now();
       Piece* own;
       {
@@ -1345,7 +1358,7 @@ class RuntimeImpl final : public Runtime {
         }
       }
       absl::StatusOr<bool> committed =
-          side.ok() ? BackupRound(own, *side) : side.status();
+          side.ok() ? BackupRound(own, side->get()) : side.status();
       {
         absl::MutexLock lock(&bk_mu_);
         busy_ = false;
@@ -1358,15 +1371,17 @@ class RuntimeImpl final : public Runtime {
     }
   }
 
-  // The side communicator of generation `gen`, for the backup thread.
-  absl::StatusOr<Communicator*> Side(int64_t gen) {
+  // The side communicator of generation `gen`, for the backup thread. It
+  // holds a reference for its round, so a rebuild on the training thread
+  // never destroys it under a transfer.
+  absl::StatusOr<std::shared_ptr<Communicator>> Side(int64_t gen) {
     absl::MutexLock lock(&mu_);
     if (side_generation_ != gen || side_ == nullptr) {
       return absl::AbortedError(
           absl::StrCat("no side communicator of generation ", gen));
     }
     HOLDFAST_RETURN_IF_ERROR(side_->health());
-    return side_.get();
+    return side_;
   }
 
   // Builds the side communicator of generation `gen` and places the
@@ -1395,18 +1410,9 @@ class RuntimeImpl final : public Runtime {
       if (auto why = cancelled()) return absl::AbortedError(*why);
       return here;
     }
-    CommunicatorOptions o = options_.comm;
-    o.rank = slot;
-    o.size = world;
-    o.generation = gen;
-    o.connect_timeout = std::min(o.connect_timeout, kSideConnectTimeout);
-    absl::StatusOr<std::unique_ptr<Communicator>> c =
-        Communicator::Create(store, o);
-    if (!c.ok()) {
-      if (auto why = cancelled()) return absl::AbortedError(*why);
-      return c.status();
-    }
-    std::shared_ptr<Communicator> side(std::move(*c));
+    HOLDFAST_ASSIGN_OR_RETURN(
+        std::shared_ptr<Communicator> side,
+        CreateComm(store, gen, world, slot, kSideConnectTimeout));
     {
       absl::MutexLock lock(&mu_);
       side_ = side;

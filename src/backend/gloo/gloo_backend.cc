@@ -66,21 +66,31 @@ struct PairAccess : tcp::Pair {
   static std::string PeerAddress(const tcp::Pair* pair) {
     return (pair->*(&PairAccess::peer))().str();
   }
-  // If the pair has failed, wakes every send still queued for transmission
-  // with the pair's error and returns it; returns null otherwise.
+  // If the pair has failed, wakes every unbound-buffer op still bound to
+  // it with the pair's error and returns it; returns null otherwise.
   //
-  // Why: when a pair fails, Gloo signals its pending unbound-buffer ops and
-  // its queued old-style buffer sends, but not unbound-buffer sends already
-  // queued in tx_ (a message larger than the socket buffer). A thread in
-  // waitSend on one would sleep until Gloo's own timeout, even after abort.
-  // Lock order is Gloo's own: pair, then buffer.
-  static std::exception_ptr WakeStrandedSends(tcp::Pair* pair) {
+  // Why: when a pair fails, this Gloo version does not signal every
+  // unbound-buffer op: not sends already queued in tx_ (a message larger
+  // than the socket buffer), nor a receive in progress (rx_), nor ops
+  // waiting for the peer's notification (localPendingSend_/Recv_). A thread
+  // in waitSend or waitRecv on one would sleep until Gloo's own timeout,
+  // even after abort. Signalling a buffer twice is harmless. Lock order is
+  // Gloo's own: pair, then buffer.
+  static std::exception_ptr WakeStranded(tcp::Pair* pair) {
     std::lock_guard<std::mutex> lock(pair->*(&PairAccess::m_));
     std::exception_ptr ex = pair->*(&PairAccess::ex_);
     if (ex == nullptr) return nullptr;
-    for (tcp::Op& op : pair->*(&PairAccess::tx_)) {
-      ::gloo::NonOwningPtr<tcp::UnboundBuffer> buf(op.ubuf);
+    auto wake = [&ex](auto& weak) {
+      ::gloo::NonOwningPtr<tcp::UnboundBuffer> buf(weak);
       if (buf) UnboundBufferAccess::Signal(buf.operator->(), ex);
+    };
+    for (tcp::Op& op : pair->*(&PairAccess::tx_)) wake(op.ubuf);
+    wake((pair->*(&PairAccess::rx_)).ubuf);
+    for (auto& [slot, ops] : pair->*(&PairAccess::localPendingSend_)) {
+      for (auto& op : ops) wake(std::get<0>(op));
+    }
+    for (auto& [slot, ops] : pair->*(&PairAccess::localPendingRecv_)) {
+      for (auto& op : ops) wake(std::get<0>(op));
     }
     return ex;
   }
@@ -178,7 +188,7 @@ class GlooBackend final : public Backend {
       if (pair == nullptr) continue;
       try {
         PairAccess::Fail(pair, msg);
-        PairAccess::WakeStrandedSends(pair);
+        PairAccess::WakeStranded(pair);
       } catch (const std::exception&) {
         // The pair is already broken; nothing more to signal.
       }
@@ -193,7 +203,7 @@ class GlooBackend final : public Backend {
       if (j == options_.rank) continue;
       auto* pair = dynamic_cast<tcp::Pair*>(context_->getPair(j).get());
       if (pair == nullptr) continue;
-      std::exception_ptr ex = PairAccess::WakeStrandedSends(pair);
+      std::exception_ptr ex = PairAccess::WakeStranded(pair);
       if (ex == nullptr) continue;
       try {
         std::rethrow_exception(ex);
