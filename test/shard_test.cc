@@ -290,6 +290,11 @@ TEST_CASE("shards: a piece lost with all its copies is DataLoss and no model") {
   CHECK(r.err.find("DATA_LOSS") != std::string::npos);
   CHECK(r.err.find("no live member holds a good copy of the pieces of slots "
                    "1, 3") != std::string::npos);
+  // The launcher's summary names the error, not just the workers leaving.
+  INFO("summary: " << r.summary.dump(1));
+  CHECK(r.summary["error"].value("code", "") == "DATA_LOSS");
+  CHECK(r.summary["error"].value("message", "").find("pieces of slots 1, 3") !=
+        std::string::npos);
 }
 
 TEST_CASE("shards: the disk tier restores when every memory copy is gone") {

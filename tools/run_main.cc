@@ -285,6 +285,11 @@ json Launcher::Summary(const StatusResponse& s, const std::string& outcome,
       if (v.ok() && v->has_value())
         recoveries.push_back(json::parse(**v, nullptr, false));
     }
+    auto e = (*store)->TryGet(holdfast::kErrorKey);
+    if (e.ok() && e->has_value()) {
+      json err = json::parse(**e, nullptr, false);
+      if (err.is_object()) j["error"] = err;
+    }
     auto f = (*store)->TryGet(holdfast::kFinalKey);
     if (f.ok() && f->has_value()) {
       json fin = json::parse(**f, nullptr, false);
@@ -346,6 +351,11 @@ void Launcher::PrintSummary(const json& j) {
   absl::StrAppend(&out, "outcome: ", j.value("outcome", ""));
   if (!j.value("reason", std::string()).empty())
     absl::StrAppend(&out, " (", j.value("reason", ""), ")");
+  if (j.contains("error")) {
+    const json& e = j["error"];
+    absl::StrAppend(&out, "\nerror: slot ", e.value("slot", -1), ": ",
+                    e.value("code", ""), ": ", e.value("message", ""));
+  }
   absl::StrAppend(&out, "\nsteps: ", j.value("steps", 0), ", world ",
                   j.value("world_size_initial", 0), " -> ",
                   j.value("world_size_final", 0), ", generation ",

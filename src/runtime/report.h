@@ -1,7 +1,8 @@
 // What runtimes leave in the controller's store for the launcher's summary:
 // one record per recovery (written by slot 0 of the generation that
-// recovered, after its first step) and the final result (slot 0 at the
-// end). Internal; shared by the runtime and holdfast-run.
+// recovered, after its first step), the final result (slot 0 at the end)
+// and the first error that ended a member's run. Internal; shared by the
+// runtime and holdfast-run.
 #ifndef HOLDFAST_SRC_RUNTIME_REPORT_H_
 #define HOLDFAST_SRC_RUNTIME_REPORT_H_
 
@@ -13,6 +14,10 @@ namespace holdfast {
 
 inline constexpr char kRecoveryPrefix[] = "holdfast/report/recovery/";
 inline constexpr char kFinalKey[] = "holdfast/report/final";
+// The first error that ended a member's Run (other than being fenced or an
+// unused standby), as {"slot", "code", "message"}: the launcher's summary
+// names it instead of only "a worker left".
+inline constexpr char kErrorKey[] = "holdfast/report/error";
 
 inline nlohmann::json ToJson(const RecoveryRecord& r) {
   return {{"failed_generation", r.failed_generation},

@@ -500,6 +500,25 @@ class RuntimeImpl final : public Runtime {
   absl::StatusOr<RunResult> Run(
       std::function<absl::Status(const StepContext&)> step_fn,
       const RunOptions& options) override {
+    absl::StatusOr<RunResult> r = RunLoop(std::move(step_fn), options);
+    const absl::StatusCode code = r.status().code();
+    if (!r.ok() && code != absl::StatusCode::kCancelled &&
+        code != absl::StatusCode::kFailedPrecondition && store_ != nullptr) {
+      // Fenced members and unused standbys are no news; anything else is
+      // why the job could not go on.
+      nlohmann::json j;
+      j["slot"] = slot();
+      j["code"] = absl::StatusCodeToString(code);
+      j["message"] = std::string(r.status().message());
+      (void)store_->CompareAndSet(kErrorKey, "", true, j.dump());
+    }
+    return r;
+  }
+
+ private:
+  absl::StatusOr<RunResult> RunLoop(
+      std::function<absl::Status(const StepContext&)> step_fn,
+      const RunOptions& options) {
     if (started_) {
       return absl::FailedPreconditionError("Run: called twice");
     }
@@ -622,7 +641,6 @@ class RuntimeImpl final : public Runtime {
     return result;
   }
 
- private:
   struct View {
     int64_t generation = 0;
     int slot = -1;
