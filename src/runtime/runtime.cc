@@ -602,6 +602,12 @@ class RuntimeImpl final : public Runtime {
       high_step_ = std::max(high_step_, step);
       if (step % options.snapshot_every == 0 || step == options.steps) {
         member_->SetPhase(control::PHASE_CHECKPOINTING, 0);
+        if (step == options.steps) {
+          // Every slot snapshots the last step, waiting for its previous
+          // backup if need be, so the last round is the same everywhere
+          // and commits: nobody leaves while a peer waits for it in one.
+          AwaitBackupIdle(absl::Now() + options_.commit_wait);
+        }
         HOLDFAST_ASSIGN_OR_RETURN(bool snapped, Snapshot(step));
         (void)snapped;
       }
@@ -617,7 +623,9 @@ class RuntimeImpl final : public Runtime {
     }
     // Let the last backup round finish (its peers are in it too) before
     // leaving, so nobody sees this member vanish from under a transfer.
-    AwaitBackupsSettled(options.steps, absl::Now() + options_.commit_wait);
+    finishing_ = true;
+    FinishBackups(options.steps, absl::Now() + std::max(options_.commit_wait,
+                                                        absl::Seconds(10)));
     const View v = CurrentView();
     result.final_step = options.steps;
     result.world_size = v.world;
@@ -1464,17 +1472,13 @@ class RuntimeImpl final : public Runtime {
       buddies_ = std::move(pl.buddies);
       buddies_generation_ = gen;
     }
-    if (slot == 0) {
-      for (size_t i = 0; i < pl.warnings.size() && i < 4; ++i) {
-        HOLDFAST_LOG_WARN("runtime: placement of generation {}: {}", gen,
-                          pl.warnings[i]);
-      }
-      if (pl.warnings.size() > 4) {
-        HOLDFAST_LOG_WARN(
-            "runtime: placement of generation {}: {} more like "
-            "these",
-            gen, pl.warnings.size() - 4);
-      }
+    if (slot == 0 && !pl.warnings.empty()) {
+      HOLDFAST_LOG_WARN(
+          "runtime: placement of generation {}: {} of {} piece copies could "
+          "not be placed as wanted, e.g. {} (label each machine with "
+          "HOLDFAST_HOST, and racks with HOLDFAST_TOPOLOGY_BLOCK)",
+          gen, pl.warnings.size(),
+          world * std::min(options_.replicas, world - 1), pl.warnings[0]);
     }
     return absl::OkStatus();
   }
@@ -1483,9 +1487,10 @@ class RuntimeImpl final : public Runtime {
   // is broken all the same (backups can no longer commit), so it is
   // rebuilt unless something else already explains it.
   void SideFailed(const absl::Status& why, int64_t gen) {
-    if (bk_stop_ || !CommHealthy()) return;
+    // At the end of the run peers leave as they finish: no failure.
+    if (bk_stop_ || finishing_ || !CommHealthy()) return;
     if (AwaitGeneration(gen, absl::Now() + options_.report_grace)) return;
-    if (bk_stop_ || !CommHealthy()) return;
+    if (bk_stop_ || finishing_ || !CommHealthy()) return;
     HOLDFAST_LOG_WARN(
         "runtime: the side communicator of generation {} "
         "failed: {}",
@@ -1660,15 +1665,31 @@ class RuntimeImpl final : public Runtime {
     if (own.slot == 0) shards::Prune(options_.checkpoint_dir, 3);
   }
 
-  // At the end of Run: waits (bounded) until the last step is committed or
-  // no backup is under way.
-  void AwaitBackupsSettled(int64_t last, absl::Time deadline) {
-    while (absl::Now() < deadline && committed_step() < last) {
+  // Waits (bounded) until no snapshot is waiting for the backup thread and
+  // no round is under way.
+  void AwaitBackupIdle(absl::Time deadline) {
+    absl::MutexLock lock(&bk_mu_);
+    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(bk_mu_) {
+      return pending_ == nullptr && !busy_;
+    };
+    bk_mu_.AwaitWithDeadline(absl::Condition(&idle), deadline);
+  }
+
+  // At the end of Run: waits (bounded) until the last step is committed.
+  // A slot whose last round found the others at another step (it had
+  // skipped one) snapshots the last step again, so every slot ends in the
+  // same committed round and nobody leaves a peer waiting in one.
+  void FinishBackups(int64_t last, absl::Time deadline) {
+    while (absl::Now() < deadline && committed_step() < last &&
+           Terminal().ok() && !GenerationMoved()) {
+      AwaitBackupIdle(std::min(deadline, absl::Now() + absl::Milliseconds(50)));
+      if (committed_step() >= last) return;
+      bool idle;
       {
         absl::MutexLock lock(&bk_mu_);
-        if (pending_ == nullptr && !busy_) return;
+        idle = pending_ == nullptr && !busy_;
       }
-      absl::SleepFor(absl::Milliseconds(2));
+      if (idle && !Snapshot(last).ok()) return;
     }
   }
 
@@ -1745,6 +1766,7 @@ class RuntimeImpl final : public Runtime {
   int64_t transfer_us_ ABSL_GUARDED_BY(bk_mu_) = 0;
   int64_t disk_writes_ ABSL_GUARDED_BY(bk_mu_) = 0;
   std::atomic<bool> bk_stop_{false};
+  std::atomic<bool> finishing_{false};
   std::vector<std::vector<int>> buddies_ ABSL_GUARDED_BY(bk_mu_);
   int64_t buddies_generation_ ABSL_GUARDED_BY(bk_mu_) = -1;
   std::atomic<int64_t> last_disk_step_{0};
