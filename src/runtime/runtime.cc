@@ -385,6 +385,16 @@ class RuntimeImpl final : public Runtime {
       return absl::FailedPreconditionError(
           "Snapshot: a standby has no state to snapshot");
     }
+    const int64_t comm_gen = CommGeneration();
+    if (comm_gen < 0) {
+      return absl::FailedPreconditionError(
+          "Snapshot: no communicator yet (call communicator() first)");
+    }
+    if (comm_gen != v.generation) {
+      return absl::AbortedError(absl::StrCat(
+          "Snapshot: generation ", v.generation,
+          " opened; the state is rolled back by a recovery first"));
+    }
     // After a rollback to the disk tier the controller's committed step
     // may be ahead of the loop; those steps cannot commit again.
     if (step <= committed_step()) {
@@ -608,8 +618,14 @@ class RuntimeImpl final : public Runtime {
           // and commits: nobody leaves while a peer waits for it in one.
           AwaitBackupIdle(absl::Now() + options_.commit_wait);
         }
-        HOLDFAST_ASSIGN_OR_RETURN(bool snapped, Snapshot(step));
-        (void)snapped;
+        absl::StatusOr<bool> snapped = Snapshot(step);
+        if (!snapped.ok()) {
+          if (!IsRecoverable(snapped.status())) return snapped.status();
+          absl::StatusOr<int64_t> restored = Recover(snapped.status());
+          if (!restored.ok()) return restored.status();
+          step = *restored + 1;
+          continue;
+        }
       }
       ReportStep(step, t1 - t0,
                  options.metrics ? options.metrics()
