@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The main demonstration: builds holdfast (installing what it needs), then
-# trains the deterministic data-parallel example under holdfast-run three
-# times: fault-free, with a rank SIGKILLed, and with a rank frozen by
-# SIGSTOP. Each faulty run recovers in process (a warm standby takes the
-# slot) and ends with the same parameter hash as the fault-free run.
+# trains the deterministic data-parallel example under holdfast-run four
+# times: fault-free, with a rank SIGKILLed, with a rank frozen by SIGSTOP,
+# and in ZeRO-1 mode (sharded optimizer state) with a whole fake host of two
+# ranks lost. Each faulty run recovers in process (warm standbys take the
+# slots; the lost ranks' checkpoint pieces come from their buddies on the
+# other host) and ends with the same parameter hash as the fault-free run.
 #
 #   scripts/demo.sh [STEPS]           default 200 steps, 4 ranks, 1 standby
 #   scripts/demo.sh --collectives ... the communicator demo (kill and freeze
@@ -22,28 +24,32 @@ trap 'rm -rf "$out"' EXIT
 export HOLDFAST_LOG_LEVEL="${HOLDFAST_LOG_LEVEL:-warn}"
 
 run() {
-  local name="$1"
+  local name="$1" trainer_args=""
   shift
+  if [ "$name" = node ]; then trainer_args="--zero1"; fi
   echo
-  echo "=== $name: holdfast-run -n 4 --standby 1 $* -- holdfast-dp-trainer --steps $steps"
-  build/holdfast-run -n 4 --standby 1 --silent-after-ms 2000 --log-dir "$out/$name" "$@" \
-    -- build/holdfast-dp-trainer --steps "$steps" --step-ms 5 \
+  echo "=== $name: holdfast-run -n 4 $* -- holdfast-dp-trainer --steps $steps $trainer_args"
+  build/holdfast-run -n 4 --silent-after-ms 2000 --log-dir "$out/$name" "$@" \
+    -- build/holdfast-dp-trainer --steps "$steps" --step-ms 5 $trainer_args \
     >"$out/$name.out" 2>"$out/$name.err" || true
   grep -h "final step=" "$out/$name.out" | sort
   sed -n '/==== holdfast-run summary ====/,$p' "$out/$name.err"
 }
 
-run fault-free
-run kill --inject "kill:slot=2:step=$((steps / 3))"
-run hang --inject "hang:slot=1:step=$((steps / 2))"
+run fault-free --standby 1
+run kill --standby 1 --inject "kill:slot=2:step=$((steps / 3))"
+run hang --standby 1 --inject "hang:slot=1:step=$((steps / 2))"
+# host0 runs slots 0 and 1; both die one step apart.
+run node --standby 2 --hosts 2 --inject "kill:slot=0:step=$((steps / 2))" \
+  --inject "kill:slot=1:step=$((steps / 2 + 1))"
 
 hash() { grep -ho "params_sha256=[0-9a-f]*" "$out/$1.out" | sort -u; }
 echo
 echo "=== final parameter hashes (one line per distinct hash)"
-for name in fault-free kill hang; do
+for name in fault-free kill hang node; do
   printf '%-10s %s\n' "$name" "$(hash "$name" | tr '\n' ' ')"
 done
-if [ "$(cat <(hash fault-free) <(hash kill) <(hash hang) | sort -u | wc -l)" = 1 ] &&
+if [ "$(cat <(hash fault-free) <(hash kill) <(hash hang) <(hash node) | sort -u | wc -l)" = 1 ] &&
   [ -n "$(hash fault-free)" ]; then
   echo "equal: every rank of every run ended with the fault-free parameters"
 else
