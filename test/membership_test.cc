@@ -109,6 +109,34 @@ TEST_CASE(
   CHECK(job.ids[0] != job.ids[1]);
 }
 
+TEST_CASE("membership: a preferred slot is honoured while it is vacant") {
+  Job job(3);
+  auto join = [&](int preferred) {
+    RegisterRequest r;
+    r.set_host("h");
+    r.set_pid(1);
+    r.set_preferred_slot(preferred);
+    auto resp = job.m.Register(r, kT0);
+    REQUIRE(resp.ok());
+    return *resp;
+  };
+  CHECK(join(2).slot() == 2);
+  // The standby role on request, though slots are vacant.
+  RegisterResponse standby = join(-1);
+  CHECK(standby.role() == ROLE_STANDBY);
+  CHECK(join(0).slot() == 0);
+  // Taken: the lowest vacant slot instead.
+  CHECK(join(2).slot() == 1);
+  // Full: a standby, whatever it asked for.
+  CHECK(join(1).role() == ROLE_STANDBY);
+  RegisterRequest bad;
+  bad.set_host("h");
+  bad.set_preferred_slot(-2);
+  auto s = job.m.Register(bad, kT0).status();
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(s.message().find("preferred slot -2") != absl::string_view::npos);
+}
+
 TEST_CASE("membership: bad registrations and reports get InvalidArgument") {
   Job job(2);
   RegisterRequest r;
