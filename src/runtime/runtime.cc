@@ -770,6 +770,38 @@ class RuntimeImpl final : public Runtime {
     }
   }
 
+  // Posts the chunked sends of a piece's bytes to `peer`.
+  static void PostSends(Communicator* c, const uint8_t* data, size_t size,
+                        int peer, const OpOptions& oo,
+                        std::vector<std::shared_ptr<Work>>* works) {
+    for (size_t off = 0; off < size; off += kChunkBytes) {
+      works->push_back(c->Send(data + off, std::min(kChunkBytes, size - off),
+                               DataType::kUInt8, peer, oo));
+    }
+  }
+
+  // A new piece (its checksum as its owner computed it), with the chunked
+  // receives of its bytes from `peer` posted.
+  std::unique_ptr<Piece> PostReceive(
+      Communicator* c, int64_t step, int64_t generation, int world, int slot,
+      uint64_t checksum, int peer, const OpOptions& oo,
+      std::vector<std::shared_ptr<Work>>* works) {
+    auto p = std::make_unique<Piece>();
+    p->step = step;
+    p->layout_generation = generation;
+    p->world = world;
+    p->slot = slot;
+    p->checksum = checksum;
+    p->size = PieceSize(world, slot);
+    p->bytes = Acquire(p->size);
+    for (size_t off = 0; off < p->size; off += kChunkBytes) {
+      works->push_back(c->Recv(p->bytes.get() + off,
+                               std::min(kChunkBytes, p->size - off),
+                               DataType::kUInt8, peer, oo));
+    }
+    return p;
+  }
+
   uint64_t LayoutHash() const {
     uint64_t h = 0x686f6c64;
     for (const StateBuffer& b : buffers_) {
@@ -1219,27 +1251,11 @@ class RuntimeImpl final : public Runtime {
           continue;
         }
         if (v.slot == from) {
-          const uint8_t* src = local.at(p)->bytes.get();
-          for (size_t off = 0; off < size; off += kChunkBytes) {
-            works.push_back(comm->Send(src + off,
-                                       std::min(kChunkBytes, size - off),
-                                       DataType::kUInt8, m, oo));
-          }
+          PostSends(comm, local.at(p)->bytes.get(), size, m, oo, &works);
         } else if (v.slot == m) {
-          auto piece = std::make_unique<Piece>();
-          piece->step = target;
-          piece->layout_generation = use_gen;
-          piece->world = old_world;
-          piece->slot = p;
-          piece->checksum = use->checksum[static_cast<size_t>(p)];
-          piece->size = size;
-          piece->bytes = Acquire(size);
-          for (size_t off = 0; off < size; off += kChunkBytes) {
-            works.push_back(comm->Recv(piece->bytes.get() + off,
-                                       std::min(kChunkBytes, size - off),
-                                       DataType::kUInt8, from, oo));
-          }
-          received.emplace(p, std::move(piece));
+          received.emplace(p, PostReceive(comm, target, use_gen, old_world, p,
+                                          use->checksum[static_cast<size_t>(p)],
+                                          from, oo, &works));
         }
       }
     }
@@ -1561,29 +1577,14 @@ class RuntimeImpl final : public Runtime {
         const size_t size = PieceSize(world, o);
         if (size == 0) continue;
         if (me == o) {
-          for (size_t off = 0; off < size; off += kChunkBytes) {
-            works.push_back(c->Send(own->bytes.get() + off,
-                                    std::min(kChunkBytes, size - off),
-                                    DataType::kUInt8, b, oo));
-          }
+          PostSends(c, own->bytes.get(), size, b, oo, &works);
           moved += static_cast<int64_t>(size);
         } else if (me == b) {
-          auto p = std::make_unique<Piece>();
-          p->step = s;
-          p->layout_generation = gen;
-          p->world = world;
-          p->slot = o;
-          p->checksum =
-              static_cast<uint64_t>(all[static_cast<size_t>(o) * 2 + 1]);
-          p->size = size;
-          p->bytes = Acquire(size);
-          for (size_t off = 0; off < size; off += kChunkBytes) {
-            works.push_back(c->Recv(p->bytes.get() + off,
-                                    std::min(kChunkBytes, size - off),
-                                    DataType::kUInt8, o, oo));
-          }
+          got.push_back(PostReceive(
+              c, s, gen, world, o,
+              static_cast<uint64_t>(all[static_cast<size_t>(o) * 2 + 1]), o, oo,
+              &works));
           moved += static_cast<int64_t>(size);
-          got.push_back(std::move(p));
         }
       }
     }
