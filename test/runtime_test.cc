@@ -1,0 +1,127 @@
+// The Runtime's API in one process against an embedded controller: bad
+// input gets a clear error that names it, and a one-slot job runs with
+// replicated and sharded state. Multi-process behaviour (faults, buddies,
+// restores) is in recovery_test and shard_test.
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "holdfast/runtime.h"
+#include "src/control/server.h"
+
+namespace {
+
+constexpr char kToken[] = "runtime-test-token";
+
+struct Controller {
+  explicit Controller(int world) {
+    holdfast::control::ControllerOptions o;
+    o.token = kToken;
+    o.world_size = world;
+    auto s = holdfast::control::ControllerServer::Start(o);
+    REQUIRE(s.ok());
+    server = std::move(*s);
+  }
+  ~Controller() { server->Shutdown(); }
+  holdfast::RuntimeOptions Options() const {
+    holdfast::RuntimeOptions o;
+    o.controller = server->address();
+    o.token = kToken;
+    o.host = "test-host";
+    return o;
+  }
+  std::unique_ptr<holdfast::control::ControllerServer> server;
+};
+
+bool Mentions(const absl::Status& s, const std::string& text) {
+  return std::string(s.message()).find(text) != std::string::npos;
+}
+
+}  // namespace
+
+TEST_CASE("runtime: bad registrations are refused by name") {
+  Controller c(1);
+  auto rt = holdfast::Runtime::Create(c.Options());
+  REQUIRE(rt.ok());
+  std::vector<float> w(8);
+  holdfast::Runtime& r = **rt;
+  REQUIRE(r.RegisterState("w", w.data(), w.size() * 4).ok());
+
+  absl::Status s = r.RegisterState("w", w.data(), 4);
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(Mentions(s, "'w' is registered twice"));
+  s = r.RegisterState("", w.data(), 4);
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  s = r.RegisterState("null", nullptr, 4);
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(Mentions(s, "null"));
+
+  auto sh = r.RegisterShardedState("m", 10, 4);  // not whole units
+  CHECK(sh.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(Mentions(sh.status(), "not a whole number of units of 4"));
+  sh = r.RegisterShardedState("m", 8, 0);
+  CHECK(sh.status().code() == absl::StatusCode::kInvalidArgument);
+  sh = r.RegisterShardedState("w", 8, 4);  // the replicated one's name
+  CHECK(sh.status().code() == absl::StatusCode::kInvalidArgument);
+
+  CHECK(r.Shard("nope").status().code() == absl::StatusCode::kNotFound);
+  CHECK(r.Shard("w").status().code() == absl::StatusCode::kNotFound);
+
+  CHECK(r.Snapshot(-1).status().code() == absl::StatusCode::kInvalidArgument);
+  s = r.Snapshot(1).status();
+  CHECK(s.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(Mentions(s, "call communicator() first"));
+}
+
+TEST_CASE("runtime: a bad preferred slot in the environment is refused") {
+  Controller c(1);
+  setenv("HOLDFAST_PREFERRED_SLOT", "first", 1);
+  auto rt = holdfast::Runtime::Create(c.Options());
+  unsetenv("HOLDFAST_PREFERRED_SLOT");
+  CHECK(rt.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(Mentions(rt.status(), "HOLDFAST_PREFERRED_SLOT='first'"));
+}
+
+TEST_CASE("runtime: one slot runs with replicated and sharded state") {
+  Controller c(1);
+  auto rt = holdfast::Runtime::Create(c.Options());
+  REQUIRE(rt.ok());
+  holdfast::Runtime& r = **rt;
+  std::vector<int64_t> counter(4, 0);
+  REQUIRE(r.RegisterState("counter", counter.data(), counter.size() * 8).ok());
+  auto shard = r.RegisterShardedState("acc", 12 * 8, 8);
+  REQUIRE(shard.ok());
+  // One slot holds the whole global array, zeroed.
+  CHECK(shard->offset == 0);
+  CHECK(shard->bytes == 12 * 8);
+  CHECK(shard->global_bytes == 12 * 8);
+  for (size_t i = 0; i < 12; ++i) {
+    CHECK(reinterpret_cast<int64_t*>(shard->data)[i] == 0);
+  }
+  holdfast::RunOptions ro;
+  ro.steps = 20;
+  auto result = r.Run(
+      [&](const holdfast::StepContext& ctx) -> absl::Status {
+        auto view = ctx.runtime->Shard("acc");
+        if (!view.ok()) return view.status();
+        auto* acc = reinterpret_cast<int64_t*>(view->data);
+        for (size_t i = 0; i < view->bytes / 8; ++i) acc[i] += ctx.step;
+        counter[0] += 1;
+        return absl::OkStatus();
+      },
+      ro);
+  REQUIRE(result.ok());
+  CHECK(result->final_step == 20);
+  CHECK(counter[0] == 20);
+  CHECK(result->snapshots >= 2);  // the start and at least the last step
+  CHECK(result->backups >= 2);
+  CHECK(r.committed_step() == 20);
+  auto view = r.Shard("acc");
+  REQUIRE(view.ok());
+  CHECK(reinterpret_cast<int64_t*>(view->data)[11] == 20 * 21 / 2);
+  // Registration is over once Run started.
+  CHECK(r.RegisterState("late", counter.data(), 8).code() ==
+        absl::StatusCode::kFailedPrecondition);
+}
