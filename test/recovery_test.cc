@@ -225,6 +225,42 @@ TEST_CASE(
   CHECK_EXITS(r, "exited with code 4", 1);
 }
 
+TEST_CASE(
+    "recovery: workers started by another launcher join a standalone "
+    "controller") {
+  // What torchrun or a cluster scheduler does: a holdfast-controller
+  // somewhere, and trainers started on their own with HOLDFAST_CONTROLLER
+  // and the token. A third one with a wrong token is refused.
+  const std::string ref = Reference(2);
+  const std::string dir = holdfast::proc::MakeTempDir();
+  const std::string script = absl::StrCat(
+      "cd ", dir, " || exit 1; echo external-token > token; ",
+      HOLDFAST_CONTROLLER_BIN,
+      " --world-size 2 --port 0 --port-file port --token-file token "
+      "2> controller.err & ctl=$!; trap \"kill $ctl 2>/dev/null\" EXIT TERM; "
+      "for i in $(seq 100); do [ -s port ] && break; sleep 0.1; done; "
+      "export HOLDFAST_CONTROLLER=127.0.0.1:$(cat port); ",
+      "HOLDFAST_JOB_TOKEN=wrong ", HOLDFAST_DP_TRAINER_BIN,
+      " --steps 40 > bad.out 2> bad.err; echo $? > bad.rc; ",
+      "export HOLDFAST_JOB_TOKEN=external-token; ", HOLDFAST_DP_TRAINER_BIN,
+      " --steps 40 > w0.out 2> w0.err & w0=$!; ", HOLDFAST_DP_TRAINER_BIN,
+      " --steps 40 > w1.out 2> w1.err & w1=$!; ",
+      "wait $w0 $w1; kill $ctl; wait $ctl");
+  const int status = std::system(
+      absl::StrCat("timeout -k 5 120 bash -c '", script, "'").c_str());
+  CHECK(WIFEXITED(status));
+  INFO("controller: " << ReadFile(dir + "/controller.err"));
+  INFO("worker 0: " << ReadFile(dir + "/w0.err"));
+  for (const char* w : {"/w0.out", "/w1.out"}) {
+    const std::string out = ReadFile(dir + w);
+    CHECK(out.find("final step=40 world=2 params_sha256=" + ref) !=
+          std::string::npos);
+  }
+  CHECK(ReadFile(dir + "/bad.rc") == "1\n");
+  CHECK(ReadFile(dir + "/bad.err").find("UNAUTHENTICATED") !=
+        std::string::npos);
+}
+
 TEST_CASE("recovery: the launcher refuses bad input with a clear error") {
   auto run = [](const std::string& args) {
     const std::string dir = holdfast::proc::MakeTempDir();
