@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -736,6 +737,14 @@ class RuntimeImpl final : public Runtime {
     b.part = r;
   }
 
+  // Sizes every sharded buffer for this member's partition at (world,
+  // slot); unchanged ones keep their bytes.
+  void RepartitionAll(int world, int slot) {
+    for (StateBuffer& b : buffers_) {
+      if (b.sharded) Repartition(b, world, slot);
+    }
+  }
+
   size_t PieceSize(int world, int slot) const {
     size_t n = 0;
     for (const StateBuffer& b : buffers_) n += Part(b, world, slot).bytes;
@@ -846,8 +855,12 @@ class RuntimeImpl final : public Runtime {
     absl::MutexLock lock(&bk_mu_);
     EvictLocked(drop);
   }
+  void DropLocked(const Piece* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(bk_mu_) {
+    EvictLocked([p](const Piece& q) { return &q == p; });
+  }
   void Drop(const Piece* p) {
-    Evict([p](const Piece& q) { return &q == p; });
+    absl::MutexLock lock(&bk_mu_);
+    DropLocked(p);
   }
 
   // ---- Membership events
@@ -1033,9 +1046,6 @@ class RuntimeImpl final : public Runtime {
       fault::Injector::Global().AtRecovery(v.slot, ++recoveries_);
     }
     HOLDFAST_RETURN_IF_ERROR(BuildComm());
-    for (StateBuffer& b : buffers_) {
-      if (b.sharded) Repartition(b, v.world, v.slot);
-    }
     int64_t at = 0;
     if (v.generation > 0 || committed_step() >= 0) {
       HOLDFAST_ASSIGN_OR_RETURN(at, Restore(nullptr));
@@ -1053,6 +1063,7 @@ class RuntimeImpl final : public Runtime {
             v.slot, at);
       }
     }
+    RepartitionAll(v.world, v.slot);  // a no-op after a disk restore
     high_step_ = std::max(high_step_, at);
     HOLDFAST_ASSIGN_OR_RETURN(bool taken, Snapshot(at));
     if (!taken ||
@@ -1073,14 +1084,12 @@ class RuntimeImpl final : public Runtime {
   // Waits until the backup thread is out of any round (the caller aborted
   // its communicator) and drops a snapshot it has not started on.
   void QuiesceBackups() {
-    absl::MutexLock lock(&bk_mu_);
-    if (pending_ != nullptr) {
-      const Piece* p = pending_;
-      EvictLocked([p](const Piece& q) { return &q == p; });
+    {
+      absl::MutexLock lock(&bk_mu_);
+      if (pending_ != nullptr) DropLocked(pending_);
     }
-    auto idle = [this]()
-                    ABSL_EXCLUSIVE_LOCKS_REQUIRED(bk_mu_) { return !busy_; };
-    bk_mu_.Await(absl::Condition(&idle));
+    // Only this (the training) thread queues snapshots.
+    AwaitBackupIdle(absl::InfiniteFuture());
   }
 
   // Rolls every member back to the newest committed step. Each member says
@@ -1226,9 +1235,7 @@ class RuntimeImpl final : public Runtime {
     }
 
     // Transfers, in one order every member follows.
-    for (StateBuffer& b : buffers_) {
-      if (b.sharded) Repartition(b, v.world, v.slot);
-    }
+    RepartitionAll(v.world, v.slot);
     std::map<int, const Piece*> local;
     for (size_t i = 0; i < at.size(); ++i) {
       const Piece* p = at[i];
@@ -1344,9 +1351,7 @@ class RuntimeImpl final : public Runtime {
           "in ",
           dir, " holds no complete checkpoint"));
     }
-    for (StateBuffer& b : buffers_) {
-      if (b.sharded) Repartition(b, v.world, v.slot);
-    }
+    RepartitionAll(v.world, v.slot);
     absl::Status s;
     std::vector<uint8_t> data;
     for (int p = 0; p < world && s.ok(); ++p) {
@@ -1410,7 +1415,7 @@ class RuntimeImpl final : public Runtime {
         own = pending_;
         pending_ = nullptr;
         if (!side.ok()) {
-          EvictLocked([own](const Piece& q) { return &q == own; });
+          DropLocked(own);
         } else {
           busy_ = true;
         }
@@ -1547,6 +1552,12 @@ class RuntimeImpl final : public Runtime {
       }
       buddies = buddies_;
     }
+    // Until it is acked (and may commit), a piece whose round failed is
+    // dropped: no step can commit without it.
+    bool acked = false;
+    absl::Cleanup drop_unless_acked = [&] {
+      if (!acked) Drop(own);
+    };
     own->checksum = shards::Checksum(own->bytes.get(), own->size);
     OpOptions agree;
     agree.timeout = kAgreeTimeout;
@@ -1554,15 +1565,11 @@ class RuntimeImpl final : public Runtime {
     std::vector<int64_t> all(static_cast<size_t>(world) * 2);
     absl::Status st =
         c->AllGather(mine, all.data(), 2, DataType::kInt64, agree)->Wait();
-    if (!st.ok()) {
-      Drop(own);
-      return st;
-    }
+    if (!st.ok()) return st;
     for (int r = 0; r < world; ++r) {
       if (all[static_cast<size_t>(r) * 2] != s) {
         // Another slot snapshotted another step (its previous backup was
         // still running): nobody backs this one up.
-        Drop(own);
         return false;
       }
     }
@@ -1594,10 +1601,7 @@ class RuntimeImpl final : public Runtime {
     }
     const int64_t transfer_us =
         absl::ToInt64Microseconds(absl::Now() - transfer_start);
-    if (!st.ok()) {
-      Drop(own);
-      return st;
-    }
+    if (!st.ok()) return st;
     int64_t good = 1;
     for (const auto& p : got) {
       if (shards::Checksum(p->bytes.get(), p->size) != p->checksum) {
@@ -1610,12 +1614,8 @@ class RuntimeImpl final : public Runtime {
     }
     std::vector<int64_t> goods(static_cast<size_t>(world));
     st = c->AllGather(&good, goods.data(), 1, DataType::kInt64, agree)->Wait();
-    if (!st.ok()) {
-      Drop(own);
-      return st;
-    }
+    if (!st.ok()) return st;
     if (std::find(goods.begin(), goods.end(), 0) != goods.end()) {
-      Drop(own);
       return false;
     }
     {
@@ -1625,6 +1625,7 @@ class RuntimeImpl final : public Runtime {
       transfer_us_ += transfer_us;
     }
     // Every slot holds its piece and its buddies' copies: ack.
+    acked = true;
     absl::StatusOr<int64_t> ack = member_->AckCheckpoint(s, gen);
     if (ack.ok()) NoteCommitted(*ack);
     for (;;) {
@@ -1683,13 +1684,13 @@ class RuntimeImpl final : public Runtime {
   }
 
   // Waits (bounded) until no snapshot is waiting for the backup thread and
-  // no round is under way.
-  void AwaitBackupIdle(absl::Time deadline) {
+  // no round is under way; whether that is so.
+  bool AwaitBackupIdle(absl::Time deadline) {
     absl::MutexLock lock(&bk_mu_);
     auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(bk_mu_) {
       return pending_ == nullptr && !busy_;
     };
-    bk_mu_.AwaitWithDeadline(absl::Condition(&idle), deadline);
+    return bk_mu_.AwaitWithDeadline(absl::Condition(&idle), deadline);
   }
 
   // At the end of Run: waits (bounded) until the last step is committed.
@@ -1699,13 +1700,9 @@ class RuntimeImpl final : public Runtime {
   void FinishBackups(int64_t last, absl::Time deadline) {
     while (absl::Now() < deadline && committed_step() < last &&
            Terminal().ok() && !GenerationMoved()) {
-      AwaitBackupIdle(std::min(deadline, absl::Now() + absl::Milliseconds(50)));
+      const bool idle = AwaitBackupIdle(
+          std::min(deadline, absl::Now() + absl::Milliseconds(50)));
       if (committed_step() >= last) return;
-      bool idle;
-      {
-        absl::MutexLock lock(&bk_mu_);
-        idle = pending_ == nullptr && !busy_;
-      }
       if (idle && !Snapshot(last).ok()) return;
     }
   }
