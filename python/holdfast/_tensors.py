@@ -1,0 +1,45 @@
+"""Torch tensors as (address, element count, dtype code) for holdfast._C."""
+
+import torch
+
+from . import _C
+from .errors import InvalidArgumentError
+
+_DTYPES = {
+    torch.float32: _C.DTYPE_CODES["float32"],
+    torch.float64: _C.DTYPE_CODES["float64"],
+    torch.int32: _C.DTYPE_CODES["int32"],
+    torch.int64: _C.DTYPE_CODES["int64"],
+    torch.bfloat16: _C.DTYPE_CODES["bfloat16"],
+    torch.float16: _C.DTYPE_CODES["float16"],
+    torch.uint8: _C.DTYPE_CODES["uint8"],
+}
+
+
+def host_buffer(tensor, what="tensor"):
+    """Checks that `tensor` is a contiguous CPU tensor of a supported dtype.
+
+    Returns (address, element count, dtype code). Raises
+    InvalidArgumentError naming `what` otherwise.
+    """
+    if not isinstance(tensor, torch.Tensor):
+        raise InvalidArgumentError(
+            f"{what}: expected a torch.Tensor, got {type(tensor).__name__}"
+        )
+    if tensor.device.type != "cpu":
+        raise InvalidArgumentError(
+            f"{what}: a {tensor.device.type} tensor; the Python communicator "
+            "runs on the Gloo backend and takes CPU tensors (copy it with "
+            ".cpu(), or use the C++ NCCL backend for GPU tensors)"
+        )
+    if not tensor.is_contiguous():
+        raise InvalidArgumentError(
+            f"{what}: not contiguous (shape {tuple(tensor.shape)}, stride "
+            f"{tensor.stride()}); call .contiguous() first"
+        )
+    if tensor.dtype not in _DTYPES:
+        raise InvalidArgumentError(
+            f"{what}: dtype {tensor.dtype} is not supported (float32, float64, "
+            "int32, int64, bfloat16, float16, uint8)"
+        )
+    return tensor.data_ptr(), tensor.numel(), _DTYPES[tensor.dtype]

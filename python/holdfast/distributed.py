@@ -1,0 +1,276 @@
+"""torch.distributed on holdfast: a process group named "holdfast".
+
+    import holdfast, holdfast.distributed as hd
+    rt = holdfast.Runtime()
+    pg = hd.init_process_group(rt)        # dist.init_process_group("holdfast")
+    def step(ctx):
+        ddp = hd.ddp(rt, model)           # rebuilt once per generation
+        ...forward, backward, optimizer.step()...
+    rt.run(step, steps)
+
+The process group stays valid across generations: each operation runs on
+the runtime's current communicator. A holdfast failure inside a step does
+not raise out of the operation (DDP's reducer would be left half done):
+the operation completes locally, later ones in the same step are skipped,
+and the error is raised when the step function returns, so the runtime
+rolls the step back and recovers. Outside a step, failures raise at once.
+
+DDP itself is rebuilt once per generation (`ddp()`): every member of a new
+generation, a promoted standby included, then starts from a fresh reducer
+at the same step, and its construction-time checks run on the new group.
+"""
+
+import torch
+import torch.distributed as dist
+from torch._C import _distributed_c10d as _c10d
+
+from . import runtime as _runtime
+from .errors import FencedError, HoldfastError, InvalidArgumentError
+
+BACKEND = "holdfast"
+
+
+def _done_work(result):
+    """A finished operation (holdfast's Python group runs ops at once).
+
+    A C++ work object wrapping a completed future: a Python subclass of
+    Work would lose its overrides once Python drops its reference, while
+    C++ (DDP's reducer) still waits on it.
+    """
+    fut = torch.futures.Future()
+    fut.set_result(result)
+    return _c10d._create_work_from_future(fut)
+
+
+def _op_name(reduce_op):
+    for name in ("SUM", "MIN", "MAX", "PRODUCT", "AVG"):
+        if hasattr(dist.ReduceOp, name) and reduce_op == getattr(
+            dist.ReduceOp, name
+        ):
+            return "average" if name == "AVG" else name.lower()
+    raise InvalidArgumentError(f"holdfast: reduce op {reduce_op} is not supported")
+
+
+class ProcessGroup(dist.ProcessGroup):
+    """A torch.distributed process group over a holdfast Runtime."""
+
+    def __init__(self, runtime, rank=None, size=None):
+        if runtime is None:
+            raise InvalidArgumentError(
+                "holdfast process group: create a holdfast.Runtime first"
+            )
+        super().__init__(
+            max(runtime.slot, 0) if rank is None else rank,
+            max(runtime.world_size, 1) if size is None else size,
+        )
+        self._rt = runtime
+        self._error = None
+        runtime._groups.append(self)
+
+    # The live slot and world size (torch's own copies are fixed at
+    # construction; Python callers see these).
+    def rank(self):
+        return max(self._rt.slot, 0)
+
+    def size(self):
+        return max(self._rt.world_size, 1)
+
+    def getBackendName(self):
+        return BACKEND
+
+    def _get_backend_name(self):
+        return BACKEND
+
+    # ---- error deferral inside steps --------------------------------------
+    def _begin_step(self):
+        self._error = None
+
+    def _end_step(self):
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def _run(self, fn, result):
+        if self._error is not None:  # the step already failed: skip
+            return _done_work(result)
+        if self._rt.standby:
+            raise FencedError(
+                "holdfast process group: a standby has no communicator until "
+                "run() gives it a slot; issue collectives inside the step "
+                "function"
+            )
+        try:
+            fn(self._rt.communicator())
+        except HoldfastError as e:
+            if not self._rt.in_step:
+                raise
+            self._error = e
+        return _done_work(result)
+
+    # ---- collectives -------------------------------------------------------
+    def allreduce(self, tensors, opts=None):
+        op = _op_name(opts.reduceOp) if opts is not None else "sum"
+
+        def fn(comm):
+            for t in tensors:
+                comm.all_reduce(t, op)
+
+        return self._run(fn, tensors)
+
+    def broadcast(self, tensors, opts=None):
+        root = opts.rootRank if opts is not None else 0
+
+        def fn(comm):
+            for t in tensors:
+                comm.broadcast(t, root)
+
+        return self._run(fn, tensors)
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        def fn(comm):
+            for outs, inp in zip(output_tensors, input_tensors):
+                if len(outs) != comm.size:
+                    raise InvalidArgumentError(
+                        f"allgather: {len(outs)} outputs for {comm.size} ranks"
+                    )
+                inp = inp.contiguous()
+                flat = torch.empty(
+                    (comm.size,) + tuple(inp.shape), dtype=inp.dtype
+                )
+                comm.all_gather(flat, inp)
+                for r, out in enumerate(outs):
+                    out.copy_(flat[r])
+
+        return self._run(fn, output_tensors)
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        op = _op_name(opts.reduceOp) if opts is not None else "sum"
+
+        def fn(comm):
+            for out, ins in zip(output_tensors, input_tensors):
+                flat = torch.cat([t.reshape(-1) for t in ins])
+                res = torch.empty(out.numel(), dtype=out.dtype)
+                comm.reduce_scatter(res, flat, op)
+                out.copy_(res.view_as(out))
+
+        return self._run(fn, output_tensors)
+
+    def barrier(self, opts=None):
+        return self._run(lambda comm: comm.barrier(), [])
+
+    def send(self, tensors, dst, tag):
+        def fn(comm):
+            for t in tensors:
+                comm.send(t, dst, tag)
+
+        return self._run(fn, tensors)
+
+    def recv(self, tensors, src, tag):
+        def fn(comm):
+            for t in tensors:
+                comm.recv(t, src, tag)
+
+        return self._run(fn, tensors)
+
+
+def allreduce_hook(process_group, bucket):
+    """DDP communication hook: sum the bucket, divide by the live world size.
+
+    DDP's own division uses the size the group had when DDP was built;
+    this hook reads the size at every step, so it stays right after a
+    shrink."""
+    tensor = bucket.buffer()
+    process_group.allreduce([tensor])
+    tensor.div_(process_group.size())
+    fut = torch.futures.Future()
+    fut.set_result(tensor)
+    return fut
+
+
+def _create(store, rank, size, timeout):
+    return ProcessGroup(_runtime.current_runtime(), rank, size)
+
+
+if BACKEND.upper() not in getattr(dist.Backend, "_plugins", {}):
+    dist.Backend.register_backend(BACKEND, _create)
+
+
+class _LocalStore(dist.Store):
+    """The store init_process_group needs. holdfast's rendezvous goes
+    through its controller; torch's store-based barrier in
+    init_process_group (1.x) would count the processes of one generation
+    only, and a standby joins later, so this store answers that barrier
+    from the runtime's world size."""
+
+    _BARRIER = getattr(
+        dist.distributed_c10d, "STORE_BASED_BARRIER_PREFIX", "store_based_barrier_key"
+    )
+
+    def __init__(self, runtime):
+        super().__init__()
+        self._rt = runtime
+        self._data = {}
+
+    def set(self, key, value):
+        self._data[key] = value
+
+    def get(self, key):
+        return self._data[key]
+
+    def add(self, key, value):
+        if key.endswith(self._BARRIER) or self._BARRIER + ":" in key:
+            return max(self._rt.world_size, 1)
+        self._data[key] = int(self._data.get(key, 0)) + value
+        return self._data[key]
+
+    def check(self, keys):
+        return all(k in self._data for k in keys)
+
+    def wait(self, keys, timeout=None):
+        missing = [k for k in keys if k not in self._data]
+        if missing:
+            raise InvalidArgumentError(f"holdfast local store: no key {missing}")
+
+    def delete_key(self, key):
+        return self._data.pop(key, None) is not None
+
+    def num_keys(self):
+        return len(self._data)
+
+
+def init_process_group(runtime=None):
+    """dist.init_process_group(backend="holdfast") for `runtime` (default:
+    the current one). Returns the default process group."""
+    runtime = runtime or _runtime.current_runtime()
+    if runtime is None:
+        raise InvalidArgumentError(
+            "holdfast.distributed.init_process_group: create a holdfast.Runtime "
+            "first"
+        )
+    dist.init_process_group(
+        backend=BACKEND,
+        store=_LocalStore(runtime),
+        rank=max(runtime.slot, 0),
+        world_size=max(runtime.world_size, 1),
+    )
+    return dist.distributed_c10d._get_default_group()
+
+
+_ddp_cache = {}
+
+
+def ddp(runtime, module, process_group=None, **kwargs):
+    """DistributedDataParallel(module) for the runtime's current generation,
+    with allreduce_hook; rebuilt when the generation changes. Call it inside
+    the step function."""
+    group = process_group or dist.distributed_c10d._get_default_group()
+    key = id(module)
+    cached = _ddp_cache.get(key)
+    if cached is not None and cached[0] == runtime.generation:
+        return cached[1]
+    model = torch.nn.parallel.DistributedDataParallel(
+        module, process_group=group, **kwargs
+    )
+    model.register_comm_hook(group, allreduce_hook)
+    _ddp_cache[key] = (runtime.generation, model)
+    return model

@@ -1,0 +1,275 @@
+"""The Python face of holdfast's runtime: state from torch modules and
+optimizers, a communicator on torch tensors, and the step loop."""
+
+import torch
+
+from . import _C
+from ._tensors import host_buffer
+from .errors import InvalidArgumentError
+
+_REDUCE = dict(_C.REDUCE_CODES)
+
+
+def _reduce_code(op):
+    try:
+        return _REDUCE[str(op).lower()]
+    except KeyError:
+        raise InvalidArgumentError(
+            f"unknown reduce op {op!r} (one of {', '.join(sorted(_REDUCE))})"
+        ) from None
+
+
+class Communicator:
+    """A communicator of one generation, on CPU torch tensors.
+
+    Every call blocks until the operation is done and raises a holdfast
+    error (PeerLostError, TimeoutError, AbortedError, ...) if it fails.
+    `timeout` is in seconds (0: the communicator's default).
+    """
+
+    def __init__(self, comm):
+        self._comm = comm
+
+    @property
+    def rank(self):
+        return self._comm.rank
+
+    @property
+    def size(self):
+        return self._comm.size
+
+    @property
+    def generation(self):
+        return self._comm.generation
+
+    def all_reduce(self, tensor, op="sum", timeout=0.0):
+        ptr, n, dt = host_buffer(tensor, "all_reduce")
+        self._comm.all_reduce(ptr, n, dt, _reduce_code(op), timeout)
+        return tensor
+
+    def broadcast(self, tensor, root=0, timeout=0.0):
+        ptr, n, dt = host_buffer(tensor, "broadcast")
+        self._comm.broadcast(ptr, n, dt, int(root), timeout)
+        return tensor
+
+    def all_gather(self, output, input, timeout=0.0):
+        """`output` holds size * input.numel() elements, rank r's at r."""
+        sp, sn, sdt = host_buffer(input, "all_gather input")
+        rp, rn, rdt = host_buffer(output, "all_gather output")
+        self._check_pair("all_gather", sdt, rdt, rn, sn * self.size)
+        self._comm.all_gather(sp, rp, sn, sdt, timeout)
+        return output
+
+    def reduce_scatter(self, output, input, op="sum", timeout=0.0):
+        """`input` holds size blocks of output.numel() elements."""
+        sp, sn, sdt = host_buffer(input, "reduce_scatter input")
+        rp, rn, rdt = host_buffer(output, "reduce_scatter output")
+        self._check_pair("reduce_scatter", sdt, rdt, sn, rn * self.size)
+        self._comm.reduce_scatter(sp, rp, rn, sdt, _reduce_code(op), timeout)
+        return output
+
+    def all_to_all(self, output, input, timeout=0.0):
+        sp, sn, sdt = host_buffer(input, "all_to_all input")
+        rp, rn, rdt = host_buffer(output, "all_to_all output")
+        self._check_pair("all_to_all", sdt, rdt, rn, sn)
+        if sn % self.size:
+            raise InvalidArgumentError(
+                f"all_to_all: {sn} elements do not split into {self.size} blocks"
+            )
+        self._comm.all_to_all(sp, rp, sn // self.size, sdt, timeout)
+        return output
+
+    def barrier(self, timeout=0.0):
+        self._comm.barrier(timeout)
+
+    def send(self, tensor, peer, tag=0, timeout=0.0):
+        ptr, n, dt = host_buffer(tensor, "send")
+        self._comm.send(ptr, n, dt, int(peer), int(tag), timeout)
+
+    def recv(self, tensor, peer, tag=0, timeout=0.0):
+        ptr, n, dt = host_buffer(tensor, "recv")
+        self._comm.recv(ptr, n, dt, int(peer), int(tag), timeout)
+        return tensor
+
+    def abort(self, reason="aborted from Python"):
+        self._comm.abort(reason)
+
+    def dump_trace(self):
+        return self._comm.dump_trace()
+
+    @staticmethod
+    def _check_pair(what, sdt, rdt, have, want):
+        if sdt != rdt:
+            raise InvalidArgumentError(f"{what}: input and output dtypes differ")
+        if have != want:
+            raise InvalidArgumentError(
+                f"{what}: the buffer holds {have} elements, {want} expected"
+            )
+
+
+class StepContext:
+    """What the step function gets: step (1-based), rank, world_size,
+    generation, comm (this generation's Communicator) and runtime."""
+
+    def __init__(self, ctx, runtime):
+        self.step = ctx.step
+        self.rank = ctx.rank
+        self.world_size = ctx.world_size
+        self.generation = ctx.generation
+        self.comm = Communicator(ctx.comm)
+        self.runtime = runtime
+
+
+_current = None
+
+
+def current_runtime():
+    """The most recently created Runtime of this process (or None)."""
+    return _current
+
+
+class Runtime:
+    """This process's place in a fault-tolerant job.
+
+    Options (all optional; the HOLDFAST_* environment set by holdfast-run
+    fills the rest): controller, token, token_file, host, topology_block,
+    faults, preferred_slot, replicas, tp_size, pp_size, checkpoint_dir,
+    checkpoint_every, and timeout, connect_timeout, join_timeout,
+    recovery_timeout in seconds.
+    """
+
+    def __init__(self, **options):
+        global _current
+        self._rt = _C.Runtime(**options)
+        self._keep = []  # registered tensors stay alive with the runtime
+        self._groups = []  # process groups that defer errors to step ends
+        self._in_step = False
+        _current = self
+
+    # ---- where this process stands ---------------------------------------
+    @property
+    def standby(self):
+        return self._rt.standby
+
+    @property
+    def slot(self):
+        return self._rt.slot
+
+    @property
+    def world_size(self):
+        return self._rt.world_size
+
+    @property
+    def generation(self):
+        return self._rt.generation
+
+    @property
+    def committed_step(self):
+        return self._rt.committed_step
+
+    @property
+    def in_step(self):
+        return self._in_step
+
+    def communicator(self):
+        """The current generation's Communicator (builds it if needed)."""
+        return Communicator(self._rt.communicator())
+
+    # ---- state -------------------------------------------------------------
+    def register_tensor(self, name, tensor):
+        """Registers a CPU tensor's bytes as replicated state under `name`.
+
+        The tensor must keep its storage (update it in place, as optimizers
+        do); a recovery writes the restored bytes into it.
+        """
+        data = tensor.data if isinstance(tensor, torch.nn.Parameter) else tensor
+        ptr, n, _ = host_buffer(data, f"state '{name}'")
+        self._rt.register_state(name, ptr, n * data.element_size())
+        self._keep.append(data)
+
+    def register_state_dict(self, state_dict, prefix):
+        """Registers every tensor of a state_dict, as `prefix.key`."""
+        for key, value in state_dict.items():
+            if not isinstance(value, torch.Tensor):
+                raise InvalidArgumentError(
+                    f"state '{prefix}.{key}' is a {type(value).__name__}, not a "
+                    "tensor; holdfast restores tensors in place only"
+                )
+            self.register_tensor(f"{prefix}.{key}", value)
+
+    def register_module(self, module, prefix="model"):
+        """Registers a module's parameters and buffers (its state_dict)."""
+        self.register_state_dict(module.state_dict(keep_vars=False), prefix)
+
+    def register_optimizer(self, optimizer, prefix="optimizer"):
+        """Registers an optimizer's per-parameter state tensors.
+
+        The state must exist (optimizers create it lazily at their first
+        step: take one, or fill it, before registering) and be tensors.
+        """
+        state = optimizer.state_dict()["state"]
+        if not state:
+            raise InvalidArgumentError(
+                f"optimizer '{prefix}': its state is empty (optimizers create "
+                "it at their first step); initialize it before registering, "
+                "e.g. zero momentum buffers"
+            )
+        for index in sorted(state):
+            for key in sorted(state[index]):
+                value = state[index][key]
+                name = f"{prefix}.{index}.{key}"
+                if not isinstance(value, torch.Tensor):
+                    raise InvalidArgumentError(
+                        f"optimizer state '{name}' is a {type(value).__name__}, "
+                        "not a tensor; holdfast restores tensors in place only"
+                    )
+                self.register_tensor(name, value)
+
+    def register_sharded_state(self, name, global_numel, dtype=torch.float32,
+                               unit_numel=1):
+        """Registers a sharded global array; returns this slot's partition as
+        a tensor backed by the runtime's memory (zeroed). Partitions move
+        after a shrink: read shard(name) at every step."""
+        size = torch.empty((), dtype=dtype).element_size()
+        self._rt.register_sharded_state(name, global_numel * size,
+                                        unit_numel * size)
+        return self.shard(name, dtype)
+
+    def shard(self, name, dtype=torch.float32):
+        """The current partition of a sharded array: a tensor view of it,
+        with .holdfast_offset (first element's index in the global array)."""
+        view = self._rt.shard(name)
+        size = torch.empty((), dtype=dtype).element_size()
+        if view["bytes"] == 0:
+            t = torch.empty(0, dtype=dtype)
+        else:
+            t = torch.frombuffer(view["data"], dtype=dtype)
+        t.holdfast_offset = view["offset"] // size
+        return t
+
+    # ---- the step loop -----------------------------------------------------
+    def run(self, step_fn, steps, snapshot_every=1, metrics=None):
+        """Runs steps committed+1 .. `steps` with automatic recovery.
+
+        `step_fn(ctx)` gets a StepContext. A holdfast error it raises (or
+        one a holdfast process group recorded during the step) makes the
+        runtime recover and resume from the last committed step; any other
+        exception ends the run and is raised again here. Returns a
+        RunResult (final_step, world_size, slot, recoveries, ...).
+        """
+
+        def step(ctx):
+            for group in self._groups:
+                group._begin_step()
+            self._in_step = True
+            try:
+                step_fn(StepContext(ctx, self))
+            finally:
+                self._in_step = False
+            for group in self._groups:
+                group._end_step()
+
+        return self._rt.run(step, int(steps), int(snapshot_every), metrics)
+
+    def leave(self, finished=False):
+        self._rt.leave(finished)

@@ -1,0 +1,453 @@
+// holdfast._C: the pybind11 binding of the runtime and its communicator.
+//
+// It knows nothing of torch: buffers cross as (address, element count,
+// dtype code), and the `holdfast` package (python/holdfast/) turns torch
+// tensors into those. So the module builds without libtorch and works with
+// any torch version.
+//
+// Errors: a failed status raises the class of holdfast.errors that matches
+// its code (PeerLostError for Unavailable, TimeoutError for
+// DeadlineExceeded, ...). A holdfast error raised inside a step function
+// goes back to the runtime as its status, so Run recovers from it; any
+// other exception ends Run and is raised again from run().
+//
+// GIL: every call that can block (joining, communicator builds, collectives,
+// the step loop) releases it; the step function and the metrics callback
+// take it back.
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "holdfast/communicator.h"
+#include "holdfast/runtime.h"
+#include "holdfast/types.h"
+
+namespace py = pybind11;
+
+namespace holdfast {
+namespace {
+
+// Raises the holdfast.errors class for `status` (which is not OK).
+[[noreturn]] void Raise(const absl::Status& status) {
+  py::object errors = py::module_::import("holdfast.errors");
+  py::object cls =
+      errors.attr("error_for_code")(static_cast<int>(status.code()));
+  PyErr_SetObject(cls.ptr(), py::str(status.ToString()).ptr());
+  throw py::error_already_set();
+}
+
+void Check(const absl::Status& status) {
+  if (!status.ok()) Raise(status);
+}
+
+DataType ToDataType(int code) {
+  if (code < 0 || code >= kNumDataTypes) {
+    Raise(absl::InvalidArgumentError(
+        absl::StrCat("unknown dtype code ", code, " (0..",
+                     kNumDataTypes - 1, ")")));
+  }
+  return static_cast<DataType>(code);
+}
+
+ReduceOp ToReduceOp(int code) {
+  if (code < 0 || code >= kNumReduceOps) {
+    Raise(absl::InvalidArgumentError(absl::StrCat(
+        "unknown reduce op code ", code, " (0..", kNumReduceOps - 1, ")")));
+  }
+  return static_cast<ReduceOp>(code);
+}
+
+void* Ptr(uintptr_t address) { return reinterpret_cast<void*>(address); }
+
+OpOptions MakeOpOptions(double timeout_s, uint32_t tag) {
+  OpOptions o;
+  if (timeout_s > 0) o.timeout = absl::Seconds(timeout_s);
+  o.tag = tag;
+  return o;
+}
+
+// A communicator of one generation, as seen from Python. The runtime owns
+// the communicator and replaces it at a recovery; every call first checks
+// that the generation is still the runtime's, so a handle kept across a
+// recovery fails cleanly (Aborted) instead of touching a freed object.
+class PyCommunicator {
+ public:
+  PyCommunicator(Runtime* runtime, Communicator* comm)
+      : runtime_(runtime), comm_(comm), generation_(comm->generation()) {}
+
+  int rank() { return Get()->rank(); }
+  int size() { return Get()->size(); }
+  int64_t generation() const { return generation_; }
+
+  template <typename F>
+  void Do(F&& issue) {
+    Communicator* comm = Get();
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      s = issue(comm)->Wait();
+    }
+    Check(s);
+  }
+
+  Communicator* Get() {
+    if (runtime_->generation() != generation_) {
+      Raise(absl::AbortedError(absl::StrCat(
+          "this communicator belongs to generation ", generation_,
+          ", which was replaced by generation ", runtime_->generation(),
+          "; take the current one from the step context")));
+    }
+    return comm_;
+  }
+
+ private:
+  Runtime* runtime_;
+  Communicator* comm_;
+  int64_t generation_;
+};
+
+struct PyStepContext {
+  int64_t step = 0;
+  int rank = 0;
+  int world_size = 0;
+  int64_t generation = 0;
+  std::shared_ptr<PyCommunicator> comm;
+};
+
+py::dict ShardDict(const ShardView& v) {
+  py::dict d;
+  d["offset"] = v.offset;
+  d["bytes"] = v.bytes;
+  d["global_bytes"] = v.global_bytes;
+  // Writable and shared with the runtime's buffer.
+  d["data"] = py::memoryview::from_memory(v.data,
+                                          static_cast<ssize_t>(v.bytes), false);
+  return d;
+}
+
+RuntimeOptions MakeOptions(const py::kwargs& kw) {
+  RuntimeOptions o;
+  for (auto item : kw) {
+    const std::string key = py::cast<std::string>(item.first);
+    py::handle v = item.second;
+    if (v.is_none()) continue;
+    if (key == "controller") {
+      o.controller = py::cast<std::string>(v);
+    } else if (key == "token") {
+      o.token = py::cast<std::string>(v);
+    } else if (key == "token_file") {
+      o.token_file = py::cast<std::string>(v);
+    } else if (key == "host") {
+      o.host = py::cast<std::string>(v);
+    } else if (key == "topology_block") {
+      o.topology_block = py::cast<std::string>(v);
+    } else if (key == "faults") {
+      o.faults = py::cast<std::string>(v);
+    } else if (key == "preferred_slot") {
+      o.preferred_slot = py::cast<int>(v);
+    } else if (key == "replicas") {
+      o.replicas = py::cast<int>(v);
+    } else if (key == "tp_size") {
+      o.tp_size = py::cast<int>(v);
+    } else if (key == "pp_size") {
+      o.pp_size = py::cast<int>(v);
+    } else if (key == "checkpoint_dir") {
+      o.checkpoint_dir = py::cast<std::string>(v);
+    } else if (key == "checkpoint_every") {
+      o.checkpoint_every = py::cast<int64_t>(v);
+    } else if (key == "timeout") {
+      o.comm.timeout = absl::Seconds(py::cast<double>(v));
+    } else if (key == "connect_timeout") {
+      o.comm.connect_timeout = absl::Seconds(py::cast<double>(v));
+    } else if (key == "join_timeout") {
+      o.join_timeout = absl::Seconds(py::cast<double>(v));
+    } else if (key == "recovery_timeout") {
+      o.recovery_timeout = absl::Seconds(py::cast<double>(v));
+    } else {
+      Raise(absl::InvalidArgumentError(
+          absl::StrCat("Runtime: unknown option '", key, "'")));
+    }
+  }
+  return o;
+}
+
+}  // namespace
+}  // namespace holdfast
+
+PYBIND11_MODULE(_C, m) {
+  using namespace holdfast;  // NOLINT: the binding names every type
+  m.doc() = "holdfast's runtime and communicator (see the holdfast package)";
+
+  py::class_<PyCommunicator, std::shared_ptr<PyCommunicator>>(m,
+                                                              "Communicator")
+      .def_property_readonly("rank", &PyCommunicator::rank)
+      .def_property_readonly("size", &PyCommunicator::size)
+      .def_property_readonly("generation", &PyCommunicator::generation)
+      .def(
+          "all_reduce",
+          [](PyCommunicator& c, uintptr_t data, size_t count, int dtype,
+             int op, double timeout_s) {
+            DataType t = ToDataType(dtype);
+            ReduceOp r = ToReduceOp(op);
+            c.Do([&](Communicator* comm) {
+              return comm->AllReduce(Ptr(data), count, t, r,
+                                     MakeOpOptions(timeout_s, 0));
+            });
+          },
+          py::arg("data"), py::arg("count"), py::arg("dtype"), py::arg("op"),
+          py::arg("timeout") = 0.0)
+      .def(
+          "broadcast",
+          [](PyCommunicator& c, uintptr_t data, size_t count, int dtype,
+             int root, double timeout_s) {
+            DataType t = ToDataType(dtype);
+            c.Do([&](Communicator* comm) {
+              return comm->Broadcast(Ptr(data), count, t, root,
+                                     MakeOpOptions(timeout_s, 0));
+            });
+          },
+          py::arg("data"), py::arg("count"), py::arg("dtype"), py::arg("root"),
+          py::arg("timeout") = 0.0)
+      .def(
+          "all_gather",
+          [](PyCommunicator& c, uintptr_t send, uintptr_t recv, size_t count,
+             int dtype, double timeout_s) {
+            DataType t = ToDataType(dtype);
+            c.Do([&](Communicator* comm) {
+              return comm->AllGather(Ptr(send), Ptr(recv), count, t,
+                                     MakeOpOptions(timeout_s, 0));
+            });
+          },
+          py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"),
+          py::arg("timeout") = 0.0)
+      .def(
+          "reduce_scatter",
+          [](PyCommunicator& c, uintptr_t send, uintptr_t recv, size_t count,
+             int dtype, int op, double timeout_s) {
+            DataType t = ToDataType(dtype);
+            ReduceOp r = ToReduceOp(op);
+            c.Do([&](Communicator* comm) {
+              return comm->ReduceScatter(Ptr(send), Ptr(recv), count, t, r,
+                                         MakeOpOptions(timeout_s, 0));
+            });
+          },
+          py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"),
+          py::arg("op"), py::arg("timeout") = 0.0)
+      .def(
+          "all_to_all",
+          [](PyCommunicator& c, uintptr_t send, uintptr_t recv, size_t count,
+             int dtype, double timeout_s) {
+            DataType t = ToDataType(dtype);
+            c.Do([&](Communicator* comm) {
+              return comm->AllToAll(Ptr(send), Ptr(recv), count, t,
+                                    MakeOpOptions(timeout_s, 0));
+            });
+          },
+          py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"),
+          py::arg("timeout") = 0.0)
+      .def(
+          "barrier",
+          [](PyCommunicator& c, double timeout_s) {
+            c.Do([&](Communicator* comm) {
+              return comm->Barrier(MakeOpOptions(timeout_s, 0));
+            });
+          },
+          py::arg("timeout") = 0.0)
+      .def(
+          "send",
+          [](PyCommunicator& c, uintptr_t data, size_t count, int dtype,
+             int peer, uint32_t tag, double timeout_s) {
+            DataType t = ToDataType(dtype);
+            c.Do([&](Communicator* comm) {
+              return comm->Send(Ptr(data), count, t, peer,
+                                MakeOpOptions(timeout_s, tag));
+            });
+          },
+          py::arg("data"), py::arg("count"), py::arg("dtype"), py::arg("peer"),
+          py::arg("tag") = 0, py::arg("timeout") = 0.0)
+      .def(
+          "recv",
+          [](PyCommunicator& c, uintptr_t data, size_t count, int dtype,
+             int peer, uint32_t tag, double timeout_s) {
+            DataType t = ToDataType(dtype);
+            c.Do([&](Communicator* comm) {
+              return comm->Recv(Ptr(data), count, t, peer,
+                                MakeOpOptions(timeout_s, tag));
+            });
+          },
+          py::arg("data"), py::arg("count"), py::arg("dtype"), py::arg("peer"),
+          py::arg("tag") = 0, py::arg("timeout") = 0.0)
+      .def("abort",
+           [](PyCommunicator& c, const std::string& reason) {
+             c.Get()->Abort(reason);
+           },
+           py::arg("reason") = "aborted from Python")
+      .def("dump_trace",
+           [](PyCommunicator& c) { return c.Get()->DumpTrace(); });
+
+  py::class_<PyStepContext>(m, "StepContext")
+      .def_readonly("step", &PyStepContext::step)
+      .def_readonly("rank", &PyStepContext::rank)
+      .def_readonly("world_size", &PyStepContext::world_size)
+      .def_readonly("generation", &PyStepContext::generation)
+      .def_readonly("comm", &PyStepContext::comm);
+
+  py::class_<RecoveryRecord>(m, "RecoveryRecord")
+      .def_readonly("failed_generation", &RecoveryRecord::failed_generation)
+      .def_readonly("generation", &RecoveryRecord::generation)
+      .def_readonly("cause", &RecoveryRecord::cause)
+      .def_readonly("restored_step", &RecoveryRecord::restored_step)
+      .def_readonly("lost_steps", &RecoveryRecord::lost_steps)
+      .def_readonly("received_state", &RecoveryRecord::received_state)
+      .def_readonly("from_disk", &RecoveryRecord::from_disk)
+      .def_readonly("bytes_received", &RecoveryRecord::bytes_received)
+      .def_property_readonly("recovery_ms", [](const RecoveryRecord& r) {
+        return r.restored_ms - r.seen_ms;
+      });
+
+  py::class_<RunResult>(m, "RunResult")
+      .def_readonly("final_step", &RunResult::final_step)
+      .def_readonly("world_size", &RunResult::world_size)
+      .def_readonly("slot", &RunResult::slot)
+      .def_readonly("generation", &RunResult::generation)
+      .def_readonly("recoveries", &RunResult::recoveries)
+      .def_readonly("snapshots", &RunResult::snapshots)
+      .def_readonly("snapshots_skipped", &RunResult::snapshots_skipped)
+      .def_readonly("productive_ms", &RunResult::productive_ms)
+      .def_readonly("wall_ms", &RunResult::wall_ms)
+      .def_readonly("backups", &RunResult::backups)
+      .def_readonly("backup_bytes", &RunResult::backup_bytes);
+
+  py::class_<Runtime>(m, "Runtime")
+      .def(py::init([](py::kwargs kw) {
+        RuntimeOptions options = MakeOptions(kw);
+        absl::StatusOr<std::unique_ptr<Runtime>> rt;
+        {
+          py::gil_scoped_release release;
+          rt = Runtime::Create(std::move(options));
+        }
+        Check(rt.status());
+        return std::move(rt).value();
+      }))
+      .def_property_readonly("standby", &Runtime::standby)
+      .def_property_readonly("slot", &Runtime::slot)
+      .def_property_readonly("world_size", &Runtime::world_size)
+      .def_property_readonly("generation", &Runtime::generation)
+      .def_property_readonly("committed_step", &Runtime::committed_step)
+      .def(
+          "register_state",
+          [](Runtime& rt, const std::string& name, uintptr_t data,
+             size_t bytes) { Check(rt.RegisterState(name, Ptr(data), bytes)); },
+          py::arg("name"), py::arg("data"), py::arg("bytes"))
+      .def(
+          "register_sharded_state",
+          [](Runtime& rt, const std::string& name, size_t global_bytes,
+             size_t unit_bytes) {
+            absl::StatusOr<ShardView> v =
+                rt.RegisterShardedState(name, global_bytes, unit_bytes);
+            Check(v.status());
+            return ShardDict(*v);
+          },
+          py::arg("name"), py::arg("global_bytes"), py::arg("unit_bytes"))
+      .def(
+          "shard",
+          [](Runtime& rt, const std::string& name) {
+            absl::StatusOr<ShardView> v = rt.Shard(name);
+            Check(v.status());
+            return ShardDict(*v);
+          },
+          py::arg("name"))
+      .def("communicator",
+           [](Runtime& rt) {
+             absl::StatusOr<Communicator*> c;
+             {
+               py::gil_scoped_release release;
+               c = rt.communicator();
+             }
+             Check(c.status());
+             return std::make_shared<PyCommunicator>(&rt, *c);
+           })
+      .def(
+          "run",
+          [](Runtime& rt, py::function step_fn, int64_t steps,
+             int64_t snapshot_every, py::object metrics) {
+            // An exception of the step function that is not a holdfast
+            // error: Run stops, and it is raised again here.
+            std::optional<py::error_already_set> raised;
+            py::object holdfast_error =
+                py::module_::import("holdfast.errors").attr("HoldfastError");
+            auto fn = [&](const StepContext& ctx) -> absl::Status {
+              py::gil_scoped_acquire gil;
+              PyStepContext pc;
+              pc.step = ctx.step;
+              pc.rank = ctx.rank;
+              pc.world_size = ctx.world_size;
+              pc.generation = ctx.generation;
+              pc.comm = std::make_shared<PyCommunicator>(&rt, ctx.comm);
+              try {
+                step_fn(pc);
+                return absl::OkStatus();
+              } catch (py::error_already_set& e) {
+                if (e.matches(holdfast_error)) {
+                  const int code = py::cast<int>(e.value().attr("code"));
+                  return absl::Status(static_cast<absl::StatusCode>(code),
+                                      py::cast<std::string>(py::str(e.value())));
+                }
+                raised.emplace(std::move(e));
+                return absl::UnknownError(
+                    "the step function raised a Python exception");
+              }
+            };
+            RunOptions ro;
+            ro.steps = steps;
+            ro.snapshot_every = snapshot_every;
+            if (!metrics.is_none()) {
+              ro.metrics = [&metrics]() {
+                py::gil_scoped_acquire gil;
+                return py::cast<std::map<std::string, double>>(metrics());
+              };
+            }
+            absl::StatusOr<RunResult> r;
+            {
+              py::gil_scoped_release release;
+              r = rt.Run(fn, ro);
+            }
+            if (raised.has_value()) throw *raised;
+            Check(r.status());
+            return *r;
+          },
+          py::arg("step_fn"), py::arg("steps"), py::arg("snapshot_every") = 1,
+          py::arg("metrics") = py::none())
+      .def(
+          "leave",
+          [](Runtime& rt, bool finished) {
+            py::gil_scoped_release release;
+            rt.Leave(finished);
+          },
+          py::arg("finished") = false);
+
+  m.attr("DTYPE_CODES") = py::dict(
+      py::arg("float32") = static_cast<int>(DataType::kFloat32),
+      py::arg("float64") = static_cast<int>(DataType::kFloat64),
+      py::arg("int32") = static_cast<int>(DataType::kInt32),
+      py::arg("int64") = static_cast<int>(DataType::kInt64),
+      py::arg("bfloat16") = static_cast<int>(DataType::kBFloat16),
+      py::arg("float16") = static_cast<int>(DataType::kFloat16),
+      py::arg("uint8") = static_cast<int>(DataType::kUInt8));
+  m.attr("REDUCE_CODES") = py::dict(
+      py::arg("sum") = static_cast<int>(ReduceOp::kSum),
+      py::arg("min") = static_cast<int>(ReduceOp::kMin),
+      py::arg("max") = static_cast<int>(ReduceOp::kMax),
+      py::arg("product") = static_cast<int>(ReduceOp::kProduct),
+      py::arg("average") = static_cast<int>(ReduceOp::kAverage));
+}
