@@ -15,7 +15,9 @@ the operation completes locally, later ones in the same step are skipped,
 and the error is raised when the step function returns, so the runtime
 rolls the step back and recovers. Outside a step, failures raise at once.
 
-DDP itself is rebuilt once per generation (`ddp()`): every member of a new
+C++ code sees the rank and size a group was built with (Python callers see
+the live ones), so after a shrink ddp() builds DDP on a holdfast group of
+the new size. DDP itself is rebuilt once per generation (`ddp()`): every member of a new
 generation, a promoted standby included, then starts from a fresh reducer
 at the same step, and its construction-time checks run on the new group.
 """
@@ -25,7 +27,7 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d
 
 from . import runtime as _runtime
-from .errors import FencedError, HoldfastError, InvalidArgumentError
+from .errors import RECOVERABLE, FencedError, InvalidArgumentError
 
 BACKEND = "holdfast"
 
@@ -101,7 +103,9 @@ class ProcessGroup(dist.ProcessGroup):
             )
         try:
             fn(self._rt.communicator())
-        except HoldfastError as e:
+        except RECOVERABLE as e:
+            # Bad arguments raise at once; a lost peer or a timeout is for
+            # the runtime to recover from at the step's end.
             if not self._rt.in_step:
                 raise
             self._error = e
@@ -264,6 +268,10 @@ def ddp(runtime, module, process_group=None, **kwargs):
     with allreduce_hook; rebuilt when the generation changes. Call it inside
     the step function."""
     group = process_group or dist.distributed_c10d._get_default_group()
+    if dist.ProcessGroup.size(group) != runtime.world_size:
+        # C++ (DDP's reducer and its checks) reads the size the group was
+        # built with; after a shrink, DDP gets a group of the new size.
+        group = ProcessGroup(runtime, max(runtime.slot, 0), runtime.world_size)
     key = id(module)
     cached = _ddp_cache.get(key)
     if cached is not None and cached[0] == runtime.generation:

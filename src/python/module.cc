@@ -52,9 +52,8 @@ void Check(const absl::Status& status) {
 
 DataType ToDataType(int code) {
   if (code < 0 || code >= kNumDataTypes) {
-    Raise(absl::InvalidArgumentError(
-        absl::StrCat("unknown dtype code ", code, " (0..",
-                     kNumDataTypes - 1, ")")));
+    Raise(absl::InvalidArgumentError(absl::StrCat(
+        "unknown dtype code ", code, " (0..", kNumDataTypes - 1, ")")));
   }
   return static_cast<DataType>(code);
 }
@@ -130,8 +129,8 @@ py::dict ShardDict(const ShardView& v) {
   d["bytes"] = v.bytes;
   d["global_bytes"] = v.global_bytes;
   // Writable and shared with the runtime's buffer.
-  d["data"] = py::memoryview::from_memory(v.data,
-                                          static_cast<ssize_t>(v.bytes), false);
+  d["data"] =
+      py::memoryview::from_memory(v.data, static_cast<ssize_t>(v.bytes), false);
   return d;
 }
 
@@ -188,15 +187,14 @@ PYBIND11_MODULE(_C, m) {
   using namespace holdfast;  // NOLINT: the binding names every type
   m.doc() = "holdfast's runtime and communicator (see the holdfast package)";
 
-  py::class_<PyCommunicator, std::shared_ptr<PyCommunicator>>(m,
-                                                              "Communicator")
+  py::class_<PyCommunicator, std::shared_ptr<PyCommunicator>>(m, "Communicator")
       .def_property_readonly("rank", &PyCommunicator::rank)
       .def_property_readonly("size", &PyCommunicator::size)
       .def_property_readonly("generation", &PyCommunicator::generation)
       .def(
           "all_reduce",
-          [](PyCommunicator& c, uintptr_t data, size_t count, int dtype,
-             int op, double timeout_s) {
+          [](PyCommunicator& c, uintptr_t data, size_t count, int dtype, int op,
+             double timeout_s) {
             DataType t = ToDataType(dtype);
             ReduceOp r = ToReduceOp(op);
             c.Do([&](Communicator* comm) {
@@ -287,11 +285,12 @@ PYBIND11_MODULE(_C, m) {
           },
           py::arg("data"), py::arg("count"), py::arg("dtype"), py::arg("peer"),
           py::arg("tag") = 0, py::arg("timeout") = 0.0)
-      .def("abort",
-           [](PyCommunicator& c, const std::string& reason) {
-             c.Get()->Abort(reason);
-           },
-           py::arg("reason") = "aborted from Python")
+      .def(
+          "abort",
+          [](PyCommunicator& c, const std::string& reason) {
+            c.Get()->Abort(reason);
+          },
+          py::arg("reason") = "aborted from Python")
       .def("dump_trace",
            [](PyCommunicator& c) { return c.Get()->DumpTrace(); });
 
@@ -400,8 +399,9 @@ PYBIND11_MODULE(_C, m) {
               } catch (py::error_already_set& e) {
                 if (e.matches(holdfast_error)) {
                   const int code = py::cast<int>(e.value().attr("code"));
-                  return absl::Status(static_cast<absl::StatusCode>(code),
-                                      py::cast<std::string>(py::str(e.value())));
+                  return absl::Status(
+                      static_cast<absl::StatusCode>(code),
+                      py::cast<std::string>(py::str(e.value())));
                 }
                 raised.emplace(std::move(e));
                 return absl::UnknownError(
@@ -436,18 +436,18 @@ PYBIND11_MODULE(_C, m) {
           },
           py::arg("finished") = false);
 
-  m.attr("DTYPE_CODES") = py::dict(
-      py::arg("float32") = static_cast<int>(DataType::kFloat32),
-      py::arg("float64") = static_cast<int>(DataType::kFloat64),
-      py::arg("int32") = static_cast<int>(DataType::kInt32),
-      py::arg("int64") = static_cast<int>(DataType::kInt64),
-      py::arg("bfloat16") = static_cast<int>(DataType::kBFloat16),
-      py::arg("float16") = static_cast<int>(DataType::kFloat16),
-      py::arg("uint8") = static_cast<int>(DataType::kUInt8));
-  m.attr("REDUCE_CODES") = py::dict(
-      py::arg("sum") = static_cast<int>(ReduceOp::kSum),
-      py::arg("min") = static_cast<int>(ReduceOp::kMin),
-      py::arg("max") = static_cast<int>(ReduceOp::kMax),
-      py::arg("product") = static_cast<int>(ReduceOp::kProduct),
-      py::arg("average") = static_cast<int>(ReduceOp::kAverage));
+  m.attr("DTYPE_CODES") =
+      py::dict(py::arg("float32") = static_cast<int>(DataType::kFloat32),
+               py::arg("float64") = static_cast<int>(DataType::kFloat64),
+               py::arg("int32") = static_cast<int>(DataType::kInt32),
+               py::arg("int64") = static_cast<int>(DataType::kInt64),
+               py::arg("bfloat16") = static_cast<int>(DataType::kBFloat16),
+               py::arg("float16") = static_cast<int>(DataType::kFloat16),
+               py::arg("uint8") = static_cast<int>(DataType::kUInt8));
+  m.attr("REDUCE_CODES") =
+      py::dict(py::arg("sum") = static_cast<int>(ReduceOp::kSum),
+               py::arg("min") = static_cast<int>(ReduceOp::kMin),
+               py::arg("max") = static_cast<int>(ReduceOp::kMax),
+               py::arg("product") = static_cast<int>(ReduceOp::kProduct),
+               py::arg("average") = static_cast<int>(ReduceOp::kAverage));
 }

@@ -1,0 +1,70 @@
+"""Run by test_jobs.py under holdfast-run -n 3: every collective of the
+torch Communicator and of the "holdfast" torch.distributed group, checked
+against the values every rank can compute. Prints `ok rank=<r>`."""
+
+import sys
+
+import torch
+import torch.distributed as dist
+
+import holdfast
+import holdfast.distributed as hd
+
+rt = holdfast.Runtime()
+marker = torch.zeros(1)
+rt.register_tensor("marker", marker)
+pg = hd.init_process_group(rt)
+assert dist.get_backend() == "holdfast"
+
+
+def step(ctx):
+    r, n = ctx.rank, ctx.world_size
+    c = ctx.comm
+    t = torch.full((5,), float(r + 1))
+    c.all_reduce(t)
+    assert torch.equal(t, torch.full((5,), float(n * (n + 1) // 2))), t
+    t = torch.full((3,), float(r + 1), dtype=torch.float64)
+    c.all_reduce(t, op="max")
+    assert torch.equal(t, torch.full((3,), float(n), dtype=torch.float64))
+    b = torch.arange(4, dtype=torch.int64) * (r + 10)
+    c.broadcast(b, root=1)
+    assert torch.equal(b, torch.arange(4, dtype=torch.int64) * 11), b
+    out = torch.empty(n * 2, dtype=torch.int32)
+    c.all_gather(out, torch.tensor([r, -r], dtype=torch.int32))
+    want = torch.tensor([v for k in range(n) for v in (k, -k)],
+                        dtype=torch.int32)
+    assert torch.equal(out, want), out
+    inp = torch.arange(n * 2, dtype=torch.float32) + r
+    got = torch.empty(2)
+    c.reduce_scatter(got, inp)
+    base = torch.arange(n * 2, dtype=torch.float32)[2 * r:2 * r + 2]
+    assert torch.equal(got, base * n + sum(range(n))), got
+    a2a = torch.tensor([100 * r + k for k in range(n)], dtype=torch.float32)
+    back = torch.empty(n)
+    c.all_to_all(back, a2a)
+    assert torch.equal(back, torch.tensor([100.0 * k + r for k in range(n)]))
+    c.barrier()
+    if r == 0:
+        c.send(torch.tensor([7.0, 8.0]), peer=1, tag=3)
+    elif r == 1:
+        got = c.recv(torch.empty(2), peer=0, tag=3)
+        assert torch.equal(got, torch.tensor([7.0, 8.0]))
+    # The same through torch.distributed's API on the holdfast group.
+    d = torch.full((4,), float(r))
+    dist.all_reduce(d)
+    assert torch.equal(d, torch.full((4,), float(sum(range(n)))))
+    parts = [torch.empty(2) for _ in range(n)]
+    dist.all_gather(parts, torch.full((2,), float(r)))
+    assert all(torch.equal(p, torch.full((2,), float(k)))
+               for k, p in enumerate(parts))
+    e = torch.full((2,), float(r))
+    dist.broadcast(e, src=2)
+    assert torch.equal(e, torch.full((2,), 2.0))
+    dist.barrier()
+    assert pg.size() == n and pg.rank() == r
+    marker.add_(1)
+
+
+result = rt.run(step, 3)
+print(f"ok rank={result.slot} marker={int(marker.item())}", flush=True)
+sys.exit(0)

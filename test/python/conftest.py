@@ -1,0 +1,56 @@
+"""Fixtures for the Python tests: the build's binaries and a standalone
+holdfast-controller per test. CTest sets HOLDFAST_BUILD_DIR and PYTHONPATH
+(scripts/test.sh runs them)."""
+
+import os
+import pathlib
+import subprocess
+import time
+
+import pytest
+
+BUILD = pathlib.Path(
+    os.environ.get("HOLDFAST_BUILD_DIR",
+                   pathlib.Path(__file__).resolve().parents[2] / "build")
+)
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+PYTHON = "/usr/bin/python3"
+
+
+@pytest.fixture
+def controller(tmp_path):
+    """A holdfast-controller for a one-slot job: (address, token)."""
+    token = "python-test-token"
+    (tmp_path / "token").write_text(token)
+    port_file = tmp_path / "port"
+    proc = subprocess.Popen(
+        [str(BUILD / "holdfast-controller"), "--port", "0", "--world-size",
+         "1", "--token-file", str(tmp_path / "token"), "--port-file",
+         str(port_file)],
+        stderr=open(tmp_path / "controller.log", "w"),
+    )
+    deadline = time.time() + 30
+    while not port_file.exists():
+        assert proc.poll() is None, "holdfast-controller exited"
+        assert time.time() < deadline, "holdfast-controller did not start"
+        time.sleep(0.05)
+    yield f"127.0.0.1:{port_file.read_text().strip()}", token
+    proc.kill()
+    proc.wait()
+
+
+def run_job(args, cmd, timeout=240):
+    """Runs `holdfast-run ARGS -- CMD`; returns (exit code, output lines)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(BUILD / "python")
+    p = subprocess.run(
+        [str(BUILD / "holdfast-run")] + args + ["--"] + cmd,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        timeout=timeout, env=env,
+    )
+    return p.returncode, p.stdout.splitlines()
+
+
+def final_lines(lines):
+    return [line.split("] ", 1)[1] for line in lines
+            if "] final step=" in line]

@@ -1,0 +1,120 @@
+"""The holdfast package in one process against a real controller: errors
+by name, state registration from torch, the communicator on tensors and
+the step loop."""
+
+import builtins
+
+import pytest
+import torch
+
+import holdfast
+from holdfast import errors
+
+
+def test_error_classes_follow_status_codes():
+    assert errors.error_for_code(14) is holdfast.PeerLostError
+    assert errors.error_for_code(4) is holdfast.TimeoutError
+    assert errors.error_for_code(15) is holdfast.DataLossError
+    assert errors.error_for_code(10) is holdfast.AbortedError
+    assert errors.error_for_code(3) is holdfast.InvalidArgumentError
+    assert errors.error_for_code(9) is holdfast.FencedError
+    assert errors.error_for_code(999) is holdfast.HoldfastError
+    assert issubclass(holdfast.TimeoutError, builtins.TimeoutError)
+    assert issubclass(holdfast.InvalidArgumentError, ValueError)
+    assert set(errors.RECOVERABLE) == {
+        holdfast.PeerLostError, holdfast.TimeoutError, holdfast.AbortedError}
+
+
+def test_wrong_token_is_refused(controller):
+    address, _ = controller
+    with pytest.raises(holdfast.UnauthenticatedError, match="token"):
+        holdfast.Runtime(controller=address, token="not-the-token",
+                         join_timeout=10)
+
+
+def test_unknown_option_is_refused(controller):
+    address, token = controller
+    with pytest.raises(holdfast.InvalidArgumentError, match="no_such_option"):
+        holdfast.Runtime(controller=address, token=token, no_such_option=1)
+
+
+def test_bad_state_is_refused_by_name(controller):
+    address, token = controller
+    rt = holdfast.Runtime(controller=address, token=token)
+    with pytest.raises(holdfast.InvalidArgumentError, match="'strided'"):
+        rt.register_tensor("strided", torch.zeros(4, 4).t())
+    with pytest.raises(holdfast.InvalidArgumentError, match="complex"):
+        rt.register_tensor("complex", torch.zeros(3, dtype=torch.complex64))
+    with pytest.raises(holdfast.InvalidArgumentError, match="list"):
+        rt.register_tensor("notatensor", [1, 2, 3])
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    with pytest.raises(holdfast.InvalidArgumentError, match="state is empty"):
+        rt.register_optimizer(opt)
+    rt.register_module(model)
+    with pytest.raises(holdfast.InvalidArgumentError, match="model.weight"):
+        rt.register_module(model)  # the same names twice
+    with pytest.raises(holdfast.NotFoundError, match="nope"):
+        rt.shard("nope")
+
+
+def test_step_loop_restores_nothing_and_runs(controller):
+    """One slot: steps run in order, the communicator works on tensors and
+    refuses bad ones, and the registered state is what the loop left."""
+    address, token = controller
+    rt = holdfast.Runtime(controller=address, token=token)
+    weights = torch.zeros(8)
+    rt.register_tensor("weights", weights)
+    shard = rt.register_sharded_state("moments", 10, torch.float64)
+    assert shard.numel() == 10 and shard.holdfast_offset == 0
+    seen = []
+
+    def step(ctx):
+        seen.append(ctx.step)
+        assert ctx.world_size == 1 and ctx.rank == 0
+        t = torch.full((8,), float(ctx.step))
+        ctx.comm.all_reduce(t)
+        weights.add_(t)
+        out = torch.empty(8)
+        ctx.comm.all_gather(out, t)
+        assert torch.equal(out, t)
+        with pytest.raises(holdfast.InvalidArgumentError, match="elements"):
+            ctx.comm.all_gather(torch.empty(3), t)
+        with pytest.raises(holdfast.InvalidArgumentError, match="contiguous"):
+            ctx.comm.all_reduce(torch.zeros(4, 4).t())
+        with pytest.raises(holdfast.InvalidArgumentError, match="reduce op"):
+            ctx.comm.all_reduce(t, op="median")
+        ctx.runtime.shard("moments", torch.float64).add_(1.0)
+
+    result = rt.run(step, 5)
+    assert seen == [1, 2, 3, 4, 5]
+    assert result.final_step == 5 and result.world_size == 1
+    assert result.recoveries == []
+    assert torch.equal(weights, torch.full((8,), 15.0))
+    assert torch.equal(rt.shard("moments", torch.float64),
+                       torch.full((10,), 5.0, dtype=torch.float64))
+
+
+def test_a_foreign_exception_ends_the_run_and_is_raised(controller):
+    address, token = controller
+    rt = holdfast.Runtime(controller=address, token=token)
+    rt.register_tensor("w", torch.zeros(2))
+
+    def step(ctx):
+        if ctx.step == 3:
+            raise KeyError("boom at step 3")
+
+    with pytest.raises(KeyError, match="boom at step 3"):
+        rt.run(step, 10)
+
+
+def test_a_holdfast_error_that_cannot_be_recovered_is_raised(controller):
+    address, token = controller
+    rt = holdfast.Runtime(controller=address, token=token)
+    rt.register_tensor("w", torch.zeros(2))
+
+    def step(ctx):
+        raise holdfast.DataLossError("shard 7 is gone")
+
+    with pytest.raises(holdfast.DataLossError, match="shard 7 is gone"):
+        rt.run(step, 4)

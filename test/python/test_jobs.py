@@ -1,0 +1,51 @@
+"""Whole jobs under holdfast-run: the collectives on torch tensors, and the
+PyTorch DDP example with real faults (SIGKILL, SIGSTOP) in replace mode,
+which must end with the fault-free parameter hash, and in shrink mode."""
+
+import pathlib
+
+import pytest
+
+from conftest import PYTHON, ROOT, final_lines, run_job
+
+HERE = pathlib.Path(__file__).resolve().parent
+DDP = [PYTHON, str(ROOT / "examples/python/ddp_train.py"), "--steps", "30"]
+
+
+def test_collectives_on_torch_tensors():
+    rc, lines = run_job(["-n", "3"], [PYTHON, str(HERE / "collectives_job.py")])
+    oks = sorted(line.split("] ", 1)[1] for line in lines if "] ok rank=" in line)
+    assert rc == 0, "\n".join(lines[-40:])
+    assert oks == [f"ok rank={r} marker=3" for r in range(3)]
+
+
+@pytest.fixture(scope="module")
+def fault_free_hash():
+    rc, lines = run_job(["-n", "2", "--standby", "1"], DDP)
+    finals = final_lines(lines)
+    assert rc == 0, "\n".join(lines[-40:])
+    assert len(finals) == 2 and len(set(finals)) == 1, finals
+    assert finals[0].startswith("final step=30 world=2 params_sha256=")
+    return finals[0]
+
+
+@pytest.mark.parametrize("fault", ["kill:slot=1:step=12", "hang:slot=0:step=8",
+                                   "fail-op:slot=1:seq=15"])
+def test_ddp_survives_a_fault_with_the_fault_free_hash(fault_free_hash, fault):
+    rc, lines = run_job(["-n", "2", "--standby", "1", "--inject", fault], DDP)
+    out = "\n".join(lines[-60:])
+    assert rc == 0, out
+    finals = final_lines(lines)
+    # Both slots of the final world print; the replaced member never does.
+    assert len(finals) == 2, out
+    assert set(finals) == {fault_free_hash}, out
+    assert any("recoveries=1" in line for line in lines), out
+
+
+def test_ddp_shrinks_to_one_rank():
+    rc, lines = run_job(
+        ["-n", "2", "--mode", "shrink", "--inject", "kill:slot=1:step=10"], DDP)
+    out = "\n".join(lines[-60:])
+    assert rc == 0, out
+    finals = final_lines(lines)
+    assert len(finals) == 1 and finals[0].startswith("final step=30 world=1 "), out
