@@ -44,6 +44,7 @@ class CommunicatorImpl final : public Communicator, private InlineRunner {
   int rank() const override { return options_.rank; }
   int size() const override { return options_.size; }
   int64_t generation() const override { return options_.generation; }
+  absl::string_view backend_name() const override { return backend_->name(); }
 
   std::shared_ptr<Work> AllReduce(void* data, size_t count, DataType dtype,
                                   ReduceOp op,

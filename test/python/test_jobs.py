@@ -6,7 +6,7 @@ import pathlib
 
 import pytest
 
-from conftest import PYTHON, ROOT, final_lines, run_job
+from conftest import BUILD, PYTHON, ROOT, final_lines, run_job
 
 HERE = pathlib.Path(__file__).resolve().parent
 DDP = [PYTHON, str(ROOT / "examples/python/ddp_train.py"), "--steps", "30"]
@@ -49,3 +49,17 @@ def test_ddp_shrinks_to_one_rank():
     assert rc == 0, out
     finals = final_lines(lines)
     assert len(finals) == 1 and finals[0].startswith("final step=30 world=1 "), out
+
+
+def test_libtorch_trainer_survives_a_kill_with_the_fault_free_hash():
+    trainer = [str(BUILD / "holdfast-torch-trainer"), "--steps", "30"]
+    rc, lines = run_job(["-n", "2", "--standby", "1"], trainer)
+    clean = final_lines(lines)
+    assert rc == 0 and len(clean) == 2 and len(set(clean)) == 1, lines[-30:]
+    rc, lines = run_job(["-n", "2", "--standby", "1", "--inject",
+                         "kill:slot=1:step=12"], trainer)
+    out = "\n".join(lines[-60:])
+    assert rc == 0, out
+    assert set(final_lines(lines)) == set(clean), out
+    assert len(final_lines(lines)) == 2, out
+    assert any("recoveries=1" in line for line in lines), out

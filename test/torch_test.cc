@@ -1,0 +1,151 @@
+// holdfast_torch: tensors the transport cannot take are refused by name
+// before anything is sent; module and optimizer state is registered under
+// stable names and restored in place; collectives on tensors carry the
+// right bytes. Multi-process recovery of the libtorch trainer is in
+// test/python/test_jobs.py.
+#include <catch2/catch.hpp>
+#include <memory>
+#include <string>
+
+#include <torch/torch.h>
+
+#include "holdfast/runtime.h"
+#include "holdfast/store.h"
+#include "holdfast/torch.h"
+#include "src/control/server.h"
+
+namespace {
+
+constexpr char kToken[] = "torch-test-token";
+
+struct Job {
+  Job() {
+    holdfast::control::ControllerOptions o;
+    o.token = kToken;
+    o.world_size = 1;
+    auto s = holdfast::control::ControllerServer::Start(o);
+    REQUIRE(s.ok());
+    server = std::move(*s);
+    holdfast::RuntimeOptions ro;
+    ro.controller = server->address();
+    ro.token = kToken;
+    ro.host = "test-host";
+    auto r = holdfast::Runtime::Create(ro);
+    REQUIRE(r.ok());
+    runtime = std::move(*r);
+  }
+  ~Job() {
+    runtime.reset();
+    server->Shutdown();
+  }
+  std::unique_ptr<holdfast::control::ControllerServer> server;
+  std::unique_ptr<holdfast::Runtime> runtime;
+};
+
+bool Mentions(const absl::Status& s, const std::string& text) {
+  return std::string(s.message()).find(text) != std::string::npos;
+}
+
+}  // namespace
+
+TEST_CASE("torch: bad tensors are refused by name and nothing is sent") {
+  Job job;
+  auto comm = job.runtime->communicator();
+  REQUIRE(comm.ok());
+  holdfast::Communicator& c = **comm;
+  CHECK(c.backend_name() == "gloo");
+
+  at::Tensor strided = at::zeros({4, 4}).t();
+  absl::Status s = holdfast::torch::AllReduce(c, strided)->Wait();
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(Mentions(s, "AllReduce: not contiguous (shape [4, 4])"));
+
+  at::Tensor complex = at::zeros({3}, at::kComplexFloat);
+  s = holdfast::torch::Broadcast(c, complex, 0)->Wait();
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(Mentions(s, "ComplexFloat"));
+
+  at::Tensor in = at::ones({3});
+  at::Tensor small = at::zeros({2});
+  s = holdfast::torch::AllGather(c, small, in)->Wait();
+  CHECK(Mentions(s, "AllGather output: holds 2 elements, 3 expected"));
+  at::Tensor other = at::zeros({3}, at::kDouble);
+  s = holdfast::torch::AllGather(c, other, in)->Wait();
+  CHECK(Mentions(s, "dtypes differ"));
+  at::Tensor undefined;
+  s = holdfast::torch::Send(c, undefined, 0)->Wait();
+  CHECK(Mentions(s, "Send: undefined tensor"));
+  // None of it reached the communicator: it is still healthy.
+  CHECK(c.health().ok());
+}
+
+TEST_CASE("torch: collectives on tensors carry the bytes") {
+  Job job;
+  auto comm = job.runtime->communicator();
+  REQUIRE(comm.ok());
+  at::Tensor t = at::arange(6, at::kFloat);
+  REQUIRE(holdfast::torch::AllReduce(**comm, t)->Wait().ok());
+  CHECK(at::equal(t, at::arange(6, at::kFloat)));
+  at::Tensor h = at::full({5}, 1.5, at::kBFloat16);
+  at::Tensor out = at::zeros({5}, at::kBFloat16);
+  REQUIRE(holdfast::torch::AllGather(**comm, out, h)->Wait().ok());
+  CHECK(at::equal(out, h));
+  at::Tensor rs = at::zeros({4}, at::kLong);
+  REQUIRE(holdfast::torch::ReduceScatter(**comm, rs, at::arange(4, at::kLong))
+              ->Wait()
+              .ok());
+  CHECK(at::equal(rs, at::arange(4, at::kLong)));
+}
+
+TEST_CASE(
+    "torch: module and optimizer state is registered by name and the loop runs "
+    "on it") {
+  Job job;
+  holdfast::Runtime& rt = *job.runtime;
+  ::torch::manual_seed(7);
+  ::torch::nn::Sequential model(::torch::nn::Linear(4, 3),
+                                ::torch::nn::BatchNorm1d(3));
+  ::torch::optim::Adam adam(model->parameters(),
+                            ::torch::optim::AdamOptions(0.1));
+
+  absl::Status s = holdfast::torch::RegisterOptimizer(rt, adam);
+  CHECK(s.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(Mentions(s, "optimizer state 'optimizer.0.0' does not exist yet"));
+
+  // One real step creates Adam's state (step counters and moments).
+  model->forward(at::randn({5, 4})).sum().backward();
+  adam.step();
+  REQUIRE(holdfast::torch::RegisterModule(rt, *model).ok());
+  REQUIRE(holdfast::torch::RegisterOptimizer(rt, adam).ok());
+  s = holdfast::torch::RegisterModule(rt, *model);
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(Mentions(s, "model.0.weight"));
+
+  ::torch::nn::Linear cuda_free(2, 2);
+  cuda_free->weight.set_data(cuda_free->weight.t());  // strided view
+  s = holdfast::torch::RegisterModule(rt, *cuda_free, "strided");
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(Mentions(s, "'strided.weight' is not contiguous"));
+
+  // Steps 1..3 change the state; the loop's snapshots hold it, and what
+  // the loop leaves is what the registered buffers hold.
+  at::Tensor w = model->parameters()[0];
+  holdfast::RunOptions ro;
+  ro.steps = 3;
+  auto result = rt.Run(
+      [&](const holdfast::StepContext&) -> absl::Status {
+        adam.zero_grad();
+        model->forward(at::randn({5, 4})).sum().backward();
+        adam.step();
+        return absl::OkStatus();
+      },
+      ro);
+  REQUIRE(result.ok());
+  CHECK(result->final_step == 3);
+  auto* state = dynamic_cast<::torch::optim::AdamParamState*>(
+      adam.state()
+          .at(holdfast::torch::OptimizerStateKey(adam.state(), w))
+          .get());
+  REQUIRE(state != nullptr);
+  CHECK(state->step() == 4);  // one before registering, three in the loop
+}
