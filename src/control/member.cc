@@ -136,6 +136,7 @@ class MemberClientImpl final : public MemberClient {
       if (stop_) return;
       stop_ = true;
       finished_ = finished;
+      if (resume_ctx_ != nullptr) resume_ctx_->TryCancel();
     }
     worker_.join();
   }
@@ -181,6 +182,7 @@ class MemberClientImpl final : public MemberClient {
         }
         backoff = std::min(backoff * 2, options_.reconnect_max);
         absl::Status s = Resume();
+        if (Stopping()) return;
         if (s.ok()) break;
         if (IsFinal(s.code())) {
           Fence(s);
@@ -213,8 +215,18 @@ class MemberClientImpl final : public MemberClient {
         options_.client.token,
         absl::Now() + options_.reconnect_max + options_.client.rpc_slack);
     ctx->set_wait_for_ready(true);
+    {
+      // Leave() cancels it: it waits for a controller that may be gone.
+      absl::MutexLock lock(&mu_);
+      if (stop_) return absl::CancelledError("leaving");
+      resume_ctx_ = ctx.get();
+    }
     absl::Status s =
         FromGrpc(stub_->Register(ctx.get(), req, &resp), "Register");
+    {
+      absl::MutexLock lock(&mu_);
+      resume_ctx_ = nullptr;
+    }
     if (s.ok()) Adopt(resp);
     return s;
   }
@@ -328,6 +340,8 @@ class MemberClientImpl final : public MemberClient {
   bool step_end_ ABSL_GUARDED_BY(mu_) = false;
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  // The Register call of a reconnect in flight, if any.
+  grpc::ClientContext* resume_ctx_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status health_ ABSL_GUARDED_BY(mu_);
   int reconnects_ ABSL_GUARDED_BY(mu_) = 0;

@@ -180,6 +180,16 @@ RuntimeOptions MakeOptions(const py::kwargs& kw) {
   return o;
 }
 
+// Destroying a runtime leaves the job and joins its threads: never with
+// the GIL held, which they may wait on through a step function.
+struct ReleaseGilDelete {
+  void operator()(Runtime* runtime) const {
+    py::gil_scoped_release release;
+    delete runtime;
+  }
+};
+using RuntimeHolder = std::unique_ptr<Runtime, ReleaseGilDelete>;
+
 }  // namespace
 }  // namespace holdfast
 
@@ -327,7 +337,7 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("backups", &RunResult::backups)
       .def_readonly("backup_bytes", &RunResult::backup_bytes);
 
-  py::class_<Runtime>(m, "Runtime")
+  py::class_<Runtime, RuntimeHolder>(m, "Runtime")
       .def(py::init([](py::kwargs kw) {
         RuntimeOptions options = MakeOptions(kw);
         absl::StatusOr<std::unique_ptr<Runtime>> rt;
@@ -336,7 +346,7 @@ PYBIND11_MODULE(_C, m) {
           rt = Runtime::Create(std::move(options));
         }
         Check(rt.status());
-        return std::move(rt).value();
+        return RuntimeHolder(rt->release());
       }))
       .def_property_readonly("standby", &Runtime::standby)
       .def_property_readonly("slot", &Runtime::slot)
