@@ -24,6 +24,8 @@ size_t TraceCapacity();             // HOLDFAST_TRACE_CAPACITY (4096)
 std::string TraceDir();             // HOLDFAST_TRACE_DIR ("": no file dump)
 std::string BindAddress();          // HOLDFAST_BIND_ADDR ("127.0.0.1")
 std::string Interface();            // HOLDFAST_IFACE ("": use BindAddress)
+std::string Backend();              // HOLDFAST_BACKEND ("gloo")
+int Device();                       // HOLDFAST_DEVICE, else LOCAL_RANK, else 0
 }  // namespace defaults
 
 struct CommunicatorOptions {
@@ -46,6 +48,12 @@ struct CommunicatorOptions {
   // interface name (which wins when set).
   std::string bind_address = defaults::BindAddress();
   std::string interface = defaults::Interface();
+
+  // The transport: "gloo" (TCP, host memory) or "nccl" (CUDA device memory;
+  // only in builds with the NCCL backend, see docs/gpu.md), and the CUDA
+  // device NCCL runs on.
+  std::string backend = defaults::Backend();
+  int device = defaults::Device();
 
   // Entries in the per-rank trace ring, and the directory the ring is
   // written to as JSON when the communicator aborts (created if missing;

@@ -47,6 +47,7 @@ struct BackendOptions {
   std::string bind_address;
   std::string interface;
   absl::Duration connect_timeout = absl::Seconds(60);
+  int device = 0;  // CUDA device (NCCL)
 };
 
 // A posted Send or Recv; owned by the caller until Wait returns.
@@ -92,6 +93,13 @@ class Backend {
 // options.connect_timeout; Unavailable if the transport cannot be set up.
 absl::StatusOr<std::unique_ptr<Backend>> CreateGlooBackend(
     std::shared_ptr<Store> store, const BackendOptions& options);
+
+// NCCL over CUDA, when the build has it: the holdfast_nccl library installs
+// its factory when it is linked (see src/backend/nccl/nccl_backend.cc).
+using BackendFactory = absl::StatusOr<std::unique_ptr<Backend>> (*)(
+    std::shared_ptr<Store> store, const BackendOptions& options);
+void SetNcclFactory(BackendFactory factory);
+BackendFactory NcclFactory();
 
 }  // namespace holdfast::backend
 

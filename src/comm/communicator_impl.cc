@@ -762,8 +762,23 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Create(
   bo.bind_address = options.bind_address;
   bo.interface = options.interface;
   bo.connect_timeout = options.connect_timeout;
-  HOLDFAST_ASSIGN_OR_RETURN(std::unique_ptr<backend::Backend> backend,
-                            backend::CreateGlooBackend(store, bo));
+  bo.device = options.device;
+  std::unique_ptr<backend::Backend> backend;
+  if (options.backend == "gloo") {
+    HOLDFAST_ASSIGN_OR_RETURN(backend, backend::CreateGlooBackend(store, bo));
+  } else if (options.backend == "nccl") {
+    backend::BackendFactory nccl = backend::NcclFactory();
+    if (nccl == nullptr) {
+      return absl::FailedPreconditionError(
+          "Communicator::Create: backend 'nccl' is not in this program: "
+          "link holdfast_nccl (built when CMake finds CUDA and NCCL)");
+    }
+    HOLDFAST_ASSIGN_OR_RETURN(backend, nccl(store, bo));
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Communicator::Create: unknown backend '", options.backend,
+                     "' (gloo or nccl)"));
+  }
   return std::unique_ptr<Communicator>(new comm::CommunicatorImpl(
       options, std::move(store), std::move(backend)));
 }

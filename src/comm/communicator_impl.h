@@ -45,6 +45,8 @@ class CommunicatorImpl final : public Communicator, private InlineRunner {
   int size() const override { return options_.size; }
   int64_t generation() const override { return options_.generation; }
   absl::string_view backend_name() const override { return backend_->name(); }
+  // The transport (for backend-specific extensions such as NCCL's shrink).
+  backend::Backend* backend() const { return backend_.get(); }
 
   std::shared_ptr<Work> AllReduce(void* data, size_t count, DataType dtype,
                                   ReduceOp op,

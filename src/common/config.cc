@@ -78,6 +78,13 @@ const std::vector<Entry>& Registry() {
       {{"HOLDFAST_CHECKPOINT_EVERY", "100",
         "the disk tier writes committed steps that are multiples of this"},
        Kind::kInt},
+      {{"HOLDFAST_BACKEND", "gloo",
+        "transport of the training communicator: gloo (host memory) or nccl "
+        "(CUDA device memory)"},
+       Kind::kString},
+      {{"HOLDFAST_DEVICE", "",
+        "CUDA device of the NCCL backend (default: LOCAL_RANK, else 0)"},
+       Kind::kString},
   };
   return *entries;
 }
@@ -117,6 +124,22 @@ absl::Status Validate() {
         return absl::InvalidArgumentError(absl::StrCat(
             "HOLDFAST_LOG_LEVEL='", value,
             "' is not one of trace, debug, info, warn, error, off"));
+      }
+      continue;
+    }
+    if (absl::string_view(e.param.env) == "HOLDFAST_BACKEND") {
+      if (absl::string_view(value) != "gloo" &&
+          absl::string_view(value) != "nccl") {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "HOLDFAST_BACKEND='", value, "' is not one of gloo, nccl"));
+      }
+      continue;
+    }
+    if (absl::string_view(e.param.env) == "HOLDFAST_DEVICE" && *value != 0) {
+      int64_t device;
+      if (!absl::SimpleAtoi(value, &device) || device < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "HOLDFAST_DEVICE='", value, "' is not a device index (0, 1, ...)"));
       }
       continue;
     }
@@ -168,6 +191,20 @@ size_t TraceCapacity() {
   static const int64_t n = config::IntParam("HOLDFAST_TRACE_CAPACITY");
   return static_cast<size_t>(n);
 }
+std::string Backend() { return config::StringParam("HOLDFAST_BACKEND"); }
+
+int Device() {
+  int device = 0;
+  for (const char* env : {"HOLDFAST_DEVICE", "LOCAL_RANK"}) {
+    const char* value = std::getenv(env);
+    if (value != nullptr && *value != 0 && absl::SimpleAtoi(value, &device) &&
+        device >= 0) {
+      return device;
+    }
+  }
+  return 0;
+}
+
 std::string TraceDir() {
   if (const char* dir = std::getenv("HOLDFAST_TRACE_DIR")) return dir;
   const char* tmp = std::getenv("TMPDIR");

@@ -985,8 +985,10 @@ class RuntimeImpl final : public Runtime {
   // abandoned (a newer generation, fencing, the job's end).
   absl::StatusOr<std::shared_ptr<Communicator>> CreateComm(
       std::shared_ptr<Store> store, int64_t gen, int world, int slot,
-      absl::Duration connect_timeout) {
+      absl::Duration connect_timeout, bool side = false) {
     CommunicatorOptions o = options_.comm;
+    // The side communicator moves host snapshots: always Gloo.
+    if (side) o.backend = "gloo";
     o.rank = slot;
     o.size = world;
     o.generation = gen;
@@ -1475,7 +1477,8 @@ class RuntimeImpl final : public Runtime {
     }
     HOLDFAST_ASSIGN_OR_RETURN(
         std::shared_ptr<Communicator> side,
-        CreateComm(store, gen, world, slot, kSideConnectTimeout));
+        CreateComm(store, gen, world, slot, kSideConnectTimeout,
+                   /*side=*/true));
     {
       absl::MutexLock lock(&mu_);
       side_ = side;

@@ -1,0 +1,568 @@
+// The NCCL backend: see include/holdfast/nccl.h for the contract.
+//
+// Every NCCL call goes through one mutex (a communicator is not safe for
+// concurrent calls) and returns at once (non-blocking communicator); the
+// waiting happens outside the mutex, polling the call's state, the
+// operation's CUDA event, the abort flag and the deadline. Abort takes the
+// mutex, marks the backend aborted and calls ncclCommAbort; after that no
+// thread touches the communicator handle again.
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "holdfast/nccl.h"
+#include "holdfast/status.h"
+#include "src/backend/backend.h"
+#include "src/comm/communicator_impl.h"
+
+namespace holdfast::backend {
+namespace {
+
+std::string CudaError(cudaError_t e) {
+  return absl::StrCat(cudaGetErrorName(e), ": ", cudaGetErrorString(e));
+}
+
+std::string NcclError(ncclResult_t r, ncclComm_t comm) {
+  std::string out = ncclGetErrorString(r);
+  const char* last = ncclGetLastError(comm);
+  if (last != nullptr && *last != '\0') absl::StrAppend(&out, " (", last, ")");
+  return out;
+}
+
+absl::StatusOr<ncclDataType_t> ToNccl(DataType t) {
+  switch (t) {
+    case DataType::kFloat32:
+      return ncclFloat32;
+    case DataType::kFloat64:
+      return ncclFloat64;
+    case DataType::kInt32:
+      return ncclInt32;
+    case DataType::kInt64:
+      return ncclInt64;
+    case DataType::kBFloat16:
+      return ncclBfloat16;
+    case DataType::kFloat16:
+      return ncclFloat16;
+    case DataType::kUInt8:
+      return ncclUint8;
+  }
+  return absl::InvalidArgumentError("nccl: unknown dtype");
+}
+
+ncclRedOp_t ToNccl(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return ncclSum;
+    case ReduceOp::kMin:
+      return ncclMin;
+    case ReduceOp::kMax:
+      return ncclMax;
+    case ReduceOp::kProduct:
+      return ncclProd;
+    case ReduceOp::kAverage:
+      return ncclAvg;
+  }
+  return ncclSum;
+}
+
+// Polls a non-blocking communicator until its last call has finished.
+// `aborted` is checked between polls. DeadlineExceeded at `deadline`.
+absl::Status AwaitReady(ncclComm_t comm, absl::Time deadline,
+                        const std::atomic<bool>* aborted,
+                        absl::string_view what) {
+  absl::Duration nap = absl::Microseconds(20);
+  for (;;) {
+    ncclResult_t state = ncclSuccess;
+    ncclResult_t r = ncclCommGetAsyncError(comm, &state);
+    if (r != ncclSuccess) {
+      return absl::UnavailableError(
+          absl::StrCat("nccl: ", what, ": ", NcclError(r, comm)));
+    }
+    if (state == ncclSuccess) return absl::OkStatus();
+    if (state != ncclInProgress) {
+      return absl::UnavailableError(
+          absl::StrCat("nccl: ", what, ": ", NcclError(state, comm)));
+    }
+    if (aborted != nullptr && aborted->load()) {
+      return absl::AbortedError(absl::StrCat("nccl: ", what, ": aborted"));
+    }
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("nccl: ", what, ": not done by its deadline"));
+    }
+    absl::SleepFor(nap);
+    nap = std::min(nap * 2, absl::Milliseconds(1));
+  }
+}
+
+class NcclPending final : public PendingP2P {
+ public:
+  explicit NcclPending(cudaEvent_t done, absl::Time deadline)
+      : done_(done), deadline_(deadline) {}
+  ~NcclPending() override { cudaEventDestroy(done_); }
+  cudaEvent_t done() const { return done_; }
+  absl::Time deadline() const { return deadline_; }
+
+ private:
+  cudaEvent_t done_;
+  absl::Time deadline_;
+};
+
+class NcclBackend final : public Backend {
+ public:
+  NcclBackend(ncclComm_t comm, const BackendOptions& options)
+      : comm_(comm), options_(options) {}
+
+  // Streams, events and the barrier's scratch word.
+  absl::Status Init() {
+    cudaError_t e = cudaSetDevice(options_.device);
+    if (e == cudaSuccess) {
+      e = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking);
+    }
+    if (e == cudaSuccess) {
+      e = cudaStreamCreateWithFlags(&p2p_stream_, cudaStreamNonBlocking);
+    }
+    if (e == cudaSuccess) {
+      e = cudaEventCreateWithFlags(&done_, cudaEventDisableTiming);
+    }
+    if (e == cudaSuccess) e = cudaMalloc(&scratch_, sizeof(float));
+    if (e != cudaSuccess) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "nccl: cannot set up device ", options_.device, ": ", CudaError(e)));
+    }
+    return absl::OkStatus();
+  }
+
+  ~NcclBackend() override {
+    Abort("communicator destroyed");
+    if (scratch_ != nullptr) cudaFree(scratch_);
+    if (done_ != nullptr) cudaEventDestroy(done_);
+    if (p2p_stream_ != nullptr) cudaStreamDestroy(p2p_stream_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+
+  absl::string_view name() const override { return "nccl"; }
+
+  cudaStream_t stream() const { return stream_; }
+  int rank() const { return options_.rank; }
+  int size() const { return options_.size; }
+
+  absl::Status Run(const OpSpec& op) override {
+    const absl::Time deadline = absl::Now() + op.timeout;
+    HOLDFAST_RETURN_IF_ERROR(Enqueue(op, stream_, deadline));
+    {
+      absl::MutexLock lock(&mu_);
+      if (aborted_) return Aborted();
+      cudaError_t e = cudaEventRecord(done_, stream_);
+      if (e != cudaSuccess) {
+        return absl::InternalError(
+            absl::StrCat("nccl: cudaEventRecord: ", CudaError(e)));
+      }
+    }
+    return AwaitEvent(done_, deadline);
+  }
+
+  absl::StatusOr<std::unique_ptr<PendingP2P>> Post(const OpSpec& op) override {
+    const absl::Time deadline = absl::Now() + op.timeout;
+    HOLDFAST_RETURN_IF_ERROR(Enqueue(op, p2p_stream_, deadline));
+    absl::MutexLock lock(&mu_);
+    if (aborted_) return Aborted();
+    cudaEvent_t done = nullptr;
+    cudaError_t e = cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaEventRecord(done, p2p_stream_);
+    if (e != cudaSuccess) {
+      if (done != nullptr) cudaEventDestroy(done);
+      return absl::InternalError(
+          absl::StrCat("nccl: posting a point-to-point op: ", CudaError(e)));
+    }
+    return std::unique_ptr<PendingP2P>(new NcclPending(done, deadline));
+  }
+
+  absl::Status Wait(PendingP2P& op) override {
+    auto& pending = static_cast<NcclPending&>(op);
+    return AwaitEvent(pending.done(), pending.deadline());
+  }
+
+  absl::Status CheckPeers() override {
+    absl::MutexLock lock(&mu_);
+    if (aborted_) return absl::OkStatus();
+    ncclResult_t state = ncclSuccess;
+    ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
+    if (r != ncclSuccess) state = r;
+    if (state == ncclSuccess || state == ncclInProgress) {
+      return absl::OkStatus();
+    }
+    return absl::UnavailableError(
+        absl::StrCat("nccl: asynchronous error on rank ", options_.rank, " of ",
+                     options_.size, ": ", NcclError(state, comm_)));
+  }
+
+  void Abort(absl::string_view reason) override {
+    absl::MutexLock lock(&mu_);
+    if (aborted_) return;
+    aborted_ = true;
+    aborted_flag_.store(true);
+    reason_ = std::string(reason);
+    // Non-blocking: returns at once and tears the communicator down,
+    // killing its kernels; nobody touches comm_ after this.
+    ncclCommAbort(comm_);
+  }
+
+  // Shrink (include/holdfast/nccl.h): the new communicator, or an error
+  // after which the caller falls back to a fresh init.
+  absl::StatusOr<ncclComm_t> ShrinkComm(const std::vector<int>& exclude,
+                                        absl::Duration timeout) {
+    ncclComm_t fresh = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      if (aborted_) {
+        return absl::FailedPreconditionError(
+            "nccl: the old communicator was aborted; it cannot be shrunk");
+      }
+      ncclResult_t state = ncclSuccess;
+      ncclCommGetAsyncError(comm_, &state);
+      const int flags = state == ncclSuccess || state == ncclInProgress
+                            ? NCCL_SHRINK_DEFAULT
+                            : NCCL_SHRINK_ABORT;
+      ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+      config.blocking = 0;
+      std::vector<int> ranks = exclude;
+      ncclResult_t r =
+          ncclCommShrink(comm_, ranks.data(), static_cast<int>(ranks.size()),
+                         &fresh, &config, flags);
+      if (r != ncclSuccess && r != ncclInProgress) {
+        return absl::UnavailableError(
+            absl::StrCat("nccl: ncclCommShrink: ", NcclError(r, comm_)));
+      }
+    }
+    absl::Status s =
+        AwaitReady(fresh, absl::Now() + timeout, nullptr, "ncclCommShrink");
+    if (!s.ok()) {
+      ncclCommAbort(fresh);
+      return s;
+    }
+    return fresh;
+  }
+
+ private:
+  absl::Status Aborted() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return absl::AbortedError(absl::StrCat("nccl: aborted: ", reason_));
+  }
+
+  // Issues `op` on `stream` and waits until NCCL has taken it (the call of
+  // a non-blocking communicator may still be in progress when it returns).
+  absl::Status Enqueue(const OpSpec& op, cudaStream_t stream,
+                       absl::Time deadline) {
+    HOLDFAST_ASSIGN_OR_RETURN(ncclDataType_t dt, ToNccl(op.dtype));
+    const size_t esize = DataTypeSize(op.dtype);
+    ncclResult_t r = ncclSuccess;
+    {
+      absl::MutexLock lock(&mu_);
+      if (aborted_) return Aborted();
+      cudaSetDevice(options_.device);
+      switch (op.type) {
+        case OpType::kAllReduce:
+          r = ncclAllReduce(op.recv, op.recv, op.count, dt, ToNccl(op.reduce),
+                            comm_, stream);
+          break;
+        case OpType::kBroadcast:
+          r = ncclBroadcast(op.recv, op.recv, op.count, dt, op.peer, comm_,
+                            stream);
+          break;
+        case OpType::kAllGather:
+          r = ncclAllGather(op.send, op.recv, op.count, dt, comm_, stream);
+          break;
+        case OpType::kReduceScatter:
+          r = ncclReduceScatter(op.send, op.recv, op.count, dt,
+                                ToNccl(op.reduce), comm_, stream);
+          break;
+        case OpType::kAllToAll: {
+          r = ncclGroupStart();
+          const size_t block = op.count * esize;
+          for (int peer = 0; peer < options_.size && r == ncclSuccess; ++peer) {
+            r = ncclSend(static_cast<const char*>(op.send) + peer * block,
+                         op.count, dt, peer, comm_, stream);
+            if (r == ncclSuccess || r == ncclInProgress) {
+              r = ncclRecv(static_cast<char*>(op.recv) + peer * block, op.count,
+                           dt, peer, comm_, stream);
+            }
+          }
+          ncclResult_t end = ncclGroupEnd();
+          if (r == ncclSuccess) r = end;
+          break;
+        }
+        case OpType::kBarrier:
+          r = ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_,
+                            stream);
+          break;
+        case OpType::kSend:
+          r = ncclSend(op.send, op.count, dt, op.peer, comm_, stream);
+          break;
+        case OpType::kRecv:
+          r = ncclRecv(op.recv, op.count, dt, op.peer, comm_, stream);
+          break;
+      }
+      if (r != ncclSuccess && r != ncclInProgress) {
+        return absl::UnavailableError(absl::StrCat(
+            "nccl: ", OpTypeName(op.type), ": ", NcclError(r, comm_)));
+      }
+      if (r == ncclSuccess) return absl::OkStatus();
+    }
+    // In progress: poll (under the mutex per poll, so Abort can slip in).
+    absl::Duration nap = absl::Microseconds(20);
+    for (;;) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (aborted_) return Aborted();
+        ncclResult_t state = ncclSuccess;
+        ncclResult_t q = ncclCommGetAsyncError(comm_, &state);
+        if (q != ncclSuccess) state = q;
+        if (state == ncclSuccess) return absl::OkStatus();
+        if (state != ncclInProgress) {
+          return absl::UnavailableError(absl::StrCat(
+              "nccl: ", OpTypeName(op.type), ": ", NcclError(state, comm_)));
+        }
+      }
+      if (absl::Now() >= deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "nccl: ", OpTypeName(op.type), " was not taken by its deadline"));
+      }
+      absl::SleepFor(nap);
+      nap = std::min(nap * 2, absl::Milliseconds(1));
+    }
+  }
+
+  // Waits for `event`: the operation's completion on the device.
+  absl::Status AwaitEvent(cudaEvent_t event, absl::Time deadline) {
+    cudaSetDevice(options_.device);  // this thread may not have it yet
+    absl::Duration nap = absl::Microseconds(5);
+    for (;;) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (aborted_) return Aborted();
+        const cudaError_t e = cudaEventQuery(event);
+        if (e == cudaSuccess) return absl::OkStatus();
+        if (e != cudaErrorNotReady) {
+          return absl::InternalError(
+              absl::StrCat("nccl: waiting for an operation: ", CudaError(e)));
+        }
+        ncclResult_t state = ncclSuccess;
+        ncclResult_t q = ncclCommGetAsyncError(comm_, &state);
+        if (q != ncclSuccess) state = q;
+        if (state != ncclSuccess && state != ncclInProgress) {
+          return absl::UnavailableError(absl::StrCat(
+              "nccl: asynchronous error: ", NcclError(state, comm_)));
+        }
+      }
+      if (absl::Now() >= deadline) {
+        return absl::DeadlineExceededError(
+            "nccl: the operation did not complete on the device by its "
+            "deadline");
+      }
+      absl::SleepFor(nap);
+      nap = std::min(nap * 2, absl::Microseconds(500));
+    }
+  }
+
+  ncclComm_t comm_;
+  const BackendOptions options_;
+  cudaStream_t stream_ = nullptr;
+  cudaStream_t p2p_stream_ = nullptr;
+  cudaEvent_t done_ = nullptr;
+  void* scratch_ = nullptr;
+  absl::Mutex mu_;
+  bool aborted_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<bool> aborted_flag_{false};
+  std::string reason_ ABSL_GUARDED_BY(mu_);
+};
+
+absl::Status CheckDevice(int device) {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess || n == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "nccl: no CUDA device is usable here (cudaGetDeviceCount: ",
+        e == cudaSuccess ? "0 devices" : CudaError(e),
+        "); use backend 'gloo' on machines without a GPU"));
+  }
+  if (device < 0 || device >= n) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "nccl: device ", device, " does not exist (this process sees ", n,
+        " CUDA device", n == 1 ? "" : "s", ")"));
+  }
+  return absl::OkStatus();
+}
+
+// A fresh communicator of options.size ranks: the unique id goes through
+// `store` under the generation's key.
+absl::StatusOr<ncclComm_t> InitComm(Store& store,
+                                    const BackendOptions& options) {
+  HOLDFAST_RETURN_IF_ERROR(CheckDevice(options.device));
+  cudaError_t ce = cudaSetDevice(options.device);
+  if (ce != cudaSuccess) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "nccl: cudaSetDevice(", options.device, "): ", CudaError(ce)));
+  }
+  const std::string key =
+      absl::StrCat("holdfast/nccl/g", options.generation, "/unique_id");
+  const absl::Time deadline = absl::Now() + options.connect_timeout;
+  ncclUniqueId id;
+  if (options.rank == 0) {
+    ncclResult_t r = ncclGetUniqueId(&id);
+    if (r != ncclSuccess) {
+      return absl::UnavailableError(
+          absl::StrCat("nccl: ncclGetUniqueId: ", ncclGetErrorString(r)));
+    }
+    HOLDFAST_RETURN_IF_ERROR(store.Set(
+        key,
+        absl::string_view(reinterpret_cast<const char*>(&id), sizeof(id))));
+  } else {
+    HOLDFAST_ASSIGN_OR_RETURN(std::string bytes,
+                              store.Get(key, options.connect_timeout));
+    if (bytes.size() != sizeof(id)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("nccl: the unique id under '", key, "' has ",
+                       bytes.size(), " bytes, ", sizeof(id), " expected"));
+    }
+    std::memcpy(&id, bytes.data(), sizeof(id));
+  }
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t comm = nullptr;
+  ncclResult_t r =
+      ncclCommInitRankConfig(&comm, options.size, id, options.rank, &config);
+  if (r != ncclSuccess && r != ncclInProgress) {
+    if (comm != nullptr) ncclCommAbort(comm);
+    return absl::UnavailableError(
+        absl::StrCat("nccl: ncclCommInitRankConfig: ", ncclGetErrorString(r)));
+  }
+  absl::Status s = AwaitReady(comm, deadline, nullptr, "init");
+  if (!s.ok()) {
+    ncclCommAbort(comm);
+    if (absl::IsDeadlineExceeded(s)) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "nccl: rank ", options.rank, " of ", options.size, " (generation ",
+          options.generation, "): the group did not assemble within ",
+          absl::FormatDuration(options.connect_timeout),
+          "; the half-built communicator was aborted"));
+    }
+    return s;
+  }
+  return comm;
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> Wrap(ncclComm_t comm,
+                                              const BackendOptions& options) {
+  auto backend = std::make_unique<NcclBackend>(comm, options);
+  HOLDFAST_RETURN_IF_ERROR(backend->Init());
+  return std::unique_ptr<Backend>(std::move(backend));
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateNcclBackend(
+    std::shared_ptr<Store> store, const BackendOptions& options) {
+  HOLDFAST_ASSIGN_OR_RETURN(ncclComm_t comm, InitComm(*store, options));
+  return Wrap(comm, options);
+}
+
+NcclBackend* AsNccl(Communicator& comm) {
+  auto* impl = dynamic_cast<comm::CommunicatorImpl*>(&comm);
+  if (impl == nullptr) return nullptr;
+  return dynamic_cast<NcclBackend*>(impl->backend());
+}
+
+// Installs the factory when holdfast_nccl is linked (CMake forces this
+// object in with --undefined=holdfast_nccl_anchor).
+const bool kRegistered = [] {
+  SetNcclFactory(&CreateNcclBackend);
+  return true;
+}();
+
+}  // namespace
+}  // namespace holdfast::backend
+
+extern "C" {
+// Referenced by the link option of holdfast_nccl; see kRegistered.
+int holdfast_nccl_anchor = 0;
+}
+
+namespace holdfast::nccl {
+
+int DeviceCount() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+}
+
+void Register() {
+  (void)backend::kRegistered;
+  backend::SetNcclFactory(&backend::CreateNcclBackend);
+}
+
+void* Stream(Communicator& comm) {
+  backend::NcclBackend* b = backend::AsNccl(comm);
+  return b == nullptr ? nullptr : static_cast<void*>(b->stream());
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> Shrink(
+    Communicator& old, const std::vector<int>& exclude,
+    std::shared_ptr<Store> store, const CommunicatorOptions& options) {
+  backend::NcclBackend* b = backend::AsNccl(old);
+  if (b == nullptr) {
+    return absl::InvalidArgumentError(
+        "nccl::Shrink: the communicator is not an NCCL one");
+  }
+  std::vector<bool> gone(static_cast<size_t>(old.size()), false);
+  for (int r : exclude) {
+    if (r < 0 || r >= old.size() || gone[static_cast<size_t>(r)]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "nccl::Shrink: excluded rank ", r, " is out of range [0, ",
+          old.size(), ") or listed twice"));
+    }
+    gone[static_cast<size_t>(r)] = true;
+  }
+  if (gone[static_cast<size_t>(old.rank())]) {
+    return absl::InvalidArgumentError(
+        "nccl::Shrink: this rank is in the excluded list");
+  }
+  const int survivors = old.size() - static_cast<int>(exclude.size());
+  int new_rank = 0;
+  for (int r = 0; r < old.rank(); ++r) new_rank += gone[r] ? 0 : 1;
+
+  CommunicatorOptions o = options;
+  o.backend = "nccl";
+  o.rank = new_rank;
+  o.size = survivors;
+  backend::BackendOptions bo;
+  bo.rank = new_rank;
+  bo.size = survivors;
+  bo.generation = o.generation;
+  bo.connect_timeout = o.connect_timeout;
+  bo.device = o.device;
+
+  std::unique_ptr<backend::Backend> fresh;
+  absl::StatusOr<ncclComm_t> shrunk = b->ShrinkComm(exclude, o.connect_timeout);
+  if (shrunk.ok()) {
+    HOLDFAST_ASSIGN_OR_RETURN(fresh, backend::Wrap(*shrunk, bo));
+  } else {
+    // The old communicator cannot be shrunk: a fresh init of the survivors.
+    HOLDFAST_ASSIGN_OR_RETURN(ncclComm_t comm, backend::InitComm(*store, bo));
+    HOLDFAST_ASSIGN_OR_RETURN(fresh, backend::Wrap(comm, bo));
+  }
+  old.Abort("replaced by a shrunk communicator");
+  return std::unique_ptr<Communicator>(
+      new comm::CommunicatorImpl(o, std::move(store), std::move(fresh)));
+}
+
+}  // namespace holdfast::nccl
