@@ -125,3 +125,49 @@ TEST_CASE("runtime: one slot runs with replicated and sharded state") {
   CHECK(r.RegisterState("late", counter.data(), 8).code() ==
         absl::StatusCode::kFailedPrecondition);
 }
+
+TEST_CASE(
+    "runtime: the restore hook runs before the first step and its error ends "
+    "the run") {
+  Controller c(1);
+  auto rt = holdfast::Runtime::Create(c.Options());
+  REQUIRE(rt.ok());
+  holdfast::Runtime& r = **rt;
+  std::vector<int64_t> state(2, 0);
+  REQUIRE(r.RegisterState("state", state.data(), 16).ok());
+  std::vector<int64_t> restored;
+  int steps_run = 0;
+  holdfast::RunOptions ro;
+  ro.steps = 3;
+  ro.on_restore = [&](int64_t step) -> absl::Status {
+    restored.push_back(step);
+    CHECK(steps_run == 0);  // before any step
+    return absl::OkStatus();
+  };
+  auto result = r.Run(
+      [&](const holdfast::StepContext&) -> absl::Status {
+        ++steps_run;
+        return absl::OkStatus();
+      },
+      ro);
+  REQUIRE(result.ok());
+  CHECK(restored == std::vector<int64_t>{0});
+  CHECK(steps_run == 3);
+
+  Controller c2(1);
+  auto rt2 = holdfast::Runtime::Create(c2.Options());
+  REQUIRE(rt2.ok());
+  REQUIRE((*rt2)->RegisterState("state", state.data(), 16).ok());
+  ro.on_restore = [](int64_t) -> absl::Status {
+    return absl::InternalError("device copy failed");
+  };
+  auto failed = (*rt2)->Run(
+      [&](const holdfast::StepContext&) -> absl::Status {
+        ++steps_run;
+        return absl::OkStatus();
+      },
+      ro);
+  CHECK(failed.status().code() == absl::StatusCode::kInternal);
+  CHECK(std::string(failed.status().message()) == "device copy failed");
+  CHECK(steps_run == 3);
+}

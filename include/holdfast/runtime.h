@@ -138,6 +138,12 @@ struct RunOptions {
   int64_t snapshot_every = 1;
   // Optional: metrics sent with each step report (loss, tokens_per_s).
   std::function<std::map<std::string, double>()> metrics;
+  // Optional: called when the registered buffers have been restored (at
+  // the start, with the step the loop goes on from, and after every
+  // recovery), before the next step. A trainer whose state lives on a GPU
+  // registers pinned host copies (nccl::DeviceSnapshot) and copies them
+  // back to the device here. An error ends Run with it.
+  std::function<absl::Status(int64_t restored_step)> on_restore;
 };
 
 // One recovery, as this process saw it. Times are Unix milliseconds.

@@ -248,7 +248,8 @@ class Runtime:
         return t
 
     # ---- the step loop -----------------------------------------------------
-    def run(self, step_fn, steps, snapshot_every=1, metrics=None):
+    def run(self, step_fn, steps, snapshot_every=1, metrics=None,
+            on_restore=None):
         """Runs steps committed+1 .. `steps` with automatic recovery.
 
         `step_fn(ctx)` gets a StepContext. A holdfast error it raises (or
@@ -256,6 +257,8 @@ class Runtime:
         runtime recover and resume from the last committed step; any other
         exception ends the run and is raised again here. Returns a
         RunResult (final_step, world_size, slot, recoveries, ...).
+        `on_restore(step)` runs whenever the registered tensors were restored
+        (at the start and after each recovery), before the next step.
         """
 
         def step(ctx):
@@ -269,7 +272,8 @@ class Runtime:
             for group in self._groups:
                 group._end_step()
 
-        return self._rt.run(step, int(steps), int(snapshot_every), metrics)
+        return self._rt.run(step, int(steps), int(snapshot_every), metrics,
+                            on_restore)
 
     def leave(self, finished=False):
         self._rt.leave(finished)

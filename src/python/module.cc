@@ -389,7 +389,8 @@ PYBIND11_MODULE(_C, m) {
       .def(
           "run",
           [](Runtime& rt, py::function step_fn, int64_t steps,
-             int64_t snapshot_every, py::object metrics) {
+             int64_t snapshot_every, py::object metrics,
+             py::object on_restore) {
             // An exception of the step function that is not a holdfast
             // error: Run stops, and it is raised again here.
             std::optional<py::error_already_set> raised;
@@ -427,6 +428,19 @@ PYBIND11_MODULE(_C, m) {
                 return py::cast<std::map<std::string, double>>(metrics());
               };
             }
+            if (!on_restore.is_none()) {
+              ro.on_restore = [&](int64_t step) -> absl::Status {
+                py::gil_scoped_acquire gil;
+                try {
+                  on_restore(step);
+                  return absl::OkStatus();
+                } catch (py::error_already_set& e) {
+                  raised.emplace(std::move(e));
+                  return absl::UnknownError(
+                      "the restore hook raised a Python exception");
+                }
+              };
+            }
             absl::StatusOr<RunResult> r;
             {
               py::gil_scoped_release release;
@@ -437,7 +451,7 @@ PYBIND11_MODULE(_C, m) {
             return *r;
           },
           py::arg("step_fn"), py::arg("steps"), py::arg("snapshot_every") = 1,
-          py::arg("metrics") = py::none())
+          py::arg("metrics") = py::none(), py::arg("on_restore") = py::none())
       .def(
           "leave",
           [](Runtime& rt, bool finished) {

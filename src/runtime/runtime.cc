@@ -547,6 +547,12 @@ class RuntimeImpl final : public Runtime {
     RunResult result;
     HOLDFAST_RETURN_IF_ERROR(AwaitSlot());
 
+    // The trainer's hook: the registered host buffers now hold the state
+    // the loop goes on from (device copies are refreshed from them here).
+    auto after_restore = [&options](int64_t restored) -> absl::Status {
+      return options.on_restore ? options.on_restore(restored)
+                                : absl::OkStatus();
+    };
     int64_t step;
     {
       absl::StatusOr<int64_t> restored = Start();
@@ -557,6 +563,7 @@ class RuntimeImpl final : public Runtime {
         restored = Recover(restored.status());
         if (!restored.ok()) return restored.status();
       }
+      HOLDFAST_RETURN_IF_ERROR(after_restore(*restored));
       step = *restored + 1;
     }
     while (step <= options.steps) {
@@ -596,6 +603,7 @@ class RuntimeImpl final : public Runtime {
         }
         absl::StatusOr<int64_t> restored = Recover(s);
         if (!restored.ok()) return restored.status();
+        HOLDFAST_RETURN_IF_ERROR(after_restore(*restored));
         step = *restored + 1;
         continue;
       }
@@ -624,6 +632,7 @@ class RuntimeImpl final : public Runtime {
           if (!IsRecoverable(snapped.status())) return snapped.status();
           absl::StatusOr<int64_t> restored = Recover(snapped.status());
           if (!restored.ok()) return restored.status();
+          HOLDFAST_RETURN_IF_ERROR(after_restore(*restored));
           step = *restored + 1;
           continue;
         }

@@ -86,7 +86,9 @@ def test_step_loop_restores_nothing_and_runs(controller):
             ctx.comm.all_reduce(t, op="median")
         ctx.runtime.shard("moments", torch.float64).add_(1.0)
 
-    result = rt.run(step, 5)
+    restores = []
+    result = rt.run(step, 5, on_restore=lambda s: restores.append((s, list(seen))))
+    assert restores == [(0, [])]
     assert seen == [1, 2, 3, 4, 5]
     assert result.final_step == 5 and result.world_size == 1
     assert result.recoveries == []
