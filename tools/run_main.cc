@@ -5,8 +5,9 @@
 //                [--heartbeat-ms MS] [--silent-after-ms MS]
 //                [--join-timeout-s S] -- CMD ARGS...
 //
-// Starts the embedded controller, then N workers and K standbys (all the
-// same CMD), with HOLDFAST_CONTROLLER, HOLDFAST_JOB_TOKEN and, for
+// Starts the embedded controller, then K standbys and, once they have
+// registered, N workers (all the same CMD), with HOLDFAST_CONTROLLER,
+// HOLDFAST_JOB_TOKEN and, for
 // --inject, HOLDFAST_FAULTS set. Each output line is prefixed with the
 // process's current slot. When the job ends it prints a summary (steps,
 // incidents with detection and recovery time and lost steps, ETTR) to
@@ -22,6 +23,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
@@ -99,6 +101,9 @@ class Launcher {
 
  private:
   absl::Status Spawn(Proc& p, const std::vector<std::string>& env_extra);
+  // Pumps output until `k` standbys are registered. DeadlineExceeded at
+  // `deadline`, Unavailable if a standby process exits first.
+  absl::Status AwaitStandbys(int k, absl::Time deadline);
   void Pump(absl::Duration timeout);
   void Emit(Proc& p, std::string& buf, bool is_err, bool flush_all);
   void RefreshLabels(const StatusResponse& s);
@@ -118,6 +123,33 @@ class Launcher {
   std::string log_dir_;
   int n_ = 0;
 };
+
+absl::Status Launcher::AwaitStandbys(int k, absl::Time deadline) {
+  for (;;) {
+    Pump(absl::Milliseconds(20));
+    Reap();
+    if (g_signal != 0) return absl::CancelledError("interrupted");
+    if (std::any_of(procs_.begin(), procs_.end(),
+                    [](const auto& p) { return p->exited; })) {
+      return absl::UnavailableError(
+          "a standby exited before it registered (see its output above)");
+    }
+    auto s = FetchJob();
+    if (s.ok()) {
+      int ready = 0;
+      for (const auto& m : s->members()) {
+        ready += m.role() == holdfast::control::ROLE_STANDBY &&
+                 m.state() == holdfast::control::STATE_ALIVE;
+      }
+      if (ready >= k) return absl::OkStatus();
+    }
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("only some of the ", k,
+                       " standbys registered within --join-timeout-s"));
+    }
+  }
+}
 
 absl::Status Launcher::Spawn(Proc& p, const std::vector<std::string>& extra) {
   int out[2], err[2];
@@ -489,7 +521,24 @@ int Launcher::Main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
   start_ = absl::Now();
   const int total = n + standby;
-  for (int i = 0; i < total; ++i) {
+  // Standbys first, and the workers once they have registered: a fault
+  // early in the job then finds its standby in place, however long the
+  // trainer takes to start (a Python process importing torch).
+  std::vector<int> order;
+  for (int i = n; i < total; ++i) order.push_back(i);
+  for (int i = 0; i < n; ++i) order.push_back(i);
+  for (int i : order) {
+    if (i == 0 && standby > 0) {
+      absl::Status ready =
+          AwaitStandbys(standby, start_ + absl::Seconds(join_timeout_s));
+      if (!ready.ok()) {
+        std::fprintf(stderr, "holdfast-run: %s\n",
+                     std::string(ready.message()).c_str());
+        KillAll(SIGKILL);
+        (*server)->Shutdown();
+        return 1;
+      }
+    }
     auto p = std::make_unique<Proc>();
     p->index = i;
     std::vector<std::string> env = {

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d
 
 from . import runtime as _runtime
-from .errors import RECOVERABLE, FencedError, InvalidArgumentError
+from .errors import FencedError, HoldfastError, InvalidArgumentError
 
 BACKEND = "holdfast"
 
@@ -103,10 +103,12 @@ class ProcessGroup(dist.ProcessGroup):
             )
         try:
             fn(self._rt.communicator())
-        except RECOVERABLE as e:
-            # Bad arguments raise at once; a lost peer or a timeout is for
-            # the runtime to recover from at the step's end.
-            if not self._rt.in_step:
+        except HoldfastError as e:
+            # Bad arguments raise at once. Anything else (a lost peer, a
+            # timeout, a failed op) is for the runtime to judge at the
+            # step's end: raising through DDP's reducer would leave it in
+            # the middle of an iteration.
+            if isinstance(e, InvalidArgumentError) or not self._rt.in_step:
                 raise
             self._error = e
         return _done_work(result)
@@ -263,6 +265,12 @@ def init_process_group(runtime=None):
 _ddp_cache = {}
 
 
+def _detach(model):
+    for attr in ("reducer", "logger"):
+        if hasattr(model, attr):
+            setattr(model, attr, None)
+
+
 def ddp(runtime, module, process_group=None, **kwargs):
     """DistributedDataParallel(module) for the runtime's current generation,
     with allreduce_hook; rebuilt when the generation changes. Call it inside
@@ -276,6 +284,11 @@ def ddp(runtime, module, process_group=None, **kwargs):
     cached = _ddp_cache.get(key)
     if cached is not None and cached[0] == runtime.generation:
         return cached[1]
+    if cached is not None:
+        # The old wrapper's reducer hooks the same parameters; drop it so
+        # its hooks go with it (a reducer stopped mid-iteration by a
+        # failure would otherwise see the next backward as a second one).
+        _detach(cached[1])
     model = torch.nn.parallel.DistributedDataParallel(
         module, process_group=group, **kwargs
     )

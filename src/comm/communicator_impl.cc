@@ -339,8 +339,10 @@ void CommunicatorImpl::Execute(const std::shared_ptr<Pending>& p) {
   absl::Status result = absl::OkStatus();
   if (p->spec.count > 0 || p->spec.type == OpType::kBarrier) {
     // An injected failure (fail-op) stands for a transport error.
-    result = fault::Injector::Global().AtCollective(options_.rank,
-                                                    p->record.coll_seq);
+    if (options_.inject_faults) {
+      result = fault::Injector::Global().AtCollective(options_.rank,
+                                                      p->record.coll_seq);
+    }
     if (result.ok()) result = backend_->Run(p->spec);
   }
   Complete(p, std::move(result));

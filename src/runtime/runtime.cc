@@ -566,92 +566,105 @@ class RuntimeImpl final : public Runtime {
       HOLDFAST_RETURN_IF_ERROR(after_restore(*restored));
       step = *restored + 1;
     }
-    while (step <= options.steps) {
-      const View v = CurrentView();
-      fault::Injector::Global().AtStep(v.slot, step);
-      member_->SetPhase(control::PHASE_COMPUTING, 0);
-      const absl::Time t0 = absl::Now();
-      absl::Status s;
-      Communicator* comm = nullptr;
-      {
-        absl::MutexLock lock(&mu_);
-        comm = comm_.get();
-      }
-      if (comm == nullptr) {
-        s = absl::AbortedError("no communicator");
-      } else {
-        StepContext ctx;
-        ctx.step = step;
-        ctx.rank = v.slot;
-        ctx.world_size = v.world;
-        ctx.generation = v.generation;
-        ctx.comm = comm;
-        ctx.runtime = this;
-        s = step_fn(ctx);
-      }
-      // A step that finished while its generation was being replaced may
-      // not have finished everywhere: it is redone after the rollback.
-      if (s.ok()) s = Terminal();
-      if (s.ok() && (!CommHealthy() || GenerationMoved())) {
-        s = CommHealth();
-        if (s.ok()) s = absl::AbortedError("a new generation was opened");
-      }
-      if (!s.ok()) {
-        if (!IsRecoverable(s) && CommHealthy() &&
-            s.code() != absl::StatusCode::kFailedPrecondition) {
-          return s;
+    for (;;) {
+      while (step <= options.steps) {
+        const View v = CurrentView();
+        fault::Injector::Global().AtStep(v.slot, step);
+        member_->SetPhase(control::PHASE_COMPUTING, 0);
+        const absl::Time t0 = absl::Now();
+        absl::Status s;
+        Communicator* comm = nullptr;
+        {
+          absl::MutexLock lock(&mu_);
+          comm = comm_.get();
         }
-        absl::StatusOr<int64_t> restored = Recover(s);
-        if (!restored.ok()) return restored.status();
-        HOLDFAST_RETURN_IF_ERROR(after_restore(*restored));
-        step = *restored + 1;
-        continue;
-      }
-      const absl::Time t1 = absl::Now();
-      if (pending_record_.has_value()) {
-        // The first training step after the recovery is done (its
-        // snapshot is the loop's usual per-step work).
-        pending_record_->first_step_ms = absl::ToUnixMillis(t1);
-      }
-      if (step == 1) {
-        ledger_[0] = absl::ToUnixMillis(t0);
-        ledger_[2] = absl::ToInt64Microseconds(t1 - t0);
-      }
-      ledger_[1] += absl::ToInt64Microseconds(t1 - t0);
-      high_step_ = std::max(high_step_, step);
-      if (step % options.snapshot_every == 0 || step == options.steps) {
-        member_->SetPhase(control::PHASE_CHECKPOINTING, 0);
-        if (step == options.steps) {
-          // Every slot snapshots the last step, waiting for its previous
-          // backup if need be, so the last round is the same everywhere
-          // and commits: nobody leaves while a peer waits for it in one.
-          AwaitBackupIdle(absl::Now() + options_.commit_wait);
+        if (comm == nullptr) {
+          s = absl::AbortedError("no communicator");
+        } else {
+          StepContext ctx;
+          ctx.step = step;
+          ctx.rank = v.slot;
+          ctx.world_size = v.world;
+          ctx.generation = v.generation;
+          ctx.comm = comm;
+          ctx.runtime = this;
+          s = step_fn(ctx);
         }
-        absl::StatusOr<bool> snapped = Snapshot(step);
-        if (!snapped.ok()) {
-          if (!IsRecoverable(snapped.status())) return snapped.status();
-          absl::StatusOr<int64_t> restored = Recover(snapped.status());
+        // A step that finished while its generation was being replaced may
+        // not have finished everywhere: it is redone after the rollback.
+        if (s.ok()) s = Terminal();
+        if (s.ok() && (!CommHealthy() || GenerationMoved())) {
+          s = CommHealth();
+          if (s.ok()) s = absl::AbortedError("a new generation was opened");
+        }
+        if (!s.ok()) {
+          if (!IsRecoverable(s) && CommHealthy() &&
+              s.code() != absl::StatusCode::kFailedPrecondition) {
+            return s;
+          }
+          absl::StatusOr<int64_t> restored = Recover(s);
           if (!restored.ok()) return restored.status();
           HOLDFAST_RETURN_IF_ERROR(after_restore(*restored));
           step = *restored + 1;
           continue;
         }
+        const absl::Time t1 = absl::Now();
+        if (pending_record_.has_value()) {
+          // The first training step after the recovery is done (its
+          // snapshot is the loop's usual per-step work).
+          pending_record_->first_step_ms = absl::ToUnixMillis(t1);
+        }
+        if (step == 1) {
+          ledger_[0] = absl::ToUnixMillis(t0);
+          ledger_[2] = absl::ToInt64Microseconds(t1 - t0);
+        }
+        ledger_[1] += absl::ToInt64Microseconds(t1 - t0);
+        high_step_ = std::max(high_step_, step);
+        if (step % options.snapshot_every == 0 || step == options.steps) {
+          member_->SetPhase(control::PHASE_CHECKPOINTING, 0);
+          if (step == options.steps) {
+            // Every slot snapshots the last step, waiting for its previous
+            // backup if need be, so the last round is the same everywhere
+            // and commits: nobody leaves while a peer waits for it in one.
+            AwaitBackupIdle(absl::Now() + options_.commit_wait);
+          }
+          absl::StatusOr<bool> snapped = Snapshot(step);
+          if (!snapped.ok()) {
+            if (!IsRecoverable(snapped.status())) return snapped.status();
+            absl::StatusOr<int64_t> restored = Recover(snapped.status());
+            if (!restored.ok()) return restored.status();
+            HOLDFAST_RETURN_IF_ERROR(after_restore(*restored));
+            step = *restored + 1;
+            continue;
+          }
+        }
+        ReportStep(step, t1 - t0,
+                   options.metrics ? options.metrics()
+                                   : std::map<std::string, double>{});
+        if (pending_record_.has_value()) {
+          recovery_records_.push_back(*pending_record_);
+          PublishRecovery(*pending_record_);
+          pending_record_.reset();
+        }
+        ++step;
       }
-      ReportStep(step, t1 - t0,
-                 options.metrics ? options.metrics()
-                                 : std::map<std::string, double>{});
-      if (pending_record_.has_value()) {
-        recovery_records_.push_back(*pending_record_);
-        PublishRecovery(*pending_record_);
-        pending_record_.reset();
-      }
-      ++step;
+      // Let the last backup round finish (its peers are in it too) before
+      // leaving, so nobody sees this member vanish from under a transfer.
+      finishing_ = true;
+      FinishBackups(options.steps, absl::Now() + std::max(options_.commit_wait,
+                                                          absl::Seconds(10)));
+      // A generation opened meanwhile (a peer or the side communicator failed
+      // during the last steps) includes this member: leaving now would leave
+      // the others waiting for it in the rendezvous. Take part, redo what
+      // was not committed, and finish with them.
+      if (!GenerationMoved() || !Terminal().ok()) break;
+      finishing_ = false;
+      absl::StatusOr<int64_t> restored = Recover(absl::AbortedError(
+          "a new generation was opened while this member was finishing"));
+      if (!restored.ok()) return restored.status();
+      HOLDFAST_RETURN_IF_ERROR(after_restore(*restored));
+      step = *restored + 1;
     }
-    // Let the last backup round finish (its peers are in it too) before
-    // leaving, so nobody sees this member vanish from under a transfer.
-    finishing_ = true;
-    FinishBackups(options.steps, absl::Now() + std::max(options_.commit_wait,
-                                                        absl::Seconds(10)));
     const View v = CurrentView();
     result.final_step = options.steps;
     result.world_size = v.world;
@@ -997,7 +1010,10 @@ class RuntimeImpl final : public Runtime {
       absl::Duration connect_timeout, bool side = false) {
     CommunicatorOptions o = options_.comm;
     // The side communicator moves host snapshots: always Gloo.
-    if (side) o.backend = "gloo";
+    if (side) {
+      o.backend = "gloo";
+      o.inject_faults = false;
+    }
     o.rank = slot;
     o.size = world;
     o.generation = gen;

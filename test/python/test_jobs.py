@@ -63,3 +63,17 @@ def test_libtorch_trainer_survives_a_kill_with_the_fault_free_hash():
     assert set(final_lines(lines)) == set(clean), out
     assert len(final_lines(lines)) == 2, out
     assert any("recoveries=1" in line for line in lines), out
+
+
+def test_a_loss_after_the_last_step_is_recovered_not_left_hanging(tmp_path):
+    """Slot 0 has done every step when slot 1 dies: it must take part in the
+    new generation (the standby needs it) instead of leaving as finished."""
+    rc, lines = run_job(
+        ["-n", "2", "--standby", "1"],
+        [PYTHON, str(HERE / "late_death_job.py"), "12", str(tmp_path / "fired")],
+        timeout=120)
+    out = "\n".join(lines[-60:])
+    assert rc == 0, out
+    assert (tmp_path / "fired").exists()
+    # 12 steps of (1 + 2) * step on a world of 2: 3 * 78 per element.
+    assert sorted(final_lines(lines)) == ["final step=12 world=2 sum=936.0"] * 2, out

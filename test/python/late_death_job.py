@@ -1,0 +1,39 @@
+"""Run by test_jobs.py: slot 1 SIGKILLs itself at the very end of the last
+step, after its collectives, so the other slot has finished every step and
+waits for the last backup round when the loss is seen. The marker file makes it fire once per job.
+Prints `final step=<N> world=<W> sum=<x>`."""
+
+import os
+import signal
+import sys
+import time
+
+import torch
+
+import holdfast
+
+steps = int(sys.argv[1])
+marker = sys.argv[2]
+rt = holdfast.Runtime()
+state = torch.zeros(4, dtype=torch.float64)
+rt.register_tensor("state", state)
+
+
+def step(ctx):
+    t = torch.full((4,), float(ctx.step * (ctx.rank + 1)), dtype=torch.float64)
+    ctx.comm.all_reduce(t)
+    state.add_(t)
+    if ctx.rank == 1 and ctx.step == steps and not os.path.exists(marker):
+        open(marker, "w").close()
+        # Long enough for slot 0 to finish the step and snapshot it: it is
+        # waiting for the last backup round when the loss is seen.
+        time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+try:
+    result = rt.run(step, steps)
+except holdfast.CancelledError:
+    sys.exit(0)  # a standby that was never needed
+print(f"final step={result.final_step} world={result.world_size} "
+      f"sum={state.sum().item()}", flush=True)
