@@ -81,8 +81,13 @@ OpOptions MakeOpOptions(double timeout_s, uint32_t tag) {
 // recovery fails cleanly (Aborted) instead of touching a freed object.
 class PyCommunicator {
  public:
+  // Holds a reference to the Python runtime object, so a handle kept past
+  // the runtime's life cannot reach a freed one. Made with the GIL held.
   PyCommunicator(Runtime* runtime, Communicator* comm)
-      : runtime_(runtime), comm_(comm), generation_(comm->generation()) {}
+      : owner_(py::cast(runtime, py::return_value_policy::reference)),
+        runtime_(runtime),
+        comm_(comm),
+        generation_(comm->generation()) {}
 
   int rank() { return Get()->rank(); }
   int size() { return Get()->size(); }
@@ -110,6 +115,7 @@ class PyCommunicator {
   }
 
  private:
+  py::object owner_;
   Runtime* runtime_;
   Communicator* comm_;
   int64_t generation_;

@@ -120,3 +120,18 @@ def test_a_holdfast_error_that_cannot_be_recovered_is_raised(controller):
 
     with pytest.raises(holdfast.DataLossError, match="shard 7 is gone"):
         rt.run(step, 4)
+
+
+def test_a_kept_communicator_keeps_its_runtime_alive(controller):
+    import gc
+    address, token = controller
+    rt = holdfast.Runtime(controller=address, token=token)
+    rt.register_tensor("w", torch.zeros(2))
+    comm = rt.communicator()
+    del rt
+    holdfast.runtime._current = None  # the module's own reference
+    gc.collect()
+    t = torch.ones(3)
+    comm.all_reduce(t)  # the runtime (and its communicator) still exist
+    assert torch.equal(t, torch.ones(3))
+    assert comm.size == 1 and comm.generation == 0
