@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """A deterministic PyTorch DDP trainer on holdfast (CPU, Gloo).
 
 A small MLP (16 -> 32 tanh -> 1) fitted with SGD and momentum to a fixed
