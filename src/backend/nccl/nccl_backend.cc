@@ -292,7 +292,11 @@ class NcclBackend final : public Backend {
         case OpType::kAllToAll: {
           r = ncclGroupStart();
           const size_t block = op.count * esize;
-          for (int peer = 0; peer < options_.size && r == ncclSuccess; ++peer) {
+          // Inside a group a non-blocking call may answer ncclInProgress;
+          // the group's end (polled below) tells when all are taken.
+          for (int peer = 0; peer < options_.size &&
+                             (r == ncclSuccess || r == ncclInProgress);
+               ++peer) {
             r = ncclSend(static_cast<const char*>(op.send) + peer * block,
                          op.count, dt, peer, comm_, stream);
             if (r == ncclSuccess || r == ncclInProgress) {
@@ -301,7 +305,7 @@ class NcclBackend final : public Backend {
             }
           }
           ncclResult_t end = ncclGroupEnd();
-          if (r == ncclSuccess) r = end;
+          if (r == ncclSuccess || r == ncclInProgress) r = end;
           break;
         }
         case OpType::kBarrier:
