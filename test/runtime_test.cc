@@ -171,3 +171,26 @@ TEST_CASE(
   CHECK(std::string(failed.status().message()) == "device copy failed");
   CHECK(steps_run == 3);
 }
+
+TEST_CASE(
+    "runtime: a backend this program cannot build stops the run instead of "
+    "cycling") {
+  Controller c(1);
+  holdfast::RuntimeOptions o = c.Options();
+  o.comm.backend = "nccl";  // holdfast_nccl is not linked into this test
+  auto refused = holdfast::Runtime::Create(o);
+  CHECK(refused.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(Mentions(refused.status(), "link holdfast_nccl"));
+
+  o.comm.backend = "mpi";
+  auto rt = holdfast::Runtime::Create(o);
+  REQUIRE(rt.ok());
+  std::vector<float> w(4);
+  REQUIRE((*rt)->RegisterState("w", w.data(), 16).ok());
+  holdfast::RunOptions ro;
+  ro.steps = 3;
+  auto result = (*rt)->Run(
+      [](const holdfast::StepContext&) { return absl::OkStatus(); }, ro);
+  CHECK(result.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(Mentions(result.status(), "unknown backend 'mpi'"));
+}

@@ -21,6 +21,7 @@
 #include "absl/time/clock.h"
 #include "holdfast/status.h"
 #include "holdfast/store.h"
+#include "src/backend/backend.h"
 #include "src/common/config.h"
 #include "src/common/logging.h"
 #include "src/control/auth.h"
@@ -478,6 +479,13 @@ class RuntimeImpl final : public Runtime {
         fault::Injector::Global().AtRecovery(v.slot, recoveries_);
       }
       absl::Status s = BuildComm();
+      // A communicator that cannot be built by this program at all (an
+      // unknown backend, NCCL not linked, no GPU) will not be built by
+      // the next generation either: stop instead of cycling.
+      if (s.code() == absl::StatusCode::kInvalidArgument ||
+          s.code() == absl::StatusCode::kFailedPrecondition) {
+        return s;
+      }
       if (s.ok()) {
         rec.rebuilt_ms = NowMs();
         absl::StatusOr<int64_t> restored = Restore(&rec);
@@ -1841,6 +1849,11 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(
   if (options.host.empty()) options.host = config::StringParam("HOLDFAST_HOST");
   if (options.topology_block.empty()) {
     options.topology_block = config::StringParam("HOLDFAST_TOPOLOGY_BLOCK");
+  }
+  if (options.comm.backend == "nccl" && backend::NcclFactory() == nullptr) {
+    return absl::FailedPreconditionError(
+        "Runtime: backend 'nccl' (HOLDFAST_BACKEND) is not in this program: "
+        "link holdfast_nccl (built when CMake finds CUDA and NCCL)");
   }
   if (options.join_timeout <= absl::ZeroDuration() ||
       options.report_grace < absl::ZeroDuration()) {
