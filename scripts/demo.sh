@@ -6,6 +6,8 @@
 # ranks lost. Each faulty run recovers in process (warm standbys take the
 # slots; the lost ranks' checkpoint pieces come from their buddies on the
 # other host) and ends with the same parameter hash as the fault-free run.
+# Then a PyTorch DDP trainer (examples/python) twice: fault-free and with a
+# rank SIGKILLed, again with equal hashes.
 #
 #   scripts/demo.sh [STEPS]           default 200 steps, 4 ranks, 1 standby
 #   scripts/demo.sh --collectives ... the communicator demo (kill and freeze
@@ -54,5 +56,30 @@ if [ "$(cat <(hash fault-free) <(hash kill) <(hash hang) <(hash node) | sort -u 
   echo "equal: every rank of every run ended with the fault-free parameters"
 else
   echo "DIFFERENT: the runs did not end with the same parameters" >&2
+  exit 1
+fi
+
+# PyTorch DDP on the "holdfast" torch.distributed backend (Debian's
+# /usr/bin/python3 has torch): fault-free, then slot 1 SIGKILLed.
+pyrun() {
+  local name="$1"
+  shift
+  echo
+  echo "=== $name: holdfast-run -n 2 --standby 1 $* -- ddp_train.py --steps 40"
+  PYTHONPATH=build/python build/holdfast-run -n 2 --standby 1 \
+    --log-dir "$out/$name" "$@" \
+    -- /usr/bin/python3 examples/python/ddp_train.py --steps 40 \
+    >"$out/$name.out" 2>"$out/$name.err" || true
+  grep -h "final step=" "$out/$name.out" | sort
+  sed -n '/==== holdfast-run summary ====/,$p' "$out/$name.err"
+}
+pyrun py-fault-free
+pyrun py-kill --inject "kill:slot=1:step=20"
+echo
+if [ "$(cat <(hash py-fault-free) <(hash py-kill) | sort -u | wc -l)" = 1 ] &&
+  [ -n "$(hash py-fault-free)" ]; then
+  echo "equal: the DDP run with a kill ended with the fault-free parameters"
+else
+  echo "DIFFERENT: the DDP runs did not end with the same parameters" >&2
   exit 1
 fi
