@@ -288,4 +288,14 @@ TEST_CASE("recovery: the launcher refuses bad input with a clear error") {
   auto [rc5, err5] = run("-n 2 --join-timeout-s 2 -- /bin/sleep 30");
   CHECK(rc5 == 1);
   CHECK(err5.find("only 0 of 2 processes joined") != std::string::npos);
+  // Standbys start first; one that never joins stops the launch at once.
+  auto [rc6, err6] = run("-n 2 --standby 1 -- /bin/true");
+  CHECK(rc6 == 1);
+  CHECK(err6.find("a standby exited before it registered") !=
+        std::string::npos);
+  auto [rc7, err7] =
+      run("-n 2 --standby 1 --join-timeout-s 2 -- /bin/sleep 30");
+  CHECK(rc7 == 1);
+  CHECK(err7.find("standbys registered within --join-timeout-s") !=
+        std::string::npos);
 }

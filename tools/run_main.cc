@@ -125,6 +125,7 @@ class Launcher {
 };
 
 absl::Status Launcher::AwaitStandbys(int k, absl::Time deadline) {
+  int ready = 0;
   for (;;) {
     Pump(absl::Milliseconds(20));
     Reap();
@@ -132,11 +133,12 @@ absl::Status Launcher::AwaitStandbys(int k, absl::Time deadline) {
     if (std::any_of(procs_.begin(), procs_.end(),
                     [](const auto& p) { return p->exited; })) {
       return absl::UnavailableError(
-          "a standby exited before it registered (see its output above)");
+          "a standby exited before it registered with the controller (does "
+          "the command create a holdfast Runtime? see its output above)");
     }
     auto s = FetchJob();
     if (s.ok()) {
-      int ready = 0;
+      ready = 0;
       for (const auto& m : s->members()) {
         ready += m.role() == holdfast::control::ROLE_STANDBY &&
                  m.state() == holdfast::control::STATE_ALIVE;
@@ -145,7 +147,7 @@ absl::Status Launcher::AwaitStandbys(int k, absl::Time deadline) {
     }
     if (absl::Now() > deadline) {
       return absl::DeadlineExceededError(
-          absl::StrCat("only some of the ", k,
+          absl::StrCat("only ", ready, " of ", k,
                        " standbys registered within --join-timeout-s"));
     }
   }
