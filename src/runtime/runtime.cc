@@ -555,24 +555,32 @@ class RuntimeImpl final : public Runtime {
     RunResult result;
     HOLDFAST_RETURN_IF_ERROR(AwaitSlot());
 
-    // The trainer's hook: the registered host buffers now hold the state
-    // the loop goes on from (device copies are refreshed from them here).
-    auto after_restore = [&options](int64_t restored) -> absl::Status {
-      return options.on_restore ? options.on_restore(restored)
-                                : absl::OkStatus();
-    };
-    int64_t step;
-    {
-      absl::StatusOr<int64_t> restored = Start();
-      if (!restored.ok()) {
-        if (!IsRecoverable(restored.status()) && CommHealthy()) {
-          return restored.status();
-        }
-        restored = Recover(restored.status());
-        if (!restored.ok()) return restored.status();
+    int64_t step = 0;
+    // The registered host buffers hold the state of step `restored`: the
+    // trainer's hook sees it (device copies are refreshed there) and the
+    // loop goes on after it.
+    auto resume_at = [&](int64_t restored) -> absl::Status {
+      if (options.on_restore) {
+        HOLDFAST_RETURN_IF_ERROR(options.on_restore(restored));
       }
-      HOLDFAST_RETURN_IF_ERROR(after_restore(*restored));
-      step = *restored + 1;
+      step = restored + 1;
+      return absl::OkStatus();
+    };
+    auto recover = [&](const absl::Status& cause) -> absl::Status {
+      absl::StatusOr<int64_t> restored = Recover(cause);
+      if (!restored.ok()) return restored.status();
+      return resume_at(*restored);
+    };
+    {
+      absl::StatusOr<int64_t> started = Start();
+      if (started.ok()) {
+        HOLDFAST_RETURN_IF_ERROR(resume_at(*started));
+      } else {
+        if (!IsRecoverable(started.status()) && CommHealthy()) {
+          return started.status();
+        }
+        HOLDFAST_RETURN_IF_ERROR(recover(started.status()));
+      }
     }
     for (;;) {
       while (step <= options.steps) {
@@ -610,10 +618,7 @@ class RuntimeImpl final : public Runtime {
               s.code() != absl::StatusCode::kFailedPrecondition) {
             return s;
           }
-          absl::StatusOr<int64_t> restored = Recover(s);
-          if (!restored.ok()) return restored.status();
-          HOLDFAST_RETURN_IF_ERROR(after_restore(*restored));
-          step = *restored + 1;
+          HOLDFAST_RETURN_IF_ERROR(recover(s));
           continue;
         }
         const absl::Time t1 = absl::Now();
@@ -639,10 +644,7 @@ class RuntimeImpl final : public Runtime {
           absl::StatusOr<bool> snapped = Snapshot(step);
           if (!snapped.ok()) {
             if (!IsRecoverable(snapped.status())) return snapped.status();
-            absl::StatusOr<int64_t> restored = Recover(snapped.status());
-            if (!restored.ok()) return restored.status();
-            HOLDFAST_RETURN_IF_ERROR(after_restore(*restored));
-            step = *restored + 1;
+            HOLDFAST_RETURN_IF_ERROR(recover(snapped.status()));
             continue;
           }
         }
@@ -667,11 +669,8 @@ class RuntimeImpl final : public Runtime {
       // was not committed, and finish with them.
       if (!GenerationMoved() || !Terminal().ok()) break;
       finishing_ = false;
-      absl::StatusOr<int64_t> restored = Recover(absl::AbortedError(
-          "a new generation was opened while this member was finishing"));
-      if (!restored.ok()) return restored.status();
-      HOLDFAST_RETURN_IF_ERROR(after_restore(*restored));
-      step = *restored + 1;
+      HOLDFAST_RETURN_IF_ERROR(recover(absl::AbortedError(
+          "a new generation was opened while this member was finishing")));
     }
     const View v = CurrentView();
     result.final_step = options.steps;
