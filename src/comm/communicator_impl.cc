@@ -725,6 +725,22 @@ void IgnoreSigpipe() {
 
 }  // namespace
 
+namespace comm {
+
+backend::BackendOptions ToBackendOptions(const CommunicatorOptions& options) {
+  backend::BackendOptions bo;
+  bo.rank = options.rank;
+  bo.size = options.size;
+  bo.generation = options.generation;
+  bo.bind_address = options.bind_address;
+  bo.interface = options.interface;
+  bo.connect_timeout = options.connect_timeout;
+  bo.device = options.device;
+  return bo;
+}
+
+}  // namespace comm
+
 absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Create(
     std::shared_ptr<Store> store, const CommunicatorOptions& options) {
   HOLDFAST_RETURN_IF_ERROR(config::Validate());
@@ -757,14 +773,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Create(
     return absl::InvalidArgumentError(
         "Communicator::Create: trace_capacity must be >= 1");
   }
-  backend::BackendOptions bo;
-  bo.rank = options.rank;
-  bo.size = options.size;
-  bo.generation = options.generation;
-  bo.bind_address = options.bind_address;
-  bo.interface = options.interface;
-  bo.connect_timeout = options.connect_timeout;
-  bo.device = options.device;
+  const backend::BackendOptions bo = comm::ToBackendOptions(options);
   std::unique_ptr<backend::Backend> backend;
   if (options.backend == "gloo") {
     HOLDFAST_ASSIGN_OR_RETURN(backend, backend::CreateGlooBackend(store, bo));

@@ -32,6 +32,9 @@
 
 namespace holdfast::comm {
 
+// The backend's part of a communicator's options.
+backend::BackendOptions ToBackendOptions(const CommunicatorOptions& options);
+
 class CommunicatorImpl final : public Communicator, private InlineRunner {
  public:
   // Takes ownership of a connected backend. `store` is where abort notices

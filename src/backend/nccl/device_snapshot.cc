@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -10,13 +11,13 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "holdfast/nccl.h"
+#include "src/backend/nccl/util.h"
 
 namespace holdfast::nccl {
 namespace {
 
-std::string CudaError(cudaError_t e) {
-  return absl::StrCat(cudaGetErrorName(e), ": ", cudaGetErrorString(e));
-}
+using backend::CudaError;
+using backend::PollUntil;
 
 class DeviceSnapshotImpl final : public DeviceSnapshot {
  public:
@@ -84,24 +85,19 @@ class DeviceSnapshotImpl final : public DeviceSnapshot {
   absl::Status Wait(absl::Duration timeout) override {
     if (!started_) return absl::OkStatus();
     cudaSetDevice(device_);
-    const absl::Time deadline = absl::Now() + timeout;
-    absl::Duration nap = absl::Microseconds(5);
-    for (;;) {
-      const cudaError_t e = cudaEventQuery(done_);
-      if (e == cudaSuccess) return absl::OkStatus();
-      if (e != cudaErrorNotReady) {
-        return absl::InternalError(
-            absl::StrCat("DeviceSnapshot::Wait: ", CudaError(e)));
-      }
-      if (absl::Now() >= deadline) {
-        return absl::DeadlineExceededError(
-            absl::StrCat("DeviceSnapshot::Wait: the copy did not finish "
-                         "within ",
-                         absl::FormatDuration(timeout)));
-      }
-      absl::SleepFor(nap);
-      nap = std::min(nap * 2, absl::Microseconds(500));
-    }
+    return PollUntil(
+        absl::Now() + timeout, absl::Microseconds(5), absl::Microseconds(500),
+        absl::StrCat("DeviceSnapshot::Wait: the copy did not finish within ",
+                     absl::FormatDuration(timeout)),
+        [&]() -> std::optional<absl::Status> {
+          const cudaError_t e = cudaEventQuery(done_);
+          if (e == cudaSuccess) return absl::OkStatus();
+          if (e != cudaErrorNotReady) {
+            return absl::InternalError(
+                absl::StrCat("DeviceSnapshot::Wait: ", CudaError(e)));
+          }
+          return std::nullopt;
+        });
   }
 
   absl::Status CopyToDevice(void* dst, size_t bytes) override {

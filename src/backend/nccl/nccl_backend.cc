@@ -10,9 +10,9 @@
 #include <nccl.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -26,14 +26,11 @@
 #include "holdfast/nccl.h"
 #include "holdfast/status.h"
 #include "src/backend/backend.h"
+#include "src/backend/nccl/util.h"
 #include "src/comm/communicator_impl.h"
 
 namespace holdfast::backend {
 namespace {
-
-std::string CudaError(cudaError_t e) {
-  return absl::StrCat(cudaGetErrorName(e), ": ", cudaGetErrorString(e));
-}
 
 std::string NcclError(ncclResult_t r, ncclComm_t comm) {
   std::string out = ncclGetErrorString(r);
@@ -78,34 +75,35 @@ ncclRedOp_t ToNccl(ReduceOp op) {
   return ncclSum;
 }
 
-// Polls a non-blocking communicator until its last call has finished.
-// `aborted` is checked between polls. DeadlineExceeded at `deadline`.
+// A communicator's state: ncclSuccess, ncclInProgress (its last call is
+// still being taken) or the error it hit.
+ncclResult_t CommState(ncclComm_t comm) {
+  ncclResult_t state = ncclSuccess;
+  const ncclResult_t r = ncclCommGetAsyncError(comm, &state);
+  return r != ncclSuccess ? r : state;
+}
+
+bool Failed(ncclResult_t state) {
+  return state != ncclSuccess && state != ncclInProgress;
+}
+
+// While `comm`'s last call is in progress: nullopt. Then OK, or
+// Unavailable naming `what` and the error.
+std::optional<absl::Status> CallDone(ncclComm_t comm, absl::string_view what) {
+  const ncclResult_t state = CommState(comm);
+  if (state == ncclInProgress) return std::nullopt;
+  if (state == ncclSuccess) return absl::OkStatus();
+  return absl::UnavailableError(
+      absl::StrCat("nccl: ", what, ": ", NcclError(state, comm)));
+}
+
+// Polls a communicator nobody else uses (being built) until its last call
+// has finished. DeadlineExceeded at `deadline`.
 absl::Status AwaitReady(ncclComm_t comm, absl::Time deadline,
-                        const std::atomic<bool>* aborted,
                         absl::string_view what) {
-  absl::Duration nap = absl::Microseconds(20);
-  for (;;) {
-    ncclResult_t state = ncclSuccess;
-    ncclResult_t r = ncclCommGetAsyncError(comm, &state);
-    if (r != ncclSuccess) {
-      return absl::UnavailableError(
-          absl::StrCat("nccl: ", what, ": ", NcclError(r, comm)));
-    }
-    if (state == ncclSuccess) return absl::OkStatus();
-    if (state != ncclInProgress) {
-      return absl::UnavailableError(
-          absl::StrCat("nccl: ", what, ": ", NcclError(state, comm)));
-    }
-    if (aborted != nullptr && aborted->load()) {
-      return absl::AbortedError(absl::StrCat("nccl: ", what, ": aborted"));
-    }
-    if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("nccl: ", what, ": not done by its deadline"));
-    }
-    absl::SleepFor(nap);
-    nap = std::min(nap * 2, absl::Milliseconds(1));
-  }
+  return PollUntil(deadline, absl::Microseconds(20), absl::Milliseconds(1),
+                   absl::StrCat("nccl: ", what, ": not done by its deadline"),
+                   [&] { return CallDone(comm, what); });
 }
 
 class NcclPending final : public PendingP2P {
@@ -199,12 +197,8 @@ class NcclBackend final : public Backend {
   absl::Status CheckPeers() override {
     absl::MutexLock lock(&mu_);
     if (aborted_) return absl::OkStatus();
-    ncclResult_t state = ncclSuccess;
-    ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
-    if (r != ncclSuccess) state = r;
-    if (state == ncclSuccess || state == ncclInProgress) {
-      return absl::OkStatus();
-    }
+    const ncclResult_t state = CommState(comm_);
+    if (!Failed(state)) return absl::OkStatus();
     return absl::UnavailableError(
         absl::StrCat("nccl: asynchronous error on rank ", options_.rank, " of ",
                      options_.size, ": ", NcclError(state, comm_)));
@@ -214,7 +208,6 @@ class NcclBackend final : public Backend {
     absl::MutexLock lock(&mu_);
     if (aborted_) return;
     aborted_ = true;
-    aborted_flag_.store(true);
     reason_ = std::string(reason);
     // Non-blocking: returns at once and tears the communicator down,
     // killing its kernels; nobody touches comm_ after this.
@@ -232,11 +225,8 @@ class NcclBackend final : public Backend {
         return absl::FailedPreconditionError(
             "nccl: the old communicator was aborted; it cannot be shrunk");
       }
-      ncclResult_t state = ncclSuccess;
-      ncclCommGetAsyncError(comm_, &state);
-      const int flags = state == ncclSuccess || state == ncclInProgress
-                            ? NCCL_SHRINK_DEFAULT
-                            : NCCL_SHRINK_ABORT;
+      const int flags =
+          Failed(CommState(comm_)) ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT;
       ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
       config.blocking = 0;
       std::vector<int> ranks = exclude;
@@ -248,8 +238,7 @@ class NcclBackend final : public Backend {
             absl::StrCat("nccl: ncclCommShrink: ", NcclError(r, comm_)));
       }
     }
-    absl::Status s =
-        AwaitReady(fresh, absl::Now() + timeout, nullptr, "ncclCommShrink");
+    absl::Status s = AwaitReady(fresh, absl::Now() + timeout, "ncclCommShrink");
     if (!s.ok()) {
       ncclCommAbort(fresh);
       return s;
@@ -326,59 +315,38 @@ class NcclBackend final : public Backend {
       if (r == ncclSuccess) return absl::OkStatus();
     }
     // In progress: poll (under the mutex per poll, so Abort can slip in).
-    absl::Duration nap = absl::Microseconds(20);
-    for (;;) {
-      {
-        absl::MutexLock lock(&mu_);
-        if (aborted_) return Aborted();
-        ncclResult_t state = ncclSuccess;
-        ncclResult_t q = ncclCommGetAsyncError(comm_, &state);
-        if (q != ncclSuccess) state = q;
-        if (state == ncclSuccess) return absl::OkStatus();
-        if (state != ncclInProgress) {
-          return absl::UnavailableError(absl::StrCat(
-              "nccl: ", OpTypeName(op.type), ": ", NcclError(state, comm_)));
-        }
-      }
-      if (absl::Now() >= deadline) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            "nccl: ", OpTypeName(op.type), " was not taken by its deadline"));
-      }
-      absl::SleepFor(nap);
-      nap = std::min(nap * 2, absl::Milliseconds(1));
-    }
+    return PollUntil(deadline, absl::Microseconds(20), absl::Milliseconds(1),
+                     absl::StrCat("nccl: ", OpTypeName(op.type),
+                                  " was not taken by its deadline"),
+                     [&]() -> std::optional<absl::Status> {
+                       absl::MutexLock lock(&mu_);
+                       if (aborted_) return Aborted();
+                       return CallDone(comm_, OpTypeName(op.type));
+                     });
   }
 
   // Waits for `event`: the operation's completion on the device.
   absl::Status AwaitEvent(cudaEvent_t event, absl::Time deadline) {
     cudaSetDevice(options_.device);  // this thread may not have it yet
-    absl::Duration nap = absl::Microseconds(5);
-    for (;;) {
-      {
-        absl::MutexLock lock(&mu_);
-        if (aborted_) return Aborted();
-        const cudaError_t e = cudaEventQuery(event);
-        if (e == cudaSuccess) return absl::OkStatus();
-        if (e != cudaErrorNotReady) {
-          return absl::InternalError(
-              absl::StrCat("nccl: waiting for an operation: ", CudaError(e)));
-        }
-        ncclResult_t state = ncclSuccess;
-        ncclResult_t q = ncclCommGetAsyncError(comm_, &state);
-        if (q != ncclSuccess) state = q;
-        if (state != ncclSuccess && state != ncclInProgress) {
-          return absl::UnavailableError(absl::StrCat(
-              "nccl: asynchronous error: ", NcclError(state, comm_)));
-        }
-      }
-      if (absl::Now() >= deadline) {
-        return absl::DeadlineExceededError(
-            "nccl: the operation did not complete on the device by its "
-            "deadline");
-      }
-      absl::SleepFor(nap);
-      nap = std::min(nap * 2, absl::Microseconds(500));
-    }
+    return PollUntil(
+        deadline, absl::Microseconds(5), absl::Microseconds(500),
+        "nccl: the operation did not complete on the device by its deadline",
+        [&]() -> std::optional<absl::Status> {
+          absl::MutexLock lock(&mu_);
+          if (aborted_) return Aborted();
+          const cudaError_t e = cudaEventQuery(event);
+          if (e == cudaSuccess) return absl::OkStatus();
+          if (e != cudaErrorNotReady) {
+            return absl::InternalError(
+                absl::StrCat("nccl: waiting for an operation: ", CudaError(e)));
+          }
+          const ncclResult_t state = CommState(comm_);
+          if (Failed(state)) {
+            return absl::UnavailableError(absl::StrCat(
+                "nccl: asynchronous error: ", NcclError(state, comm_)));
+          }
+          return std::nullopt;
+        });
   }
 
   ncclComm_t comm_;
@@ -389,7 +357,6 @@ class NcclBackend final : public Backend {
   void* scratch_ = nullptr;
   absl::Mutex mu_;
   bool aborted_ ABSL_GUARDED_BY(mu_) = false;
-  std::atomic<bool> aborted_flag_{false};
   std::string reason_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -453,7 +420,7 @@ absl::StatusOr<ncclComm_t> InitComm(Store& store,
     return absl::UnavailableError(
         absl::StrCat("nccl: ncclCommInitRankConfig: ", ncclGetErrorString(r)));
   }
-  absl::Status s = AwaitReady(comm, deadline, nullptr, "init");
+  absl::Status s = AwaitReady(comm, deadline, "init");
   if (!s.ok()) {
     ncclCommAbort(comm);
     if (absl::IsDeadlineExceeded(s)) {
@@ -548,12 +515,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> Shrink(
   o.backend = "nccl";
   o.rank = new_rank;
   o.size = survivors;
-  backend::BackendOptions bo;
-  bo.rank = new_rank;
-  bo.size = survivors;
-  bo.generation = o.generation;
-  bo.connect_timeout = o.connect_timeout;
-  bo.device = o.device;
+  const backend::BackendOptions bo = comm::ToBackendOptions(o);
 
   std::unique_ptr<backend::Backend> fresh;
   absl::StatusOr<ncclComm_t> shrunk = b->ShrinkComm(exclude, o.connect_timeout);
