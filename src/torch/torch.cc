@@ -81,6 +81,24 @@ absl::Status RegisterTensor(Runtime& runtime, const std::string& name,
   return runtime.RegisterState(name, t.data_ptr(), t.nbytes());
 }
 
+// Adam's and AdamW's per-parameter state (distinct types, same fields):
+// the step counter and the moments.
+template <typename State>
+absl::Status RegisterAdamState(Runtime& runtime, const std::string& base,
+                               State& state) {
+  absl::Status s =
+      runtime.RegisterState(base + ".step", &state.step(), sizeof(int64_t));
+  if (s.ok()) s = RegisterTensor(runtime, base + ".exp_avg", state.exp_avg());
+  if (s.ok()) {
+    s = RegisterTensor(runtime, base + ".exp_avg_sq", state.exp_avg_sq());
+  }
+  if (s.ok() && state.max_exp_avg_sq().defined()) {
+    s = RegisterTensor(runtime, base + ".max_exp_avg_sq",
+                       state.max_exp_avg_sq());
+  }
+  return s;
+}
+
 }  // namespace
 
 absl::StatusOr<DataType> ToDataType(at::ScalarType type) {
@@ -252,32 +270,10 @@ absl::Status RegisterOptimizer(Runtime& runtime,
                            sgd->momentum_buffer());
       } else if (auto* adam =
                      dynamic_cast<::torch::optim::AdamParamState*>(ps)) {
-        s = runtime.RegisterState(base + ".step", &adam->step(),
-                                  sizeof(int64_t));
-        if (s.ok())
-          s = RegisterTensor(runtime, base + ".exp_avg", adam->exp_avg());
-        if (s.ok()) {
-          s = RegisterTensor(runtime, base + ".exp_avg_sq", adam->exp_avg_sq());
-        }
-        if (s.ok() && adam->max_exp_avg_sq().defined()) {
-          s = RegisterTensor(runtime, base + ".max_exp_avg_sq",
-                             adam->max_exp_avg_sq());
-        }
+        s = RegisterAdamState(runtime, base, *adam);
       } else if (auto* adamw =
                      dynamic_cast<::torch::optim::AdamWParamState*>(ps)) {
-        s = runtime.RegisterState(base + ".step", &adamw->step(),
-                                  sizeof(int64_t));
-        if (s.ok()) {
-          s = RegisterTensor(runtime, base + ".exp_avg", adamw->exp_avg());
-        }
-        if (s.ok()) {
-          s = RegisterTensor(runtime, base + ".exp_avg_sq",
-                             adamw->exp_avg_sq());
-        }
-        if (s.ok() && adamw->max_exp_avg_sq().defined()) {
-          s = RegisterTensor(runtime, base + ".max_exp_avg_sq",
-                             adamw->max_exp_avg_sq());
-        }
+        s = RegisterAdamState(runtime, base, *adamw);
       } else {
         return absl::UnimplementedError(absl::StrCat(
             "optimizer state '", base,
