@@ -18,8 +18,6 @@
 // (the hash covers every parameter byte: the MLP and the --state-mb table),
 // and `final_loss=<x>` on stderr. Exit codes: 0 done (also a standby that
 // was never needed), 3 fenced, 4 the job stopped, 1 any other error.
-#include <openssl/evp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -32,6 +30,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "holdfast/runtime.h"
+#include "sha256.h"
 
 namespace {
 
@@ -100,21 +99,6 @@ float Backprop(const float* w, const Sample& s, float* grad) {
     }
   }
   return 0.5f * err * err;
-}
-
-std::string Sha256Hex(
-    const std::vector<std::pair<const void*, size_t>>& parts) {
-  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
-  EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr);
-  for (const auto& [p, n] : parts) EVP_DigestUpdate(ctx, p, n);
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_DigestFinal_ex(ctx, md, &len);
-  EVP_MD_CTX_free(ctx);
-  std::string hex;
-  for (unsigned int i = 0; i < len; ++i)
-    absl::StrAppend(&hex, absl::Hex(md[i], absl::kZeroPad2));
-  return hex;
 }
 
 }  // namespace
@@ -312,9 +296,9 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  const std::string hash =
-      Sha256Hex({{params.data(), params.size() * sizeof(float)},
-                 {table.data(), table.size()}});
+  const std::string hash = holdfast_examples::Sha256Hex(
+      {{params.data(), params.size() * sizeof(float)},
+       {table.data(), table.size()}});
   std::printf("final step=%lld world=%d params_sha256=%s\n",
               static_cast<long long>(result->final_step), result->world_size,
               hash.c_str());

@@ -11,8 +11,6 @@
 //
 // Each rank prints `final step=<N> world=<W> params_sha256=<hex>`. Exit
 // codes: 0 done (also an unused standby), 3 fenced, 4 stopped, 1 error.
-#include <openssl/evp.h>
-
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -22,27 +20,19 @@
 
 #include "holdfast/runtime.h"
 #include "holdfast/torch.h"
+#include "sha256.h"
 
 namespace {
 
-std::string Sha256Hex(const std::vector<at::Tensor>& tensors) {
-  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
-  EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr);
+// SHA-256 of the parameters' bytes, in order.
+std::string ParamsSha256(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> flat;
+  std::vector<std::pair<const void*, size_t>> parts;
   for (const at::Tensor& t : tensors) {
-    at::Tensor c = t.contiguous();
-    EVP_DigestUpdate(ctx, c.data_ptr(), c.nbytes());
+    flat.push_back(t.contiguous());
+    parts.emplace_back(flat.back().data_ptr(), flat.back().nbytes());
   }
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int n = 0;
-  EVP_DigestFinal_ex(ctx, md, &n);
-  EVP_MD_CTX_free(ctx);
-  std::string hex;
-  char buf[3];
-  for (unsigned int i = 0; i < n; ++i) {
-    std::snprintf(buf, sizeof(buf), "%02x", md[i]);
-    hex += buf;
-  }
-  return hex;
+  return holdfast_examples::Sha256Hex(parts);
 }
 
 }  // namespace
@@ -134,7 +124,7 @@ int main(int argc, char** argv) {
                result->recoveries.size());
   std::printf("final step=%lld world=%d params_sha256=%s\n",
               static_cast<long long>(result->final_step), result->world_size,
-              Sha256Hex(model->parameters()).c_str());
+              ParamsSha256(model->parameters()).c_str());
   std::fflush(stdout);
   return 0;
 }
