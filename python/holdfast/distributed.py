@@ -275,11 +275,6 @@ def ddp(runtime, module, process_group=None, **kwargs):
     """DistributedDataParallel(module) for the runtime's current generation,
     with allreduce_hook; rebuilt when the generation changes. Call it inside
     the step function."""
-    group = process_group or dist.distributed_c10d._get_default_group()
-    if dist.ProcessGroup.size(group) != runtime.world_size:
-        # C++ (DDP's reducer and its checks) reads the size the group was
-        # built with; after a shrink, DDP gets a group of the new size.
-        group = ProcessGroup(runtime, max(runtime.slot, 0), runtime.world_size)
     key = id(module)
     cached = _ddp_cache.get(key)
     if cached is not None and cached[0] == runtime.generation:
@@ -289,9 +284,18 @@ def ddp(runtime, module, process_group=None, **kwargs):
         # its hooks go with it (a reducer stopped mid-iteration by a
         # failure would otherwise see the next backward as a second one).
         _detach(cached[1])
+        if cached[2] is not None:
+            runtime._groups.remove(cached[2])
+    group = process_group or dist.distributed_c10d._get_default_group()
+    resized = None
+    if dist.ProcessGroup.size(group) != runtime.world_size:
+        # C++ (DDP's reducer and its checks) reads the size the group was
+        # built with; after a shrink, DDP gets a group of the new size.
+        resized = ProcessGroup(runtime, max(runtime.slot, 0), runtime.world_size)
+        group = resized
     model = torch.nn.parallel.DistributedDataParallel(
         module, process_group=group, **kwargs
     )
     model.register_comm_hook(group, allreduce_hook)
-    _ddp_cache[key] = (runtime.generation, model)
+    _ddp_cache[key] = (runtime.generation, model, resized)
     return model
