@@ -297,10 +297,16 @@ TEST_CASE("shards: a corrupted copy is refused and another copy used") {
 }
 
 TEST_CASE("shards: a piece lost with all its copies is DataLoss and no model") {
-  // Slot 1's buddy is slot 3 (the same place on the other host).
-  JobRun r = Launch({"-n", "4", "--standby", "2", "--hosts", "2", "--inject",
-                     "kill:slot=1:step=20", "--inject", "kill:slot=3:step=20"},
-                    Trainer());
+  // Slot 1's buddy is slot 3 (the same place on the other host). Slot 3
+  // dies as soon as the recovery from slot 1's loss begins, before any
+  // copy of slot 1's piece could be made elsewhere. (Two kills "at step
+  // 20" raced: a slot 3 that had not started step 20 when slot 1's loss
+  // was acted on was rolled back and died only after the new buddies held
+  // the pieces.)
+  JobRun r =
+      Launch({"-n", "4", "--standby", "2", "--hosts", "2", "--inject",
+              "kill:slot=1:step=20", "--inject", "kill:slot=3:recovery=1"},
+             Trainer());
   CHECK(r.rc == 1);
   CHECK(r.hashes.empty());
   CHECK(r.err.find("DATA_LOSS") != std::string::npos);
