@@ -11,6 +11,7 @@
 #include "holdfast/clock.h"
 #include "holdfast/communicator.h"
 #include "src/common/process_group.h"
+#include "src/common/status_util.h"
 
 using namespace holdfast;
 
@@ -209,11 +210,61 @@ TEST_CASE("a missed deadline is forced with a fake clock instead of a sleep") {
 TEST_CASE("rendezvous with a rank that never arrives times out") {
   CommunicatorOptions o;
   o.rank = 0;
-  o.size = 2;
+  o.size = 3;
   o.connect_timeout = absl::Milliseconds(300);
   auto comm = Communicator::Create(NewMemoryStore(), o);
   REQUIRE(comm.status().code() == absl::StatusCode::kDeadlineExceeded);
   CHECK(comm.status().message().find("rendezvous") != absl::string_view::npos);
+  // The absent ranks are named, and the first is attached as the peer.
+  CHECK(comm.status().message().find(
+            "ranks 1, 2 never published their address") !=
+        absl::string_view::npos);
+  CHECK(holdfast::GetAbsent(comm.status()) == 1);
+}
+
+TEST_CASE("a cancelled rendezvous stops at once with the reason") {
+  CommunicatorOptions o;
+  o.rank = 0;
+  o.size = 2;
+  o.connect_timeout = absl::Seconds(60);  // rank 1 never comes
+  const absl::Time cancel_at = absl::Now() + absl::Milliseconds(200);
+  o.rendezvous_cancelled = [cancel_at]() -> std::optional<std::string> {
+    if (absl::Now() < cancel_at) return std::nullopt;
+    return "generation 7 opened";
+  };
+  auto comm = Communicator::Create(NewMemoryStore(), o);
+  REQUIRE(comm.status().code() == absl::StatusCode::kAborted);
+  CHECK(comm.status().message().find("generation 7 opened") !=
+        absl::string_view::npos);
+}
+
+TEST_CASE("a rank that published its address and left is named") {
+  // Rank 1 publishes its address and gives up (its rendezvous is
+  // cancelled) before rank 0 starts. Rank 0 either connects to a closed
+  // listener or waits for a connect that never comes; both end within the
+  // connect timeout, naming rank 1.
+  std::shared_ptr<Store> store = NewMemoryStore();
+  CommunicatorOptions o1;
+  o1.rank = 1;
+  o1.size = 2;
+  o1.rendezvous_cancelled = []() -> std::optional<std::string> {
+    return "left";
+  };
+  auto gone = Communicator::Create(store, o1);
+  REQUIRE(gone.status().code() == absl::StatusCode::kAborted);
+  REQUIRE(store->TryGet("holdfast/g0/gloo/1")->has_value());
+
+  CommunicatorOptions o;
+  o.rank = 0;
+  o.size = 2;
+  o.connect_timeout = absl::Seconds(2);
+  auto comm = Communicator::Create(store, o);
+  REQUIRE(!comm.ok());
+  INFO(comm.status());
+  CHECK((comm.status().code() == absl::StatusCode::kDeadlineExceeded ||
+         comm.status().code() == absl::StatusCode::kUnavailable));
+  CHECK(comm.status().message().find("rank 1") != absl::string_view::npos);
+  CHECK(holdfast::GetAbsent(comm.status()) == 1);
 }
 
 TEST_CASE("asynchronous ops run on the worker and complete in issue order") {

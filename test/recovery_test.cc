@@ -58,15 +58,18 @@ void CheckConsistent(const JobRun& r, int world) {
 TEST_CASE("recovery: fault specs parse and bad ones are refused by name") {
   auto ok = holdfast::fault::Parse(
       "kill:slot=2:step=30, hang:slot=1:step=50;exit:slot=0:step=10:code=7,"
-      "slow:slot=3:ms=300,fail-op:slot=2:seq=120,kill:slot=1:recovery=1");
+      "slow:slot=3:ms=300,fail-op:slot=2:seq=120,kill:slot=1:recovery=1,"
+      "stall:slot=2:recovery=1");
   REQUIRE(ok.ok());
-  REQUIRE(ok->size() == 6);
+  REQUIRE(ok->size() == 7);
   CHECK((*ok)[2].code == 7);
   CHECK((*ok)[3].ms == 300);
   CHECK((*ok)[4].seq == 120);
   CHECK((*ok)[5].recovery == 1);
+  CHECK((*ok)[6].kind == holdfast::fault::Kind::kStall);
+  CHECK((*ok)[6].recovery == 1);
   for (const char* bad :
-       {"boom:slot=1:step=2", "kill:step=3", "kill:slot=1",
+       {"boom:slot=1:step=2", "kill:step=3", "kill:slot=1", "stall:slot=1",
         "kill:slot=x:step=1", "slow:slot=1", "fail-op:slot=1:step=3",
         "kill:slot=1:step=2:recovery=1", "exit:slot=0:step=1:code=300"}) {
     auto r = holdfast::fault::Parse(bad);
@@ -145,6 +148,32 @@ TEST_CASE("recovery: the standby killed while taking over is replaced too") {
   CHECK(r.hashes[0] == ref);
   CHECK_KINDS(r, {"crashed", "crashed"});
   CHECK_EXITS(r, "killed by signal 9 (Killed)", 2);
+}
+
+TEST_CASE(
+    "recovery: a rank stalled inside recovery is reported by its peers and "
+    "replaced") {
+  const std::string ref = Reference(3);
+  // Slot 2's training thread blocks in its first recovery while its
+  // heartbeats go on, so the controller sees it alive. Its peers see that
+  // it never comes to the rendezvous and report it; a standby takes its
+  // slot. (Before, the group was rebuilt around it once per connect
+  // timeout until the recovery timeout ended the job.) Two replicas: slot
+  // 1's pieces are on slot 2.
+  setenv("HOLDFAST_CONNECT_TIMEOUT_MS", "3000", 1);
+  JobRun r =
+      Launch({"-n", "3", "--standby", "2", "--replicas", "2", "--inject",
+              "kill:slot=1:step=10", "--inject", "stall:slot=2:recovery=1"},
+             kTrainer);
+  unsetenv("HOLDFAST_CONNECT_TIMEOUT_MS");
+  CHECK(r.rc == 0);
+  CheckConsistent(r, 3);
+  CHECK(r.hashes[0] == ref);
+  CHECK_KINDS(r, {"crashed", "reported"});
+  CHECK(r.err.find("rank 2 never published its address") != std::string::npos);
+  // Released once fenced, the stalled member exits with the fenced error.
+  CHECK(r.err.find("declared dead and is fenced") != std::string::npos);
+  CHECK_EXITS(r, "exited with code 3", 1);
 }
 
 TEST_CASE("recovery: two ranks killed at once") {

@@ -7,6 +7,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 
 #include "absl/time/time.h"
@@ -65,6 +67,13 @@ struct CommunicatorOptions {
   // "" writes no file).
   size_t trace_capacity = defaults::TraceCapacity();
   std::string trace_dir = defaults::TraceDir();
+
+  // Polled (about every 50 ms) while Create() waits for and connects to
+  // its peers. When it returns a reason, Create() stops with Aborted naming
+  // it, instead of waiting out connect_timeout for peers that will not come
+  // (the runtime cancels a generation's rendezvous when a newer one opens).
+  // Null: never cancelled.
+  std::function<std::optional<std::string>()> rendezvous_cancelled;
 
   // Clock for deadlines and trace timestamps; null means the real clock.
   // Not owned; must outlive the communicator.

@@ -11,7 +11,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include "absl/strings/string_view.h"
 
@@ -48,6 +50,8 @@ struct BackendOptions {
   std::string interface;
   absl::Duration connect_timeout = absl::Seconds(60);
   int device = 0;  // CUDA device (NCCL)
+  // Polled while the rendezvous waits; a reason stops it with Aborted.
+  std::function<std::optional<std::string>()> cancelled;
 };
 
 // A posted Send or Recv; owned by the caller until Wait returns.

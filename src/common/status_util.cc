@@ -9,6 +9,21 @@
 namespace holdfast {
 namespace {
 constexpr absl::string_view kPeerPayload = "holdfast.dev/peer";
+constexpr absl::string_view kAbsentPayload = "holdfast.dev/absent";
+
+void SetRank(absl::Status* status, absl::string_view url, int rank) {
+  status->SetPayload(url, absl::Cord(std::to_string(rank)));
+}
+
+std::optional<int> GetRank(const absl::Status& status, absl::string_view url) {
+  auto payload = status.GetPayload(url);
+  int rank;
+  if (!payload || !absl::SimpleAtoi(std::string(*payload), &rank)) {
+    return std::nullopt;
+  }
+  return rank;
+}
+
 }  // namespace
 
 absl::Status Annotate(const absl::Status& status, absl::string_view prefix) {
@@ -21,16 +36,19 @@ absl::Status Annotate(const absl::Status& status, absl::string_view prefix) {
 }
 
 void SetPeer(absl::Status* status, int peer) {
-  status->SetPayload(kPeerPayload, absl::Cord(std::to_string(peer)));
+  SetRank(status, kPeerPayload, peer);
 }
 
 std::optional<int> GetPeer(const absl::Status& status) {
-  auto payload = status.GetPayload(kPeerPayload);
-  int peer;
-  if (!payload || !absl::SimpleAtoi(std::string(*payload), &peer)) {
-    return std::nullopt;
-  }
-  return peer;
+  return GetRank(status, kPeerPayload);
+}
+
+void SetAbsent(absl::Status* status, int rank) {
+  SetRank(status, kAbsentPayload, rank);
+}
+
+std::optional<int> GetAbsent(const absl::Status& status) {
+  return GetRank(status, kAbsentPayload);
 }
 
 }  // namespace holdfast

@@ -18,6 +18,11 @@ absl::Status Annotate(const absl::Status& status, absl::string_view prefix);
 void SetPeer(absl::Status* status, int peer);
 std::optional<int> GetPeer(const absl::Status& status);
 
+// Attaches / reads the rank that never came to a rendezvous (it did not
+// publish its address, or did not connect): the one to blame for it.
+void SetAbsent(absl::Status* status, int rank);
+std::optional<int> GetAbsent(const absl::Status& status);
+
 }  // namespace holdfast
 
 #endif  // HOLDFAST_SRC_COMMON_STATUS_UTIL_H_

@@ -21,6 +21,7 @@ absl::Status Bad(absl::string_view spec, absl::string_view why) {
   return absl::InvalidArgumentError(
       absl::StrCat("fault spec '", spec, "': ", why,
                    " (expected e.g. kill:slot=2:step=30, hang:slot=1:step=50, "
+                   "stall:slot=1:recovery=1, "
                    "exit:slot=0:step=10, slow:slot=3:ms=300 or "
                    "fail-op:slot=2:seq=120 or corrupt-shard:slot=1:step=20)"));
 }
@@ -35,6 +36,8 @@ absl::StatusOr<FaultSpec> ParseOne(absl::string_view text, int index) {
     f.kind = Kind::kKill;
   } else if (kind == "hang") {
     f.kind = Kind::kHang;
+  } else if (kind == "stall") {
+    f.kind = Kind::kStall;
   } else if (kind == "exit") {
     f.kind = Kind::kExit;
   } else if (kind == "slow") {
@@ -44,9 +47,10 @@ absl::StatusOr<FaultSpec> ParseOne(absl::string_view text, int index) {
   } else if (kind == "corrupt-shard") {
     f.kind = Kind::kCorruptShard;
   } else {
-    return Bad(text, absl::StrCat("unknown kind '", kind,
-                                  "' (kill, hang, exit, slow, fail-op or "
-                                  "corrupt-shard)"));
+    return Bad(text,
+               absl::StrCat("unknown kind '", kind,
+                            "' (kill, hang, stall, exit, slow, fail-op or "
+                            "corrupt-shard)"));
   }
   for (size_t i = 1; i < parts.size(); ++i) {
     std::pair<absl::string_view, absl::string_view> kv =
@@ -83,6 +87,7 @@ absl::StatusOr<FaultSpec> ParseOne(absl::string_view text, int index) {
   switch (f.kind) {
     case Kind::kKill:
     case Kind::kHang:
+    case Kind::kStall:
     case Kind::kExit:
       if ((f.step < 0) == (f.recovery < 0)) {
         return Bad(text, "give exactly one of step=N and recovery=N");
@@ -109,6 +114,8 @@ const char* KindName(Kind kind) {
       return "kill";
     case Kind::kHang:
       return "hang";
+    case Kind::kStall:
+      return "stall";
     case Kind::kExit:
       return "exit";
     case Kind::kSlow:
@@ -161,6 +168,11 @@ void Injector::SetClaim(std::function<bool(const FaultSpec&)> claim) {
   claim_ = std::move(claim);
 }
 
+void Injector::SetRelease(std::function<bool()> release) {
+  absl::MutexLock lock(&mu_);
+  release_ = std::move(release);
+}
+
 bool Injector::empty() const {
   absl::MutexLock lock(&mu_);
   return faults_.empty();
@@ -183,6 +195,19 @@ void Injector::Fire(const FaultSpec& f, absl::string_view where) {
       kill(getpid(), SIGSTOP);
       // Woken with SIGCONT: carry on; the controller has fenced us, and
       // the runtime finds out at its next call.
+      return;
+    case Kind::kStall:
+      for (;;) {
+        absl::SleepFor(absl::Milliseconds(100));
+        std::function<bool()> release;
+        {
+          absl::MutexLock lock(&mu_);
+          release = release_;
+        }
+        if (release && release()) break;
+      }
+      HOLDFAST_LOG_WARN("stalled fault '{}' released (pid {})", f.text,
+                        getpid());
       return;
     case Kind::kExit:
       std::fflush(nullptr);

@@ -4,12 +4,16 @@
 //
 //   kill:slot=2:step=30      SIGKILL itself at the start of step 30
 //   hang:slot=1:step=50      SIGSTOP itself (a frozen process)
+//   stall:slot=1:step=50     the calling thread blocks; the process stays
+//                            alive and keeps heartbeating (a rank hung
+//                            inside its step or, with recovery=N, inside a
+//                            recovery) until the member is released
 //   exit:slot=0:step=10      exit(code), code=1 unless given
 //   slow:slot=3:ms=300       sleep ms at the start of every step (a
 //                            straggler), from step=S if given
 //   fail-op:slot=2:seq=120   collective number 120 of the communicator fails
 //   kill:slot=1:recovery=1   SIGKILL itself inside its first recovery,
-//                            before rendezvous (also hang and exit)
+//                            before rendezvous (also hang, stall and exit)
 //   corrupt-shard:slot=1:step=20
 //                            once step 20 is committed, flip a byte of
 //                            slot 1's own copy of its checkpoint piece (a
@@ -38,7 +42,7 @@
 
 namespace holdfast::fault {
 
-enum class Kind { kKill, kHang, kExit, kSlow, kFailOp, kCorruptShard };
+enum class Kind { kKill, kHang, kStall, kExit, kSlow, kFailOp, kCorruptShard };
 
 struct FaultSpec {
   int index = 0;  // position in the list: the job-wide identity
@@ -54,7 +58,7 @@ struct FaultSpec {
 
 // Parses a list. InvalidArgument naming the spec and what is wrong: an
 // unknown kind or key, a missing slot, a value out of range, or a kind
-// without its trigger (kill/hang/exit need step or recovery, fail-op seq,
+// without its trigger (kill/hang/stall/exit need step or recovery, fail-op seq,
 // slow ms).
 absl::StatusOr<std::vector<FaultSpec>> Parse(absl::string_view list);
 
@@ -72,10 +76,15 @@ class Injector {
   // Decides whether fault `index` may fire (true once per job). Default:
   // once per process.
   void SetClaim(std::function<bool(const FaultSpec&)> claim);
+  // Ends a stall: polled by a stalled thread, which returns once it says
+  // true (the runtime: once the member is fenced or the job ended). Default:
+  // a stall lasts until the process is killed.
+  void SetRelease(std::function<bool()> release);
 
   bool empty() const;
 
-  // Points. Kill, hang and exit do not return when they fire.
+  // Points. Kill and exit do not return when they fire; hang returns when
+  // the process is continued, stall when it is released.
   void AtStep(int slot, int64_t step);
   void AtRecovery(int slot, int recovery);
   // Non-OK (Internal, "injected fault ...") when fail-op fires.
@@ -86,7 +95,8 @@ class Injector {
 
  private:
   Injector();
-  // Fires kill/hang/exit now (does not return) or returns for slow.
+  // Fires kill/exit now (does not return), hang and stall (return when
+  // continued or released), or returns at once for the others.
   void Fire(const FaultSpec& f, absl::string_view where);
   bool ClaimLocked(const FaultSpec& f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -94,6 +104,7 @@ class Injector {
   std::vector<FaultSpec> faults_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> fired_ ABSL_GUARDED_BY(mu_);
   std::function<bool(const FaultSpec&)> claim_ ABSL_GUARDED_BY(mu_);
+  std::function<bool()> release_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace holdfast::fault

@@ -24,6 +24,7 @@
 #include "src/backend/backend.h"
 #include "src/common/config.h"
 #include "src/common/logging.h"
+#include "src/common/status_util.h"
 #include "src/control/auth.h"
 #include "src/control/client.h"
 #include "src/control/member.h"
@@ -139,6 +140,7 @@ class RuntimeImpl final : public Runtime {
   ~RuntimeImpl() override {
     Leave(finished_);
     fault::Injector::Global().SetClaim(nullptr);
+    fault::Injector::Global().SetRelease(nullptr);
   }
 
   absl::Status Init() {
@@ -245,6 +247,8 @@ class RuntimeImpl final : public Runtime {
                                     "", true, absl::StrCat(id));
       return r.ok() && r->first;
     });
+    // An injected stall ends once this member has no job to go on with.
+    fault::Injector::Global().SetRelease([this] { return !Terminal().ok(); });
     backup_thread_ = std::thread([this] { BackupLoop(); });
     return absl::OkStatus();
   }
@@ -451,6 +455,10 @@ class RuntimeImpl final : public Runtime {
     ++recoveries_;
     bool fault_point = true;
     std::string last_error = rec.cause;
+    // A member that never came to the last rendezvous (alive as far as
+    // the controller knows, but stuck): reported instead of a plain
+    // communicator failure, which would rebuild the same group around it.
+    int absent = AbsentPeer(cause);
     for (;;) {
       HOLDFAST_RETURN_IF_ERROR(Terminal());
       if (absl::Now() > deadline) {
@@ -464,7 +472,7 @@ class RuntimeImpl final : public Runtime {
       // crash is seen at once). If it does not, nobody it knows of failed:
       // report the broken communicator, which rebuilds the group.
       if (!AwaitGeneration(failed, absl::Now() + options_.report_grace)) {
-        ReportBroken(last_error);
+        ReportBroken(last_error, absent);
         AwaitGeneration(failed, deadline);
         continue;
       }
@@ -507,6 +515,7 @@ class RuntimeImpl final : public Runtime {
         if (!IsRecoverable(s) && CommHealthy()) return s;
       }
       last_error = std::string(s.message());
+      absent = AbsentPeer(s);
       HOLDFAST_LOG_WARN("runtime: generation {} failed during recovery: {}",
                         v.generation, last_error);
       AbortComm(INT64_MAX, last_error);
@@ -921,10 +930,19 @@ class RuntimeImpl final : public Runtime {
     if (side_ != nullptr && side_generation_ <= upto) side_->Abort(reason);
   }
 
+  // The slot to blame for a rendezvous that timed out, or -1.
+  int AbsentPeer(const absl::Status& s) const {
+    if (s.code() != absl::StatusCode::kDeadlineExceeded) return -1;
+    const int r = GetAbsent(s).value_or(-1);
+    return r == slot() ? -1 : r;
+  }
+
   // Reports a communicator failure nobody explained; the controller opens a
-  // generation with the same members.
-  void ReportBroken(const std::string& why) {
-    absl::StatusOr<bool> r = member_->ReportFailure(-1, why);
+  // generation with the same members. With a `peer` (>= 0), the slot that
+  // never came to the rendezvous is reported instead: the controller
+  // declares it failed, and its slot goes to a standby or the world shrinks.
+  void ReportBroken(const std::string& why, int peer) {
+    absl::StatusOr<bool> r = member_->ReportFailure(peer, why);
     if (!r.ok() && r.status().code() != absl::StatusCode::kFailedPrecondition) {
       HOLDFAST_LOG_WARN("runtime: reporting the failure: {}",
                         std::string(r.status().message()));
@@ -1025,6 +1043,7 @@ class RuntimeImpl final : public Runtime {
     o.size = world;
     o.generation = gen;
     o.connect_timeout = std::min(o.connect_timeout, connect_timeout);
+    o.rendezvous_cancelled = [this, gen] { return Abandoned(gen); };
     absl::StatusOr<std::unique_ptr<Communicator>> c =
         Communicator::Create(std::move(store), o);
     if (!c.ok()) {
@@ -1076,7 +1095,10 @@ class RuntimeImpl final : public Runtime {
   absl::StatusOr<int64_t> Start() {
     const View v = CurrentView();
     if (v.generation > 0) {
-      // Joining a running job: its first recovery, for fault injection.
+      // Joining a running job is a recovery: the controller does not hold
+      // this member's step 0 against it while the state comes in, and it
+      // is this member's first recovery for fault injection.
+      member_->SetPhase(control::PHASE_RECOVERING, 0);
       fault::Injector::Global().AtRecovery(v.slot, ++recoveries_);
     }
     HOLDFAST_RETURN_IF_ERROR(BuildComm());
@@ -1567,7 +1589,7 @@ class RuntimeImpl final : public Runtime {
         "runtime: the side communicator of generation {} "
         "failed: {}",
         gen, std::string(why.message()));
-    ReportBroken(absl::StrCat("side communicator: ", why.message()));
+    ReportBroken(absl::StrCat("side communicator: ", why.message()), -1);
   }
 
   // Backs up one snapshot: every slot agrees on the step, sends its piece

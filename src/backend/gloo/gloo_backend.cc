@@ -24,14 +24,20 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <functional>
+#include <optional>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "holdfast/status.h"
 #include "src/backend/backend.h"
-#include "src/backend/gloo/gloo_store.h"
 #include "src/backend/gloo/reduce.h"
 #include "src/common/status_util.h"
 
@@ -93,6 +99,143 @@ struct PairAccess : tcp::Pair {
       for (auto& op : ops) wake(std::get<0>(op));
     }
     return ex;
+  }
+};
+
+// A Gloo context connected by holdfast's own full-mesh rendezvous. The
+// exchange is Gloo's connectFullMesh: every rank creates one pair per
+// peer, publishes their addresses under its rank number, and connects
+// each pair to the peer's address for it. Gloo's version cannot be
+// stopped: a pair whose peer left waits five times the context timeout
+// for it. Here a watcher fails every pair when the rendezvous is
+// cancelled or its deadline passes, so the connect ends then.
+class MeshContext final : public ::gloo::rendezvous::Context {
+ public:
+  MeshContext(int rank, int size) : ::gloo::rendezvous::Context(rank, size) {}
+
+  // OK once every pair is connected. Aborted when `cancelled` gives a
+  // reason; DeadlineExceeded after `timeout`, with the peer that did not
+  // come attached (SetAbsent); Unavailable for a transport error.
+  absl::Status Connect(
+      Store& store, std::shared_ptr<::gloo::transport::Device> dev,
+      absl::Duration timeout,
+      const std::function<std::optional<std::string>()>& cancelled) {
+    const absl::Time deadline = absl::Now() + timeout;
+    std::shared_ptr<::gloo::transport::Context> tc =
+        dev->createContext(rank, size);
+    tc->setTimeout(ToChrono(timeout));
+    std::string mine;
+    for (int j = 0; j < size; ++j) {
+      if (j == rank) continue;
+      const std::vector<char> a = tc->createPair(j)->address().bytes();
+      mine.append(a.data(), a.size());
+    }
+    HOLDFAST_RETURN_IF_ERROR(store.Set(std::to_string(rank), mine));
+
+    // The watcher: `why` is set once it failed the pairs.
+    absl::Mutex mu;
+    bool done = false;
+    std::optional<absl::Status> why;
+    std::thread watcher([&] {
+      absl::MutexLock lock(&mu);
+      for (;;) {
+        auto stop = [&done]() { return done; };
+        mu.AwaitWithTimeout(absl::Condition(&stop), absl::Milliseconds(50));
+        if (done) return;
+        std::optional<std::string> c = cancelled ? cancelled() : std::nullopt;
+        if (c.has_value()) {
+          why = absl::AbortedError(*c);
+        } else if (absl::Now() > deadline) {
+          why = absl::DeadlineExceededError(absl::StrCat(
+              "not connected within ", absl::FormatDuration(timeout)));
+        } else {
+          continue;
+        }
+        for (int j = 0; j < size; ++j) {
+          if (j == rank) continue;
+          auto* pair = dynamic_cast<tcp::Pair*>(tc->getPair(j).get());
+          try {
+            if (pair != nullptr) PairAccess::Fail(pair, why->ToString());
+          } catch (const std::exception&) {
+            // Already failed.
+          }
+        }
+        return;
+      }
+    });
+    // The watcher's verdict, for the waits on the store.
+    auto stopped = [&]() -> std::optional<absl::Status> {
+      absl::MutexLock lock(&mu);
+      return why;
+    };
+    absl::Status s = ConnectPairs(store, *tc, deadline, stopped);
+    {
+      absl::MutexLock lock(&mu);
+      done = true;
+    }
+    watcher.join();
+    if (!s.ok() && why.has_value() && s.message() != why->message()) {
+      // A connect the watcher ended: its reason first, then the transport's.
+      absl::Status w(why->code(),
+                     absl::StrCat(why->message(), " (", s.message(), ")"));
+      if (auto peer = GetAbsent(s)) SetAbsent(&w, *peer);
+      s = w;
+    }
+    if (!s.ok()) return s;
+    device_ = std::move(dev);
+    transportContext_ = std::move(tc);
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::Status ConnectPairs(
+      Store& store, ::gloo::transport::Context& tc, absl::Time deadline,
+      const std::function<std::optional<absl::Status>()>& stopped) {
+    for (int j = 0; j < size; ++j) {
+      if (j == rank) continue;
+      // Waits in slices, so that the watcher's verdict ends it too.
+      absl::StatusOr<std::string> all;
+      for (;;) {
+        const absl::Duration left = deadline - absl::Now();
+        all = store.Get(std::to_string(j),
+                        std::min(left, absl::Milliseconds(100)));
+        if (all.ok() ||
+            all.status().code() != absl::StatusCode::kDeadlineExceeded ||
+            left <= absl::Milliseconds(100)) {
+          break;
+        }
+        if (std::optional<absl::Status> w = stopped()) {
+          absl::Status st = *w;
+          SetAbsent(&st, j);
+          return st;
+        }
+      }
+      if (!all.ok()) {
+        absl::Status s(all.status().code(),
+                       absl::StrCat("waiting for rank ", j,
+                                    "'s address: ", all.status().message()));
+        SetAbsent(&s, j);
+        return s;
+      }
+      // Rank j's addresses: one per peer of j, in rank order, equal sizes.
+      const size_t n = all->size() / (size - 1);
+      if (n == 0 || all->size() % (size - 1) != 0) {
+        return absl::InternalError(absl::StrCat(
+            "rank ", j, " published ", all->size(), " bytes of addresses, not ",
+            size - 1, " of equal size"));
+      }
+      const size_t at = static_cast<size_t>(rank < j ? rank : rank - 1) * n;
+      const std::vector<char> addr(all->begin() + at, all->begin() + at + n);
+      try {
+        tc.getPair(j)->connect(addr);
+      } catch (const std::exception& e) {
+        absl::Status s = absl::UnavailableError(
+            absl::StrCat("connecting to rank ", j, ": ", e.what()));
+        SetAbsent(&s, j);
+        return s;
+      }
+    }
+    return absl::OkStatus();
   }
 };
 
@@ -412,6 +555,28 @@ class GlooBackend final : public Backend {
   std::string abort_reason_ ABSL_GUARDED_BY(mu_);
 };
 
+// A rendezvous that timed out (`timeout`, DeadlineExceeded), naming the
+// ranks that never published their addresses; the lowest of them is
+// attached (SetAbsent) as the one to blame. When every rank published, the
+// rank that did not connect stays attached.
+absl::Status RendezvousTimeout(Store& rendezvous, const BackendOptions& options,
+                               const absl::Status& timeout) {
+  std::vector<int> missing;
+  for (int r = 0; r < options.size; ++r) {
+    if (r == options.rank) continue;
+    absl::StatusOr<std::optional<std::string>> v =
+        rendezvous.TryGet(std::to_string(r));
+    if (v.ok() && !v->has_value()) missing.push_back(r);
+  }
+  if (missing.empty()) return timeout;
+  absl::Status s = absl::DeadlineExceededError(
+      absl::StrCat(timeout.message(), "; rank", missing.size() > 1 ? "s " : " ",
+                   absl::StrJoin(missing, ", "), " never published ",
+                   missing.size() > 1 ? "their" : "its", " address"));
+  SetAbsent(&s, missing.front());
+  return s;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateGlooBackend(
@@ -433,26 +598,24 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateGlooBackend(
         "': ", e.what()));
   }
 
-  auto context =
-      std::make_shared<::gloo::rendezvous::Context>(options.rank, options.size);
+  auto context = std::make_shared<MeshContext>(options.rank, options.size);
   context->setTimeout(ToChrono(options.connect_timeout));
-  gloo::GlooStore gloo_store(
+  // Each rank publishes its addresses under its rank number.
+  std::shared_ptr<Store> rendezvous =
       NewPrefixStore(absl::StrCat("holdfast/g", options.generation, "/gloo/"),
-                     std::move(store)),
-      options.connect_timeout);
-  try {
-    context->connectFullMesh(gloo_store, device);
-  } catch (const std::exception& e) {
-    const absl::string_view what = e.what();
-    const std::string msg =
-        absl::StrCat("rendezvous of rank ", options.rank, " of ", options.size,
-                     " (generation ", options.generation, ") failed: ", what);
-    if (absl::StrContains(what, "DEADLINE_EXCEEDED") ||
-        absl::StrContains(what, "Timed out") ||
-        absl::StrContains(what, "timeout")) {
-      return absl::DeadlineExceededError(msg);
+                     std::move(store));
+  absl::Status s = context->Connect(*rendezvous, device,
+                                    options.connect_timeout, options.cancelled);
+  if (!s.ok()) {
+    absl::Status out(
+        s.code(), absl::StrCat("rendezvous of rank ", options.rank, " of ",
+                               options.size, " (generation ",
+                               options.generation, ") failed: ", s.message()));
+    if (auto peer = GetAbsent(s)) SetAbsent(&out, *peer);
+    if (s.code() == absl::StatusCode::kDeadlineExceeded) {
+      return RendezvousTimeout(*rendezvous, options, out);
     }
-    return absl::UnavailableError(msg);
+    return out;
   }
   return std::unique_ptr<Backend>(
       new GlooBackend(options, std::move(context), std::move(device)));
