@@ -1516,17 +1516,33 @@ class RuntimeImpl final : public Runtime {
     auto cancelled = [this, gen] { return Abandoned(gen); };
     std::shared_ptr<Store> store = NewPrefixStore(
         kSidePrefix, std::make_shared<CancellableStore>(store_, cancelled));
-    // Everyone arrives first (as long as a training step may take; a new
-    // generation or leaving cancels it). Gloo's own connect phase cannot be
-    // cancelled: with every member known to be here it is short, and its
-    // timeout bounds the wait for one that dies inside it.
+    // Everyone arrives first. The training communicator of this
+    // generation was just built, so every member is in the same protocol
+    // step: one that does not come within the connect timeout is stuck,
+    // and is named as absent (reported like a rendezvous no-show). A new
+    // generation or leaving cancels the wait.
     const std::string arrived = absl::StrCat("g", gen, "/arrived/");
     std::vector<std::string> keys;
     for (int r = 0; r < world; ++r) keys.push_back(absl::StrCat(arrived, r));
     absl::Status here = store->Set(absl::StrCat(arrived, slot), "1");
-    if (here.ok()) here = store->Wait(keys, kAgreeTimeout);
+    if (here.ok()) here = store->Wait(keys, options_.comm.connect_timeout);
     if (!here.ok()) {
       if (auto why = cancelled()) return absl::AbortedError(*why);
+      if (here.code() == absl::StatusCode::kDeadlineExceeded) {
+        for (int r = 0; r < world; ++r) {
+          absl::StatusOr<std::optional<std::string>> v =
+              store->TryGet(keys[static_cast<size_t>(r)]);
+          if (r != slot && v.ok() && !v->has_value()) {
+            here = absl::DeadlineExceededError(absl::StrCat(
+                "side communicator of generation ", gen, ": slot ", r,
+                " did not arrive within ",
+                absl::FormatDuration(options_.comm.connect_timeout), " (",
+                here.message(), ")"));
+            SetAbsent(&here, r);
+            break;
+          }
+        }
+      }
       return here;
     }
     HOLDFAST_ASSIGN_OR_RETURN(
