@@ -68,7 +68,7 @@ struct CommunicatorOptions {
   size_t trace_capacity = defaults::TraceCapacity();
   std::string trace_dir = defaults::TraceDir();
 
-  // Polled (about every 50 ms) while Create() waits for and connects to
+  // Polled (every 50 to 100 ms) while Create() waits for and connects to
   // its peers. When it returns a reason, Create() stops with Aborted naming
   // it, instead of waiting out connect_timeout for peers that will not come
   // (the runtime cancels a generation's rendezvous when a newer one opens).

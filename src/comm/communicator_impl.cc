@@ -17,6 +17,7 @@
 #include "src/common/logging.h"
 #include "src/common/status_util.h"
 #include "src/fault/fault.h"
+#include "src/store/store_util.h"
 
 namespace holdfast {
 namespace comm {
@@ -775,9 +776,15 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Create(
         "Communicator::Create: trace_capacity must be >= 1");
   }
   const backend::BackendOptions bo = comm::ToBackendOptions(options);
+  // The backend's rendezvous waits on the store end when it is cancelled.
+  std::shared_ptr<Store> rendezvous =
+      options.rendezvous_cancelled
+          ? NewCancellableStore(store, options.rendezvous_cancelled)
+          : store;
   std::unique_ptr<backend::Backend> backend;
   if (options.backend == "gloo") {
-    HOLDFAST_ASSIGN_OR_RETURN(backend, backend::CreateGlooBackend(store, bo));
+    HOLDFAST_ASSIGN_OR_RETURN(backend,
+                              backend::CreateGlooBackend(rendezvous, bo));
   } else if (options.backend == "nccl") {
     backend::BackendFactory nccl = backend::NcclFactory();
     if (nccl == nullptr) {
@@ -785,7 +792,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Create(
           "Communicator::Create: backend 'nccl' is not in this program: "
           "link holdfast_nccl (built when CMake finds CUDA and NCCL)");
     }
-    HOLDFAST_ASSIGN_OR_RETURN(backend, nccl(store, bo));
+    HOLDFAST_ASSIGN_OR_RETURN(backend, nccl(rendezvous, bo));
   } else {
     return absl::InvalidArgumentError(
         absl::StrCat("Communicator::Create: unknown backend '", options.backend,

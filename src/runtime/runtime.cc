@@ -31,6 +31,7 @@
 #include "src/fault/fault.h"
 #include "src/runtime/report.h"
 #include "src/runtime/shards.h"
+#include "src/store/store_util.h"
 
 namespace holdfast {
 namespace {
@@ -44,63 +45,6 @@ int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
 // inside its deadline and the receiver's progress is visible in the trace.
 constexpr size_t kChunkBytes = size_t{64} << 20;
 constexpr uint32_t kRestoreTag = 0x5e570;
-
-// A rendezvous store that gives up as soon as `cancelled` says so (a newer
-// generation opened, the member was fenced, the job ended), instead of
-// waiting out the whole connect timeout for a peer that will never come.
-class CancellableStore final : public Store {
- public:
-  CancellableStore(std::shared_ptr<Store> base,
-                   std::function<std::optional<std::string>()> cancelled)
-      : base_(std::move(base)), cancelled_(std::move(cancelled)) {}
-
-  absl::Status Set(absl::string_view key, absl::string_view value) override {
-    return base_->Set(key, value);
-  }
-  absl::StatusOr<std::optional<std::string>> TryGet(
-      absl::string_view key) override {
-    return base_->TryGet(key);
-  }
-  absl::StatusOr<std::string> Get(absl::string_view key,
-                                  absl::Duration timeout) override {
-    std::string value;
-    absl::Status s = Sliced(timeout, [&](absl::Duration slice) {
-      absl::StatusOr<std::string> v = base_->Get(key, slice);
-      if (v.ok()) value = *std::move(v);
-      return v.status();
-    });
-    if (!s.ok()) return s;
-    return value;
-  }
-  absl::Status Wait(const std::vector<std::string>& keys,
-                    absl::Duration timeout) override {
-    return Sliced(timeout, [&](absl::Duration slice) {
-      return base_->Wait(keys, slice);
-    });
-  }
-
- private:
-  static constexpr absl::Duration kSlice = absl::Milliseconds(100);
-
-  // Runs `wait` (a wait on the base store) in slices of at most kSlice
-  // until it ends other than by its own deadline, `timeout` passes, or the
-  // rendezvous is cancelled.
-  template <typename F>
-  absl::Status Sliced(absl::Duration timeout, F wait) {
-    const absl::Time deadline = absl::Now() + timeout;
-    for (;;) {
-      if (auto why = cancelled_()) return absl::AbortedError(*why);
-      const absl::Duration left = deadline - absl::Now();
-      absl::Status s = wait(std::min(left, kSlice));
-      if (s.code() != absl::StatusCode::kDeadlineExceeded || left <= kSlice) {
-        return s;
-      }
-    }
-  }
-
-  const std::shared_ptr<Store> base_;
-  const std::function<std::optional<std::string>()> cancelled_;
-};
 
 // Backups wait for every slot to reach the same snapshot; that may take
 // as long as a training step, so their agreement has no deadline of its
@@ -1067,11 +1011,9 @@ class RuntimeImpl final : public Runtime {
     }
     old.reset();  // joins its threads; never blocks on a peer
     const int64_t gen = v.generation;
-    HOLDFAST_ASSIGN_OR_RETURN(
-        std::shared_ptr<Communicator> comm,
-        CreateComm(std::make_shared<CancellableStore>(
-                       store_, [this, gen] { return Abandoned(gen); }),
-                   gen, v.world, v.slot, options_.comm.connect_timeout));
+    HOLDFAST_ASSIGN_OR_RETURN(std::shared_ptr<Communicator> comm,
+                              CreateComm(store_, gen, v.world, v.slot,
+                                         options_.comm.connect_timeout));
     {
       absl::MutexLock lock(&mu_);
       comm_ = comm;
@@ -1514,8 +1456,8 @@ class RuntimeImpl final : public Runtime {
     }
     old.reset();
     auto cancelled = [this, gen] { return Abandoned(gen); };
-    std::shared_ptr<Store> store = NewPrefixStore(
-        kSidePrefix, std::make_shared<CancellableStore>(store_, cancelled));
+    std::shared_ptr<Store> store =
+        NewPrefixStore(kSidePrefix, NewCancellableStore(store_, cancelled));
     // Everyone arrives first. The training communicator of this
     // generation was just built, so every member is in the same protocol
     // step: one that does not come within the connect timeout is stuck,
@@ -1528,20 +1470,18 @@ class RuntimeImpl final : public Runtime {
     if (here.ok()) here = store->Wait(keys, options_.comm.connect_timeout);
     if (!here.ok()) {
       if (auto why = cancelled()) return absl::AbortedError(*why);
+      std::vector<size_t> missing;
       if (here.code() == absl::StatusCode::kDeadlineExceeded) {
-        for (int r = 0; r < world; ++r) {
-          absl::StatusOr<std::optional<std::string>> v =
-              store->TryGet(keys[static_cast<size_t>(r)]);
-          if (r != slot && v.ok() && !v->has_value()) {
-            here = absl::DeadlineExceededError(absl::StrCat(
-                "side communicator of generation ", gen, ": slot ", r,
-                " did not arrive within ",
-                absl::FormatDuration(options_.comm.connect_timeout), " (",
-                here.message(), ")"));
-            SetAbsent(&here, r);
-            break;
-          }
-        }
+        missing = MissingKeys(*store, keys);  // not this slot's: set above
+      }
+      if (!missing.empty()) {
+        const int r = static_cast<int>(missing.front());
+        here = absl::DeadlineExceededError(
+            absl::StrCat("side communicator of generation ", gen, ": slot ", r,
+                         " did not arrive within ",
+                         absl::FormatDuration(options_.comm.connect_timeout),
+                         " (", here.message(), ")"));
+        SetAbsent(&here, r);
       }
       return here;
     }

@@ -40,6 +40,7 @@
 #include "src/backend/backend.h"
 #include "src/backend/gloo/reduce.h"
 #include "src/common/status_util.h"
+#include "src/store/store_util.h"
 
 namespace holdfast::backend {
 namespace {
@@ -163,18 +164,14 @@ class MeshContext final : public ::gloo::rendezvous::Context {
         return;
       }
     });
-    // The watcher's verdict, for the waits on the store.
-    auto stopped = [&]() -> std::optional<absl::Status> {
-      absl::MutexLock lock(&mu);
-      return why;
-    };
-    absl::Status s = ConnectPairs(store, *tc, deadline, stopped);
+    absl::Status s = ConnectPairs(store, *tc, deadline);
     {
       absl::MutexLock lock(&mu);
       done = true;
     }
     watcher.join();
-    if (!s.ok() && why.has_value() && s.message() != why->message()) {
+    if (!s.ok() && why.has_value() &&
+        !absl::StrContains(s.message(), why->message())) {
       // A connect the watcher ended: its reason first, then the transport's.
       absl::Status w(why->code(),
                      absl::StrCat(why->message(), " (", s.message(), ")"));
@@ -188,28 +185,13 @@ class MeshContext final : public ::gloo::rendezvous::Context {
   }
 
  private:
-  absl::Status ConnectPairs(
-      Store& store, ::gloo::transport::Context& tc, absl::Time deadline,
-      const std::function<std::optional<absl::Status>()>& stopped) {
+  // `store` is cancellable when the rendezvous is (Communicator::Create).
+  absl::Status ConnectPairs(Store& store, ::gloo::transport::Context& tc,
+                            absl::Time deadline) {
     for (int j = 0; j < size; ++j) {
       if (j == rank) continue;
-      // Waits in slices, so that the watcher's verdict ends it too.
-      absl::StatusOr<std::string> all;
-      for (;;) {
-        const absl::Duration left = deadline - absl::Now();
-        all = store.Get(std::to_string(j),
-                        std::min(left, absl::Milliseconds(100)));
-        if (all.ok() ||
-            all.status().code() != absl::StatusCode::kDeadlineExceeded ||
-            left <= absl::Milliseconds(100)) {
-          break;
-        }
-        if (std::optional<absl::Status> w = stopped()) {
-          absl::Status st = *w;
-          SetAbsent(&st, j);
-          return st;
-        }
-      }
+      absl::StatusOr<std::string> all =
+          store.Get(std::to_string(j), deadline - absl::Now());
       if (!all.ok()) {
         absl::Status s(all.status().code(),
                        absl::StrCat("waiting for rank ", j,
@@ -561,12 +543,11 @@ class GlooBackend final : public Backend {
 // rank that did not connect stays attached.
 absl::Status RendezvousTimeout(Store& rendezvous, const BackendOptions& options,
                                const absl::Status& timeout) {
-  std::vector<int> missing;
-  for (int r = 0; r < options.size; ++r) {
-    if (r == options.rank) continue;
-    absl::StatusOr<std::optional<std::string>> v =
-        rendezvous.TryGet(std::to_string(r));
-    if (v.ok() && !v->has_value()) missing.push_back(r);
+  std::vector<std::string> keys;
+  for (int r = 0; r < options.size; ++r) keys.push_back(std::to_string(r));
+  std::vector<int> missing;  // not this rank's own: it published first
+  for (size_t i : MissingKeys(rendezvous, keys)) {
+    missing.push_back(static_cast<int>(i));
   }
   if (missing.empty()) return timeout;
   absl::Status s = absl::DeadlineExceededError(
