@@ -46,13 +46,18 @@ run node --standby 2 --hosts 2 --inject "kill:slot=0:step=$((steps / 2))" \
   --inject "kill:slot=1:step=$((steps / 2 + 1))"
 
 hash() { grep -ho "params_sha256=[0-9a-f]*" "$out/$1.out" | sort -u; }
+# True when the named runs printed one distinct hash between them (the
+# first run printed one).
+one_hash() {
+  [ "$(for name in "$@"; do hash "$name"; done | sort -u | wc -l)" = 1 ] &&
+    [ -n "$(hash "$1")" ]
+}
 echo
 echo "=== final parameter hashes (one line per distinct hash)"
 for name in fault-free kill hang node; do
   printf '%-10s %s\n' "$name" "$(hash "$name" | tr '\n' ' ')"
 done
-if [ "$(cat <(hash fault-free) <(hash kill) <(hash hang) <(hash node) | sort -u | wc -l)" = 1 ] &&
-  [ -n "$(hash fault-free)" ]; then
+if one_hash fault-free kill hang node; then
   echo "equal: every rank of every run ended with the fault-free parameters"
 else
   echo "DIFFERENT: the runs did not end with the same parameters" >&2
@@ -76,8 +81,7 @@ pyrun() {
 pyrun py-fault-free
 pyrun py-kill --inject "kill:slot=1:step=20"
 echo
-if [ "$(cat <(hash py-fault-free) <(hash py-kill) | sort -u | wc -l)" = 1 ] &&
-  [ -n "$(hash py-fault-free)" ]; then
+if one_hash py-fault-free py-kill; then
   echo "equal: the DDP run with a kill ended with the fault-free parameters"
 else
   echo "DIFFERENT: the DDP runs did not end with the same parameters" >&2
