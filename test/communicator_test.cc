@@ -2,14 +2,19 @@
 // deadlines forced through the injectable clock. Ranks of one group run as
 // threads here; the multi-process and fault tests live in collectives_test
 // and fault_test.
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "absl/synchronization/mutex.h"
 #include "holdfast/clock.h"
 #include "holdfast/communicator.h"
+#include "src/common/config.h"
 #include "src/common/process_group.h"
 #include "src/common/status_util.h"
 
@@ -86,6 +91,50 @@ TEST_CASE("a malformed HOLDFAST_ variable is named in the error") {
   REQUIRE(comm.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(comm.status().message().find("HOLDFAST_LOG_LEVEL='loud'") !=
         absl::string_view::npos);
+}
+
+TEST_CASE("the mutex deadlock detector is off unless asked for") {
+  setenv("HOLDFAST_MUTEX_DEADLOCK_CHECK", "maybe", 1);
+  CommunicatorOptions o;
+  o.rank = 0;
+  o.size = 1;
+  auto comm = Communicator::Create(NewMemoryStore(), o);
+  unsetenv("HOLDFAST_MUTEX_DEADLOCK_CHECK");
+  REQUIRE(comm.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(comm.status().message().find("HOLDFAST_MUTEX_DEADLOCK_CHECK='maybe'") !=
+        absl::string_view::npos);
+
+  // Two locks taken in both orders, in a child that starts with the
+  // detector on (as Debian's Abseil does): it aborts on the second order
+  // unless ApplyMutexMode turned the detector off.
+  auto inverted_locks = [](const char* setting) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      if (setting != nullptr)
+        setenv("HOLDFAST_MUTEX_DEADLOCK_CHECK", setting, 1);
+      // As a fresh process starts (earlier cases here turned it off).
+      absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kAbort);
+      holdfast::config::ApplyMutexMode();
+      absl::Mutex a, b;
+      {
+        absl::MutexLock la(&a);
+        absl::MutexLock lb(&b);
+      }
+      {
+        absl::MutexLock lb(&b);
+        absl::MutexLock la(&a);
+      }
+      _exit(0);
+    }
+    int st = 0;
+    waitpid(pid, &st, 0);
+    return st;
+  };
+  const int off = inverted_locks(nullptr);
+  CHECK(WIFEXITED(off));
+  CHECK(WEXITSTATUS(off) == 0);
+  const int on = inverted_locks("on");
+  CHECK(WIFSIGNALED(on));
 }
 
 TEST_CASE("invalid op arguments fail at once with InvalidArgument") {

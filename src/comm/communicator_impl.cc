@@ -746,6 +746,7 @@ backend::BackendOptions ToBackendOptions(const CommunicatorOptions& options) {
 absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Create(
     std::shared_ptr<Store> store, const CommunicatorOptions& options) {
   HOLDFAST_RETURN_IF_ERROR(config::Validate());
+  config::ApplyMutexMode();
   IgnoreSigpipe();
   if (store == nullptr) {
     return absl::InvalidArgumentError("Communicator::Create: store is null");

@@ -2,10 +2,11 @@
 
 #include <cstdlib>
 #include <map>
-#include "absl/strings/string_view.h"
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "holdfast/options.h"
 
 namespace holdfast::config {
@@ -85,6 +86,12 @@ const std::vector<Entry>& Registry() {
       {{"HOLDFAST_DEVICE", "",
         "CUDA device of the NCCL backend (default: LOCAL_RANK, else 0)"},
        Kind::kString},
+      {{"HOLDFAST_MUTEX_DEADLOCK_CHECK", "off",
+        "Abseil's mutex deadlock detector: off or on. Debian builds libabsl "
+        "with it on, which takes one process-wide lock on every mutex "
+        "acquisition (gRPC's included); holdfast turns it off unless this "
+        "is on"},
+       Kind::kString},
   };
   return *entries;
 }
@@ -135,6 +142,15 @@ absl::Status Validate() {
       }
       continue;
     }
+    if (absl::string_view(e.param.env) == "HOLDFAST_MUTEX_DEADLOCK_CHECK") {
+      if (absl::string_view(value) != "on" &&
+          absl::string_view(value) != "off") {
+        return absl::InvalidArgumentError(
+            absl::StrCat("HOLDFAST_MUTEX_DEADLOCK_CHECK='", value,
+                         "' is not one of on, off"));
+      }
+      continue;
+    }
     if (absl::string_view(e.param.env) == "HOLDFAST_DEVICE" && *value != 0) {
       int64_t device;
       if (!absl::SimpleAtoi(value, &device) || device < 0) {
@@ -169,6 +185,12 @@ std::string StringParam(const char* env) {
   if (value != nullptr) return value;
   const Entry* e = Find(env);
   return e != nullptr ? e->param.default_value : "";
+}
+
+void ApplyMutexMode() {
+  if (StringParam("HOLDFAST_MUTEX_DEADLOCK_CHECK") != "on") {
+    absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  }
 }
 
 }  // namespace holdfast::config

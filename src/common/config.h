@@ -30,6 +30,14 @@ int64_t IntParam(const char* env);
 // Value of a string parameter (its default if unset).
 std::string StringParam(const char* env);
 
+// Turns off Abseil's mutex deadlock detector for this process unless
+// HOLDFAST_MUTEX_DEADLOCK_CHECK=on. Release builds of Abseil have it off;
+// Debian's libabsl (built without NDEBUG) has it on, and then every
+// absl::Mutex acquisition in the process, gRPC's included, takes one
+// process-wide spin lock. Called by the controller, the runtime and the
+// communicator; idempotent.
+void ApplyMutexMode();
+
 }  // namespace holdfast::config
 
 #endif  // HOLDFAST_SRC_COMMON_CONFIG_H_

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "src/common/config.h"
 #include "src/common/logging.h"
 #include "src/control/auth.h"
 #include "src/control/controller.grpc.pb.h"
@@ -521,6 +522,7 @@ class ServerImpl final : public ControllerServer {
 
 absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
     const ControllerOptions& options) {
+  config::ApplyMutexMode();
   if (options.token.empty()) {
     return absl::InvalidArgumentError(
         "controller: a job token is required (--token-file or "

@@ -1811,6 +1811,7 @@ bool IsRecoverable(const absl::Status& s) {
 absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(
     RuntimeOptions options) {
   HOLDFAST_RETURN_IF_ERROR(config::Validate());
+  config::ApplyMutexMode();
   if (options.controller.empty()) {
     options.controller = config::StringParam("HOLDFAST_CONTROLLER");
   }
