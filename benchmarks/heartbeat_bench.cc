@@ -397,7 +397,7 @@ RunResult RunOne(int members, double seconds, double rate, int channels,
   for (int k = 0; k < procs; ++k) {
     drivers.push_back(
         g.Spawn({SelfExe(), "--driver", addr, "--ids", ids_file, "--part",
-                 std::to_string(k), "--parts", std::to_string(procs), "--rate",
+                 std::to_string(k), "--procs", std::to_string(procs), "--rate",
                  absl::StrCat(rate), "--channels",
                  std::to_string(std::max(1, channels / procs)), "--ack-every",
                  std::to_string(ack_every), "--stop-file", stop_file, "--out",
@@ -595,7 +595,6 @@ int main(int argc, char** argv) {
   app.add_option("--driver", driver_addr, "(internal) run as a driver");
   app.add_option("--ids", ids_file, "(internal)");
   app.add_option("--part", part, "(internal)");
-  app.add_option("--parts", procs, "(internal)");
   app.add_option("--stop-file", stop_file, "(internal)");
   app.add_option("--out", out_file, "(internal)");
   CLI11_PARSE(app, argc, argv);

@@ -1,10 +1,12 @@
 #include "src/common/config.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "holdfast/options.h"
@@ -17,6 +19,8 @@ enum class Kind { kInt, kString };
 struct Entry {
   Param param;
   Kind kind;
+  // For a string parameter: the values it may take (empty: any).
+  std::vector<absl::string_view> choices = {};
 };
 
 // The registry. Keep docs/configuration.md in step with it.
@@ -44,7 +48,8 @@ const std::vector<Entry>& Registry() {
         "network interface the transport listens on (wins over the address)"},
        Kind::kString},
       {{"HOLDFAST_LOG_LEVEL", "info", "trace, debug, info, warn, error or off"},
-       Kind::kString},
+       Kind::kString,
+       {"trace", "debug", "info", "warn", "error", "off"}},
       {{"HOLDFAST_CONTROLLER", "",
         "host:port of the job's controller (the runtime joins it)"},
        Kind::kString},
@@ -82,7 +87,8 @@ const std::vector<Entry>& Registry() {
       {{"HOLDFAST_BACKEND", "gloo",
         "transport of the training communicator: gloo (host memory) or nccl "
         "(CUDA device memory)"},
-       Kind::kString},
+       Kind::kString,
+       {"gloo", "nccl"}},
       {{"HOLDFAST_DEVICE", "",
         "CUDA device of the NCCL backend (default: LOCAL_RANK, else 0)"},
        Kind::kString},
@@ -91,7 +97,8 @@ const std::vector<Entry>& Registry() {
         "with it on, which takes one process-wide lock on every mutex "
         "acquisition (gRPC's included); holdfast turns it off unless this "
         "is on"},
-       Kind::kString},
+       Kind::kString,
+       {"on", "off"}},
   };
   return *entries;
 }
@@ -122,32 +129,12 @@ absl::Status Validate() {
   for (const Entry& e : Registry()) {
     const char* value = std::getenv(e.param.env);
     if (value == nullptr) continue;
-    if (absl::string_view(e.param.env) == "HOLDFAST_LOG_LEVEL") {
-      static const char* kLevels[] = {"trace", "debug", "info",
-                                      "warn",  "error", "off"};
-      bool known = false;
-      for (const char* l : kLevels) known |= absl::string_view(value) == l;
-      if (!known) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "HOLDFAST_LOG_LEVEL='", value,
-            "' is not one of trace, debug, info, warn, error, off"));
-      }
-      continue;
-    }
-    if (absl::string_view(e.param.env) == "HOLDFAST_BACKEND") {
-      if (absl::string_view(value) != "gloo" &&
-          absl::string_view(value) != "nccl") {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "HOLDFAST_BACKEND='", value, "' is not one of gloo, nccl"));
-      }
-      continue;
-    }
-    if (absl::string_view(e.param.env) == "HOLDFAST_MUTEX_DEADLOCK_CHECK") {
-      if (absl::string_view(value) != "on" &&
-          absl::string_view(value) != "off") {
+    if (!e.choices.empty()) {
+      if (std::find(e.choices.begin(), e.choices.end(),
+                    absl::string_view(value)) == e.choices.end()) {
         return absl::InvalidArgumentError(
-            absl::StrCat("HOLDFAST_MUTEX_DEADLOCK_CHECK='", value,
-                         "' is not one of on, off"));
+            absl::StrCat(e.param.env, "='", value, "' is not one of ",
+                         absl::StrJoin(e.choices, ", ")));
       }
       continue;
     }
