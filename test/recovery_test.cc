@@ -95,6 +95,21 @@ TEST_CASE(
   CHECK(r.summary.value("generation", 0) == 1);
 }
 
+TEST_CASE(
+    "recovery: with snapshots copied during the next step, a killed rank is "
+    "replaced and the hash equals the fault-free run") {
+  const std::string ref = Reference(3);
+  std::vector<std::string> trainer = kTrainer;
+  trainer.insert(trainer.end(), {"--overlap-snapshot", "--step-ms", "5"});
+  JobRun r =
+      Launch({"-n", "3", "--standby", "1", "--inject", "kill:slot=1:step=15"},
+             trainer);
+  CHECK(r.rc == 0);
+  CheckConsistent(r, 3);
+  CHECK(r.hashes[0] == ref);
+  CHECK_KINDS(r, {"crashed"});
+}
+
 TEST_CASE("recovery: rank 0 killed") {
   const std::string ref = Reference(3);
   JobRun r =

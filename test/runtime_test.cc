@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "holdfast/runtime.h"
 #include "src/control/server.h"
 
@@ -124,6 +125,58 @@ TEST_CASE("runtime: one slot runs with replicated and sharded state") {
   // Registration is over once Run started.
   CHECK(r.RegisterState("late", counter.data(), 8).code() ==
         absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_CASE(
+    "runtime: overlapped snapshot copies commit the fenced state, and a step "
+    "without the fence fails the run") {
+  Controller c(1);
+  auto rt = holdfast::Runtime::Create(c.Options());
+  REQUIRE(rt.ok());
+  holdfast::Runtime& r = **rt;
+  std::vector<int64_t> counter(1024, 0);
+  REQUIRE(r.RegisterState("counter", counter.data(), counter.size() * 8).ok());
+  // Nothing deferred yet: returns at once.
+  r.BeginStateUpdate();
+  holdfast::RunOptions ro;
+  ro.steps = 30;
+  ro.overlap_snapshot_copy = true;
+  auto result = r.Run(
+      [&](const holdfast::StepContext& ctx) -> absl::Status {
+        // Reads of the state may overlap the copy; writes come after.
+        CHECK(counter[0] == ctx.step - 1);
+        absl::SleepFor(absl::Milliseconds(5));
+        ctx.runtime->BeginStateUpdate();
+        for (int64_t& v : counter) v = ctx.step;
+        return absl::OkStatus();
+      },
+      ro);
+  REQUIRE(result.ok());
+  CHECK(result->final_step == 30);
+  CHECK(r.committed_step() == 30);
+  // Deferred snapshots were backed up, not only the first and the last.
+  CHECK(result->backups > 2);
+
+  // A step function that writes without the fence: the snapshot it may
+  // have torn is dropped and the run stops, naming the call.
+  Controller c2(1);
+  auto rt2 = holdfast::Runtime::Create(c2.Options());
+  REQUIRE(rt2.ok());
+  REQUIRE((*rt2)->RegisterState("counter", counter.data(), 8).ok());
+  int64_t steps_run = 0;
+  auto failed = (*rt2)->Run(
+      [&](const holdfast::StepContext& ctx) -> absl::Status {
+        ++steps_run;
+        absl::SleepFor(absl::Milliseconds(20));
+        counter[0] = ctx.step;
+        return absl::OkStatus();
+      },
+      ro);
+  CHECK(failed.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(Mentions(failed.status(), "without calling Runtime::BeginStateUpdate"));
+  CHECK(steps_run < 30);
+  // The dropped snapshot never committed.
+  CHECK((*rt2)->committed_step() < steps_run - 1);
 }
 
 TEST_CASE(

@@ -113,9 +113,13 @@ int main(int argc, char** argv) {
   float lr = 0.05f;
   std::string save, load;
   bool zero1 = false;
+  bool overlap = false;
   app.add_flag("--zero1", zero1,
                "shard the momentum over the slots (ZeRO-1) and all-gather "
                "the parameters");
+  app.add_flag("--overlap-snapshot", overlap,
+               "copy each snapshot in the background during the next step "
+               "(RunOptions::overlap_snapshot_copy)");
   app.add_option("--save", save,
                  "slot 0 writes the final state to this file (the restart "
                  "baseline of benchmarks/recovery_bench)");
@@ -213,6 +217,8 @@ int main(int argc, char** argv) {
     last_loss = grad.back() / static_cast<float>(batch);
     grad.pop_back();
     if (!s.ok()) return s;
+    // The registered state is written from here on.
+    ctx.runtime->BeginStateUpdate();
     const float scale = 1.0f / static_cast<float>(batch);
     if (!zero1) {
       for (int i = 0; i < kParams; ++i) {
@@ -263,6 +269,7 @@ int main(int argc, char** argv) {
   holdfast::RunOptions ro;
   ro.steps = steps;
   ro.snapshot_every = snapshot_every;
+  ro.overlap_snapshot_copy = overlap;
   ro.metrics = [&] {
     return std::map<std::string, double>{{"loss", last_loss}};
   };

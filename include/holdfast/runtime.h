@@ -144,6 +144,15 @@ struct RunOptions {
   // registers pinned host copies (nccl::DeviceSnapshot) and copies them
   // back to the device here. An error ends Run with it.
   std::function<absl::Status(int64_t restored_step)> on_restore;
+  // Copy each snapshot out of the registered buffers on the background
+  // thread while the next step computes, instead of on the training thread
+  // between the steps (as CheckFreq does: a step reads the state long
+  // before it writes it). The step function must then call
+  // ctx.runtime->BeginStateUpdate() in every step, before its first write
+  // to registered state. A step that returns without the call fails Run
+  // with FailedPrecondition (its snapshot is dropped). The last step's
+  // snapshot is always copied between the steps.
+  bool overlap_snapshot_copy = false;
 };
 
 // One recovery, as this process saw it. Times are Unix milliseconds.
@@ -242,6 +251,12 @@ class Runtime {
   // still being backed up (training never waits for a backup), or `step`
   // is not newer than the committed step.
   virtual absl::StatusOr<bool> Snapshot(int64_t step) = 0;
+  // With RunOptions::overlap_snapshot_copy: the step function calls this
+  // before it writes registered state. It waits for the background copy of
+  // the previous step's snapshot if one is under way (a memory copy), and
+  // lets that snapshot commit; one not yet started is skipped rather than
+  // waited for. Without a deferred snapshot it returns at once.
+  virtual void BeginStateUpdate() = 0;
   // Full recovery after `cause`; returns the restored step (the loop goes
   // on at restored + 1).
   virtual absl::StatusOr<int64_t> Recover(const absl::Status& cause) = 0;

@@ -75,6 +75,14 @@ struct Piece {
   bool own = false;
   size_t size = 0;
   std::unique_ptr<uint8_t[]> bytes;
+  // A deferred snapshot (RunOptions::overlap_snapshot_copy): the backup
+  // thread copies the bytes in while the next step computes, and the round
+  // acks only once the trainer called BeginStateUpdate() after the copy.
+  // The flags are guarded by the runtime's bk_mu_.
+  bool deferred = false;
+  bool copied = false;
+  bool validated = false;  // BeginStateUpdate() came after the copy
+  bool invalid = false;    // it did not, or a recovery began: never acked
 };
 
 class RuntimeImpl final : public Runtime {
@@ -326,6 +334,37 @@ class RuntimeImpl final : public Runtime {
   // ---- Snapshots ------------------------------------------------------------
 
   absl::StatusOr<bool> Snapshot(int64_t step) override {
+    return TakeSnapshot(step, /*defer=*/false);
+  }
+
+  // Called by the step function before it writes registered state, when
+  // the snapshot of the previous step is copied in the background
+  // (RunOptions::overlap_snapshot_copy). Waits for a copy under way (a
+  // memcpy, never the network); a copy not yet started, because the
+  // backup thread is still acking the round before, is dropped instead, so
+  // training never waits for a backup.
+  void BeginStateUpdate() override {
+    absl::MutexLock lock(&bk_mu_);
+    Piece* p = deferred_;
+    if (p == nullptr) return;
+    if (pending_ == p) {
+      ++snapshots_skipped_;
+      DropLocked(p);  // clears deferred_
+      return;
+    }
+    // The backup thread took it and copies it; a piece that is dropped
+    // meanwhile clears deferred_ (EvictLocked), so p is only read alive.
+    auto copied = [this, p]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(bk_mu_) {
+      return deferred_ != p || p->copied;
+    };
+    bk_mu_.Await(absl::Condition(&copied));
+    if (deferred_ == p) p->validated = true;
+    deferred_ = nullptr;
+  }
+
+  // Snapshot(step); with `defer`, the backup thread copies the bytes in
+  // (BeginStateUpdate()).
+  absl::StatusOr<bool> TakeSnapshot(int64_t step, bool defer) {
     if (step < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("Snapshot: step ", step, " is negative"));
@@ -353,7 +392,10 @@ class RuntimeImpl final : public Runtime {
     }
     {
       absl::MutexLock lock(&bk_mu_);
-      if (pending_ != nullptr || busy_) {
+      // A deferred round that is validated and past its transfer has only
+      // its ack left: the next snapshot may wait behind it.
+      const bool acking = gate_ != nullptr && gate_->validated;
+      if (pending_ != nullptr || deferred_ != nullptr || (busy_ && !acking)) {
         // The previous snapshot is still being backed up: skip this one
         // rather than stall training.
         ++snapshots_skipped_;
@@ -368,17 +410,51 @@ class RuntimeImpl final : public Runtime {
     p->own = true;
     p->size = PieceSize(v.world, v.slot);
     p->bytes = Acquire(p->size);
-    uint8_t* out = p->bytes.get();
-    for (const StateBuffer& b : buffers_) {
-      const shards::Range r = Part(b, v.world, v.slot);
-      const uint8_t* src = b.sharded ? b.storage.data() : b.data + r.offset;
-      if (r.bytes > 0) std::memcpy(out, src, r.bytes);
-      out += r.bytes;
+    p->deferred = defer;
+    if (!defer) {
+      uint8_t* out = p->bytes.get();
+      for (const StateBuffer& b : buffers_) {
+        const shards::Range r = Part(b, v.world, v.slot);
+        if (r.bytes > 0) std::memcpy(out, Source(b, r), r.bytes);
+        out += r.bytes;
+      }
     }
     ++snapshots_;
     absl::MutexLock lock(&bk_mu_);
     pending_ = p.get();
+    if (defer) deferred_ = p.get();
     pieces_.push_back(std::move(p));
+    return true;
+  }
+
+  // Where partition `r` of buffer `b` starts in this member's memory.
+  static const uint8_t* Source(const StateBuffer& b, const shards::Range& r) {
+    return b.sharded ? b.storage.data() : b.data + r.offset;
+  }
+
+  // The backup thread's copy of a deferred piece, hashed on the way.
+  void CopyIn(Piece* p) {
+    shards::CopyHasher h;
+    uint8_t* out = p->bytes.get();
+    for (const StateBuffer& b : buffers_) {
+      const shards::Range r = Part(b, p->world, p->slot);
+      if (r.bytes > 0) out = h.Copy(out, Source(b, r), r.bytes);
+    }
+    p->checksum = h.Digest();
+    absl::MutexLock lock(&bk_mu_);
+    p->copied = true;
+  }
+
+  // At the end of a step of a loop with overlap_snapshot_copy: a deferred
+  // snapshot still waiting for BeginStateUpdate() may have been written
+  // under; it is dropped. Whether there was one.
+  bool DropUnfenced() {
+    absl::MutexLock lock(&bk_mu_);
+    Piece* p = deferred_;
+    if (p == nullptr) return false;
+    deferred_ = nullptr;
+    p->invalid = true;
+    if (pending_ == p) DropLocked(p);  // not taken: nobody else has it
     return true;
   }
 
@@ -558,6 +634,14 @@ class RuntimeImpl final : public Runtime {
           ctx.comm = comm;
           ctx.runtime = this;
           s = step_fn(ctx);
+          if (options.overlap_snapshot_copy && DropUnfenced() && s.ok()) {
+            return absl::FailedPreconditionError(absl::StrCat(
+                "RunOptions::overlap_snapshot_copy: step ", step,
+                " returned without calling Runtime::BeginStateUpdate(), "
+                "which every step must call before it writes registered "
+                "state; the snapshot of step ",
+                step - 1, " may be torn and was dropped"));
+          }
         }
         // A step that finished while its generation was being replaced may
         // not have finished everywhere: it is redone after the rollback.
@@ -594,7 +678,8 @@ class RuntimeImpl final : public Runtime {
             // and commits: nobody leaves while a peer waits for it in one.
             AwaitBackupIdle(absl::Now() + options_.commit_wait);
           }
-          absl::StatusOr<bool> snapped = Snapshot(step);
+          absl::StatusOr<bool> snapped = TakeSnapshot(
+              step, options.overlap_snapshot_copy && step < options.steps);
           if (!snapped.ok()) {
             if (!IsRecoverable(snapped.status())) return snapped.status();
             HOLDFAST_RETURN_IF_ERROR(recover(snapped.status()));
@@ -826,6 +911,8 @@ class RuntimeImpl final : public Runtime {
           pool_.emplace((*it)->size, std::move((*it)->bytes));
         }
         if (pending_ == it->get()) pending_ = nullptr;
+        if (deferred_ == it->get()) deferred_ = nullptr;
+        if (gate_ == it->get()) gate_ = nullptr;
         it = pieces_.erase(it);
       } else {
         ++it;
@@ -1085,6 +1172,9 @@ class RuntimeImpl final : public Runtime {
     {
       absl::MutexLock lock(&bk_mu_);
       if (pending_ != nullptr) DropLocked(pending_);
+      // One the backup thread took is never acked now.
+      if (deferred_ != nullptr) deferred_->invalid = true;
+      deferred_ = nullptr;
     }
     // Only this (the training) thread queues snapshots.
     AwaitBackupIdle(absl::InfiniteFuture());
@@ -1418,11 +1508,13 @@ class RuntimeImpl final : public Runtime {
           busy_ = true;
         }
       }
+      if (side.ok() && own->deferred) CopyIn(own);
       absl::StatusOr<bool> committed =
           side.ok() ? BackupRound(own, side->get()) : side.status();
       {
         absl::MutexLock lock(&bk_mu_);
         busy_ = false;
+        gate_ = nullptr;
         if (committed.ok() && *committed) {
           ++backups_;
           backup_us_ += absl::ToInt64Microseconds(absl::Now() - t0);
@@ -1571,7 +1663,9 @@ class RuntimeImpl final : public Runtime {
     absl::Cleanup drop_unless_acked = [&] {
       if (!acked) Drop(own);
     };
-    own->checksum = shards::Checksum(own->bytes.get(), own->size);
+    if (!own->deferred) {
+      own->checksum = shards::Checksum(own->bytes.get(), own->size);
+    }
     OpOptions agree;
     agree.timeout = kAgreeTimeout;
     const int64_t mine[2] = {s, static_cast<int64_t>(own->checksum)};
@@ -1637,6 +1731,8 @@ class RuntimeImpl final : public Runtime {
       backup_bytes_ += moved;
       transfer_us_ += transfer_us;
     }
+    // A deferred piece is acked only if the trainer fenced its copy.
+    if (own->deferred && !AwaitValidated(own, gen)) return false;
     // Every slot holds its piece and its buddies' copies: ack.
     acked = true;
     absl::StatusOr<int64_t> ack = member_->AckCheckpoint(s, gen);
@@ -1671,6 +1767,28 @@ class RuntimeImpl final : public Runtime {
       last_disk_step_ = s;
     }
     return true;
+  }
+
+  // Waits at the gate of a deferred round for BeginStateUpdate() (or the
+  // loop's end-of-step check); true if the copy was validated.
+  bool AwaitValidated(Piece* own, int64_t gen) {
+    for (;;) {
+      {
+        absl::MutexLock lock(&bk_mu_);
+        gate_ = own;
+        auto decided = [own, this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(bk_mu_) {
+          return own->validated || own->invalid || bk_stop_;
+        };
+        if (bk_mu_.AwaitWithTimeout(absl::Condition(&decided),
+                                    absl::Milliseconds(100))) {
+          return own->validated && !own->invalid;
+        }
+      }
+      absl::MutexLock lock(&mu_);
+      if (view_.generation > gen || !fenced_.ok() || job_end_.has_value()) {
+        return false;
+      }
+    }
   }
 
   void WriteToDisk(const Piece& own) {
@@ -1785,6 +1903,10 @@ class RuntimeImpl final : public Runtime {
   std::multimap<size_t, std::unique_ptr<uint8_t[]>> pool_
       ABSL_GUARDED_BY(bk_mu_);
   Piece* pending_ ABSL_GUARDED_BY(bk_mu_) = nullptr;
+  // The deferred snapshot awaiting BeginStateUpdate(), and the one whose
+  // round waits at its gate for it (see Piece::deferred).
+  Piece* deferred_ ABSL_GUARDED_BY(bk_mu_) = nullptr;
+  Piece* gate_ ABSL_GUARDED_BY(bk_mu_) = nullptr;
   bool busy_ ABSL_GUARDED_BY(bk_mu_) = false;
   bool bk_wake_ ABSL_GUARDED_BY(bk_mu_) = false;
   int64_t backups_ ABSL_GUARDED_BY(bk_mu_) = 0;

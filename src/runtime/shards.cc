@@ -128,6 +128,31 @@ uint64_t Checksum(const void* data, size_t bytes) {
   return XXH3_64bits(data, bytes);
 }
 
+struct CopyHasher::State {
+  State() : xxh(XXH3_createState()) {}
+  ~State() { XXH3_freeState(xxh); }
+  XXH3_state_t* xxh;
+};
+
+CopyHasher::CopyHasher() : state_(std::make_unique<State>()) {
+  XXH3_64bits_reset(state_->xxh);
+}
+
+CopyHasher::~CopyHasher() = default;
+
+uint8_t* CopyHasher::Copy(uint8_t* dst, const uint8_t* src, size_t bytes) {
+  // Small enough to stay in L2 between the copy and the hash.
+  constexpr size_t kBlock = size_t{256} << 10;
+  for (size_t off = 0; off < bytes; off += kBlock) {
+    const size_t n = std::min(kBlock, bytes - off);
+    std::memcpy(dst + off, src + off, n);
+    XXH3_64bits_update(state_->xxh, dst + off, n);
+  }
+  return dst + bytes;
+}
+
+uint64_t CopyHasher::Digest() const { return XXH3_64bits_digest(state_->xxh); }
+
 Placement Place(const PlacementInput& in) {
   Placement out;
   const int world = static_cast<int>(in.domain.size());

@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -39,6 +40,26 @@ Range Intersect(const Range& a, const Range& b);
 
 // xxHash3 (64 bits) of a piece.
 uint64_t Checksum(const void* data, size_t bytes);
+
+// Copies a piece together from several sources and hashes it on the way,
+// a block at a time while the block is still in cache: one pass over the
+// bytes instead of a copy and then a re-read. Digest() equals Checksum()
+// of everything copied, in order.
+class CopyHasher {
+ public:
+  CopyHasher();
+  ~CopyHasher();
+  CopyHasher(const CopyHasher&) = delete;
+  CopyHasher& operator=(const CopyHasher&) = delete;
+
+  // Copies `bytes` from `src` to `dst` and hashes them; returns dst + bytes.
+  uint8_t* Copy(uint8_t* dst, const uint8_t* src, size_t bytes);
+  uint64_t Digest() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
 
 // ---- Placement -------------------------------------------------------------
 
