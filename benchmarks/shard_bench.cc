@@ -9,7 +9,8 @@
 //                256 MiB buffer is written, so neither copy finds its bytes
 //                in the last-level cache (this machine's is 105 MiB, which
 //                would otherwise hold a repeated copy of up to ~50 MiB).
-//   round        from Snapshot() returning to the step being committed: the
+//   round        from the later of the two slots' Snapshot() returning (the
+//                two pieces exist) to the step being committed: the
 //                checksum, the agreement, sending S/2 to the buddy while
 //                receiving its S/2 over the side communicator, the check,
 //                the ack. Against a raw loopback exchange of the same bytes
@@ -160,7 +161,9 @@ Pair MeasureRuntime(size_t bytes, int reps) {
     out.error = std::string(server.status().message());
     return out;
   }
-  std::vector<double> snap[2], repl[2];
+  std::vector<double> snap[2];
+  // Per timed round and slot: Snapshot() returned, the commit was seen.
+  std::vector<absl::Time> taken_at[2], committed_at[2];
   std::string errors[2];
   double transfer_s = 0;
   // Slot 1 snapshots after slot 0's copy is done, so the timed copy (slot
@@ -213,7 +216,8 @@ Pair MeasureRuntime(size_t bytes, int reps) {
       }
       if (i > 0) {  // the first round allocates and faults pages in
         snap[want].push_back(absl::ToDoubleSeconds(t1 - t0));
-        repl[want].push_back(absl::ToDoubleSeconds(t2 - t1));
+        taken_at[want].push_back(t1);
+        committed_at[want].push_back(t2);
       }
       // Let the other slot see the commit too before the next round.
       absl::SleepFor(absl::Milliseconds(20));
@@ -232,7 +236,17 @@ Pair MeasureRuntime(size_t bytes, int reps) {
   (*server)->Shutdown();
   out.error = errors[0].empty() ? errors[1] : errors[0];
   out.snapshot_s = Median(snap[0]);
-  out.replicate_s = std::max(Median(repl[0]), Median(repl[1]));
+  // Slot 1 copies after slot 0 (see above), so a round starts when the
+  // later copy is done, and ends when both slots saw the commit.
+  std::vector<double> repl;
+  for (size_t i = 0;
+       i < taken_at[0].size() && i < taken_at[1].size() && out.error.empty();
+       ++i) {
+    repl.push_back(
+        absl::ToDoubleSeconds(std::max(committed_at[0][i], committed_at[1][i]) -
+                              std::max(taken_at[0][i], taken_at[1][i])));
+  }
+  out.replicate_s = Median(repl);
   out.transfer_s = transfer_s;
   out.piece_bytes = bytes / 2;
   return out;

@@ -51,6 +51,10 @@ constexpr uint32_t kRestoreTag = 0x5e570;
 // own (a failure aborts the side communicator instead).
 constexpr absl::Duration kAgreeTimeout = absl::Hours(24);
 constexpr uint32_t kBackupTag = 0xb4c0;
+constexpr uint32_t kBackupChecksumTag = 0xb4c1;
+// Backups go in smaller chunks: the receiver verifies each one while the
+// next is on the wire.
+constexpr size_t kBackupChunkBytes = size_t{4} << 20;
 constexpr absl::Duration kSideConnectTimeout = absl::Seconds(15);
 constexpr char kSidePrefix[] = "holdfast/side/";
 
@@ -849,19 +853,22 @@ class RuntimeImpl final : public Runtime {
   // Posts the chunked sends of a piece's bytes to `peer`.
   static void PostSends(Communicator* c, const uint8_t* data, size_t size,
                         int peer, const OpOptions& oo,
-                        std::vector<std::shared_ptr<Work>>* works) {
-    for (size_t off = 0; off < size; off += kChunkBytes) {
-      works->push_back(c->Send(data + off, std::min(kChunkBytes, size - off),
+                        std::vector<std::shared_ptr<Work>>* works,
+                        size_t chunk = kChunkBytes) {
+    for (size_t off = 0; off < size; off += chunk) {
+      works->push_back(c->Send(data + off, std::min(chunk, size - off),
                                DataType::kUInt8, peer, oo));
     }
   }
 
   // A new piece (its checksum as its owner computed it), with the chunked
   // receives of its bytes from `peer` posted.
-  std::unique_ptr<Piece> PostReceive(
-      Communicator* c, int64_t step, int64_t generation, int world, int slot,
-      uint64_t checksum, int peer, const OpOptions& oo,
-      std::vector<std::shared_ptr<Work>>* works) {
+  std::unique_ptr<Piece> PostReceive(Communicator* c, int64_t step,
+                                     int64_t generation, int world, int slot,
+                                     uint64_t checksum, int peer,
+                                     const OpOptions& oo,
+                                     std::vector<std::shared_ptr<Work>>* works,
+                                     size_t chunk = kChunkBytes) {
     auto p = std::make_unique<Piece>();
     p->step = step;
     p->layout_generation = generation;
@@ -870,10 +877,10 @@ class RuntimeImpl final : public Runtime {
     p->checksum = checksum;
     p->size = PieceSize(world, slot);
     p->bytes = Acquire(p->size);
-    for (size_t off = 0; off < p->size; off += kChunkBytes) {
+    for (size_t off = 0; off < p->size; off += chunk) {
       works->push_back(c->Recv(p->bytes.get() + off,
-                               std::min(kChunkBytes, p->size - off),
-                               DataType::kUInt8, peer, oo));
+                               std::min(chunk, p->size - off), DataType::kUInt8,
+                               peer, oo));
     }
     return p;
   }
@@ -1663,27 +1670,36 @@ class RuntimeImpl final : public Runtime {
     absl::Cleanup drop_unless_acked = [&] {
       if (!acked) Drop(own);
     };
-    if (!own->deferred) {
-      own->checksum = shards::Checksum(own->bytes.get(), own->size);
-    }
     OpOptions agree;
     agree.timeout = kAgreeTimeout;
-    const int64_t mine[2] = {s, static_cast<int64_t>(own->checksum)};
-    std::vector<int64_t> all(static_cast<size_t>(world) * 2);
+    std::vector<int64_t> all(static_cast<size_t>(world));
     absl::Status st =
-        c->AllGather(mine, all.data(), 2, DataType::kInt64, agree)->Wait();
+        c->AllGather(&s, all.data(), 1, DataType::kInt64, agree)->Wait();
     if (!st.ok()) return st;
     for (int r = 0; r < world; ++r) {
-      if (all[static_cast<size_t>(r) * 2] != s) {
+      if (all[static_cast<size_t>(r)] != s) {
         // Another slot snapshotted another step (its previous backup was
         // still running): nobody backs this one up.
         return false;
       }
     }
-    std::vector<std::unique_ptr<Piece>> got;
-    std::vector<std::shared_ptr<Work>> works;
+    // The bytes go first. The owner hashes its piece while they are on the
+    // wire (a deferred piece was hashed as it was copied) and sends the
+    // checksum after them; each receiver hashes the chunks as they land
+    // and compares.
+    struct Incoming {
+      std::unique_ptr<Piece> piece;
+      std::vector<std::shared_ptr<Work>> chunks;
+      std::shared_ptr<Work> checksum;
+      uint64_t sent = 0;  // the owner's checksum
+    };
+    std::vector<Incoming> got;
+    std::vector<std::shared_ptr<Work>> sends;
+    std::vector<int> own_buddies;
     OpOptions oo;
     oo.tag = kBackupTag;
+    OpOptions ck = oo;
+    ck.tag = kBackupChecksumTag;
     const absl::Time transfer_start = absl::Now();
     int64_t moved = 0;
     for (int o = 0; o < world; ++o) {
@@ -1691,34 +1707,60 @@ class RuntimeImpl final : public Runtime {
         const size_t size = PieceSize(world, o);
         if (size == 0) continue;
         if (me == o) {
-          PostSends(c, own->bytes.get(), size, b, oo, &works);
+          PostSends(c, own->bytes.get(), size, b, oo, &sends,
+                    kBackupChunkBytes);
+          own_buddies.push_back(b);
           moved += static_cast<int64_t>(size);
         } else if (me == b) {
-          got.push_back(PostReceive(
-              c, s, gen, world, o,
-              static_cast<uint64_t>(all[static_cast<size_t>(o) * 2 + 1]), o, oo,
-              &works));
+          Incoming in;
+          in.piece = PostReceive(c, s, gen, world, o, 0, o, oo, &in.chunks,
+                                 kBackupChunkBytes);
+          got.push_back(std::move(in));
           moved += static_cast<int64_t>(size);
         }
       }
     }
-    for (auto& w : works) {
+    for (Incoming& in : got) {
+      in.checksum = c->Recv(&in.sent, sizeof(in.sent), DataType::kUInt8,
+                            in.piece->slot, ck);
+    }
+    if (!own->deferred) {
+      own->checksum = shards::Checksum(own->bytes.get(), own->size);
+    }
+    for (int b : own_buddies) {
+      sends.push_back(c->Send(&own->checksum, sizeof(own->checksum),
+                              DataType::kUInt8, b, ck));
+    }
+    int64_t good = 1;
+    for (Incoming& in : got) {
+      shards::CopyHasher h;
+      size_t off = 0;
+      for (auto& w : in.chunks) {
+        absl::Status ws = w->Wait();
+        if (st.ok()) st = ws;
+        const size_t n = std::min(kBackupChunkBytes, in.piece->size - off);
+        if (st.ok()) h.Update(in.piece->bytes.get() + off, n);
+        off += n;
+      }
+      absl::Status ws = in.checksum->Wait();
+      if (st.ok()) st = ws;
+      if (!st.ok()) continue;
+      in.piece->checksum = in.sent;
+      if (h.Digest() != in.sent) {
+        HOLDFAST_LOG_ERROR(
+            "runtime: the backup of slot {}'s piece of step {} arrived "
+            "corrupt; the step is not committed",
+            in.piece->slot, s);
+        good = 0;
+      }
+    }
+    for (auto& w : sends) {
       absl::Status ws = w->Wait();
       if (st.ok()) st = ws;
     }
     const int64_t transfer_us =
         absl::ToInt64Microseconds(absl::Now() - transfer_start);
     if (!st.ok()) return st;
-    int64_t good = 1;
-    for (const auto& p : got) {
-      if (shards::Checksum(p->bytes.get(), p->size) != p->checksum) {
-        HOLDFAST_LOG_ERROR(
-            "runtime: the backup of slot {}'s piece of step {} arrived "
-            "corrupt; the step is not committed",
-            p->slot, s);
-        good = 0;
-      }
-    }
     std::vector<int64_t> goods(static_cast<size_t>(world));
     st = c->AllGather(&good, goods.data(), 1, DataType::kInt64, agree)->Wait();
     if (!st.ok()) return st;
@@ -1727,7 +1769,7 @@ class RuntimeImpl final : public Runtime {
     }
     {
       absl::MutexLock lock(&bk_mu_);
-      for (auto& p : got) pieces_.push_back(std::move(p));
+      for (Incoming& in : got) pieces_.push_back(std::move(in.piece));
       backup_bytes_ += moved;
       transfer_us_ += transfer_us;
     }

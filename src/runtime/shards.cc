@@ -151,6 +151,10 @@ uint8_t* CopyHasher::Copy(uint8_t* dst, const uint8_t* src, size_t bytes) {
   return dst + bytes;
 }
 
+void CopyHasher::Update(const void* data, size_t bytes) {
+  XXH3_64bits_update(state_->xxh, data, bytes);
+}
+
 uint64_t CopyHasher::Digest() const { return XXH3_64bits_digest(state_->xxh); }
 
 Placement Place(const PlacementInput& in) {

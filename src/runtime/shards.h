@@ -54,6 +54,8 @@ class CopyHasher {
 
   // Copies `bytes` from `src` to `dst` and hashes them; returns dst + bytes.
   uint8_t* Copy(uint8_t* dst, const uint8_t* src, size_t bytes);
+  // Hashes bytes already in place (received ones).
+  void Update(const void* data, size_t bytes);
   uint64_t Digest() const;
 
  private:
