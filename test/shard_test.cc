@@ -257,6 +257,11 @@ TEST_CASE("shards: the corrupt-shard fault parses and needs its step") {
   CHECK(f->at(0).step == 20);
   CHECK(!holdfast::fault::Parse("corrupt-shard:slot=1").ok());
   CHECK(!holdfast::fault::Parse("corrupt-shard:slot=1:recovery=1").ok());
+  auto b = holdfast::fault::Parse("corrupt-backup:slot=2:step=10");
+  REQUIRE(b.ok());
+  CHECK(b->at(0).kind == holdfast::fault::Kind::kCorruptBackup);
+  CHECK(!holdfast::fault::Parse("corrupt-backup:slot=1").ok());
+  CHECK(!holdfast::fault::Parse("corrupt-backup:slot=1:recovery=1").ok());
 }
 
 // ---- End to end
@@ -306,6 +311,22 @@ TEST_CASE("shards: a corrupted copy is refused and another copy used") {
       {"--snapshot-every", "10", "--step-ms", "20"});
   CHECK(r.err.find("slot 1's copy of the piece of slot 1 (world 4, step 20) "
                    "failed its checksum") != std::string::npos);
+}
+
+TEST_CASE(
+    "shards: a backup damaged on arrival is refused and its step not "
+    "committed") {
+  // Snapshots every 10 steps; slot 1 damages the copy it receives of step
+  // 10. After the kill at 15 the survivors (at step 14) roll back to step
+  // 0, not 10, and still end with the fault-free hash.
+  JobRun r = ExpectFaultFreeHash(
+      {"-n", "4", "--standby", "1", "--inject", "corrupt-backup:slot=1:step=10",
+       "--inject", "kill:slot=2:step=15"},
+      {"--snapshot-every", "10", "--step-ms", "20"});
+  CHECK(r.err.find("piece of step 10 arrived corrupt; the step is not "
+                   "committed") != std::string::npos);
+  REQUIRE(r.summary["incidents"].size() == 1);
+  CHECK(r.summary["incidents"][0].value("lost_steps", -1) == 14);
 }
 
 TEST_CASE("shards: a piece lost with all its copies is DataLoss and no model") {

@@ -17,13 +17,18 @@
 namespace holdfast::fault {
 namespace {
 
+bool IsCorruption(Kind kind) {
+  return kind == Kind::kCorruptShard || kind == Kind::kCorruptBackup;
+}
+
 absl::Status Bad(absl::string_view spec, absl::string_view why) {
   return absl::InvalidArgumentError(
       absl::StrCat("fault spec '", spec, "': ", why,
                    " (expected e.g. kill:slot=2:step=30, hang:slot=1:step=50, "
                    "stall:slot=1:recovery=1, "
                    "exit:slot=0:step=10, slow:slot=3:ms=300 or "
-                   "fail-op:slot=2:seq=120 or corrupt-shard:slot=1:step=20)"));
+                   "fail-op:slot=2:seq=120, corrupt-shard:slot=1:step=20 or "
+                   "corrupt-backup:slot=1:step=10)"));
 }
 
 absl::StatusOr<FaultSpec> ParseOne(absl::string_view text, int index) {
@@ -46,11 +51,12 @@ absl::StatusOr<FaultSpec> ParseOne(absl::string_view text, int index) {
     f.kind = Kind::kFailOp;
   } else if (kind == "corrupt-shard") {
     f.kind = Kind::kCorruptShard;
+  } else if (kind == "corrupt-backup") {
+    f.kind = Kind::kCorruptBackup;
   } else {
-    return Bad(text,
-               absl::StrCat("unknown kind '", kind,
-                            "' (kill, hang, stall, exit, slow, fail-op or "
-                            "corrupt-shard)"));
+    return Bad(text, absl::StrCat("unknown kind '", kind,
+                                  "' (kill, hang, stall, exit, slow, fail-op, "
+                                  "corrupt-shard or corrupt-backup)"));
   }
   for (size_t i = 1; i < parts.size(); ++i) {
     std::pair<absl::string_view, absl::string_view> kv =
@@ -72,7 +78,7 @@ absl::StatusOr<FaultSpec> ParseOne(absl::string_view text, int index) {
       if (v > 3600000) return Bad(text, "ms out of range");
       f.ms = v;
     } else if (key == "recovery" && f.kind != Kind::kSlow &&
-               f.kind != Kind::kFailOp && f.kind != Kind::kCorruptShard) {
+               f.kind != Kind::kFailOp && !IsCorruption(f.kind)) {
       if (v < 1 || v > (1 << 20)) return Bad(text, "recovery counts from 1");
       f.recovery = static_cast<int>(v);
     } else if (key == "code" && f.kind == Kind::kExit) {
@@ -100,6 +106,7 @@ absl::StatusOr<FaultSpec> ParseOne(absl::string_view text, int index) {
       if (f.seq < 0) return Bad(text, "seq=N is required");
       break;
     case Kind::kCorruptShard:
+    case Kind::kCorruptBackup:
       if (f.step < 0) return Bad(text, "step=N is required");
       break;
   }
@@ -124,6 +131,8 @@ const char* KindName(Kind kind) {
       return "fail-op";
     case Kind::kCorruptShard:
       return "corrupt-shard";
+    case Kind::kCorruptBackup:
+      return "corrupt-backup";
   }
   return "?";
 }
@@ -215,6 +224,7 @@ void Injector::Fire(const FaultSpec& f, absl::string_view where) {
     case Kind::kSlow:
     case Kind::kFailOp:
     case Kind::kCorruptShard:
+    case Kind::kCorruptBackup:
       return;
   }
   for (;;) pause();  // SIGKILL is on its way
@@ -230,7 +240,7 @@ void Injector::AtStep(int slot, int64_t step) {
       if (f.slot != slot) continue;
       if (f.kind == Kind::kSlow) {
         if (step >= f.step) slow_ms += f.ms;
-      } else if (f.kind != Kind::kFailOp && f.kind != Kind::kCorruptShard &&
+      } else if (f.kind != Kind::kFailOp && !IsCorruption(f.kind) &&
                  f.step == step && fire == nullptr && ClaimLocked(f)) {
         copy = f;
         fire = &copy;
@@ -270,11 +280,10 @@ absl::Status Injector::AtCollective(int slot, int64_t seq) {
   return absl::OkStatus();
 }
 
-bool Injector::AtShard(int slot, int64_t step) {
+bool Injector::AtShard(Kind kind, int slot, int64_t step) {
   absl::MutexLock lock(&mu_);
   for (const FaultSpec& f : faults_) {
-    if (f.kind == Kind::kCorruptShard && f.slot == slot && f.step == step &&
-        ClaimLocked(f)) {
+    if (f.kind == kind && f.slot == slot && f.step == step && ClaimLocked(f)) {
       HOLDFAST_LOG_WARN("injecting fault '{}' (pid {})", f.text, getpid());
       return true;
     }

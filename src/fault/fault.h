@@ -18,6 +18,11 @@
 //                            once step 20 is committed, flip a byte of
 //                            slot 1's own copy of its checkpoint piece (a
 //                            restore must notice and use a buddy's copy)
+//   corrupt-backup:slot=1:step=10
+//                            flip a byte of a backup copy slot 1 receives
+//                            for step 10, as it lands (damage in transit:
+//                            the round must refuse it, and step 10 is not
+//                            committed)
 //
 // `slot` is the rank at the time the point is reached, so a fault on a slot
 // also hits a standby that took it over. Each fault fires once per job: the
@@ -42,7 +47,16 @@
 
 namespace holdfast::fault {
 
-enum class Kind { kKill, kHang, kStall, kExit, kSlow, kFailOp, kCorruptShard };
+enum class Kind {
+  kKill,
+  kHang,
+  kStall,
+  kExit,
+  kSlow,
+  kFailOp,
+  kCorruptShard,
+  kCorruptBackup
+};
 
 struct FaultSpec {
   int index = 0;  // position in the list: the job-wide identity
@@ -89,9 +103,9 @@ class Injector {
   void AtRecovery(int slot, int recovery);
   // Non-OK (Internal, "injected fault ...") when fail-op fires.
   absl::Status AtCollective(int slot, int64_t seq);
-  // True once when corrupt-shard fires for this slot's piece of `step`
-  // (the caller does the corrupting).
-  bool AtShard(int slot, int64_t step);
+  // True once when a corrupt-shard or corrupt-backup fault (`kind`) fires
+  // for this slot at `step` (the caller does the corrupting).
+  bool AtShard(Kind kind, int slot, int64_t step);
 
  private:
   Injector();

@@ -1739,6 +1739,15 @@ class RuntimeImpl final : public Runtime {
         absl::Status ws = w->Wait();
         if (st.ok()) st = ws;
         const size_t n = std::min(kBackupChunkBytes, in.piece->size - off);
+        if (st.ok() && off == 0 &&
+            fault::Injector::Global().AtShard(fault::Kind::kCorruptBackup, me,
+                                              s)) {
+          in.piece->bytes[0] ^= 0x5a;
+          HOLDFAST_LOG_WARN(
+              "runtime: corrupted slot {}'s backup of slot {}'s piece of step "
+              "{} on arrival (injected)",
+              me, in.piece->slot, s);
+        }
         if (st.ok()) h.Update(in.piece->bytes.get() + off, n);
         off += n;
       }
@@ -1793,7 +1802,8 @@ class RuntimeImpl final : public Runtime {
     if (committed_step() < s) return false;
     // Older steps are superseded everywhere.
     Evict([s](const Piece& p) { return p.step < s; });
-    if (fault::Injector::Global().AtShard(me, s) && own->size > 0) {
+    if (own->size > 0 &&
+        fault::Injector::Global().AtShard(fault::Kind::kCorruptShard, me, s)) {
       own->bytes[own->size / 2] ^= 0x5a;
       HOLDFAST_LOG_WARN(
           "runtime: corrupted slot {}'s own copy of its piece "
