@@ -190,7 +190,7 @@ TEST_CASE("shards: one failure domain still gets buddies and a warning") {
 // ---- The disk format
 // ---------------------------------------------------------
 
-TEST_CASE("shards: disk pieces round-trip; damage is refused by name") {
+TEST_CASE("shards: disk pieces round-trip, and damage is refused by name") {
   const std::string dir = holdfast::proc::MakeTempDir();
   std::vector<uint8_t> data(1000);
   for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>(i);
@@ -325,8 +325,12 @@ TEST_CASE(
       {"--snapshot-every", "10", "--step-ms", "20"});
   CHECK(r.err.find("piece of step 10 arrived corrupt; the step is not "
                    "committed") != std::string::npos);
-  REQUIRE(r.summary["incidents"].size() == 1);
-  CHECK(r.summary["incidents"][0].value("lost_steps", -1) == 14);
+  // The kill's incident (a loaded machine may add a spurious one).
+  int64_t lost = -1;
+  for (const auto& i : r.summary["incidents"]) {
+    if (i.value("kind", "") == "crashed") lost = i.value("lost_steps", -1);
+  }
+  CHECK(lost == 14);
 }
 
 TEST_CASE("shards: a piece lost with all its copies is DataLoss and no model") {
