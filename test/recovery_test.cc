@@ -106,7 +106,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "recovery: with snapshots copied during the next step, a killed rank is "
+    "recovery: with snapshots copied during the next step a killed rank is "
     "replaced and the hash equals the fault-free run") {
   std::vector<std::string> trainer = kTrainer;
   trainer.insert(trainer.end(), {"--overlap-snapshot", "--step-ms", "5"});

@@ -128,7 +128,7 @@ TEST_CASE("runtime: one slot runs with replicated and sharded state") {
 }
 
 TEST_CASE(
-    "runtime: overlapped snapshot copies commit the fenced state, and a step "
+    "runtime: overlapped snapshot copies commit the fenced state and a step "
     "without the fence fails the run") {
   Controller c(1);
   auto rt = holdfast::Runtime::Create(c.Options());

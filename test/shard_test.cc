@@ -190,7 +190,7 @@ TEST_CASE("shards: one failure domain still gets buddies and a warning") {
 // ---- The disk format
 // ---------------------------------------------------------
 
-TEST_CASE("shards: disk pieces round-trip, and damage is refused by name") {
+TEST_CASE("shards: disk pieces round-trip and damage is refused by name") {
   const std::string dir = holdfast::proc::MakeTempDir();
   std::vector<uint8_t> data(1000);
   for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>(i);

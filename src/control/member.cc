@@ -85,14 +85,14 @@ class MemberClientImpl final : public MemberClient {
     report_.set_collective_seq(collective_seq);
   }
 
-  absl::StatusOr<bool> ReportFailure(int peer_slot,
-                                     const std::string& reason) override {
+  absl::StatusOr<bool> ReportFailure(int peer_slot, const std::string& reason,
+                                     int64_t generation) override {
     ReportFailureRequest req;
     {
       absl::MutexLock lock(&mu_);
       req.set_member_id(assignment_.member_id);
-      req.set_generation(assignment_.generation);
     }
+    req.set_generation(generation);
     req.set_peer_slot(peer_slot);
     req.set_reason(reason);
     ReportFailureResponse resp;

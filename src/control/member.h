@@ -88,8 +88,12 @@ class MemberClient {
   virtual void SetPhase(Phase phase, int64_t collective_seq = 0) = 0;
 
   // Unary calls with this member's identity (fenced: FailedPrecondition).
+  // `generation`: the generation whose communicator failed. A report
+  // that arrives after the next one opened is refused, not held against
+  // the new generation.
   virtual absl::StatusOr<bool> ReportFailure(int peer_slot,
-                                             const std::string& reason) = 0;
+                                             const std::string& reason,
+                                             int64_t generation) = 0;
   // `generation`: the generation the snapshot was taken in (-1: the
   // current one); an ack from an older one is refused.
   virtual absl::StatusOr<int64_t> AckCheckpoint(int64_t step,

@@ -496,7 +496,7 @@ class RuntimeImpl final : public Runtime {
       // crash is seen at once). If it does not, nobody it knows of failed:
       // report the broken communicator, which rebuilds the group.
       if (!AwaitGeneration(failed, absl::Now() + options_.report_grace)) {
-        ReportBroken(last_error, absent);
+        ReportBroken(last_error, absent, failed);
         AwaitGeneration(failed, deadline);
         continue;
       }
@@ -979,8 +979,11 @@ class RuntimeImpl final : public Runtime {
   // generation with the same members. With a `peer` (>= 0), the slot that
   // never came to the rendezvous is reported instead: the controller
   // declares it failed, and its slot goes to a standby or the world shrinks.
-  void ReportBroken(const std::string& why, int peer) {
-    absl::StatusOr<bool> r = member_->ReportFailure(peer, why);
+  // Reports generation `gen`'s communicator (or `peer` in it) as failed;
+  // gen < 0 (none was built yet): the current generation.
+  void ReportBroken(const std::string& why, int peer, int64_t gen) {
+    if (gen < 0) gen = CurrentView().generation;
+    absl::StatusOr<bool> r = member_->ReportFailure(peer, why, gen);
     if (!r.ok() && r.status().code() != absl::StatusCode::kFailedPrecondition) {
       HOLDFAST_LOG_WARN("runtime: reporting the failure: {}",
                         std::string(r.status().message()));
@@ -1644,7 +1647,7 @@ class RuntimeImpl final : public Runtime {
         "runtime: the side communicator of generation {} "
         "failed: {}",
         gen, std::string(why.message()));
-    ReportBroken(absl::StrCat("side communicator: ", why.message()), -1);
+    ReportBroken(absl::StrCat("side communicator: ", why.message()), -1, gen);
   }
 
   // Backs up one snapshot: every slot agrees on the step, sends its piece
