@@ -975,12 +975,12 @@ class RuntimeImpl final : public Runtime {
     return r == slot() ? -1 : r;
   }
 
-  // Reports a communicator failure nobody explained; the controller opens a
-  // generation with the same members. With a `peer` (>= 0), the slot that
-  // never came to the rendezvous is reported instead: the controller
-  // declares it failed, and its slot goes to a standby or the world shrinks.
-  // Reports generation `gen`'s communicator (or `peer` in it) as failed;
-  // gen < 0 (none was built yet): the current generation.
+  // Reports the failure of generation `gen`'s communicator, which nobody
+  // explained; the controller opens a generation with the same members
+  // (gen < 0, no communicator built yet: the current generation). With a
+  // `peer` (>= 0), the slot that never came to the rendezvous is reported
+  // instead: the controller declares it failed, and its slot goes to a
+  // standby or the world shrinks.
   void ReportBroken(const std::string& why, int peer, int64_t gen) {
     if (gen < 0) gen = CurrentView().generation;
     absl::StatusOr<bool> r = member_->ReportFailure(peer, why, gen);
