@@ -3,7 +3,7 @@
 # Fix with: scripts/check_format.sh --fix
 set -euo pipefail
 cd "$(dirname "$0")/.."
-mapfile -t files < <(git ls-files --cached --others --exclude-standard '*.h' '*.cc' 2>/dev/null || find include src test benchmarks examples third_party -name '*.h' -o -name '*.cc')
+mapfile -t files < <(git ls-files --cached --others --exclude-standard '*.h' '*.cc' '*.c' '*.inc' 2>/dev/null || find include src test benchmarks examples third_party -name '*.h' -o -name '*.cc' -o -name '*.c' -o -name '*.inc')
 if [ "${1:-}" = "--fix" ]; then
   clang-format -i "${files[@]}"
   exit 0

@@ -3,6 +3,9 @@
 // with the example trainer in ZeRO-1 mode (sharded momentum, replicated
 // parameters), real faults (SIGKILL, a corrupted copy, an exit), and the
 // survivors' final parameter hashes compared with a fault-free run.
+#include <xxhash.h>
+
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
@@ -14,6 +17,7 @@
 #include "src/common/process_group.h"
 #include "src/fault/fault.h"
 #include "src/runtime/shards.h"
+#include "src/runtime/xxh3_variants.h"
 #include "test/job_run.h"
 
 namespace {
@@ -185,6 +189,57 @@ TEST_CASE("shards: one failure domain still gets buddies and a warning") {
   for (const auto& b : p.buddies) CHECK(b.size() == 2);
   in.domain.assign(1, 7);
   CHECK(shards::Place(in).buddies.at(0).empty());
+}
+
+// ---- Checksums
+// ---------------------------------------------------------------
+
+TEST_CASE("shards: every checksum variant gives libxxhash's XXH3 value") {
+  std::vector<const HfXxh3Variant*> variants = {&hf_xxh3_baseline};
+#ifdef HOLDFAST_XXH3_X86
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2")) variants.push_back(&hf_xxh3_avx2);
+  if (__builtin_cpu_supports("avx512f")) variants.push_back(&hf_xxh3_avx512);
+#endif
+  // The best variant is one of those this CPU runs.
+  CHECK(std::find(variants.begin(), variants.end(), hf_xxh3_best()) !=
+        variants.end());
+  std::vector<uint8_t> data((size_t{1} << 20) + 4099);
+  uint64_t x = 0x9e3779b97f4a7c15;
+  for (uint8_t& b : data) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    b = static_cast<uint8_t>(x);
+  }
+  // Each of XXH3's code paths: empty, short inputs, one stripe block, many
+  // blocks, and a tail.
+  for (size_t n : {size_t{0}, size_t{1}, size_t{3}, size_t{16}, size_t{17},
+                   size_t{128}, size_t{129}, size_t{240}, size_t{241},
+                   size_t{1024}, size_t{65536} + 7, data.size()}) {
+    const uint64_t want = XXH3_64bits(data.data(), n);
+    CHECK(shards::Checksum(data.data(), n) == want);
+    for (const HfXxh3Variant* v : variants) {
+      INFO(v->name << " on " << n << " bytes");
+      CHECK(v->hash(data.data(), n) == want);
+      // Streamed in uneven pieces.
+      void* st = v->new_state();
+      REQUIRE(st != nullptr);
+      for (size_t off = 0, k = 1; off < n; k = k * 3 + 1) {
+        const size_t m = std::min(k, n - off);
+        v->update(st, data.data() + off, m);
+        off += m;
+      }
+      CHECK(v->digest(st) == want);
+      v->free_state(st);
+    }
+  }
+  // CopyHasher copies while it hashes.
+  std::vector<uint8_t> copy(data.size());
+  shards::CopyHasher h;
+  uint8_t* end = h.Copy(copy.data(), data.data(), 1000);
+  end = h.Copy(end, data.data() + 1000, data.size() - 1000);
+  CHECK(end == copy.data() + copy.size());
+  CHECK(copy == data);
+  CHECK(h.Digest() == XXH3_64bits(data.data(), data.size()));
 }
 
 // ---- The disk format

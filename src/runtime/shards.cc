@@ -2,13 +2,13 @@
 
 #include <fcntl.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <new>
 #include <set>
 #include <system_error>
 
@@ -16,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "src/runtime/xxh3_variants.h"
 
 namespace holdfast::shards {
 namespace {
@@ -125,18 +126,19 @@ Range Intersect(const Range& a, const Range& b) {
 }
 
 uint64_t Checksum(const void* data, size_t bytes) {
-  return XXH3_64bits(data, bytes);
+  return hf_xxh3_best()->hash(data, bytes);
 }
 
 struct CopyHasher::State {
-  State() : xxh(XXH3_createState()) {}
-  ~State() { XXH3_freeState(xxh); }
-  XXH3_state_t* xxh;
+  State() : xxh(hf_xxh3_best()), state(xxh->new_state()) {
+    if (state == nullptr) throw std::bad_alloc();
+  }
+  ~State() { xxh->free_state(state); }
+  const HfXxh3Variant* xxh;
+  void* state;
 };
 
-CopyHasher::CopyHasher() : state_(std::make_unique<State>()) {
-  XXH3_64bits_reset(state_->xxh);
-}
+CopyHasher::CopyHasher() : state_(std::make_unique<State>()) {}
 
 CopyHasher::~CopyHasher() = default;
 
@@ -146,16 +148,18 @@ uint8_t* CopyHasher::Copy(uint8_t* dst, const uint8_t* src, size_t bytes) {
   for (size_t off = 0; off < bytes; off += kBlock) {
     const size_t n = std::min(kBlock, bytes - off);
     std::memcpy(dst + off, src + off, n);
-    XXH3_64bits_update(state_->xxh, dst + off, n);
+    state_->xxh->update(state_->state, dst + off, n);
   }
   return dst + bytes;
 }
 
 void CopyHasher::Update(const void* data, size_t bytes) {
-  XXH3_64bits_update(state_->xxh, data, bytes);
+  state_->xxh->update(state_->state, data, bytes);
 }
 
-uint64_t CopyHasher::Digest() const { return XXH3_64bits_digest(state_->xxh); }
+uint64_t CopyHasher::Digest() const {
+  return state_->xxh->digest(state_->state);
+}
 
 Placement Place(const PlacementInput& in) {
   Placement out;
