@@ -17,7 +17,9 @@
 //                (two threads, one TCP socket pair, both directions at
 //                once). Goal: >= 80 %. Also the runtime's own time inside
 //                the sends and receives ("transfer"), to tell the wire from
-//                the protocol around it.
+//                the protocol around it. Twice: with the buddy checking
+//                what it received as it lands (verify_backups "arrival",
+//                the default), and leaving that to a restore ("restore").
 // Both slots live in this process (two Runtimes, two threads) with an
 // embedded controller, so the two measurements share one machine.
 //
@@ -150,8 +152,8 @@ struct Pair {
 };
 
 // Two runtimes (slots 0 and 1) in this process; `reps` snapshots of a
-// replicated `bytes` buffer each, timed.
-Pair MeasureRuntime(size_t bytes, int reps) {
+// replicated `bytes` buffer each, timed; buddies verify at `verify`.
+Pair MeasureRuntime(size_t bytes, int reps, const char* verify) {
   Pair out;
   holdfast::control::ControllerOptions co;
   co.token = "shard-bench-token";
@@ -176,6 +178,7 @@ Pair MeasureRuntime(size_t bytes, int reps) {
     o.token = co.token;
     o.host = absl::StrCat("bench-host-", want);
     o.preferred_slot = want;
+    o.verify_backups = verify;
     auto rt = holdfast::Runtime::Create(o);
     if (!rt.ok()) {
       errors[want] = std::string(rt.status().message());
@@ -310,7 +313,9 @@ int main(int argc, char** argv) {
       return 2;
     }
     const size_t bytes = static_cast<size_t>(mb) << 20;
-    Pair p = MeasureRuntime(bytes, reps);
+    Pair p = MeasureRuntime(bytes, reps, "arrival");
+    Pair q = MeasureRuntime(bytes, reps, "restore");
+    if (p.error.empty()) p.error = q.error;
     json r;
     r["state_mb"] = mb;
     if (!p.error.empty()) {
@@ -328,6 +333,8 @@ int main(int argc, char** argv) {
     r["replication_gbps"] = gb / p.replicate_s;
     r["raw_exchange_gbps"] = gb / raw_s;
     r["replication_vs_raw"] = raw_s / p.replicate_s;
+    r["replication_verify_at_restore_gbps"] = gb / q.replicate_s;
+    r["replication_verify_at_restore_vs_raw"] = raw_s / q.replicate_s;
     r["transfer_gbps"] = p.transfer_s > 0 ? gb / p.transfer_s : 0;
     r["transfer_vs_raw"] = p.transfer_s > 0 ? raw_s / p.transfer_s : 0;
     out["sizes"].push_back(r);
@@ -366,9 +373,10 @@ int main(int argc, char** argv) {
     std::printf("%s\n", out.dump(2).c_str());
     return 0;
   }
-  std::printf("%-8s %-9s %-12s %-12s %-7s %-13s %-13s %-13s %-7s %-7s\n",
-              "state", "piece", "snapshot", "memcpy", "ratio", "round",
-              "transfer", "raw exchange", "round", "xfer");
+  std::printf(
+      "%-8s %-9s %-12s %-12s %-7s %-13s %-13s %-13s %-13s %-7s %-7s %-7s\n",
+      "state", "piece", "snapshot", "memcpy", "ratio", "round", "transfer",
+      "round@rest.", "raw exchange", "round", "xfer", "@rest.");
   for (const json& r : out["sizes"]) {
     if (r.contains("error")) {
       std::printf("%-6lld MiB: %s\n",
@@ -378,13 +386,15 @@ int main(int argc, char** argv) {
     }
     std::printf(
         "%-4lld MiB %-5.0f MiB %6.2f GB/s  %6.2f GB/s  %5.2f   %6.2f GB/s   "
-        "%6.2f GB/s   %6.2f GB/s   %5.2f   %5.2f\n",
+        "%6.2f GB/s   %6.2f GB/s   %6.2f GB/s   %5.2f   %5.2f   %5.2f\n",
         static_cast<long long>(r.value("state_mb", 0)),
         r.value("piece_mb", 0.0), r.value("snapshot_gbps", 0.0),
         r.value("memcpy_gbps", 0.0), r.value("snapshot_vs_memcpy", 0.0),
         r.value("replication_gbps", 0.0), r.value("transfer_gbps", 0.0),
+        r.value("replication_verify_at_restore_gbps", 0.0),
         r.value("raw_exchange_gbps", 0.0), r.value("replication_vs_raw", 0.0),
-        r.value("transfer_vs_raw", 0.0));
+        r.value("transfer_vs_raw", 0.0),
+        r.value("replication_verify_at_restore_vs_raw", 0.0));
   }
   if (out.contains("overhead")) {
     const json& o = out["overhead"];

@@ -345,4 +345,9 @@ TEST_CASE("recovery: the launcher refuses bad input with a clear error") {
   CHECK(rc7 == 1);
   CHECK(err7.find("standbys registered within --join-timeout-s") !=
         std::string::npos);
+  auto [rc8, err8] = run(
+      absl::StrCat("-n 2 --verify-backups later -- ", HOLDFAST_DP_TRAINER_BIN));
+  CHECK(rc8 != 0);
+  CHECK(err8.find("--verify-backups: later not in {arrival,restore}") !=
+        std::string::npos);
 }

@@ -85,6 +85,20 @@ TEST_CASE("runtime: a bad preferred slot in the environment is refused") {
   CHECK(Mentions(rt.status(), "HOLDFAST_PREFERRED_SLOT='first'"));
 }
 
+TEST_CASE("runtime: a bad verify_backups is refused by name") {
+  Controller c(1);
+  holdfast::RuntimeOptions o = c.Options();
+  o.verify_backups = "never";
+  auto rt = holdfast::Runtime::Create(o);
+  CHECK(rt.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(Mentions(rt.status(), "verify_backups is 'never'"));
+  setenv("HOLDFAST_VERIFY_BACKUPS", "later", 1);
+  rt = holdfast::Runtime::Create(c.Options());
+  unsetenv("HOLDFAST_VERIFY_BACKUPS");
+  CHECK(rt.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(Mentions(rt.status(), "HOLDFAST_VERIFY_BACKUPS='later'"));
+}
+
 TEST_CASE("runtime: one slot runs with replicated and sharded state") {
   Controller c(1);
   auto rt = holdfast::Runtime::Create(c.Options());

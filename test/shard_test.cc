@@ -388,6 +388,28 @@ TEST_CASE(
   CHECK(lost == 14);
 }
 
+TEST_CASE(
+    "shards: with verify-backups restore a damaged copy commits and the "
+    "restore refuses it") {
+  // Two copies of each piece; slot 1 damages the copy of slot 0's piece
+  // of step 10 as it lands, and does not check it. Step 10 commits; after
+  // slot 0's loss at 15 the restore finds the damage, uses slot 2's copy,
+  // and the run ends with the fault-free hash.
+  JobRun r = ExpectFaultFreeHash(
+      {"-n", "4", "--standby", "1", "--replicas", "2", "--verify-backups",
+       "restore", "--inject", "corrupt-backup:slot=1:step=10", "--inject",
+       "kill:slot=0:step=15"},
+      {"--snapshot-every", "10", "--step-ms", "20"});
+  CHECK(r.err.find("arrived corrupt") == std::string::npos);
+  CHECK(r.err.find("slot 1's copy of the piece of slot 0 (world 4, step 10) "
+                   "failed its checksum") != std::string::npos);
+  int64_t lost = -1;
+  for (const auto& i : r.summary["incidents"]) {
+    if (i.value("kind", "") == "crashed") lost = i.value("lost_steps", -1);
+  }
+  CHECK(lost == 4);  // step 10 committed: in "arrival" mode it would not
+}
+
 TEST_CASE("shards: a piece lost with all its copies is DataLoss and no model") {
   // Slot 1's buddy is slot 3 (the same place on the other host). Slot 3
   // dies as soon as the recovery from slot 1's loss begins, before any

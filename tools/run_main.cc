@@ -422,7 +422,7 @@ void Launcher::PrintSummary(const json& j) {
 int Launcher::Main(int argc, char** argv) {
   CLI::App app{"holdfast-run: run a fault-tolerant job on this machine"};
   int n = 0, standby = 0, min_world = 1, hosts = 0, replicas = 0;
-  std::string checkpoint_dir;
+  std::string checkpoint_dir, verify_backups;
   int64_t checkpoint_every = 0;
   std::string mode = "replace";
   std::vector<std::string> inject;
@@ -447,6 +447,10 @@ int Launcher::Main(int argc, char** argv) {
                  "copies of each checkpoint piece on buddies "
                  "(HOLDFAST_REPLICAS; default 1)")
       ->check(CLI::Range(1, 64));
+  app.add_option("--verify-backups", verify_backups,
+                 "when buddies check received copies: arrival or restore "
+                 "(HOLDFAST_VERIFY_BACKUPS; default arrival)")
+      ->check(CLI::IsMember({"arrival", "restore"}));
   app.add_option("--checkpoint-dir", checkpoint_dir,
                  "disk tier directory (HOLDFAST_CHECKPOINT_DIR)");
   app.add_option("--checkpoint-every", checkpoint_every,
@@ -550,6 +554,9 @@ int Launcher::Main(int argc, char** argv) {
     };
     if (replicas > 0) {
       env.push_back(absl::StrCat("HOLDFAST_REPLICAS=", replicas));
+    }
+    if (!verify_backups.empty()) {
+      env.push_back(absl::StrCat("HOLDFAST_VERIFY_BACKUPS=", verify_backups));
     }
     if (!checkpoint_dir.empty()) {
       env.push_back(absl::StrCat("HOLDFAST_CHECKPOINT_DIR=", checkpoint_dir));

@@ -89,6 +89,19 @@ struct RuntimeOptions {
   int preferred_slot = -2;
   // Copies of each piece on buddies; 0 reads HOLDFAST_REPLICAS (default 1).
   int replicas = 0;
+  // When a buddy checks the copy it received against the owner's checksum:
+  // "arrival" (the default): as the bytes land; a damaged copy keeps its
+  //   step from committing. This hashes every received byte inside the
+  //   round, which costs about what the transfer does where the link is
+  //   as fast as memory (loopback, NVLink-class hosts).
+  // "restore": the round only moves the bytes and the checksum, and a
+  //   damaged copy is found when a restore needs it; that restore then
+  //   uses another copy or the disk tier, or stops with DataLoss naming
+  //   the piece. Never a wrong model, but a step can commit with fewer
+  //   good copies than `replicas` promises.
+  // Restore checks every copy it uses either way. Empty reads
+  // HOLDFAST_VERIFY_BACKUPS.
+  std::string verify_backups;
   // The parallel layout buddies avoid: slot = ((dp * pp) + pp_index) * tp +
   // tp_index. 0 reads HOLDFAST_TP_SIZE / HOLDFAST_PP_SIZE (default 1).
   int tp_size = 0;

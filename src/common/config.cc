@@ -81,6 +81,12 @@ const std::vector<Entry>& Registry() {
       {{"HOLDFAST_CHECKPOINT_DIR", "",
         "directory of the disk tier (empty: no disk tier)"},
        Kind::kString},
+      {{"HOLDFAST_VERIFY_BACKUPS", "arrival",
+        "when a buddy checks a received copy against its owner's checksum: "
+        "arrival (a damaged copy keeps its step from committing) or restore "
+        "(the round only moves bytes; a damaged copy is found when needed)"},
+       Kind::kString,
+       {"arrival", "restore"}},
       {{"HOLDFAST_CHECKPOINT_EVERY", "100",
         "the disk tier writes committed steps that are multiples of this"},
        Kind::kInt},
