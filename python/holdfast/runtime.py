@@ -133,9 +133,9 @@ class Runtime:
 
     Options (all optional; the HOLDFAST_* environment set by holdfast-run
     fills the rest): controller, token, token_file, host, topology_block,
-    faults, preferred_slot, replicas, tp_size, pp_size, checkpoint_dir,
-    checkpoint_every, and timeout, connect_timeout, join_timeout,
-    recovery_timeout in seconds.
+    faults, preferred_slot, replicas, verify_backups ("arrival" or
+    "restore"), tp_size, pp_size, checkpoint_dir, checkpoint_every, and
+    timeout, connect_timeout, join_timeout, recovery_timeout in seconds.
     """
 
     def __init__(self, **options):
@@ -249,7 +249,7 @@ class Runtime:
 
     # ---- the step loop -----------------------------------------------------
     def run(self, step_fn, steps, snapshot_every=1, metrics=None,
-            on_restore=None):
+            on_restore=None, overlap_snapshot_copy=False):
         """Runs steps committed+1 .. `steps` with automatic recovery.
 
         `step_fn(ctx)` gets a StepContext. A holdfast error it raises (or
@@ -259,6 +259,13 @@ class Runtime:
         RunResult (final_step, world_size, slot, recoveries, ...).
         `on_restore(step)` runs whenever the registered tensors were restored
         (at the start and after each recovery), before the next step.
+
+        With `overlap_snapshot_copy`, each snapshot is copied out of the
+        registered tensors on the backup thread while the next step
+        computes, instead of between the steps. Every step must then call
+        `ctx.runtime.begin_state_update()` before it writes registered
+        state (before `optimizer.step()`); a step that does not ends the
+        run with FencedError (FailedPrecondition) naming the call.
         """
 
         def step(ctx):
@@ -273,7 +280,14 @@ class Runtime:
                 group._end_step()
 
         return self._rt.run(step, int(steps), int(snapshot_every), metrics,
-                            on_restore)
+                            on_restore, bool(overlap_snapshot_copy))
+
+    def begin_state_update(self):
+        """With run(overlap_snapshot_copy=True): call in every step before
+        the first write to registered state. Waits for the copy of the
+        previous step's snapshot if one is under way (a memory copy, never
+        the network); one not yet started is skipped instead."""
+        self._rt.begin_state_update()
 
     def leave(self, finished=False):
         self._rt.leave(finished)

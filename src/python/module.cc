@@ -162,6 +162,8 @@ RuntimeOptions MakeOptions(const py::kwargs& kw) {
       o.preferred_slot = py::cast<int>(v);
     } else if (key == "replicas") {
       o.replicas = py::cast<int>(v);
+    } else if (key == "verify_backups") {
+      o.verify_backups = py::cast<std::string>(v);
     } else if (key == "tp_size") {
       o.tp_size = py::cast<int>(v);
     } else if (key == "pp_size") {
@@ -395,8 +397,8 @@ PYBIND11_MODULE(_C, m) {
       .def(
           "run",
           [](Runtime& rt, py::function step_fn, int64_t steps,
-             int64_t snapshot_every, py::object metrics,
-             py::object on_restore) {
+             int64_t snapshot_every, py::object metrics, py::object on_restore,
+             bool overlap_snapshot_copy) {
             // An exception of the step function that is not a holdfast
             // error: Run stops, and it is raised again here.
             std::optional<py::error_already_set> raised;
@@ -428,6 +430,7 @@ PYBIND11_MODULE(_C, m) {
             RunOptions ro;
             ro.steps = steps;
             ro.snapshot_every = snapshot_every;
+            ro.overlap_snapshot_copy = overlap_snapshot_copy;
             if (!metrics.is_none()) {
               ro.metrics = [&metrics]() {
                 py::gil_scoped_acquire gil;
@@ -457,7 +460,14 @@ PYBIND11_MODULE(_C, m) {
             return *r;
           },
           py::arg("step_fn"), py::arg("steps"), py::arg("snapshot_every") = 1,
-          py::arg("metrics") = py::none(), py::arg("on_restore") = py::none())
+          py::arg("metrics") = py::none(), py::arg("on_restore") = py::none(),
+          py::arg("overlap_snapshot_copy") = false)
+      .def("begin_state_update",
+           [](Runtime& rt) {
+             // It may wait for a memory copy on the backup thread.
+             py::gil_scoped_release release;
+             rt.BeginStateUpdate();
+           })
       .def(
           "leave",
           [](Runtime& rt, bool finished) {

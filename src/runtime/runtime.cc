@@ -650,9 +650,10 @@ class RuntimeImpl final : public Runtime {
           if (options.overlap_snapshot_copy && DropUnfenced() && s.ok()) {
             return absl::FailedPreconditionError(absl::StrCat(
                 "RunOptions::overlap_snapshot_copy: step ", step,
-                " returned without calling Runtime::BeginStateUpdate(), "
-                "which every step must call before it writes registered "
-                "state; the snapshot of step ",
+                " returned without calling Runtime::BeginStateUpdate() "
+                "(Python: runtime.begin_state_update()), which every step "
+                "must call before it writes registered state; the snapshot "
+                "of step ",
                 step - 1, " may be torn and was dropped"));
           }
         }

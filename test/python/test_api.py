@@ -3,6 +3,7 @@ by name, state registration from torch, the communicator on tensors and
 the step loop."""
 
 import builtins
+import time
 
 import pytest
 import torch
@@ -95,6 +96,48 @@ def test_step_loop_restores_nothing_and_runs(controller):
     assert torch.equal(weights, torch.full((8,), 15.0))
     assert torch.equal(rt.shard("moments", torch.float64),
                        torch.full((10,), 5.0, dtype=torch.float64))
+
+
+def test_overlapped_snapshot_copies_commit_and_need_the_fence(controller):
+    """run(overlap_snapshot_copy=True): snapshots are copied while the next
+    step runs and commit once the step calls begin_state_update()."""
+    address, token = controller
+    rt = holdfast.Runtime(controller=address, token=token,
+                          verify_backups="restore")
+    counter = torch.zeros(1024, dtype=torch.int64)
+    rt.register_tensor("counter", counter)
+
+    def step(ctx):
+        assert int(counter[0]) == ctx.step - 1  # reads may overlap the copy
+        ctx.runtime.begin_state_update()
+        counter.fill_(ctx.step)
+
+    result = rt.run(step, 20, overlap_snapshot_copy=True)
+    assert result.final_step == 20
+    assert rt.committed_step == 20
+    # Deferred snapshots committed, not only the first and the last.
+    assert result.backups > 2
+
+
+def test_an_overlapped_step_without_the_fence_ends_the_run(controller):
+    address, token = controller
+    rt = holdfast.Runtime(controller=address, token=token)
+    counter = torch.zeros(4, dtype=torch.int64)
+    rt.register_tensor("counter", counter)
+
+    def unfenced(ctx):
+        time.sleep(0.02)
+        counter[0] = ctx.step
+
+    with pytest.raises(holdfast.FencedError, match="begin_state_update"):
+        rt.run(unfenced, 20, overlap_snapshot_copy=True)
+
+
+def test_a_bad_verify_backups_is_refused(controller):
+    address, token = controller
+    with pytest.raises(holdfast.InvalidArgumentError, match="'sometimes'"):
+        holdfast.Runtime(controller=address, token=token,
+                         verify_backups="sometimes")
 
 
 def test_a_foreign_exception_ends_the_run_and_is_raised(controller):
