@@ -109,6 +109,7 @@ def test_overlapped_snapshot_copies_commit_and_need_the_fence(controller):
 
     def step(ctx):
         assert int(counter[0]) == ctx.step - 1  # reads may overlap the copy
+        time.sleep(0.01)  # compute: the backup thread copies meanwhile
         ctx.runtime.begin_state_update()
         counter.fill_(ctx.step)
 
