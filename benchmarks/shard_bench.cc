@@ -20,6 +20,10 @@
 //                the protocol around it. Twice: with the buddy checking
 //                what it received as it lands (verify_backups "arrival",
 //                the default), and leaving that to a restore ("restore").
+//                A third time with the copy during the next step
+//                (overlap_snapshot_copy, which hashes the piece as it
+//                copies it) and the check at restore, timed by the runtime
+//                (MeasureOverlappedRound).
 // Both slots live in this process (two Runtimes, two threads) with an
 // embedded controller, so the two measurements share one machine.
 //
@@ -45,6 +49,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -56,6 +61,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "holdfast/runtime.h"
+#include "holdfast/status.h"
 #include "src/common/process_group.h"
 #include "src/control/server.h"
 
@@ -151,27 +157,19 @@ struct Pair {
   std::string error;
 };
 
-// Two runtimes (slots 0 and 1) in this process; `reps` snapshots of a
-// replicated `bytes` buffer each, timed; buddies verify at `verify`.
-Pair MeasureRuntime(size_t bytes, int reps, const char* verify) {
-  Pair out;
+// Runs `body(slot, runtime, state)` on slots 0 and 1 of a two-slot job:
+// an embedded controller, and a Runtime per thread with `bytes` of
+// registered replicated state whose buddies check copies at `verify`.
+// Returns the first error ("" if none).
+using SlotBody =
+    std::function<absl::Status(int, holdfast::Runtime&, std::vector<uint8_t>&)>;
+std::string RunPair(size_t bytes, const char* verify, const SlotBody& body) {
   holdfast::control::ControllerOptions co;
   co.token = "shard-bench-token";
   co.world_size = 2;
   auto server = holdfast::control::ControllerServer::Start(co);
-  if (!server.ok()) {
-    out.error = std::string(server.status().message());
-    return out;
-  }
-  std::vector<double> snap[2];
-  // Per timed round and slot: Snapshot() returned, the commit was seen.
-  std::vector<absl::Time> taken_at[2], committed_at[2];
+  if (!server.ok()) return std::string(server.status().message());
   std::string errors[2];
-  double transfer_s = 0;
-  // Slot 1 snapshots after slot 0's copy is done, so the timed copy (slot
-  // 0's) has the memory bus to itself, as the memcpy baseline does.
-  absl::Mutex mu;
-  int64_t copied = 0;
   auto slot_main = [&](int want) {
     holdfast::RuntimeOptions o;
     o.controller = (*server)->address();
@@ -186,8 +184,34 @@ Pair MeasureRuntime(size_t bytes, int reps, const char* verify) {
     }
     std::vector<uint8_t> state(bytes, static_cast<uint8_t>(want + 1));
     absl::Status s = (*rt)->RegisterState("state", state.data(), bytes);
-    if (s.ok()) s = (*rt)->communicator().status();
-    for (int i = 0; s.ok() && i <= reps; ++i) {
+    if (s.ok()) s = body(want, **rt, state);
+    if (!s.ok()) errors[want] = std::string(s.message());
+    (*rt)->Leave(true);
+  };
+  std::thread t0([&] { slot_main(0); });
+  std::thread t1([&] { slot_main(1); });
+  t0.join();
+  t1.join();
+  (*server)->Shutdown();
+  return errors[0].empty() ? errors[1] : errors[0];
+}
+
+// `reps` timed snapshots of each slot, each waited for until committed;
+// buddies verify at `verify`.
+Pair MeasureRuntime(size_t bytes, int reps, const char* verify) {
+  Pair out;
+  std::vector<double> snap[2];
+  // Per timed round and slot: Snapshot() returned, the commit was seen.
+  std::vector<absl::Time> taken_at[2], committed_at[2];
+  double transfer_s = 0;
+  // Slot 1 snapshots after slot 0's copy is done, so the timed copy (slot
+  // 0's) has the memory bus to itself, as the memcpy baseline does.
+  absl::Mutex mu;
+  int64_t copied = 0;
+  auto body = [&](int want, holdfast::Runtime& rt,
+                  std::vector<uint8_t>& state) -> absl::Status {
+    HOLDFAST_RETURN_IF_ERROR(rt.communicator().status());
+    for (int i = 0; i <= reps; ++i) {
       const int64_t step = i + 1;
       state[static_cast<size_t>(i) % bytes] ^= 1;
       if (want == 1) {
@@ -197,25 +221,21 @@ Pair MeasureRuntime(size_t bytes, int reps, const char* verify) {
       }
       if (want == 0) EvictCaches();
       const absl::Time t0 = absl::Now();
-      absl::StatusOr<bool> taken = (*rt)->Snapshot(step);
+      absl::StatusOr<bool> taken = rt.Snapshot(step);
       const absl::Time t1 = absl::Now();
       if (want == 0) {
         absl::MutexLock lock(&mu);
         copied = step;
       }
-      if (!taken.ok() || !*taken) {
-        s = taken.ok() ? absl::InternalError("snapshot skipped")
-                       : taken.status();
-        break;
-      }
-      while ((*rt)->committed_step() < step &&
+      if (!taken.ok()) return taken.status();
+      if (!*taken) return absl::InternalError("snapshot skipped");
+      while (rt.committed_step() < step &&
              absl::Now() - t1 < absl::Seconds(60)) {
         absl::SleepFor(absl::Microseconds(100));
       }
       const absl::Time t2 = absl::Now();
-      if ((*rt)->committed_step() < step) {
-        s = absl::DeadlineExceededError("no commit in 60 s");
-        break;
+      if (rt.committed_step() < step) {
+        return absl::DeadlineExceededError("no commit in 60 s");
       }
       if (i > 0) {  // the first round allocates and faults pages in
         snap[want].push_back(absl::ToDoubleSeconds(t1 - t0));
@@ -225,19 +245,13 @@ Pair MeasureRuntime(size_t bytes, int reps, const char* verify) {
       // Let the other slot see the commit too before the next round.
       absl::SleepFor(absl::Milliseconds(20));
     }
-    if (!s.ok()) errors[want] = std::string(s.message());
     if (want == 0) {
-      const holdfast::BackupStats b = (*rt)->backup_stats();
+      const holdfast::BackupStats b = rt.backup_stats();
       transfer_s = b.rounds > 0 ? b.transfer_us / 1e6 / b.rounds : 0;
     }
-    (*rt)->Leave(true);
+    return absl::OkStatus();
   };
-  std::thread t0([&] { slot_main(0); });
-  std::thread t1([&] { slot_main(1); });
-  t0.join();
-  t1.join();
-  (*server)->Shutdown();
-  out.error = errors[0].empty() ? errors[1] : errors[0];
+  out.error = RunPair(bytes, verify, body);
   out.snapshot_s = Median(snap[0]);
   // Slot 1 copies after slot 0 (see above), so a round starts when the
   // later copy is done, and ends when both slots saw the commit.
@@ -253,6 +267,55 @@ Pair MeasureRuntime(size_t bytes, int reps, const char* verify) {
   out.transfer_s = transfer_s;
   out.piece_bytes = bytes / 2;
   return out;
+}
+
+// Mean round, in seconds, of snapshots copied during the next step
+// (RunOptions::overlap_snapshot_copy) and checked at restore: the owner
+// hashes its piece as it copies it, so the round itself moves bytes only.
+// Two slots run the step loop; each step fences at once (so the copy
+// waits for no compute and nothing is skipped for lack of time), then
+// idles long enough for the round. Timed by the runtime
+// (BackupStats::round_us: from the end of the copy to the commit), over
+// the rounds between the third step and the last (the first rounds fault
+// pages in; the last step's snapshot is copied between the steps); of the
+// two slots, the one whose copy ended last (the smaller mean).
+double MeasureOverlappedRound(size_t bytes, int reps, std::string* error) {
+  const int64_t steps = reps + 3;
+  const absl::Duration idle = absl::Milliseconds(30) +
+                              absl::Seconds(static_cast<double>(bytes) / 0.3e9);
+  double mean[2] = {0, 0};
+  auto body = [&](int want, holdfast::Runtime& rt,
+                  std::vector<uint8_t>& state) -> absl::Status {
+    holdfast::BackupStats first, last;
+    holdfast::RunOptions ro;
+    ro.steps = steps;
+    ro.overlap_snapshot_copy = true;
+    auto r = rt.Run(
+        [&](const holdfast::StepContext& ctx) -> absl::Status {
+          if (ctx.step == 3) first = rt.backup_stats();
+          if (ctx.step == steps) last = rt.backup_stats();
+          int64_t x = ctx.step;
+          HOLDFAST_RETURN_IF_ERROR(ctx.comm
+                                       ->AllReduce(&x, 1,
+                                                   holdfast::DataType::kInt64,
+                                                   holdfast::ReduceOp::kSum)
+                                       ->Wait());
+          absl::SleepFor(absl::Milliseconds(2));
+          ctx.runtime->BeginStateUpdate();
+          state[static_cast<size_t>(ctx.step) % bytes] ^= 1;
+          absl::SleepFor(idle);
+          return absl::OkStatus();
+        },
+        ro);
+    HOLDFAST_RETURN_IF_ERROR(r.status());
+    const int64_t rounds = last.rounds - first.rounds;
+    if (rounds <= 0) return absl::InternalError("no overlapped round");
+    mean[want] = static_cast<double>(last.round_us - first.round_us) / 1e6 /
+                 static_cast<double>(rounds);
+    return absl::OkStatus();
+  };
+  *error = RunPair(bytes, "restore", body);
+  return std::min(mean[0], mean[1]);
 }
 
 json ReadJson(const std::string& path) {
@@ -316,6 +379,10 @@ int main(int argc, char** argv) {
     Pair p = MeasureRuntime(bytes, reps, "arrival");
     Pair q = MeasureRuntime(bytes, reps, "restore");
     if (p.error.empty()) p.error = q.error;
+    std::string overlap_error;
+    const double overlapped_s =
+        MeasureOverlappedRound(bytes, reps, &overlap_error);
+    if (p.error.empty()) p.error = overlap_error;
     json r;
     r["state_mb"] = mb;
     if (!p.error.empty()) {
@@ -335,6 +402,8 @@ int main(int argc, char** argv) {
     r["replication_vs_raw"] = raw_s / p.replicate_s;
     r["replication_verify_at_restore_gbps"] = gb / q.replicate_s;
     r["replication_verify_at_restore_vs_raw"] = raw_s / q.replicate_s;
+    r["replication_overlapped_gbps"] = gb / overlapped_s;
+    r["replication_overlapped_vs_raw"] = raw_s / overlapped_s;
     r["transfer_gbps"] = p.transfer_s > 0 ? gb / p.transfer_s : 0;
     r["transfer_vs_raw"] = p.transfer_s > 0 ? raw_s / p.transfer_s : 0;
     out["sizes"].push_back(r);
@@ -374,9 +443,11 @@ int main(int argc, char** argv) {
     return 0;
   }
   std::printf(
-      "%-8s %-9s %-12s %-12s %-7s %-13s %-13s %-13s %-13s %-7s %-7s %-7s\n",
+      "%-8s %-9s %-12s %-12s %-7s %-13s %-13s %-13s %-13s %-13s %-7s %-7s "
+      "%-7s %-7s\n",
       "state", "piece", "snapshot", "memcpy", "ratio", "round", "transfer",
-      "round@rest.", "raw exchange", "round", "xfer", "@rest.");
+      "round@rest.", "round@ovl.", "raw exchange", "round", "xfer", "@rest.",
+      "@ovl.");
   for (const json& r : out["sizes"]) {
     if (r.contains("error")) {
       std::printf("%-6lld MiB: %s\n",
@@ -386,15 +457,18 @@ int main(int argc, char** argv) {
     }
     std::printf(
         "%-4lld MiB %-5.0f MiB %6.2f GB/s  %6.2f GB/s  %5.2f   %6.2f GB/s   "
-        "%6.2f GB/s   %6.2f GB/s   %6.2f GB/s   %5.2f   %5.2f   %5.2f\n",
+        "%6.2f GB/s   %6.2f GB/s   %6.2f GB/s   %6.2f GB/s   %5.2f   %5.2f   "
+        "%5.2f   %5.2f\n",
         static_cast<long long>(r.value("state_mb", 0)),
         r.value("piece_mb", 0.0), r.value("snapshot_gbps", 0.0),
         r.value("memcpy_gbps", 0.0), r.value("snapshot_vs_memcpy", 0.0),
         r.value("replication_gbps", 0.0), r.value("transfer_gbps", 0.0),
         r.value("replication_verify_at_restore_gbps", 0.0),
+        r.value("replication_overlapped_gbps", 0.0),
         r.value("raw_exchange_gbps", 0.0), r.value("replication_vs_raw", 0.0),
         r.value("transfer_vs_raw", 0.0),
-        r.value("replication_verify_at_restore_vs_raw", 0.0));
+        r.value("replication_verify_at_restore_vs_raw", 0.0),
+        r.value("replication_overlapped_vs_raw", 0.0));
   }
   if (out.contains("overhead")) {
     const json& o = out["overhead"];

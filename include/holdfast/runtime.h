@@ -129,6 +129,7 @@ struct BackupStats {
   int64_t bytes = 0;        // sent to buddies plus received from owners
   int64_t transfer_us = 0;  // inside the sends and receives
   int64_t round_us = 0;     // whole rounds, checks and commit included
+                            // (after a deferred copy: not the copy)
   int64_t disk_writes = 0;
 };
 
@@ -200,7 +201,8 @@ struct RunResult {
   int64_t productive_ms = 0;
   int64_t wall_ms = 0;
   // Backups: rounds committed, bytes this member sent and received for
-  // them, and the time its background thread spent in them.
+  // them, and the time its background thread spent in them (the rounds;
+  // not the copies of overlap_snapshot_copy).
   int64_t backups = 0;
   int64_t backup_bytes = 0;
   int64_t backup_ms = 0;

@@ -1512,7 +1512,6 @@ class RuntimeImpl final : public Runtime {
         gen = pending_->layout_generation;
       }
       absl::StatusOr<std::shared_ptr<Communicator>> side = Side(gen);
-      const absl::Time t0 = absl::Now();
       Piece* own;
       {
         absl::MutexLock lock(&bk_mu_);
@@ -1529,6 +1528,7 @@ class RuntimeImpl final : public Runtime {
         }
       }
       if (side.ok() && own->deferred) CopyIn(own);
+      const absl::Time t0 = absl::Now();  // the round proper, after any copy
       absl::StatusOr<bool> committed =
           side.ok() ? BackupRound(own, side->get()) : side.status();
       {
