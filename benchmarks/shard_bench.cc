@@ -25,7 +25,9 @@
 //                copies it) and the check at restore, timed by the runtime
 //                (MeasureOverlappedRound).
 // Both slots live in this process (two Runtimes, two threads) with an
-// embedded controller, so the two measurements share one machine.
+// embedded controller, so the two measurements share one machine. All of
+// a size's measurements run --trials times in turn; each figure is the
+// median (the JSON also lists every trial's).
 //
 // Then the step-time overhead of every-step snapshots on the example
 // trainer (holdfast-run, 2 workers, --step-ms of idle compute per step,
@@ -50,6 +52,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -360,7 +363,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t{1}, int64_t{60000}));
   app.add_option("--steps", steps, "trainer steps")
       ->check(CLI::Range(int64_t{10}, int64_t{100000}));
-  app.add_option("--trials", trials, "trainer runs per setting (median)")
+  app.add_option("--trials", trials,
+                 "runs of every measurement, in turn (medians)")
       ->check(CLI::Range(1, 100));
   app.add_flag("--json", as_json, "print JSON");
   CLI11_PARSE(app, argc, argv);
@@ -376,36 +380,51 @@ int main(int argc, char** argv) {
       return 2;
     }
     const size_t bytes = static_cast<size_t>(mb) << 20;
-    Pair p = MeasureRuntime(bytes, reps, "arrival");
-    Pair q = MeasureRuntime(bytes, reps, "restore");
-    if (p.error.empty()) p.error = q.error;
-    std::string overlap_error;
-    const double overlapped_s =
-        MeasureOverlappedRound(bytes, reps, &overlap_error);
-    if (p.error.empty()) p.error = overlap_error;
     json r;
     r["state_mb"] = mb;
-    if (!p.error.empty()) {
-      r["error"] = p.error;
+    // Every measurement of a size, `trials` times in turn, and the median
+    // of each figure: this shared VM's speed drifts from minute to minute,
+    // which alternation spreads over all of them alike.
+    std::map<std::string, std::vector<double>> fig;
+    std::string error;
+    for (int t = 0; t < trials && error.empty(); ++t) {
+      Pair p = MeasureRuntime(bytes, reps, "arrival");
+      Pair q = MeasureRuntime(bytes, reps, "restore");
+      std::string overlap_error;
+      const double overlapped_s =
+          MeasureOverlappedRound(bytes, reps, &overlap_error);
+      for (const std::string* e : {&p.error, &q.error, &overlap_error}) {
+        if (error.empty()) error = *e;
+      }
+      if (!error.empty()) break;
+      const double mem_s = MemcpySeconds(p.piece_bytes, reps);
+      const double raw_s = RawExchangeSeconds(p.piece_bytes, reps);
+      const double gb = static_cast<double>(p.piece_bytes) / 1e9;
+      r["piece_mb"] = static_cast<double>(p.piece_bytes) / (1 << 20);
+      fig["snapshot_gbps"].push_back(gb / p.snapshot_s);
+      fig["memcpy_gbps"].push_back(gb / mem_s);
+      fig["snapshot_vs_memcpy"].push_back(mem_s / p.snapshot_s);
+      fig["replication_gbps"].push_back(gb / p.replicate_s);
+      fig["raw_exchange_gbps"].push_back(gb / raw_s);
+      fig["replication_vs_raw"].push_back(raw_s / p.replicate_s);
+      fig["replication_verify_at_restore_gbps"].push_back(gb / q.replicate_s);
+      fig["replication_verify_at_restore_vs_raw"].push_back(raw_s /
+                                                            q.replicate_s);
+      fig["replication_overlapped_gbps"].push_back(gb / overlapped_s);
+      fig["replication_overlapped_vs_raw"].push_back(raw_s / overlapped_s);
+      fig["transfer_gbps"].push_back(p.transfer_s > 0 ? gb / p.transfer_s : 0);
+      fig["transfer_vs_raw"].push_back(p.transfer_s > 0 ? raw_s / p.transfer_s
+                                                        : 0);
+    }
+    if (!error.empty()) {
+      r["error"] = error;
       out["sizes"].push_back(r);
       continue;
     }
-    const double mem_s = MemcpySeconds(p.piece_bytes, reps);
-    const double raw_s = RawExchangeSeconds(p.piece_bytes, reps);
-    const double gb = static_cast<double>(p.piece_bytes) / 1e9;
-    r["piece_mb"] = static_cast<double>(p.piece_bytes) / (1 << 20);
-    r["snapshot_gbps"] = gb / p.snapshot_s;
-    r["memcpy_gbps"] = gb / mem_s;
-    r["snapshot_vs_memcpy"] = mem_s / p.snapshot_s;
-    r["replication_gbps"] = gb / p.replicate_s;
-    r["raw_exchange_gbps"] = gb / raw_s;
-    r["replication_vs_raw"] = raw_s / p.replicate_s;
-    r["replication_verify_at_restore_gbps"] = gb / q.replicate_s;
-    r["replication_verify_at_restore_vs_raw"] = raw_s / q.replicate_s;
-    r["replication_overlapped_gbps"] = gb / overlapped_s;
-    r["replication_overlapped_vs_raw"] = raw_s / overlapped_s;
-    r["transfer_gbps"] = p.transfer_s > 0 ? gb / p.transfer_s : 0;
-    r["transfer_vs_raw"] = p.transfer_s > 0 ? raw_s / p.transfer_s : 0;
+    for (const auto& [key, values] : fig) {
+      r[key] = Median(values);
+      if (values.size() > 1) r[key + "_all"] = values;
+    }
     out["sizes"].push_back(r);
   }
   if (overhead_mb > 0) {
