@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/time/clock.h"
@@ -97,6 +98,53 @@ TEST_CASE("runtime: a bad verify_backups is refused by name") {
   unsetenv("HOLDFAST_VERIFY_BACKUPS");
   CHECK(rt.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(Mentions(rt.status(), "HOLDFAST_VERIFY_BACKUPS='later'"));
+}
+
+TEST_CASE(
+    "runtime: members with different verify_backups agree on one round "
+    "and commit") {
+  // Slot 0 checks on arrival, slot 1 at restore. Were each to run its own
+  // round, slot 0 would wait in a verdict all-gather slot 1 never joins,
+  // and nothing would commit.
+  Controller c(2);
+  int64_t committed[2] = {-1, -1};
+  std::string errors[2];
+  auto slot_main = [&](int slot) {
+    holdfast::RuntimeOptions o = c.Options();
+    o.host = slot == 0 ? "host-a" : "host-b";
+    o.preferred_slot = slot;
+    o.verify_backups = slot == 0 ? "arrival" : "restore";
+    auto rt = holdfast::Runtime::Create(o);
+    if (!rt.ok()) {
+      errors[slot] = std::string(rt.status().message());
+      return;
+    }
+    std::vector<uint8_t> state(1 << 16, static_cast<uint8_t>(slot));
+    absl::Status s = (*rt)->RegisterState("state", state.data(), state.size());
+    if (s.ok()) s = (*rt)->communicator().status();
+    for (int64_t step = 1; s.ok() && step <= 3; ++step) {
+      state[static_cast<size_t>(step)] ^= 1;
+      absl::StatusOr<bool> taken = (*rt)->Snapshot(step);
+      if (!taken.ok()) s = taken.status();
+      const absl::Time deadline = absl::Now() + absl::Seconds(20);
+      while (s.ok() && (*rt)->committed_step() < step &&
+             absl::Now() < deadline) {
+        absl::SleepFor(absl::Milliseconds(5));
+      }
+    }
+    if (!s.ok()) errors[slot] = std::string(s.message());
+    committed[slot] = (*rt)->committed_step();
+    (*rt)->Leave(true);
+  };
+  std::thread t0([&] { slot_main(0); });
+  std::thread t1([&] { slot_main(1); });
+  t0.join();
+  t1.join();
+  INFO(errors[0] << " / " << errors[1]);
+  CHECK(errors[0].empty());
+  CHECK(errors[1].empty());
+  CHECK(committed[0] == 3);
+  CHECK(committed[1] == 3);
 }
 
 TEST_CASE("runtime: one slot runs with replicated and sharded state") {

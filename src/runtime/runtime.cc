@@ -1606,23 +1606,33 @@ class RuntimeImpl final : public Runtime {
       side_ = side;
       if (view_.generation > gen) side_->Abort("a newer generation opened");
     }
-    // Failure domains: each member's own labels, exchanged here.
-    const int64_t labels[2] = {static_cast<int64_t>(XXH3_64bits(
-                                   options_.host.data(), options_.host.size())),
-                               options_.topology_block.empty()
-                                   ? 0
-                                   : static_cast<int64_t>(XXH3_64bits(
-                                         options_.topology_block.data(),
-                                         options_.topology_block.size()))};
-    std::vector<int64_t> all(static_cast<size_t>(world) * 2);
+    // Failure domains: each member's own labels, exchanged here, and
+    // whether it checks backups on arrival (every member must run the same
+    // round: if their settings differ, the stricter one is used).
+    const int64_t labels[3] = {
+        static_cast<int64_t>(
+            XXH3_64bits(options_.host.data(), options_.host.size())),
+        options_.topology_block.empty()
+            ? 0
+            : static_cast<int64_t>(XXH3_64bits(options_.topology_block.data(),
+                                               options_.topology_block.size())),
+        options_.verify_backups == "arrival" ? 1 : 0};
+    std::vector<int64_t> all(static_cast<size_t>(world) * 3);
     HOLDFAST_RETURN_IF_ERROR(
-        side->AllGather(labels, all.data(), 2, DataType::kInt64)->Wait());
+        side->AllGather(labels, all.data(), 3, DataType::kInt64)->Wait());
     shards::PlacementInput in;
+    int arrival = 0;
     for (int r = 0; r < world; ++r) {
-      in.domain.push_back(
-          static_cast<uint64_t>(all[static_cast<size_t>(r) * 2]));
-      in.block.push_back(
-          static_cast<uint64_t>(all[static_cast<size_t>(r) * 2 + 1]));
+      const size_t at = static_cast<size_t>(r) * 3;
+      in.domain.push_back(static_cast<uint64_t>(all[at]));
+      in.block.push_back(static_cast<uint64_t>(all[at + 1]));
+      arrival += all[at + 2] != 0 ? 1 : 0;
+    }
+    if (arrival > 0 && arrival < world && slot == 0) {
+      HOLDFAST_LOG_WARN(
+          "runtime: verify_backups differs between members ({} of {} check "
+          "on arrival); all of them check on arrival",
+          arrival, world);
     }
     in.replicas = options_.replicas;
     in.tp = options_.tp_size;
@@ -1633,6 +1643,7 @@ class RuntimeImpl final : public Runtime {
       absl::MutexLock lock(&bk_mu_);
       buddies_ = std::move(pl.buddies);
       buddies_generation_ = gen;
+      verify_on_arrival_ = arrival > 0;
     }
     if (slot == 0 && !pl.warnings.empty()) {
       HOLDFAST_LOG_WARN(
@@ -1670,12 +1681,14 @@ class RuntimeImpl final : public Runtime {
     const int world = own->world;
     const int me = own->slot;
     std::vector<std::vector<int>> buddies;
+    bool verify;  // on arrival (else a restore checks the copies)
     {
       absl::MutexLock lock(&bk_mu_);
       if (buddies_generation_ != gen) {
         return absl::AbortedError("the placement is of another generation");
       }
       buddies = buddies_;
+      verify = verify_on_arrival_;
     }
     // Until it is acked (and may commit), a piece whose round failed is
     // dropped: no step can commit without it.
@@ -1700,7 +1713,6 @@ class RuntimeImpl final : public Runtime {
     // wire (a deferred piece was hashed as it was copied) and sends the
     // checksum after them; each receiver hashes the chunks as they land
     // and compares (with verify_backups "arrival"; else a restore does).
-    const bool verify = options_.verify_backups == "arrival";
     struct Incoming {
       std::unique_ptr<Piece> piece;
       std::vector<std::shared_ptr<Work>> chunks;
@@ -1990,6 +2002,8 @@ class RuntimeImpl final : public Runtime {
   std::atomic<bool> finishing_{false};
   std::vector<std::vector<int>> buddies_ ABSL_GUARDED_BY(bk_mu_);
   int64_t buddies_generation_ ABSL_GUARDED_BY(bk_mu_) = -1;
+  // Agreed in BuildSide: buddies check copies on arrival.
+  bool verify_on_arrival_ ABSL_GUARDED_BY(bk_mu_) = true;
   std::atomic<int64_t> last_disk_step_{0};
   std::thread backup_thread_;
 };
