@@ -95,6 +95,16 @@ JobRun ExpectFaultFreeHash(const std::vector<std::string>& args,
   return r;
 }
 
+// Lost steps of the kill's incident, -1 if none (a loaded machine may
+// add a spurious incident beside it).
+int64_t CrashLostSteps(const JobRun& r) {
+  int64_t lost = -1;
+  for (const auto& i : r.summary["incidents"]) {
+    if (i.value("kind", "") == "crashed") lost = i.value("lost_steps", -1);
+  }
+  return lost;
+}
+
 std::vector<int> Received(const shards::Placement& p, int world) {
   std::vector<int> n(static_cast<size_t>(world), 0);
   for (const auto& b : p.buddies) {
@@ -380,12 +390,7 @@ TEST_CASE(
       {"--snapshot-every", "10", "--step-ms", "20"});
   CHECK(r.err.find("piece of step 10 arrived corrupt; the step is not "
                    "committed") != std::string::npos);
-  // The kill's incident (a loaded machine may add a spurious one).
-  int64_t lost = -1;
-  for (const auto& i : r.summary["incidents"]) {
-    if (i.value("kind", "") == "crashed") lost = i.value("lost_steps", -1);
-  }
-  CHECK(lost == 14);
+  CHECK(CrashLostSteps(r) == 14);
 }
 
 TEST_CASE(
@@ -403,11 +408,8 @@ TEST_CASE(
   CHECK(r.err.find("arrived corrupt") == std::string::npos);
   CHECK(r.err.find("slot 1's copy of the piece of slot 0 (world 4, step 10) "
                    "failed its checksum") != std::string::npos);
-  int64_t lost = -1;
-  for (const auto& i : r.summary["incidents"]) {
-    if (i.value("kind", "") == "crashed") lost = i.value("lost_steps", -1);
-  }
-  CHECK(lost == 4);  // step 10 committed: in "arrival" mode it would not
+  // Step 10 committed: in "arrival" mode it would not.
+  CHECK(CrashLostSteps(r) == 4);
 }
 
 TEST_CASE("shards: a piece lost with all its copies is DataLoss and no model") {
