@@ -29,6 +29,7 @@
 #include "src/control/client.h"
 #include "src/control/member.h"
 #include "src/fault/fault.h"
+#include "src/runtime/bulk.h"
 #include "src/runtime/report.h"
 #include "src/runtime/shards.h"
 #include "src/store/store_util.h"
@@ -50,11 +51,6 @@ constexpr uint32_t kRestoreTag = 0x5e570;
 // as long as a training step, so their agreement has no deadline of its
 // own (a failure aborts the side communicator instead).
 constexpr absl::Duration kAgreeTimeout = absl::Hours(24);
-constexpr uint32_t kBackupTag = 0xb4c0;
-constexpr uint32_t kBackupChecksumTag = 0xb4c1;
-// Backups go in smaller chunks: the receiver verifies each one while the
-// next is on the wire.
-constexpr size_t kBackupChunkBytes = size_t{4} << 20;
 constexpr absl::Duration kSideConnectTimeout = absl::Seconds(15);
 constexpr char kSidePrefix[] = "holdfast/side/";
 
@@ -871,14 +867,10 @@ class RuntimeImpl final : public Runtime {
     }
   }
 
-  // A new piece (its checksum as its owner computed it), with the chunked
-  // receives of its bytes from `peer` posted.
-  std::unique_ptr<Piece> PostReceive(Communicator* c, int64_t step,
-                                     int64_t generation, int world, int slot,
-                                     uint64_t checksum, int peer,
-                                     const OpOptions& oo,
-                                     std::vector<std::shared_ptr<Work>>* works,
-                                     size_t chunk = kChunkBytes) {
+  // A new piece (its checksum as its owner computed it), its bytes not yet
+  // filled in.
+  std::unique_ptr<Piece> NewPiece(int64_t step, int64_t generation, int world,
+                                  int slot, uint64_t checksum) {
     auto p = std::make_unique<Piece>();
     p->step = step;
     p->layout_generation = generation;
@@ -887,6 +879,19 @@ class RuntimeImpl final : public Runtime {
     p->checksum = checksum;
     p->size = PieceSize(world, slot);
     p->bytes = Acquire(p->size);
+    return p;
+  }
+
+  // A new piece (its checksum as its owner computed it), with the chunked
+  // receives of its bytes from `peer` posted.
+  std::unique_ptr<Piece> PostReceive(Communicator* c, int64_t step,
+                                     int64_t generation, int world, int slot,
+                                     uint64_t checksum, int peer,
+                                     const OpOptions& oo,
+                                     std::vector<std::shared_ptr<Work>>* works,
+                                     size_t chunk = kChunkBytes) {
+    std::unique_ptr<Piece> p =
+        NewPiece(step, generation, world, slot, checksum);
     for (size_t off = 0; off < p->size; off += chunk) {
       works->push_back(c->Recv(p->bytes.get() + off,
                                std::min(chunk, p->size - off), DataType::kUInt8,
@@ -975,7 +980,10 @@ class RuntimeImpl final : public Runtime {
   void AbortComm(int64_t upto, absl::string_view reason) {
     absl::MutexLock lock(&mu_);
     if (comm_ != nullptr && comm_generation_ <= upto) comm_->Abort(reason);
-    if (side_ != nullptr && side_generation_ <= upto) side_->Abort(reason);
+    if (side_generation_ <= upto) {
+      if (side_ != nullptr) side_->Abort(reason);
+      if (links_ != nullptr) links_->Abort(reason);
+    }
   }
 
   // The slot to blame for a rendezvous that timed out, or -1.
@@ -1511,7 +1519,7 @@ class RuntimeImpl final : public Runtime {
         if (pending_ == nullptr) continue;
         gen = pending_->layout_generation;
       }
-      absl::StatusOr<std::shared_ptr<Communicator>> side = Side(gen);
+      absl::StatusOr<SideChannel> side = Side(gen);
       Piece* own;
       {
         absl::MutexLock lock(&bk_mu_);
@@ -1530,7 +1538,8 @@ class RuntimeImpl final : public Runtime {
       if (side.ok() && own->deferred) CopyIn(own);
       const absl::Time t0 = absl::Now();  // the round proper, after any copy
       absl::StatusOr<bool> committed =
-          side.ok() ? BackupRound(own, side->get()) : side.status();
+          side.ok() ? BackupRound(own, side->comm.get(), side->links.get())
+                    : side.status();
       {
         absl::MutexLock lock(&bk_mu_);
         busy_ = false;
@@ -1544,32 +1553,47 @@ class RuntimeImpl final : public Runtime {
     }
   }
 
-  // The side communicator of generation `gen`, for the backup thread. It
-  // holds a reference for its round, so a rebuild on the training thread
-  // never destroys it under a transfer.
-  absl::StatusOr<std::shared_ptr<Communicator>> Side(int64_t gen) {
+  // The side communicator of generation `gen` and its backup links, for
+  // the backup thread. It holds references for its round, so a rebuild on
+  // the training thread never destroys them under a transfer.
+  struct SideChannel {
+    std::shared_ptr<Communicator> comm;
+    std::shared_ptr<bulk::Links> links;
+  };
+  absl::StatusOr<SideChannel> Side(int64_t gen) {
     absl::MutexLock lock(&mu_);
-    if (side_generation_ != gen || side_ == nullptr) {
+    if (side_generation_ != gen || side_ == nullptr || links_ == nullptr) {
       return absl::AbortedError(
           absl::StrCat("no side communicator of generation ", gen));
     }
     HOLDFAST_RETURN_IF_ERROR(side_->health());
-    return side_;
+    return SideChannel{side_, links_};
   }
 
   // Builds the side communicator of generation `gen` and places the
   // buddies of every slot in it.
   absl::Status BuildSide(int64_t gen, int world, int slot) {
     std::shared_ptr<Communicator> old;
+    std::shared_ptr<bulk::Links> old_links;
     {
       absl::MutexLock lock(&mu_);
       old = std::move(side_);
+      old_links = std::move(links_);
       side_generation_ = gen;
     }
     old.reset();
+    old_links.reset();
     auto cancelled = [this, gen] { return Abandoned(gen); };
     std::shared_ptr<Store> store =
         NewPrefixStore(kSidePrefix, NewCancellableStore(store_, cancelled));
+    // The backup links' listener; its address is published before this
+    // member arrives, so every member that saw it arrive can connect.
+    HOLDFAST_ASSIGN_OR_RETURN(std::unique_ptr<bulk::Listener> listener,
+                              bulk::Listener::Open(options_.comm.bind_address,
+                                                   options_.comm.interface));
+    const std::string bulk_key = absl::StrCat("g", gen, "/bulk/");
+    HOLDFAST_RETURN_IF_ERROR(
+        store->Set(absl::StrCat(bulk_key, slot), listener->address()));
     // Everyone arrives first. The training communicator of this
     // generation was just built, so every member is in the same protocol
     // step: one that does not come within the connect timeout is stuck,
@@ -1638,6 +1662,8 @@ class RuntimeImpl final : public Runtime {
     in.tp = options_.tp_size;
     in.pp = options_.pp_size;
     shards::Placement pl = shards::Place(in);
+    HOLDFAST_RETURN_IF_ERROR(
+        ConnectLinks(*store, *listener, bulk_key, gen, slot, pl.buddies));
     {
       // The backup thread reads them between rounds.
       absl::MutexLock lock(&bk_mu_);
@@ -1656,6 +1682,40 @@ class RuntimeImpl final : public Runtime {
     return absl::OkStatus();
   }
 
+  // Opens this member's backup links of generation `gen`: to each of its
+  // buddies (at the address each published under `key`) and from each
+  // owner it is a buddy of.
+  absl::Status ConnectLinks(Store& store, const bulk::Listener& listener,
+                            const std::string& key, int64_t gen, int slot,
+                            const std::vector<std::vector<int>>& buddies) {
+    auto links = std::make_shared<bulk::Links>(
+        gen, slot, XXH3_64bits(options_.token.data(), options_.token.size()),
+        options_.comm.timeout);
+    {
+      absl::MutexLock lock(&mu_);
+      if (view_.generation > gen) {
+        return absl::AbortedError("a newer generation opened");
+      }
+      links_ = links;  // AbortComm() reaches it from here on
+    }
+    const absl::Time deadline = absl::Now() + kSideConnectTimeout;
+    for (int b : buddies[static_cast<size_t>(slot)]) {
+      HOLDFAST_ASSIGN_OR_RETURN(
+          std::string address,
+          store.Get(absl::StrCat(key, b), deadline - absl::Now()));
+      HOLDFAST_RETURN_IF_ERROR(links->ConnectTo(b, address, deadline));
+    }
+    std::vector<int> owners;
+    for (size_t o = 0; o < buddies.size(); ++o) {
+      const std::vector<int>& bs = buddies[o];
+      if (std::find(bs.begin(), bs.end(), slot) != bs.end()) {
+        owners.push_back(static_cast<int>(o));
+      }
+    }
+    return links->AcceptFrom(listener, owners, deadline,
+                             [this, gen] { return Abandoned(gen); });
+  }
+
   // A side communicator failed while the training one did not: the group
   // is broken all the same (backups can no longer commit), so it is
   // rebuilt unless something else already explains it.
@@ -1671,11 +1731,30 @@ class RuntimeImpl final : public Runtime {
     ReportBroken(absl::StrCat("side communicator: ", why.message()), -1, gen);
   }
 
+  // Runs `jobs` at once, a thread each (the calling thread takes the
+  // last); the first error in their order.
+  static absl::Status RunJobs(
+      const std::vector<std::function<absl::Status()>>& jobs) {
+    if (jobs.empty()) return absl::OkStatus();
+    std::vector<absl::Status> out(jobs.size());
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i + 1 < jobs.size(); ++i) {
+      threads.emplace_back([&, i] { out[i] = jobs[i](); });
+    }
+    out.back() = jobs.back()();
+    for (std::thread& t : threads) t.join();
+    for (const absl::Status& s : out) {
+      if (!s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+
   // Backs up one snapshot: every slot agrees on the step, sends its piece
   // to its buddies and receives the pieces it is a buddy for, checks them,
   // and acks the step once every slot succeeded. True once it commits.
   // An error is a failure of the side communicator.
-  absl::StatusOr<bool> BackupRound(Piece* own, Communicator* c) {
+  absl::StatusOr<bool> BackupRound(Piece* own, Communicator* c,
+                                   bulk::Links* links) {
     const int64_t s = own->step;
     const int64_t gen = own->layout_generation;
     const int world = own->world;
@@ -1709,23 +1788,19 @@ class RuntimeImpl final : public Runtime {
         return false;
       }
     }
-    // The bytes go first. The owner hashes its piece while they are on the
-    // wire (a deferred piece was hashed as it was copied) and sends the
-    // checksum after them; each receiver hashes the chunks as they land
-    // and compares (with verify_backups "arrival"; else a restore does).
+    // The bytes go first, on the backup links, a thread per link (this one
+    // takes the last). The owner hashes each chunk of its piece just
+    // before writing it (a deferred piece was hashed as it was copied) and
+    // sends the checksum after all of them; each receiver hashes the chunks
+    // as they land and compares (with verify_backups "arrival"; else a
+    // restore does).
     struct Incoming {
       std::unique_ptr<Piece> piece;
-      std::vector<std::shared_ptr<Work>> chunks;
-      std::shared_ptr<Work> checksum;
+      shards::CopyHasher hasher;
       uint64_t sent = 0;  // the owner's checksum
     };
-    std::vector<Incoming> got;
-    std::vector<std::shared_ptr<Work>> sends;
+    std::vector<std::unique_ptr<Incoming>> got;
     std::vector<int> own_buddies;
-    OpOptions oo;
-    oo.tag = kBackupTag;
-    OpOptions ck = oo;
-    ck.tag = kBackupChecksumTag;
     const absl::Time transfer_start = absl::Now();
     int64_t moved = 0;
     for (int o = 0; o < world; ++o) {
@@ -1733,65 +1808,68 @@ class RuntimeImpl final : public Runtime {
         const size_t size = PieceSize(world, o);
         if (size == 0) continue;
         if (me == o) {
-          PostSends(c, own->bytes.get(), size, b, oo, &sends,
-                    kBackupChunkBytes);
           own_buddies.push_back(b);
-          moved += static_cast<int64_t>(size);
         } else if (me == b) {
-          Incoming in;
-          in.piece = PostReceive(c, s, gen, world, o, 0, o, oo, &in.chunks,
-                                 kBackupChunkBytes);
+          auto in = std::make_unique<Incoming>();
+          in->piece = NewPiece(s, gen, world, o, 0);
           got.push_back(std::move(in));
-          moved += static_cast<int64_t>(size);
+        } else {
+          continue;
         }
+        moved += static_cast<int64_t>(size);
       }
     }
-    for (Incoming& in : got) {
-      in.checksum = c->Recv(&in.sent, sizeof(in.sent), DataType::kUInt8,
-                            in.piece->slot, ck);
+    shards::CopyHasher own_hasher;
+    const bool hash_own = !own->deferred && !own_buddies.empty();
+    std::vector<std::function<absl::Status()>> jobs;
+    for (size_t i = 0; i < own_buddies.size(); ++i) {
+      jobs.push_back([&, i] {
+        return links->SendPiece(own_buddies[i], s, own->bytes.get(), own->size,
+                                i == 0 && hash_own ? &own_hasher : nullptr);
+      });
     }
+    for (auto& in : got) {
+      jobs.push_back([&, p = in.get()] {
+        Piece& piece = *p->piece;
+        return links->RecvPiece(
+            piece.slot, s, piece.bytes.get(), piece.size,
+            [&](size_t off, size_t n) {
+              if (off == 0 && fault::Injector::Global().AtShard(
+                                  fault::Kind::kCorruptBackup, me, s)) {
+                piece.bytes[0] ^= 0x5a;
+                HOLDFAST_LOG_WARN(
+                    "runtime: corrupted slot {}'s backup of slot {}'s piece "
+                    "of step {} on arrival (injected)",
+                    me, piece.slot, s);
+              }
+              if (verify) p->hasher.Update(piece.bytes.get() + off, n);
+            });
+      });
+    }
+    st = RunJobs(jobs);
     if (!own->deferred) {
-      own->checksum = shards::Checksum(own->bytes.get(), own->size);
+      own->checksum = hash_own ? own_hasher.Digest()
+                               : shards::Checksum(own->bytes.get(), own->size);
     }
     for (int b : own_buddies) {
-      sends.push_back(c->Send(&own->checksum, sizeof(own->checksum),
-                              DataType::kUInt8, b, ck));
+      if (st.ok()) st = links->SendChecksum(b, own->checksum);
     }
     int64_t good = 1;
-    for (Incoming& in : got) {
-      shards::CopyHasher h;
-      size_t off = 0;
-      for (auto& w : in.chunks) {
-        absl::Status ws = w->Wait();
-        if (st.ok()) st = ws;
-        const size_t n = std::min(kBackupChunkBytes, in.piece->size - off);
-        if (st.ok() && off == 0 &&
-            fault::Injector::Global().AtShard(fault::Kind::kCorruptBackup, me,
-                                              s)) {
-          in.piece->bytes[0] ^= 0x5a;
-          HOLDFAST_LOG_WARN(
-              "runtime: corrupted slot {}'s backup of slot {}'s piece of step "
-              "{} on arrival (injected)",
-              me, in.piece->slot, s);
-        }
-        if (st.ok() && verify) h.Update(in.piece->bytes.get() + off, n);
-        off += n;
+    for (auto& in : got) {
+      if (!st.ok()) break;
+      absl::StatusOr<uint64_t> sent = links->RecvChecksum(in->piece->slot);
+      if (!sent.ok()) {
+        st = sent.status();
+        break;
       }
-      absl::Status ws = in.checksum->Wait();
-      if (st.ok()) st = ws;
-      if (!st.ok()) continue;
-      in.piece->checksum = in.sent;
-      if (verify && h.Digest() != in.sent) {
+      in->piece->checksum = *sent;
+      if (verify && in->hasher.Digest() != *sent) {
         HOLDFAST_LOG_ERROR(
             "runtime: the backup of slot {}'s piece of step {} arrived "
             "corrupt; the step is not committed",
-            in.piece->slot, s);
+            in->piece->slot, s);
         good = 0;
       }
-    }
-    for (auto& w : sends) {
-      absl::Status ws = w->Wait();
-      if (st.ok()) st = ws;
     }
     const int64_t transfer_us =
         absl::ToInt64Microseconds(absl::Now() - transfer_start);
@@ -1810,7 +1888,7 @@ class RuntimeImpl final : public Runtime {
     }
     {
       absl::MutexLock lock(&bk_mu_);
-      for (Incoming& in : got) pieces_.push_back(std::move(in.piece));
+      for (auto& in : got) pieces_.push_back(std::move(in->piece));
       backup_bytes_ += moved;
       transfer_us_ += transfer_us;
     }
@@ -1961,6 +2039,8 @@ class RuntimeImpl final : public Runtime {
   std::shared_ptr<Communicator> comm_ ABSL_GUARDED_BY(mu_);
   int64_t comm_generation_ ABSL_GUARDED_BY(mu_) = -1;
   std::shared_ptr<Communicator> side_ ABSL_GUARDED_BY(mu_);
+  // The backup links of the side communicator's generation (bulk.h).
+  std::shared_ptr<bulk::Links> links_ ABSL_GUARDED_BY(mu_);
   int64_t side_generation_ ABSL_GUARDED_BY(mu_) = -1;
 
   // The training thread's own.

@@ -1,0 +1,431 @@
+#include "src/runtime/bulk.h"
+
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "holdfast/status.h"
+#include "src/common/logging.h"
+
+namespace holdfast::bulk {
+namespace {
+
+constexpr char kHelloMagic[8] = {'H', 'F', 'B', 'U', 'L', 'K', '0', '1'};
+constexpr char kPieceMagic[8] = {'H', 'F', 'B', 'P', 'I', 'E', 'C', 'E'};
+// How long an accepted connection may take to say who it is.
+constexpr absl::Duration kHelloTimeout = absl::Seconds(2);
+
+struct Hello {
+  char magic[8];
+  int64_t generation;
+  int64_t slot;
+  uint64_t token;
+};
+static_assert(sizeof(Hello) == 32, "the hello layout is fixed");
+
+struct PieceHeader {
+  char magic[8];
+  int64_t step;
+  uint64_t bytes;
+};
+static_assert(sizeof(PieceHeader) == 24, "the header layout is fixed");
+
+std::string Errno(int err) { return std::strerror(err); }
+
+// Sets both I/O timeouts of `fd` (a call that moves no byte for that long
+// fails with EAGAIN); at least 1 ms, since zero means "never".
+void SetTimeouts(int fd, absl::Duration d) {
+  d = std::max(d, absl::Milliseconds(1));
+  const timeval tv = absl::ToTimeval(d);
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+}
+
+void NoDelay(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+// The IPv4 address of network interface `name`.
+absl::StatusOr<std::string> InterfaceAddress(const std::string& name) {
+  ifaddrs* all = nullptr;
+  if (getifaddrs(&all) != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("bulk: cannot list network interfaces: ", Errno(errno)));
+  }
+  std::string found;
+  for (ifaddrs* i = all; i != nullptr; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET ||
+        name != i->ifa_name) {
+      continue;
+    }
+    char buf[INET_ADDRSTRLEN];
+    const auto* in = reinterpret_cast<const sockaddr_in*>(i->ifa_addr);
+    if (inet_ntop(AF_INET, &in->sin_addr, buf, sizeof(buf)) != nullptr) {
+      found = buf;
+      break;
+    }
+  }
+  freeifaddrs(all);
+  if (found.empty()) {
+    return absl::NotFoundError(absl::StrCat("bulk: network interface '", name,
+                                            "' has no IPv4 address"));
+  }
+  return found;
+}
+
+// Reads exactly `size` bytes with the socket's own timeout; false on any
+// failure (used for hellos, whose senders are not yet known).
+bool ReadAll(int fd, void* data, size_t size) {
+  auto* p = static_cast<uint8_t*>(data);
+  size_t got = 0;
+  while (got < size) {
+    const ssize_t n = recv(fd, p + got, size - got, 0);
+    if (n > 0) {
+      got += static_cast<size_t>(n);
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+// ---- Listener ---------------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<Listener>> Listener::Open(
+    const std::string& bind_address, const std::string& interface) {
+  std::string host = bind_address.empty() ? "127.0.0.1" : bind_address;
+  if (!interface.empty()) {
+    absl::StatusOr<std::string> a = InterfaceAddress(interface);
+    if (!a.ok()) return a.status();
+    host = *a;
+  }
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  const int rc = getaddrinfo(host.c_str(), "0", &hints, &res);
+  if (rc != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bulk: cannot resolve address '", host, "': ", gai_strerror(rc)));
+  }
+  std::string last = "no address";
+  for (addrinfo* a = res; a != nullptr; a = a->ai_next) {
+    const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+      last = Errno(errno);
+      continue;
+    }
+    sockaddr_storage bound{};
+    socklen_t len = sizeof(bound);
+    char name[NI_MAXHOST], port[NI_MAXSERV];
+    if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, 128) != 0 ||
+        getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len) != 0 ||
+        getnameinfo(reinterpret_cast<sockaddr*>(&bound), len, name,
+                    sizeof(name), port, sizeof(port),
+                    NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
+      last = Errno(errno);
+      close(fd);
+      continue;
+    }
+    freeaddrinfo(res);
+    return std::unique_ptr<Listener>(
+        new Listener(fd, absl::StrCat(name, ":", port)));
+  }
+  freeaddrinfo(res);
+  return absl::UnavailableError(
+      absl::StrCat("bulk: cannot listen on '", host, "': ", last));
+}
+
+Listener::~Listener() { close(fd_); }
+
+// ---- Links ------------------------------------------------------------------
+
+Links::Links(int64_t generation, int slot, uint64_t token,
+             absl::Duration io_timeout)
+    : generation_(generation),
+      slot_(slot),
+      token_(token),
+      io_timeout_(io_timeout) {}
+
+Links::~Links() {
+  absl::MutexLock lock(&mu_);
+  for (const auto& [peer, fd] : out_) close(fd);
+  for (const auto& [peer, fd] : in_) close(fd);
+}
+
+absl::Status Links::ConnectTo(int peer, const std::string& address,
+                              absl::Time deadline) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bulk: slot ", peer, " published a bad address '", address, "'"));
+  }
+  const std::string host = address.substr(0, colon);
+  const std::string port = address.substr(colon + 1);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  const int rc = getaddrinfo(host.c_str(), port.c_str(), &hints, &res);
+  if (rc != 0) {
+    return absl::UnavailableError(absl::StrCat("bulk: cannot resolve slot ",
+                                               peer, "'s address '", address,
+                                               "': ", gai_strerror(rc)));
+  }
+  const int fd = socket(res->ai_family, res->ai_socktype | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    freeaddrinfo(res);
+    return absl::UnavailableError(
+        absl::StrCat("bulk: socket(): ", Errno(errno)));
+  }
+  // SO_SNDTIMEO bounds connect() too.
+  SetTimeouts(fd, deadline - absl::Now());
+  int ok = connect(fd, res->ai_addr, res->ai_addrlen);
+  const int err = errno;
+  freeaddrinfo(res);
+  Hello h{};
+  std::memcpy(h.magic, kHelloMagic, sizeof(h.magic));
+  h.generation = generation_;
+  h.slot = slot_;
+  h.token = token_;
+  absl::Status s;
+  if (ok != 0) {
+    s = absl::UnavailableError(absl::StrCat("bulk: cannot connect to slot ",
+                                            peer, " at ", address, ": ",
+                                            Errno(err)));
+  } else {
+    NoDelay(fd);
+    SetTimeouts(fd, io_timeout_);
+    s = Write(fd, peer, &h, sizeof(h));
+  }
+  absl::MutexLock lock(&mu_);
+  if (s.ok() && aborted_) s = absl::AbortedError(*aborted_);
+  if (s.ok() && out_.count(peer) != 0) {
+    s = absl::FailedPreconditionError(
+        absl::StrCat("bulk: a second link to slot ", peer));
+  }
+  if (!s.ok()) {
+    close(fd);
+    return s;
+  }
+  out_[peer] = fd;
+  return absl::OkStatus();
+}
+
+absl::Status Links::AcceptFrom(const Listener& listener,
+                               const std::vector<int>& peers,
+                               absl::Time deadline,
+                               const Cancelled& cancelled) {
+  std::set<int> want(peers.begin(), peers.end());
+  while (!want.empty()) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (aborted_) return absl::AbortedError(*aborted_);
+    }
+    if (cancelled) {
+      if (std::optional<std::string> why = cancelled()) {
+        return absl::AbortedError(*why);
+      }
+    }
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "bulk: slot ", slot_, " of generation ", generation_,
+          ": no backup link from slot", want.size() > 1 ? "s " : " ",
+          absl::StrJoin(want, ", "), " by the deadline"));
+    }
+    pollfd p{listener.fd(), POLLIN, 0};
+    const int ms = static_cast<int>(
+        std::min<int64_t>(100, absl::ToInt64Milliseconds(left) + 1));
+    if (poll(&p, 1, ms) <= 0) continue;
+    const int fd = accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) continue;
+    SetTimeouts(fd, std::min(kHelloTimeout, left));
+    Hello h{};
+    std::string why;
+    if (!ReadAll(fd, &h, sizeof(h)) ||
+        std::memcmp(h.magic, kHelloMagic, sizeof(h.magic)) != 0) {
+      why = "it did not open with a holdfast hello";
+    } else if (h.token != token_) {
+      why = "wrong job token";
+    } else if (h.generation != generation_) {
+      why = absl::StrCat("it is of generation ", h.generation);
+    } else if (want.count(static_cast<int>(h.slot)) == 0) {
+      why = absl::StrCat("slot ", h.slot, " is not expected (or came twice)");
+    }
+    if (!why.empty()) {
+      HOLDFAST_LOG_WARN(
+          "bulk: slot {} of generation {} refused a backup link: {}", slot_,
+          generation_, why);
+      close(fd);
+      continue;
+    }
+    NoDelay(fd);
+    SetTimeouts(fd, io_timeout_);
+    const int from = static_cast<int>(h.slot);
+    absl::MutexLock lock(&mu_);
+    if (aborted_) {
+      close(fd);
+      return absl::AbortedError(*aborted_);
+    }
+    in_[from] = fd;
+    want.erase(from);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> Links::Fd(int peer, bool out) {
+  absl::MutexLock lock(&mu_);
+  if (aborted_) return absl::AbortedError(*aborted_);
+  const std::map<int, int>& m = out ? out_ : in_;
+  auto it = m.find(peer);
+  if (it == m.end()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "bulk: no backup link ", out ? "to" : "from", " slot ", peer));
+  }
+  return it->second;
+}
+
+absl::Status Links::IoError(int peer, const char* what, int err, size_t done,
+                            size_t total) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (aborted_) return absl::AbortedError(*aborted_);
+  }
+  if (err == EAGAIN || err == EWOULDBLOCK) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "bulk: the backup link with slot ", peer, " made no progress for ",
+        absl::FormatDuration(io_timeout_), " (", what, " ", done, " of ", total,
+        " bytes)"));
+  }
+  if (err == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("bulk: slot ", peer, " closed its backup link (", what,
+                     " ", done, " of ", total, " bytes)"));
+  }
+  return absl::UnavailableError(absl::StrCat(
+      "bulk: the backup link with slot ", peer, " failed: ", Errno(err), " (",
+      what, " ", done, " of ", total, " bytes)"));
+}
+
+absl::Status Links::Write(int fd, int peer, const void* data, size_t size,
+                          size_t at, size_t total) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  size_t done = 0;
+  while (done < size) {
+    const ssize_t n = send(fd, p + done, size - done, MSG_NOSIGNAL);
+    if (n > 0) {
+      done += static_cast<size_t>(n);
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else {
+      return IoError(peer, "sent", n < 0 ? errno : EPIPE, at + done,
+                     total == 0 ? size : total);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Links::Read(int fd, int peer, void* data, size_t size, size_t at,
+                         size_t total) {
+  auto* p = static_cast<uint8_t*>(data);
+  size_t done = 0;
+  while (done < size) {
+    const ssize_t n = recv(fd, p + done, size - done, 0);
+    if (n > 0) {
+      done += static_cast<size_t>(n);
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else {
+      return IoError(peer, "received", n < 0 ? errno : 0, at + done,
+                     total == 0 ? size : total);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Links::SendPiece(int peer, int64_t step, const uint8_t* data,
+                              size_t size, shards::CopyHasher* hasher) {
+  absl::StatusOr<int> fd = Fd(peer, /*out=*/true);
+  if (!fd.ok()) return fd.status();
+  PieceHeader h{};
+  std::memcpy(h.magic, kPieceMagic, sizeof(h.magic));
+  h.step = step;
+  h.bytes = size;
+  absl::Status s = Write(*fd, peer, &h, sizeof(h));
+  for (size_t off = 0; s.ok() && off < size; off += kChunkBytes) {
+    const size_t n = std::min(kChunkBytes, size - off);
+    if (hasher != nullptr) hasher->Update(data + off, n);
+    s = Write(*fd, peer, data + off, n, off, size);
+  }
+  return s;
+}
+
+absl::Status Links::SendChecksum(int peer, uint64_t checksum) {
+  absl::StatusOr<int> fd = Fd(peer, /*out=*/true);
+  if (!fd.ok()) return fd.status();
+  return Write(*fd, peer, &checksum, sizeof(checksum));
+}
+
+absl::Status Links::RecvPiece(
+    int peer, int64_t step, uint8_t* data, size_t size,
+    const std::function<void(size_t, size_t)>& landed) {
+  absl::StatusOr<int> fd = Fd(peer, /*out=*/false);
+  if (!fd.ok()) return fd.status();
+  PieceHeader h{};
+  HOLDFAST_RETURN_IF_ERROR(Read(*fd, peer, &h, sizeof(h)));
+  if (std::memcmp(h.magic, kPieceMagic, sizeof(h.magic)) != 0 ||
+      h.step != step || h.bytes != size) {
+    return absl::InternalError(absl::StrCat(
+        "bulk: slot ", peer, " sent ",
+        std::memcmp(h.magic, kPieceMagic, sizeof(h.magic)) != 0
+            ? std::string("something that is not a piece header")
+            : absl::StrCat("its piece of step ", h.step, " (", h.bytes,
+                           " bytes)"),
+        " where its piece of step ", step, " (", size, " bytes) was expected"));
+  }
+  for (size_t off = 0; off < size; off += kChunkBytes) {
+    const size_t n = std::min(kChunkBytes, size - off);
+    HOLDFAST_RETURN_IF_ERROR(Read(*fd, peer, data + off, n, off, size));
+    if (landed) landed(off, n);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> Links::RecvChecksum(int peer) {
+  absl::StatusOr<int> fd = Fd(peer, /*out=*/false);
+  if (!fd.ok()) return fd.status();
+  uint64_t c = 0;
+  HOLDFAST_RETURN_IF_ERROR(Read(*fd, peer, &c, sizeof(c)));
+  return c;
+}
+
+void Links::Abort(absl::string_view reason) {
+  absl::MutexLock lock(&mu_);
+  if (aborted_) return;
+  aborted_ = std::string(reason);
+  // Shut down, not closed: a thread may be blocked on the socket, and a
+  // closed descriptor's number could be reused under it.
+  for (const auto& [peer, fd] : out_) shutdown(fd, SHUT_RDWR);
+  for (const auto& [peer, fd] : in_) shutdown(fd, SHUT_RDWR);
+}
+
+}  // namespace holdfast::bulk

@@ -1,0 +1,135 @@
+// The links backup pieces travel on: one TCP connection per (owner, buddy)
+// pair of a generation, each carrying one direction only, written and read
+// with plain blocking calls by a thread of its own.
+//
+// Gloo's transport moves every byte of a process through one event-loop
+// thread and leaves the checksums to a second pass over memory. Here the
+// owner hashes each chunk just before it writes it and the buddy hashes
+// each chunk just after it lands, both while the chunk is in the cache, and
+// the two directions of an exchange run on two threads.
+//
+// Wire format (little-endian hosts only, like the rest of the wire formats
+// here). A connection opens with a Hello from its owner; then, per round, a
+// PieceHeader, the piece's bytes, and the owner's 8-byte checksum of them.
+//
+// Failure model: a read or write that makes no progress for `io_timeout`
+// fails with DeadlineExceeded; a peer that closes or resets its end fails
+// the op with Unavailable naming it; Abort() shuts every socket down, which
+// wakes a blocked call at once, and every later op fails with Aborted
+// naming the reason. A failed link stays failed: the runtime rebuilds the
+// links with the side communicator of the next generation.
+#ifndef HOLDFAST_SRC_RUNTIME_BULK_H_
+#define HOLDFAST_SRC_RUNTIME_BULK_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "src/runtime/shards.h"
+
+namespace holdfast::bulk {
+
+// Bytes hashed (and written or read) per call: small enough that a chunk
+// is still in the cache when it is hashed.
+inline constexpr size_t kChunkBytes = size_t{256} << 10;
+
+// A listening socket for the links of one generation.
+class Listener {
+ public:
+  // Listens on an ephemeral port of `interface`'s IPv4 address when it is
+  // set, else of `bind_address` (an address or a host name).
+  static absl::StatusOr<std::unique_ptr<Listener>> Open(
+      const std::string& bind_address, const std::string& interface);
+  ~Listener();
+  Listener(const Listener&) = delete;
+  Listener& operator=(const Listener&) = delete;
+
+  // "host:port", for peers to connect to.
+  const std::string& address() const { return address_; }
+  int fd() const { return fd_; }
+
+ private:
+  Listener(int fd, std::string address)
+      : fd_(fd), address_(std::move(address)) {}
+  int fd_;
+  std::string address_;
+};
+
+// Polled while links are made; a reason stops the wait with Aborted.
+using Cancelled = std::function<std::optional<std::string>()>;
+
+class Links {
+ public:
+  // The links of member `slot` in `generation`. `token` (a hash of the
+  // job's token) must match on both ends of a link.
+  Links(int64_t generation, int slot, uint64_t token,
+        absl::Duration io_timeout);
+  ~Links();
+  Links(const Links&) = delete;
+  Links& operator=(const Links&) = delete;
+
+  // Opens the link to buddy `peer`, listening at `address`.
+  absl::Status ConnectTo(int peer, const std::string& address,
+                         absl::Time deadline);
+  // Accepts one link from each owner in `peers` on `listener`. Strays (a
+  // wrong token or generation, an unexpected or repeated slot, garbage) are
+  // logged and closed, and the wait goes on until `deadline`.
+  absl::Status AcceptFrom(const Listener& listener,
+                          const std::vector<int>& peers, absl::Time deadline,
+                          const Cancelled& cancelled);
+
+  // Sends the `size` bytes of this member's piece of `step` to `peer`,
+  // hashing each chunk into `hasher` (if not null) just before writing it.
+  absl::Status SendPiece(int peer, int64_t step, const uint8_t* data,
+                         size_t size, shards::CopyHasher* hasher);
+  absl::Status SendChecksum(int peer, uint64_t checksum);
+
+  // Receives `peer`'s piece of `step` into `data`; its header must name
+  // that step and `size`. `landed(offset, n)` runs after each chunk lands.
+  absl::Status RecvPiece(int peer, int64_t step, uint8_t* data, size_t size,
+                         const std::function<void(size_t, size_t)>& landed);
+  absl::StatusOr<uint64_t> RecvChecksum(int peer);
+
+  // Shuts every link down; ops in progress and later ones fail with
+  // Aborted naming `reason`. Idempotent; the first reason stays.
+  void Abort(absl::string_view reason);
+
+ private:
+  // The socket of the link to (out) or from (in) `peer`, or an error.
+  absl::StatusOr<int> Fd(int peer, bool out);
+  // Moves all `size` bytes; an error counts them as bytes `at`.. of a
+  // message of `total` (0: of `size`).
+  absl::Status Write(int fd, int peer, const void* data, size_t size,
+                     size_t at = 0, size_t total = 0);
+  absl::Status Read(int fd, int peer, void* data, size_t size, size_t at = 0,
+                    size_t total = 0);
+  // An I/O error (errno `err`, or 0 for the peer's end of stream) as a
+  // status naming `peer`; Aborted once Abort() ran.
+  absl::Status IoError(int peer, const char* what, int err, size_t done,
+                       size_t total);
+
+  const int64_t generation_;
+  const int slot_;
+  const uint64_t token_;
+  const absl::Duration io_timeout_;
+
+  absl::Mutex mu_;
+  std::map<int, int> out_ ABSL_GUARDED_BY(mu_);  // buddy slot -> socket
+  std::map<int, int> in_ ABSL_GUARDED_BY(mu_);   // owner slot -> socket
+  std::optional<std::string> aborted_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace holdfast::bulk
+
+#endif  // HOLDFAST_SRC_RUNTIME_BULK_H_
