@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/time/clock.h"
+#include "src/common/status_util.h"
 #include "src/runtime/bulk.h"
 #include "src/runtime/shards.h"
 
@@ -193,7 +194,8 @@ TEST_CASE("an owner that never connects is named when the wait ends") {
       **l, {0, 2}, absl::Now() + absl::Milliseconds(300), nullptr);
   CHECK(s.code() == absl::StatusCode::kDeadlineExceeded);
   CHECK_THAT(std::string(s.message()),
-             Catch::Contains("no backup link from slots 0, 2"));
+             Catch::Contains("no link from slots 0, 2"));
+  CHECK(holdfast::GetAbsent(s) == 0);
   // A cancelled wait stops at once with the reason.
   s = buddy.AcceptFrom(**l, {0}, Soon(),
                        [] { return std::optional<std::string>("left"); });

@@ -19,6 +19,7 @@
 #include "absl/strings/str_join.h"
 #include "holdfast/status.h"
 #include "src/common/logging.h"
+#include "src/common/status_util.h"
 
 namespace holdfast::bulk {
 namespace {
@@ -247,10 +248,12 @@ absl::Status Links::AcceptFrom(const Listener& listener,
     }
     const absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "bulk: slot ", slot_, " of generation ", generation_,
-          ": no backup link from slot", want.size() > 1 ? "s " : " ",
-          absl::StrJoin(want, ", "), " by the deadline"));
+      absl::Status s = absl::DeadlineExceededError(
+          absl::StrCat("bulk: slot ", slot_, " of generation ", generation_,
+                       ": no link from slot", want.size() > 1 ? "s " : " ",
+                       absl::StrJoin(want, ", "), " by the deadline"));
+      SetAbsent(&s, *want.begin());  // the recovery blames it
+      return s;
     }
     pollfd p{listener.fd(), POLLIN, 0};
     const int ms = static_cast<int>(
