@@ -1828,14 +1828,20 @@ class RuntimeImpl final : public Runtime {
                                 i == 0 && hash_own ? &own_hasher : nullptr);
       });
     }
+    // An injected `corrupt-backup` damages the copy from the lowest owner
+    // (decided here: the receiving threads race).
+    const Incoming* damaged =
+        !got.empty() && fault::Injector::Global().AtShard(
+                            fault::Kind::kCorruptBackup, me, s)
+            ? got.front().get()
+            : nullptr;
     for (auto& in : got) {
       jobs.push_back([&, p = in.get()] {
         Piece& piece = *p->piece;
         return links->RecvPiece(
             piece.slot, s, piece.bytes.get(), piece.size,
             [&](size_t off, size_t n) {
-              if (off == 0 && fault::Injector::Global().AtShard(
-                                  fault::Kind::kCorruptBackup, me, s)) {
+              if (off == 0 && p == damaged) {
                 piece.bytes[0] ^= 0x5a;
                 HOLDFAST_LOG_WARN(
                     "runtime: corrupted slot {}'s backup of slot {}'s piece "
