@@ -1089,9 +1089,14 @@ class RuntimeImpl final : public Runtime {
   // A communicator of generation `gen` on `store` (rendezvous keys are
   // namespaced by generation); Aborted naming why when the rendezvous was
   // abandoned (a newer generation, fencing, the job's end).
+  // `cancelled`, if given, replaces Abandoned(gen).
   absl::StatusOr<std::shared_ptr<Communicator>> CreateComm(
       std::shared_ptr<Store> store, int64_t gen, int world, int slot,
-      absl::Duration connect_timeout, bool side = false) {
+      absl::Duration connect_timeout, bool side = false,
+      bulk::Cancelled cancelled = nullptr) {
+    if (cancelled == nullptr) {
+      cancelled = [this, gen] { return Abandoned(gen); };
+    }
     CommunicatorOptions o = options_.comm;
     // The side communicator moves host snapshots: always Gloo.
     if (side) {
@@ -1102,11 +1107,11 @@ class RuntimeImpl final : public Runtime {
     o.size = world;
     o.generation = gen;
     o.connect_timeout = std::min(o.connect_timeout, connect_timeout);
-    o.rendezvous_cancelled = [this, gen] { return Abandoned(gen); };
+    o.rendezvous_cancelled = cancelled;
     absl::StatusOr<std::unique_ptr<Communicator>> c =
         Communicator::Create(std::move(store), o);
     if (!c.ok()) {
-      if (auto why = Abandoned(gen)) return absl::AbortedError(*why);
+      if (auto why = cancelled()) return absl::AbortedError(*why);
       return c.status();
     }
     return std::shared_ptr<Communicator>(std::move(*c));
@@ -1126,9 +1131,30 @@ class RuntimeImpl final : public Runtime {
     }
     old.reset();  // joins its threads; never blocks on a peer
     const int64_t gen = v.generation;
-    HOLDFAST_ASSIGN_OR_RETURN(std::shared_ptr<Communicator> comm,
-                              CreateComm(store_, gen, v.world, v.slot,
-                                         options_.comm.connect_timeout));
+    // The side communicator for backups is built here too, at the same
+    // time on a thread of its own, while every member is in the same
+    // protocol step: Gloo's connect phase cannot be cancelled, so building
+    // it later, while peers train (and may die), could hold a member for
+    // Gloo's own timeout. It gives up if the training one fails.
+    std::atomic<bool> comm_failed{false};
+    bulk::Cancelled side_cancelled =
+        [this, gen, &comm_failed]() -> std::optional<std::string> {
+      if (comm_failed.load()) {
+        return std::string(
+            "the training communicator of this generation "
+            "failed");
+      }
+      return Abandoned(gen);
+    };
+    absl::Status side_status;
+    std::thread side(
+        [&] { side_status = BuildSide(gen, v.world, v.slot, side_cancelled); });
+    absl::StatusOr<std::shared_ptr<Communicator>> built =
+        CreateComm(store_, gen, v.world, v.slot, options_.comm.connect_timeout);
+    if (!built.ok()) comm_failed = true;
+    side.join();
+    if (!built.ok()) return built.status();
+    std::shared_ptr<Communicator> comm = *std::move(built);
     {
       absl::MutexLock lock(&mu_);
       comm_ = comm;
@@ -1136,11 +1162,7 @@ class RuntimeImpl final : public Runtime {
       // An order that arrived while building applies now.
       if (view_.generation > gen) comm_->Abort("a newer generation opened");
     }
-    // The side communicator for backups is built here too, while every
-    // member is in the same protocol step: Gloo's connect phase cannot be
-    // cancelled, so building it later, while peers train (and may die),
-    // could hold a member for Gloo's own timeout.
-    return BuildSide(gen, v.world, v.slot);
+    return side_status;
   }
 
   // The start of Run for a member with a slot: a worker of a fresh job
@@ -1572,7 +1594,8 @@ class RuntimeImpl final : public Runtime {
 
   // Builds the side communicator of generation `gen` and places the
   // buddies of every slot in it.
-  absl::Status BuildSide(int64_t gen, int world, int slot) {
+  absl::Status BuildSide(int64_t gen, int world, int slot,
+                         const bulk::Cancelled& cancelled) {
     std::shared_ptr<Communicator> old;
     std::shared_ptr<bulk::Links> old_links;
     {
@@ -1583,7 +1606,6 @@ class RuntimeImpl final : public Runtime {
     }
     old.reset();
     old_links.reset();
-    auto cancelled = [this, gen] { return Abandoned(gen); };
     std::shared_ptr<Store> store =
         NewPrefixStore(kSidePrefix, NewCancellableStore(store_, cancelled));
     // The backup links' listener; its address is published before this
@@ -1624,7 +1646,7 @@ class RuntimeImpl final : public Runtime {
     HOLDFAST_ASSIGN_OR_RETURN(
         std::shared_ptr<Communicator> side,
         CreateComm(store, gen, world, slot, kSideConnectTimeout,
-                   /*side=*/true));
+                   /*side=*/true, cancelled));
     {
       absl::MutexLock lock(&mu_);
       side_ = side;
@@ -1662,8 +1684,8 @@ class RuntimeImpl final : public Runtime {
     in.tp = options_.tp_size;
     in.pp = options_.pp_size;
     shards::Placement pl = shards::Place(in);
-    HOLDFAST_RETURN_IF_ERROR(
-        ConnectLinks(*store, *listener, bulk_key, gen, slot, pl.buddies));
+    HOLDFAST_RETURN_IF_ERROR(ConnectLinks(*store, *listener, bulk_key, gen,
+                                          slot, pl.buddies, cancelled));
     {
       // The backup thread reads them between rounds.
       absl::MutexLock lock(&bk_mu_);
@@ -1687,7 +1709,8 @@ class RuntimeImpl final : public Runtime {
   // owner it is a buddy of.
   absl::Status ConnectLinks(Store& store, const bulk::Listener& listener,
                             const std::string& key, int64_t gen, int slot,
-                            const std::vector<std::vector<int>>& buddies) {
+                            const std::vector<std::vector<int>>& buddies,
+                            const bulk::Cancelled& cancelled) {
     auto links = std::make_shared<bulk::Links>(
         gen, slot, XXH3_64bits(options_.token.data(), options_.token.size()),
         options_.comm.timeout);
@@ -1712,8 +1735,7 @@ class RuntimeImpl final : public Runtime {
         owners.push_back(static_cast<int>(o));
       }
     }
-    return links->AcceptFrom(listener, owners, deadline,
-                             [this, gen] { return Abandoned(gen); });
+    return links->AcceptFrom(listener, owners, deadline, cancelled);
   }
 
   // A side communicator failed while the training one did not: the group
