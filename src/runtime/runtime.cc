@@ -1140,9 +1140,7 @@ class RuntimeImpl final : public Runtime {
     bulk::Cancelled side_cancelled =
         [this, gen, &comm_failed]() -> std::optional<std::string> {
       if (comm_failed.load()) {
-        return std::string(
-            "the training communicator of this generation "
-            "failed");
+        return std::string("the training communicator failed");
       }
       return Abandoned(gen);
     };
@@ -1617,10 +1615,11 @@ class RuntimeImpl final : public Runtime {
     HOLDFAST_RETURN_IF_ERROR(
         store->Set(absl::StrCat(bulk_key, slot), listener->address()));
     // Everyone arrives first. The training communicator of this
-    // generation was just built, so every member is in the same protocol
-    // step: one that does not come within the connect timeout is stuck,
-    // and is named as absent (reported like a rendezvous no-show). A new
-    // generation or leaving cancels the wait.
+    // generation is being built at the same time, so every member is in
+    // the same protocol step: one that does not come within the connect
+    // timeout is stuck, and is named as absent (reported like a rendezvous
+    // no-show). A new generation, leaving, or the failure of the training
+    // communicator cancels the wait.
     const std::string arrived = absl::StrCat("g", gen, "/arrived/");
     std::vector<std::string> keys;
     for (int r = 0; r < world; ++r) keys.push_back(absl::StrCat(arrived, r));
@@ -1819,7 +1818,6 @@ class RuntimeImpl final : public Runtime {
     struct Incoming {
       std::unique_ptr<Piece> piece;
       shards::CopyHasher hasher;
-      uint64_t sent = 0;  // the owner's checksum
     };
     std::vector<std::unique_ptr<Incoming>> got;
     std::vector<int> own_buddies;
