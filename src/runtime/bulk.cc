@@ -88,22 +88,24 @@ absl::StatusOr<std::string> InterfaceAddress(const std::string& name) {
   return found;
 }
 
-// Reads exactly `size` bytes with the socket's own timeout; false on any
-// failure (used for hellos, whose senders are not yet known).
-bool ReadAll(int fd, void* data, size_t size) {
+// Receives exactly `size` bytes with the socket's own timeout: 0, the
+// errno of the failure, or kEndOfStream when the peer closed its end;
+// *done counts the bytes received.
+constexpr int kEndOfStream = -1;
+int RecvAll(int fd, void* data, size_t size, size_t* done) {
   auto* p = static_cast<uint8_t*>(data);
-  size_t got = 0;
-  while (got < size) {
-    const ssize_t n = recv(fd, p + got, size - got, 0);
+  *done = 0;
+  while (*done < size) {
+    const ssize_t n = recv(fd, p + *done, size - *done, 0);
     if (n > 0) {
-      got += static_cast<size_t>(n);
-    } else if (n < 0 && errno == EINTR) {
-      continue;
-    } else {
-      return false;
+      *done += static_cast<size_t>(n);
+    } else if (n == 0) {
+      return kEndOfStream;
+    } else if (errno != EINTR) {
+      return errno;
     }
   }
-  return true;
+  return 0;
 }
 
 }  // namespace
@@ -264,7 +266,8 @@ absl::Status Links::AcceptFrom(const Listener& listener,
     SetTimeouts(fd, std::min(kHelloTimeout, left));
     Hello h{};
     std::string why;
-    if (!ReadAll(fd, &h, sizeof(h)) ||
+    size_t got = 0;
+    if (RecvAll(fd, &h, sizeof(h), &got) != 0 ||
         std::memcmp(h.magic, kHelloMagic, sizeof(h.magic)) != 0) {
       why = "it did not open with a holdfast hello";
     } else if (h.token != token_) {
@@ -349,20 +352,11 @@ absl::Status Links::Write(int fd, int peer, const void* data, size_t size,
 
 absl::Status Links::Read(int fd, int peer, void* data, size_t size, size_t at,
                          size_t total) {
-  auto* p = static_cast<uint8_t*>(data);
   size_t done = 0;
-  while (done < size) {
-    const ssize_t n = recv(fd, p + done, size - done, 0);
-    if (n > 0) {
-      done += static_cast<size_t>(n);
-    } else if (n < 0 && errno == EINTR) {
-      continue;
-    } else {
-      return IoError(peer, "received", n < 0 ? errno : 0, at + done,
-                     total == 0 ? size : total);
-    }
-  }
-  return absl::OkStatus();
+  const int err = RecvAll(fd, data, size, &done);
+  if (err == 0) return absl::OkStatus();
+  return IoError(peer, "received", err == kEndOfStream ? 0 : err, at + done,
+                 total == 0 ? size : total);
 }
 
 absl::Status Links::SendPiece(int peer, int64_t step, const uint8_t* data,
