@@ -10,6 +10,7 @@
 #include <fstream>
 #include <map>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -213,6 +214,43 @@ TEST_CASE(
   CheckConsistent(r, 3);
   CHECK(r.hashes[0] == ref);
   CHECK_KINDS(r, {"comm_failed"});
+}
+
+TEST_CASE(
+    "recovery: members whose live state is the committed step receive "
+    "nothing") {
+  // Each step computes for 100 ms before its all-reduce, so the previous
+  // step's backup has committed when an all-reduce fails: every member is
+  // still at the committed step, finds that the live bytes of each piece
+  // it lacks hash to the piece's checksum, and receives nothing. The run
+  // ends with the fault-free hash all the same.
+  const std::string ref = Reference(3);
+  std::vector<std::string> trainer = kTrainer;
+  trainer.insert(trainer.end(), {"--step-ms", "100"});
+  JobRun r = Launch({"-n", "3", "--inject", "fail-op:slot=2:seq=25"}, trainer);
+  CHECK(r.rc == 0);
+  CheckConsistent(r, 3);
+  CHECK(r.hashes[0] == ref);
+  CHECK_KINDS(r, {"comm_failed"});
+  INFO("stderr: " << r.err);
+  const std::regex live(
+      R"(slot (\d) already holds \d+ piece\(s\) of step (\d+) live)");
+  const std::regex restored(
+      R"(slot (\d) of 3 recovered at generation 1: step (\d+) restored \((\d+) bytes received)");
+  std::set<std::string> live_slots, quiet_slots;
+  std::string live_step;
+  for (std::sregex_iterator it(r.err.begin(), r.err.end(), live), end;
+       it != end; ++it) {
+    live_slots.insert((*it)[1]);
+    live_step = (*it)[2];
+  }
+  for (std::sregex_iterator it(r.err.begin(), r.err.end(), restored), end;
+       it != end; ++it) {
+    CHECK((*it)[2] == live_step);
+    if ((*it)[3] == "0") quiet_slots.insert((*it)[1]);
+  }
+  CHECK(live_slots == std::set<std::string>{"0", "1", "2"});
+  CHECK(quiet_slots == std::set<std::string>{"0", "1", "2"});
 }
 
 TEST_CASE("recovery: a straggler slows the job but is no failure") {

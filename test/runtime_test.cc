@@ -2,6 +2,8 @@
 // input gets a clear error that names it, and a one-slot job runs with
 // replicated and sharded state. Multi-process behaviour (faults, buddies,
 // restores) is in recovery_test and shard_test.
+#include <algorithm>
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <memory>
@@ -11,6 +13,7 @@
 
 #include "absl/time/clock.h"
 #include "holdfast/runtime.h"
+#include "holdfast/status.h"
 #include "src/control/server.h"
 
 namespace {
@@ -145,6 +148,84 @@ TEST_CASE(
   CHECK(errors[1].empty());
   CHECK(committed[0] == 3);
   CHECK(committed[1] == 3);
+}
+
+TEST_CASE(
+    "runtime: a member whose failed step changed its state receives what "
+    "changed") {
+  // Three slots (each holds its own piece and one buddy copy, and lacks
+  // the third piece). Each step "computes" for 30 ms (so the previous
+  // step's backup commits), meets the others in an all-reduce, and adds
+  // the step number to every byte of a replicated state. At step 10 slot
+  // 0 scribbles over its state and fails the step: all roll back to step
+  // 9. The others' live state is step 9's, so they receive nothing; slot
+  // 0's is not, so it receives the piece it lacks. All end with the state
+  // a fault-free run computes.
+  constexpr int kSlots = 3;
+  Controller c(kSlots);
+  std::atomic<bool> failed{false};
+  holdfast::RunResult results[kSlots];
+  std::vector<uint8_t> finals[kSlots];
+  std::string errors[kSlots];
+  auto slot_main = [&](int slot) {
+    holdfast::RuntimeOptions o = c.Options();
+    o.host = "host-" + std::to_string(slot);
+    o.preferred_slot = slot;
+    auto rt = holdfast::Runtime::Create(o);
+    if (!rt.ok()) {
+      errors[slot] = std::string(rt.status().message());
+      return;
+    }
+    std::vector<uint8_t> state(1 << 16, 0);
+    absl::Status s = (*rt)->RegisterState("state", state.data(), state.size());
+    auto step_fn = [&](const holdfast::StepContext& ctx) -> absl::Status {
+      absl::SleepFor(absl::Milliseconds(30));
+      // Before the all-reduce, so no slot finishes step 10.
+      if (slot == 0 && ctx.step == 10 && !failed.exchange(true)) {
+        std::fill(state.begin(), state.end(), uint8_t{0xee});
+        return absl::AbortedError("injected: step 10 failed after a write");
+      }
+      int64_t one = 1;
+      HOLDFAST_RETURN_IF_ERROR(ctx.comm
+                                   ->AllReduce(&one, 1,
+                                               holdfast::DataType::kInt64,
+                                               holdfast::ReduceOp::kSum)
+                                   ->Wait());
+      for (uint8_t& b : state) b = static_cast<uint8_t>(b + ctx.step);
+      return absl::OkStatus();
+    };
+    holdfast::RunOptions ro;
+    ro.steps = 20;
+    absl::StatusOr<holdfast::RunResult> r =
+        s.ok() ? (*rt)->Run(step_fn, ro) : s;
+    if (r.ok()) {
+      results[slot] = *r;
+    } else {
+      errors[slot] = std::string(r.status().message());
+    }
+    finals[slot] = state;
+    (*rt)->Leave(true);
+  };
+  std::vector<std::thread> threads;
+  for (int slot = 0; slot < kSlots; ++slot) {
+    threads.emplace_back([&, slot] { slot_main(slot); });
+  }
+  for (std::thread& t : threads) t.join();
+  // 1 + 2 + ... + 20 = 210 in every byte.
+  const std::vector<uint8_t> want(1 << 16, uint8_t{210});
+  for (int slot = 0; slot < kSlots; ++slot) {
+    INFO("slot " << slot << ": " << errors[slot]);
+    REQUIRE(errors[slot].empty());
+    CHECK(finals[slot] == want);
+    REQUIRE(results[slot].recoveries.size() == 1);
+    const holdfast::RecoveryRecord& rec = results[slot].recoveries[0];
+    CHECK(rec.restored_step == 9);
+    if (slot == 0) {
+      CHECK(rec.bytes_received > 0);
+    } else {
+      CHECK(rec.bytes_received == 0);
+    }
+  }
 }
 
 TEST_CASE("runtime: one slot runs with replicated and sharded state") {

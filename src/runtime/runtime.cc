@@ -1248,14 +1248,25 @@ class RuntimeImpl final : public Runtime {
       absl::MutexLock lock(&bk_mu_);
       held = static_cast<int64_t>(pieces_.size());
     }
-    const int64_t mine[4] = {committed_step(), high_step_,
-                             static_cast<int64_t>(layout), held};
-    std::vector<int64_t> all(static_cast<size_t>(v.world) * 4);
+    // With every member's ledger (for LivePieces).
+    constexpr int kMine = 4 + kLedger;
+    const int64_t mine[kMine] = {committed_step(),
+                                 high_step_,
+                                 static_cast<int64_t>(layout),
+                                 held,
+                                 ledger_[0],
+                                 ledger_[1],
+                                 ledger_[2]};
+    std::vector<int64_t> all(static_cast<size_t>(v.world) * kMine);
     HOLDFAST_RETURN_IF_ERROR(
-        comm->AllGather(mine, all.data(), 4, DataType::kInt64)->Wait());
+        comm->AllGather(mine, all.data(), kMine, DataType::kInt64)->Wait());
     int64_t target = 0, high = 0, kmax = 1;
+    std::vector<int64_t> highs(static_cast<size_t>(v.world));
+    std::vector<int64_t> ledgers(static_cast<size_t>(v.world) * kLedger);
     for (int r = 0; r < v.world; ++r) {
-      const int64_t* e = &all[static_cast<size_t>(r) * 4];
+      const int64_t* e = &all[static_cast<size_t>(r) * kMine];
+      highs[static_cast<size_t>(r)] = e[1];
+      std::copy(e + 4, e + kMine, &ledgers[static_cast<size_t>(r) * kLedger]);
       if (e[2] != mine[2]) {
         return absl::InvalidArgumentError(absl::StrCat(
             "registered state differs between slots: slot ", r,
@@ -1380,6 +1391,9 @@ class RuntimeImpl final : public Runtime {
         local.emplace(p->slot, p);
       }
     }
+    HOLDFAST_ASSIGN_OR_RETURN(
+        LiveSet live, LivePieces(comm, v, target, highs, ledgers, old_world,
+                                 use->checksum, local));
     std::map<int, std::unique_ptr<Piece>> received;
     std::vector<std::shared_ptr<Work>> works;
     OpOptions oo;
@@ -1389,7 +1403,7 @@ class RuntimeImpl final : public Runtime {
       const int from = hs.front();
       const size_t size = PieceSize(old_world, p);
       for (int m = 0; m < v.world; ++m) {
-        if (std::find(hs.begin(), hs.end(), m) != hs.end() ||
+        if (std::find(hs.begin(), hs.end(), m) != hs.end() || live.Has(m, p) ||
             !Needs(v.world, m, old_world, p) || size == 0) {
           continue;
         }
@@ -1415,7 +1429,9 @@ class RuntimeImpl final : public Runtime {
       bytes_received += static_cast<int64_t>(piece->size);
     }
     for (int p = 0; p < old_world; ++p) {
-      if (!Needs(v.world, v.slot, old_world, p)) continue;
+      if (!Needs(v.world, v.slot, old_world, p) || live.Has(v.slot, p)) {
+        continue;
+      }
       auto l = local.find(p);
       const Piece* src = l != local.end()        ? l->second
                          : received.count(p) > 0 ? received.at(p).get()
@@ -1439,6 +1455,95 @@ class RuntimeImpl final : public Runtime {
     }
     high_step_ = std::max(high_step_, target);
     return target;
+  }
+
+  // Which pieces of the restore's target each member already has live.
+  struct LiveSet {
+    size_t words = 0;           // per member
+    std::vector<int64_t> bits;  // member m's at [m * words]
+    bool Has(int m, int p) const {
+      if (bits.empty()) return false;
+      const uint64_t w = static_cast<uint64_t>(
+          bits[static_cast<size_t>(m) * words + static_cast<size_t>(p) / 64]);
+      return ((w >> (p % 64)) & 1) != 0;
+    }
+  };
+
+  // The pieces of step `target` (cut for `old_world`) that members need
+  // and need not receive: with replicated state only, a member that
+  // finished no step after the target (`highs`, every member's newest
+  // step) hashes the live bytes of each piece it needs and does not hold;
+  // one that equals the piece's checksum is the target's already (a step
+  // that failed half-way may have changed some bytes: those pieces are
+  // received as usual). When commits keep up with the steps, survivors of
+  // a fault then receive nothing. When no member is at the target nothing
+  // is hashed or exchanged.
+  //
+  // The runtime's ledger is the one registered buffer that differs
+  // between slots (each times its own steps): piece p carries slot p's.
+  // Its bytes are taken from slot p's live ledger (`ledgers`, every
+  // member's), which is what its snapshot held if slot p too is at the
+  // target, and are copied into this member's ledger when the piece
+  // matches, as a received piece would have been.
+  absl::StatusOr<LiveSet> LivePieces(Communicator* comm, const View& v,
+                                     int64_t target,
+                                     const std::vector<int64_t>& highs,
+                                     const std::vector<int64_t>& ledgers,
+                                     int old_world,
+                                     const std::vector<uint64_t>& checksums,
+                                     const std::map<int, const Piece*>& local) {
+    LiveSet live;
+    const bool replicated_only =
+        std::none_of(buffers_.begin(), buffers_.end(),
+                     [](const StateBuffer& b) { return b.sharded; });
+    if (!replicated_only ||
+        std::find(highs.begin(), highs.end(), target) == highs.end()) {
+      return live;
+    }
+    live.words = (static_cast<size_t>(old_world) + 63) / 64;
+    std::vector<int64_t> mine(live.words, 0);
+    int count = 0;
+    if (high_step_ == target) {
+      for (int p = 0; p < old_world; ++p) {
+        if (local.count(p) > 0 || PieceSize(old_world, p) == 0 ||
+            !Needs(v.world, v.slot, old_world, p)) {
+          continue;
+        }
+        const auto* owner_ledger =
+            p < v.world ? reinterpret_cast<const uint8_t*>(
+                              &ledgers[static_cast<size_t>(p) * kLedger])
+                        : nullptr;
+        shards::CopyHasher h;
+        bool comparable = true;
+        for (const StateBuffer& b : buffers_) {
+          const shards::Range r = Part(b, old_world, p);
+          const bool ledger = b.data == reinterpret_cast<uint8_t*>(ledger_);
+          if (ledger && owner_ledger == nullptr) comparable = false;
+          h.Update((ledger ? owner_ledger : b.data) + r.offset, r.bytes);
+        }
+        if (comparable && h.Digest() == checksums[static_cast<size_t>(p)]) {
+          mine[static_cast<size_t>(p) / 64] |=
+              static_cast<int64_t>(uint64_t{1} << (p % 64));
+          ++count;
+          for (const StateBuffer& b : buffers_) {
+            if (b.data != reinterpret_cast<uint8_t*>(ledger_)) continue;
+            const shards::Range r = Part(b, old_world, p);
+            std::memcpy(b.data + r.offset, owner_ledger + r.offset, r.bytes);
+          }
+        }
+      }
+    }
+    live.bits.resize(live.words * static_cast<size_t>(v.world));
+    HOLDFAST_RETURN_IF_ERROR(comm->AllGather(mine.data(), live.bits.data(),
+                                             live.words, DataType::kInt64)
+                                 ->Wait());
+    if (count > 0) {
+      HOLDFAST_LOG_INFO(
+          "runtime: slot {} already holds {} piece(s) of step {} live; they "
+          "are not received",
+          v.slot, count, target);
+    }
+    return live;
   }
 
   // Restores from the disk tier's newest complete checkpoint. nullopt when
@@ -2071,7 +2176,8 @@ class RuntimeImpl final : public Runtime {
 
   // The training thread's own.
   std::vector<StateBuffer> buffers_;
-  int64_t ledger_[3] = {0, 0, 0};
+  static constexpr int kLedger = 3;
+  int64_t ledger_[kLedger] = {0, 0, 0};
   bool started_ = false;
   bool finished_ = false;
   bool left_ = false;
