@@ -1517,8 +1517,12 @@ class RuntimeImpl final : public Runtime {
         bool comparable = true;
         for (const StateBuffer& b : buffers_) {
           const shards::Range r = Part(b, old_world, p);
+          if (r.bytes == 0) continue;
           const bool ledger = b.data == reinterpret_cast<uint8_t*>(ledger_);
-          if (ledger && owner_ledger == nullptr) comparable = false;
+          if (ledger && owner_ledger == nullptr) {
+            comparable = false;  // slot p is gone (a smaller world)
+            break;
+          }
           h.Update((ledger ? owner_ledger : b.data) + r.offset, r.bytes);
         }
         if (comparable && h.Digest() == checksums[static_cast<size_t>(p)]) {
@@ -1526,8 +1530,10 @@ class RuntimeImpl final : public Runtime {
               static_cast<int64_t>(uint64_t{1} << (p % 64));
           ++count;
           for (const StateBuffer& b : buffers_) {
-            if (b.data != reinterpret_cast<uint8_t*>(ledger_)) continue;
             const shards::Range r = Part(b, old_world, p);
+            if (b.data != reinterpret_cast<uint8_t*>(ledger_) || r.bytes == 0) {
+              continue;
+            }
             std::memcpy(b.data + r.offset, owner_ledger + r.offset, r.bytes);
           }
         }
