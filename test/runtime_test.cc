@@ -6,6 +6,7 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -39,6 +40,33 @@ struct Controller {
   }
   std::unique_ptr<holdfast::control::ControllerServer> server;
 };
+
+// Runs `body` on slots 0..n-1 of a job on `c`, a thread and a Runtime
+// each (host label "host-<slot>"; `configure`, if set, may change the
+// options), and has every runtime leave after its body. Returns each
+// slot's error ("" if none).
+std::vector<std::string> RunSlots(
+    const Controller& c, int n,
+    const std::function<void(int, holdfast::RuntimeOptions&)>& configure,
+    const std::function<absl::Status(int, holdfast::Runtime&)>& body) {
+  std::vector<std::string> errors(static_cast<size_t>(n));
+  auto slot_main = [&](int slot) {
+    holdfast::RuntimeOptions o = c.Options();
+    o.host = "host-" + std::to_string(slot);
+    o.preferred_slot = slot;
+    if (configure) configure(slot, o);
+    auto rt = holdfast::Runtime::Create(o);
+    absl::Status s = rt.ok() ? body(slot, **rt) : rt.status();
+    if (!s.ok()) errors[static_cast<size_t>(slot)] = std::string(s.message());
+    if (rt.ok()) (*rt)->Leave(true);
+  };
+  std::vector<std::thread> threads;
+  for (int slot = 0; slot < n; ++slot) {
+    threads.emplace_back([&, slot] { slot_main(slot); });
+  }
+  for (std::thread& t : threads) t.join();
+  return errors;
+}
 
 bool Mentions(const absl::Status& s, const std::string& text) {
   return std::string(s.message()).find(text) != std::string::npos;
@@ -111,38 +139,28 @@ TEST_CASE(
   // and nothing would commit.
   Controller c(2);
   int64_t committed[2] = {-1, -1};
-  std::string errors[2];
-  auto slot_main = [&](int slot) {
-    holdfast::RuntimeOptions o = c.Options();
-    o.host = slot == 0 ? "host-a" : "host-b";
-    o.preferred_slot = slot;
-    o.verify_backups = slot == 0 ? "arrival" : "restore";
-    auto rt = holdfast::Runtime::Create(o);
-    if (!rt.ok()) {
-      errors[slot] = std::string(rt.status().message());
-      return;
-    }
+  auto body = [&](int slot, holdfast::Runtime& rt) -> absl::Status {
     std::vector<uint8_t> state(1 << 16, static_cast<uint8_t>(slot));
-    absl::Status s = (*rt)->RegisterState("state", state.data(), state.size());
-    if (s.ok()) s = (*rt)->communicator().status();
+    absl::Status s = rt.RegisterState("state", state.data(), state.size());
+    if (s.ok()) s = rt.communicator().status();
     for (int64_t step = 1; s.ok() && step <= 3; ++step) {
       state[static_cast<size_t>(step)] ^= 1;
-      absl::StatusOr<bool> taken = (*rt)->Snapshot(step);
+      absl::StatusOr<bool> taken = rt.Snapshot(step);
       if (!taken.ok()) s = taken.status();
       const absl::Time deadline = absl::Now() + absl::Seconds(20);
-      while (s.ok() && (*rt)->committed_step() < step &&
-             absl::Now() < deadline) {
+      while (s.ok() && rt.committed_step() < step && absl::Now() < deadline) {
         absl::SleepFor(absl::Milliseconds(5));
       }
     }
-    if (!s.ok()) errors[slot] = std::string(s.message());
-    committed[slot] = (*rt)->committed_step();
-    (*rt)->Leave(true);
+    committed[slot] = rt.committed_step();
+    return s;
   };
-  std::thread t0([&] { slot_main(0); });
-  std::thread t1([&] { slot_main(1); });
-  t0.join();
-  t1.join();
+  std::vector<std::string> errors = RunSlots(
+      c, 2,
+      [](int slot, holdfast::RuntimeOptions& o) {
+        o.verify_backups = slot == 0 ? "arrival" : "restore";
+      },
+      body);
   INFO(errors[0] << " / " << errors[1]);
   CHECK(errors[0].empty());
   CHECK(errors[1].empty());
@@ -166,18 +184,11 @@ TEST_CASE(
   std::atomic<bool> failed{false};
   holdfast::RunResult results[kSlots];
   std::vector<uint8_t> finals[kSlots];
-  std::string errors[kSlots];
-  auto slot_main = [&](int slot) {
-    holdfast::RuntimeOptions o = c.Options();
-    o.host = "host-" + std::to_string(slot);
-    o.preferred_slot = slot;
-    auto rt = holdfast::Runtime::Create(o);
-    if (!rt.ok()) {
-      errors[slot] = std::string(rt.status().message());
-      return;
-    }
-    std::vector<uint8_t> state(1 << 16, 0);
-    absl::Status s = (*rt)->RegisterState("state", state.data(), state.size());
+  auto body = [&](int slot, holdfast::Runtime& rt) -> absl::Status {
+    std::vector<uint8_t>& state = finals[slot];
+    state.assign(1 << 16, 0);
+    HOLDFAST_RETURN_IF_ERROR(
+        rt.RegisterState("state", state.data(), state.size()));
     auto step_fn = [&](const holdfast::StepContext& ctx) -> absl::Status {
       absl::SleepFor(absl::Milliseconds(30));
       // Before the all-reduce, so no slot finishes step 10.
@@ -196,21 +207,10 @@ TEST_CASE(
     };
     holdfast::RunOptions ro;
     ro.steps = 20;
-    absl::StatusOr<holdfast::RunResult> r =
-        s.ok() ? (*rt)->Run(step_fn, ro) : s;
-    if (r.ok()) {
-      results[slot] = *r;
-    } else {
-      errors[slot] = std::string(r.status().message());
-    }
-    finals[slot] = state;
-    (*rt)->Leave(true);
+    HOLDFAST_ASSIGN_OR_RETURN(results[slot], rt.Run(step_fn, ro));
+    return absl::OkStatus();
   };
-  std::vector<std::thread> threads;
-  for (int slot = 0; slot < kSlots; ++slot) {
-    threads.emplace_back([&, slot] { slot_main(slot); });
-  }
-  for (std::thread& t : threads) t.join();
+  std::vector<std::string> errors = RunSlots(c, kSlots, nullptr, body);
   // 1 + 2 + ... + 20 = 210 in every byte.
   const std::vector<uint8_t> want(1 << 16, uint8_t{210});
   for (int slot = 0; slot < kSlots; ++slot) {
