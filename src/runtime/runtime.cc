@@ -395,16 +395,22 @@ class RuntimeImpl final : public Runtime {
     }
     // After a rollback to the disk tier the controller's committed step
     // may be ahead of the loop; those steps cannot commit again.
-    if (step <= committed_step()) {
+    const int64_t committed = committed_step();
+    if (step <= committed) {
       ++snapshots_skipped_;
       return false;
     }
     {
       absl::MutexLock lock(&bk_mu_);
       // A deferred round that is validated and past its transfer has only
-      // its ack left: the next snapshot may wait behind it.
+      // its ack left, and a round whose step committed only local work
+      // (evicting older copies, the disk tier): the next snapshot may wait
+      // behind either. Were it skipped, a slot that saw the commit before
+      // its round ended would skip a step the others back up.
       const bool acking = gate_ != nullptr && gate_->validated;
-      if (pending_ != nullptr || deferred_ != nullptr || (busy_ && !acking)) {
+      const bool settled = round_step_ <= committed;
+      if (pending_ != nullptr || deferred_ != nullptr ||
+          (busy_ && !acking && !settled)) {
         // The previous snapshot is still being backed up: skip this one
         // rather than stall training.
         ++snapshots_skipped_;
@@ -1664,6 +1670,7 @@ class RuntimeImpl final : public Runtime {
           DropLocked(own);
         } else {
           busy_ = true;
+          round_step_ = own->step;
         }
       }
       if (side.ok() && own->deferred) CopyIn(own);
@@ -2210,6 +2217,8 @@ class RuntimeImpl final : public Runtime {
   Piece* deferred_ ABSL_GUARDED_BY(bk_mu_) = nullptr;
   Piece* gate_ ABSL_GUARDED_BY(bk_mu_) = nullptr;
   bool busy_ ABSL_GUARDED_BY(bk_mu_) = false;
+  // The step of the round under way (while busy_).
+  int64_t round_step_ ABSL_GUARDED_BY(bk_mu_) = -1;
   bool bk_wake_ ABSL_GUARDED_BY(bk_mu_) = false;
   int64_t backups_ ABSL_GUARDED_BY(bk_mu_) = 0;
   int64_t backup_bytes_ ABSL_GUARDED_BY(bk_mu_) = 0;
