@@ -60,19 +60,22 @@ TEST_CASE("recovery: fault specs parse and bad ones are refused by name") {
   auto ok = holdfast::fault::Parse(
       "kill:slot=2:step=30, hang:slot=1:step=50;exit:slot=0:step=10:code=7,"
       "slow:slot=3:ms=300,fail-op:slot=2:seq=120,kill:slot=1:recovery=1,"
-      "stall:slot=2:recovery=1");
+      "stall:slot=2:recovery=1,kill:slot=1:step=8:ms=250");
   REQUIRE(ok.ok());
-  REQUIRE(ok->size() == 7);
+  REQUIRE(ok->size() == 8);
   CHECK((*ok)[2].code == 7);
   CHECK((*ok)[3].ms == 300);
   CHECK((*ok)[4].seq == 120);
   CHECK((*ok)[5].recovery == 1);
   CHECK((*ok)[6].kind == holdfast::fault::Kind::kStall);
   CHECK((*ok)[6].recovery == 1);
+  CHECK((*ok)[7].step == 8);
+  CHECK((*ok)[7].ms == 250);
   for (const char* bad :
        {"boom:slot=1:step=2", "kill:step=3", "kill:slot=1", "stall:slot=1",
         "kill:slot=x:step=1", "slow:slot=1", "fail-op:slot=1:step=3",
-        "kill:slot=1:step=2:recovery=1", "exit:slot=0:step=1:code=300"}) {
+        "kill:slot=1:step=2:recovery=1", "exit:slot=0:step=1:code=300",
+        "kill:slot=1:recovery=1:ms=5", "fail-op:slot=1:seq=3:ms=5"}) {
     auto r = holdfast::fault::Parse(bad);
     INFO(bad);
     CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);

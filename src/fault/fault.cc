@@ -74,7 +74,8 @@ absl::StatusOr<FaultSpec> ParseOne(absl::string_view text, int index) {
       f.step = v;
     } else if (key == "seq" && f.kind == Kind::kFailOp) {
       f.seq = v;
-    } else if (key == "ms" && f.kind == Kind::kSlow) {
+    } else if (key == "ms" && f.kind != Kind::kFailOp &&
+               !IsCorruption(f.kind)) {
       if (v > 3600000) return Bad(text, "ms out of range");
       f.ms = v;
     } else if (key == "recovery" && f.kind != Kind::kSlow &&
@@ -97,6 +98,9 @@ absl::StatusOr<FaultSpec> ParseOne(absl::string_view text, int index) {
     case Kind::kExit:
       if ((f.step < 0) == (f.recovery < 0)) {
         return Bad(text, "give exactly one of step=N and recovery=N");
+      }
+      if (f.ms > 0 && f.step < 0) {
+        return Bad(text, "ms=N (into the step) applies with step=N only");
       }
       break;
     case Kind::kSlow:
@@ -247,8 +251,12 @@ void Injector::AtStep(int slot, int64_t step) {
       }
     }
   }
+  if (fire != nullptr) slow_ms += fire->ms;  // fires that far into the step
   if (slow_ms > 0) absl::SleepFor(absl::Milliseconds(slow_ms));
-  if (fire != nullptr) Fire(*fire, absl::StrCat("at step ", step));
+  if (fire != nullptr) {
+    Fire(*fire, fire->ms > 0 ? absl::StrCat(fire->ms, " ms into step ", step)
+                             : absl::StrCat("at step ", step));
+  }
 }
 
 void Injector::AtRecovery(int slot, int recovery) {

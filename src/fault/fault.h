@@ -3,6 +3,10 @@
 // separated by ',' or ';' of specs such as
 //
 //   kill:slot=2:step=30      SIGKILL itself at the start of step 30
+//   kill:slot=2:step=30:ms=500
+//                            ... 500 ms into step 30 (the step's own work
+//                            waits: to its peers the rank dies inside the
+//                            step; also hang, stall and exit)
 //   hang:slot=1:step=50      SIGSTOP itself (a frozen process)
 //   stall:slot=1:step=50     the calling thread blocks; the process stays
 //                            alive and keeps heartbeating (a rank hung
@@ -65,7 +69,7 @@ struct FaultSpec {
   int64_t step = -1;  // at this step (slow: from this step)
   int64_t seq = -1;   // fail-op: the collective number
   int recovery = -1;  // at the start of this recovery (1 = the first)
-  int64_t ms = 0;     // slow: delay per step
+  int64_t ms = 0;     // slow: delay per step; kill etc.: into the step
   int code = 1;       // exit: the exit code
   std::string text;   // the spec as written
 };
