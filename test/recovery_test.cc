@@ -219,6 +219,36 @@ TEST_CASE(
   CHECK_KINDS(r, {"comm_failed"});
 }
 
+// What a run's recovery at generation 1 logged: the slots that found
+// pieces of the restored step live, that step, and the bytes each slot
+// received.
+struct LiveRestore {
+  std::set<std::string> live_slots;
+  std::string live_step;
+  std::map<std::string, std::string> received;  // slot -> bytes
+  std::set<std::string> steps;                  // the restored step(s)
+};
+LiveRestore ParseLiveRestore(const std::string& err, int world) {
+  LiveRestore out;
+  const std::regex live(
+      R"(slot (\d) already holds \d+ piece\(s\) of step (\d+) live)");
+  const std::regex restored(absl::StrCat(
+      R"(slot (\d) of )", world,
+      R"( (?:recovered|joined) at generation 1: step (\d+) restored )"
+      R"(\((\d+) bytes received)"));
+  for (std::sregex_iterator it(err.begin(), err.end(), live), end; it != end;
+       ++it) {
+    out.live_slots.insert((*it)[1]);
+    out.live_step = (*it)[2];
+  }
+  for (std::sregex_iterator it(err.begin(), err.end(), restored), end;
+       it != end; ++it) {
+    out.steps.insert((*it)[2]);
+    out.received[(*it)[1]] = (*it)[3];
+  }
+  return out;
+}
+
 TEST_CASE(
     "recovery: members whose live state is the committed step receive "
     "nothing") {
@@ -236,24 +266,40 @@ TEST_CASE(
   CHECK(r.hashes[0] == ref);
   CHECK_KINDS(r, {"comm_failed"});
   INFO("stderr: " << r.err);
-  const std::regex live(
-      R"(slot (\d) already holds \d+ piece\(s\) of step (\d+) live)");
-  const std::regex restored(
-      R"(slot (\d) of 3 recovered at generation 1: step (\d+) restored \((\d+) bytes received)");
-  std::set<std::string> live_slots, quiet_slots;
-  std::string live_step;
-  for (std::sregex_iterator it(r.err.begin(), r.err.end(), live), end;
-       it != end; ++it) {
-    live_slots.insert((*it)[1]);
-    live_step = (*it)[2];
-  }
-  for (std::sregex_iterator it(r.err.begin(), r.err.end(), restored), end;
-       it != end; ++it) {
-    CHECK((*it)[2] == live_step);
-    if ((*it)[3] == "0") quiet_slots.insert((*it)[1]);
-  }
-  CHECK(live_slots == std::set<std::string>{"0", "1", "2"});
-  CHECK(quiet_slots == std::set<std::string>{"0", "1", "2"});
+  const LiveRestore l = ParseLiveRestore(r.err, 3);
+  CHECK(l.live_slots == std::set<std::string>{"0", "1", "2"});
+  CHECK(l.steps == std::set<std::string>{l.live_step});
+  CHECK(l.received ==
+        std::map<std::string, std::string>{{"0", "0"}, {"1", "0"}, {"2", "0"}});
+}
+
+TEST_CASE(
+    "recovery: survivors at the committed step receive nothing when a "
+    "standby replaces a killed rank") {
+  // Slot 1 is killed 300 ms into step 10 (its step 9 backup commits
+  // meanwhile, while the others wait in the step). The survivors finished step
+  // 9 and still hold it live, including the killed slot's piece, whose ledger
+  // part (the killed slot's step timings) comes from the copies of it: they
+  // receive nothing, and the standby receives the state.
+  const std::string ref = Reference(3);
+  std::vector<std::string> trainer = kTrainer;
+  trainer.insert(trainer.end(), {"--step-ms", "100"});
+  JobRun r = Launch(
+      {"-n", "3", "--standby", "1", "--inject", "kill:slot=1:step=10:ms=300"},
+      trainer);
+  CHECK(r.rc == 0);
+  CheckConsistent(r, 3);
+  CHECK(r.hashes[0] == ref);
+  CHECK_KINDS(r, {"crashed"});
+  INFO("stderr: " << r.err);
+  const LiveRestore l = ParseLiveRestore(r.err, 3);
+  CHECK(l.steps == std::set<std::string>{"9"});
+  CHECK(l.live_slots.count("0") == 1);
+  CHECK(l.live_slots.count("2") == 1);
+  REQUIRE(l.received.size() == 3);
+  CHECK(l.received.at("0") == "0");
+  CHECK(l.received.at("2") == "0");
+  CHECK(l.received.at("1") != "0");
 }
 
 TEST_CASE("recovery: a straggler slows the job but is no failure") {

@@ -53,6 +53,10 @@ constexpr uint32_t kRestoreTag = 0x5e570;
 constexpr absl::Duration kAgreeTimeout = absl::Hours(24);
 constexpr absl::Duration kSideConnectTimeout = absl::Seconds(15);
 constexpr char kSidePrefix[] = "holdfast/side/";
+// The runtime's ledger, registered as replicated state: int64s of the
+// first step's start (unix ms), the productive time (us) and the first
+// step's duration (us). Each slot times its own steps.
+constexpr int kLedger = 3;
 
 struct StateBuffer {
   std::string name;
@@ -1187,7 +1191,15 @@ class RuntimeImpl final : public Runtime {
     HOLDFAST_RETURN_IF_ERROR(BuildComm());
     int64_t at = 0;
     if (v.generation > 0 || committed_step() >= 0) {
-      HOLDFAST_ASSIGN_OR_RETURN(at, Restore(nullptr));
+      const absl::Time t0 = absl::Now();
+      RecoveryRecord rec;
+      HOLDFAST_ASSIGN_OR_RETURN(at, Restore(&rec));
+      HOLDFAST_LOG_INFO(
+          "runtime: slot {} of {} joined at generation {}: step {} restored "
+          "({} bytes received{}) in {} ms",
+          v.slot, v.world, v.generation, at, rec.bytes_received,
+          rec.from_disk ? ", from the disk tier" : "",
+          absl::ToInt64Milliseconds(absl::Now() - t0));
       return at;
     }
     if (!options_.checkpoint_dir.empty()) {
@@ -1254,25 +1266,17 @@ class RuntimeImpl final : public Runtime {
       absl::MutexLock lock(&bk_mu_);
       held = static_cast<int64_t>(pieces_.size());
     }
-    // With every member's ledger (for LivePieces).
-    constexpr int kMine = 4 + kLedger;
-    const int64_t mine[kMine] = {committed_step(),
-                                 high_step_,
-                                 static_cast<int64_t>(layout),
-                                 held,
-                                 ledger_[0],
-                                 ledger_[1],
-                                 ledger_[2]};
+    constexpr int kMine = 4;
+    const int64_t mine[kMine] = {committed_step(), high_step_,
+                                 static_cast<int64_t>(layout), held};
     std::vector<int64_t> all(static_cast<size_t>(v.world) * kMine);
     HOLDFAST_RETURN_IF_ERROR(
         comm->AllGather(mine, all.data(), kMine, DataType::kInt64)->Wait());
     int64_t target = 0, high = 0, kmax = 1;
     std::vector<int64_t> highs(static_cast<size_t>(v.world));
-    std::vector<int64_t> ledgers(static_cast<size_t>(v.world) * kLedger);
     for (int r = 0; r < v.world; ++r) {
       const int64_t* e = &all[static_cast<size_t>(r) * kMine];
       highs[static_cast<size_t>(r)] = e[1];
-      std::copy(e + 4, e + kMine, &ledgers[static_cast<size_t>(r) * kLedger]);
       if (e[2] != mine[2]) {
         return absl::InvalidArgumentError(absl::StrCat(
             "registered state differs between slots: slot ", r,
@@ -1398,8 +1402,8 @@ class RuntimeImpl final : public Runtime {
       }
     }
     HOLDFAST_ASSIGN_OR_RETURN(
-        LiveSet live, LivePieces(comm, v, target, highs, ledgers, old_world,
-                                 use->checksum, local));
+        LiveSet live,
+        LivePieces(comm, v, target, highs, old_world, use->checksum, local));
     std::map<int, std::unique_ptr<Piece>> received;
     std::vector<std::shared_ptr<Work>> works;
     OpOptions oo;
@@ -1486,15 +1490,15 @@ class RuntimeImpl final : public Runtime {
   // is hashed or exchanged.
   //
   // The runtime's ledger is the one registered buffer that differs
-  // between slots (each times its own steps): piece p carries slot p's.
-  // Its bytes are taken from slot p's live ledger (`ledgers`, every
-  // member's), which is what its snapshot held if slot p too is at the
-  // target, and are copied into this member's ledger when the piece
-  // matches, as a received piece would have been.
+  // between slots (each times its own steps): piece p carries slot p's
+  // part of slot p's ledger. No live ledger holds those bytes (a
+  // replacement's is new), so they are taken from the target's copies:
+  // each member contributes the ledger parts of the pieces it holds
+  // (TargetLedger). They are copied into this member's ledger when the
+  // piece matches, as a received piece would have been.
   absl::StatusOr<LiveSet> LivePieces(Communicator* comm, const View& v,
                                      int64_t target,
                                      const std::vector<int64_t>& highs,
-                                     const std::vector<int64_t>& ledgers,
                                      int old_world,
                                      const std::vector<uint64_t>& checksums,
                                      const std::map<int, const Piece*>& local) {
@@ -1506,6 +1510,8 @@ class RuntimeImpl final : public Runtime {
         std::find(highs.begin(), highs.end(), target) == highs.end()) {
       return live;
     }
+    HOLDFAST_ASSIGN_OR_RETURN(LedgerImage image,
+                              TargetLedger(comm, v, old_world, local));
     live.words = (static_cast<size_t>(old_world) + 63) / 64;
     std::vector<int64_t> mine(live.words, 0);
     int count = 0;
@@ -1515,21 +1521,19 @@ class RuntimeImpl final : public Runtime {
             !Needs(v.world, v.slot, old_world, p)) {
           continue;
         }
-        const auto* owner_ledger =
-            p < v.world ? reinterpret_cast<const uint8_t*>(
-                              &ledgers[static_cast<size_t>(p) * kLedger])
-                        : nullptr;
+        const auto* target_ledger =
+            reinterpret_cast<const uint8_t*>(image.bytes);
         shards::CopyHasher h;
         bool comparable = true;
         for (const StateBuffer& b : buffers_) {
           const shards::Range r = Part(b, old_world, p);
           if (r.bytes == 0) continue;
           const bool ledger = b.data == reinterpret_cast<uint8_t*>(ledger_);
-          if (ledger && owner_ledger == nullptr) {
-            comparable = false;  // slot p is gone (a smaller world)
+          if (ledger && !image.Covers(r)) {
+            comparable = false;  // no member holds it (never so in a restore)
             break;
           }
-          h.Update((ledger ? owner_ledger : b.data) + r.offset, r.bytes);
+          h.Update((ledger ? target_ledger : b.data) + r.offset, r.bytes);
         }
         if (comparable && h.Digest() == checksums[static_cast<size_t>(p)]) {
           mine[static_cast<size_t>(p) / 64] |=
@@ -1540,7 +1544,7 @@ class RuntimeImpl final : public Runtime {
             if (b.data != reinterpret_cast<uint8_t*>(ledger_) || r.bytes == 0) {
               continue;
             }
-            std::memcpy(b.data + r.offset, owner_ledger + r.offset, r.bytes);
+            std::memcpy(b.data + r.offset, target_ledger + r.offset, r.bytes);
           }
         }
       }
@@ -1556,6 +1560,58 @@ class RuntimeImpl final : public Runtime {
           v.slot, count, target);
     }
     return live;
+  }
+
+  // The runtime's ledger as a restore of the target assembles it: the
+  // part of piece p is slot p's. `known` has bit i set where byte i is.
+  struct LedgerImage {
+    int64_t bytes[kLedger] = {0, 0, 0};
+    int64_t known = 0;
+    bool Covers(const shards::Range& r) const {
+      for (size_t i = r.offset; i < r.offset + r.bytes; ++i) {
+        if (((known >> i) & 1) == 0) return false;
+      }
+      return true;
+    }
+  };
+
+  // Gathers the ledger parts of the target's pieces from the members
+  // holding copies of them (`local`, this member's: slot -> copy).
+  absl::StatusOr<LedgerImage> TargetLedger(
+      Communicator* comm, const View& v, int old_world,
+      const std::map<int, const Piece*>& local) {
+    static_assert(sizeof(LedgerImage::bytes) <= 64, "one bit a byte");
+    LedgerImage mine;
+    auto* out = reinterpret_cast<uint8_t*>(mine.bytes);
+    for (const auto& [p, piece] : local) {
+      size_t at = 0;  // where the ledger's part lies in the piece
+      for (const StateBuffer& b : buffers_) {
+        const shards::Range r = Part(b, old_world, p);
+        if (b.data == reinterpret_cast<uint8_t*>(ledger_)) {
+          std::memcpy(out + r.offset, piece->bytes.get() + at, r.bytes);
+          for (size_t i = r.offset; i < r.offset + r.bytes; ++i) {
+            mine.known |= int64_t{1} << i;
+          }
+          break;
+        }
+        at += r.bytes;
+      }
+    }
+    constexpr size_t kWords = kLedger + 1;
+    static_assert(sizeof(LedgerImage) == kWords * sizeof(int64_t));
+    std::vector<LedgerImage> all(static_cast<size_t>(v.world));
+    HOLDFAST_RETURN_IF_ERROR(
+        comm->AllGather(&mine, all.data(), kWords, DataType::kInt64)->Wait());
+    LedgerImage image;
+    auto* in = reinterpret_cast<uint8_t*>(image.bytes);
+    for (const LedgerImage& m : all) {
+      const auto* from = reinterpret_cast<const uint8_t*>(m.bytes);
+      for (size_t i = 0; i < sizeof(image.bytes); ++i) {
+        if (((m.known >> i) & 1) != 0) in[i] = from[i];
+      }
+      image.known |= m.known;
+    }
+    return image;
   }
 
   // Restores from the disk tier's newest complete checkpoint. nullopt when
@@ -2189,7 +2245,6 @@ class RuntimeImpl final : public Runtime {
 
   // The training thread's own.
   std::vector<StateBuffer> buffers_;
-  static constexpr int kLedger = 3;
   int64_t ledger_[kLedger] = {0, 0, 0};
   bool started_ = false;
   bool finished_ = false;
