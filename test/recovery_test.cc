@@ -60,9 +60,10 @@ TEST_CASE("recovery: fault specs parse and bad ones are refused by name") {
   auto ok = holdfast::fault::Parse(
       "kill:slot=2:step=30, hang:slot=1:step=50;exit:slot=0:step=10:code=7,"
       "slow:slot=3:ms=300,fail-op:slot=2:seq=120,kill:slot=1:recovery=1,"
-      "stall:slot=2:recovery=1,kill:slot=1:step=8:ms=250");
+      "stall:slot=2:recovery=1,kill:slot=1:step=8:ms=250,"
+      "hang:slot=0:step=9:committed=3");
   REQUIRE(ok.ok());
-  REQUIRE(ok->size() == 8);
+  REQUIRE(ok->size() == 9);
   CHECK((*ok)[2].code == 7);
   CHECK((*ok)[3].ms == 300);
   CHECK((*ok)[4].seq == 120);
@@ -71,11 +72,13 @@ TEST_CASE("recovery: fault specs parse and bad ones are refused by name") {
   CHECK((*ok)[6].recovery == 1);
   CHECK((*ok)[7].step == 8);
   CHECK((*ok)[7].ms == 250);
+  CHECK((*ok)[8].committed == 3);
   for (const char* bad :
        {"boom:slot=1:step=2", "kill:step=3", "kill:slot=1", "stall:slot=1",
         "kill:slot=x:step=1", "slow:slot=1", "fail-op:slot=1:step=3",
         "kill:slot=1:step=2:recovery=1", "exit:slot=0:step=1:code=300",
-        "kill:slot=1:recovery=1:ms=5", "fail-op:slot=1:seq=3:ms=5"}) {
+        "kill:slot=1:recovery=1:ms=5", "fail-op:slot=1:seq=3:ms=5",
+        "kill:slot=1:recovery=1:committed=2", "slow:slot=1:ms=5:committed=2"}) {
     auto r = holdfast::fault::Parse(bad);
     INFO(bad);
     CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
@@ -276,22 +279,24 @@ TEST_CASE(
 TEST_CASE(
     "recovery: survivors at the committed step receive nothing when a "
     "standby replaces a killed rank") {
-  // Slot 1 is killed 300 ms into step 10 (its step 9 backup commits
-  // meanwhile, while the others wait in the step). The survivors finished step
-  // 9 and still hold it live, including the killed slot's piece, whose ledger
-  // part (the killed slot's step timings) comes from the copies of it: they
-  // receive nothing, and the standby receives the state.
+  // Slot 1 is killed in step 10, 50 ms after step 9 committed (the
+  // others wait in the step meanwhile). The survivors finished step 9 and
+  // still hold it live, including the killed slot's piece, whose ledger
+  // part (the killed slot's step timings) comes from the copies of it:
+  // they receive nothing, and the standby receives the state.
   const std::string ref = Reference(3);
   std::vector<std::string> trainer = kTrainer;
   trainer.insert(trainer.end(), {"--step-ms", "100"});
-  JobRun r = Launch(
-      {"-n", "3", "--standby", "1", "--inject", "kill:slot=1:step=10:ms=300"},
-      trainer);
+  JobRun r = Launch({"-n", "3", "--standby", "1", "--inject",
+                     "kill:slot=1:step=10:committed=9:ms=50"},
+                    trainer);
   CHECK(r.rc == 0);
   CheckConsistent(r, 3);
   CHECK(r.hashes[0] == ref);
   CHECK_KINDS(r, {"crashed"});
   INFO("stderr: " << r.err);
+  CHECK(r.err.find("50 ms into step 10 (after step 9 committed)") !=
+        std::string::npos);
   const LiveRestore l = ParseLiveRestore(r.err, 3);
   CHECK(l.steps == std::set<std::string>{"9"});
   CHECK(l.live_slots.count("0") == 1);

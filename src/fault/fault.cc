@@ -82,6 +82,9 @@ absl::StatusOr<FaultSpec> ParseOne(absl::string_view text, int index) {
                f.kind != Kind::kFailOp && !IsCorruption(f.kind)) {
       if (v < 1 || v > (1 << 20)) return Bad(text, "recovery counts from 1");
       f.recovery = static_cast<int>(v);
+    } else if (key == "committed" && f.kind != Kind::kSlow &&
+               f.kind != Kind::kFailOp && !IsCorruption(f.kind)) {
+      f.committed = v;
     } else if (key == "code" && f.kind == Kind::kExit) {
       if (v > 255) return Bad(text, "code out of range [0, 255]");
       f.code = static_cast<int>(v);
@@ -101,6 +104,9 @@ absl::StatusOr<FaultSpec> ParseOne(absl::string_view text, int index) {
       }
       if (f.ms > 0 && f.step < 0) {
         return Bad(text, "ms=N (into the step) applies with step=N only");
+      }
+      if (f.committed >= 0 && f.step < 0) {
+        return Bad(text, "committed=N applies with step=N only");
       }
       break;
     case Kind::kSlow:
@@ -186,6 +192,39 @@ void Injector::SetRelease(std::function<bool()> release) {
   release_ = std::move(release);
 }
 
+void Injector::SetCommitted(std::function<int64_t()> committed) {
+  absl::MutexLock lock(&mu_);
+  committed_ = std::move(committed);
+}
+
+void Injector::AwaitCommitted(const FaultSpec& f) {
+  // Bounded, so a step that never commits (its snapshot was skipped, the
+  // job went on without it) cannot stall the job for good.
+  constexpr absl::Duration kLongest = absl::Seconds(60);
+  std::function<int64_t()> committed;
+  {
+    absl::MutexLock lock(&mu_);
+    committed = committed_;
+  }
+  if (!committed) {
+    HOLDFAST_LOG_WARN(
+        "fault '{}': no committed step is known here (no runtime); it fires "
+        "without waiting",
+        f.text);
+    return;
+  }
+  const absl::Time deadline = absl::Now() + kLongest;
+  while (committed() < f.committed) {
+    if (absl::Now() > deadline) {
+      HOLDFAST_LOG_WARN(
+          "fault '{}': step {} was not committed within {}; it fires anyway",
+          f.text, f.committed, absl::FormatDuration(kLongest));
+      return;
+    }
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+}
+
 bool Injector::empty() const {
   absl::MutexLock lock(&mu_);
   return faults_.empty();
@@ -251,11 +290,18 @@ void Injector::AtStep(int slot, int64_t step) {
       }
     }
   }
-  if (fire != nullptr) slow_ms += fire->ms;  // fires that far into the step
   if (slow_ms > 0) absl::SleepFor(absl::Milliseconds(slow_ms));
   if (fire != nullptr) {
-    Fire(*fire, fire->ms > 0 ? absl::StrCat(fire->ms, " ms into step ", step)
-                             : absl::StrCat("at step ", step));
+    if (fire->committed >= 0) AwaitCommitted(*fire);
+    // That far into the step.
+    if (fire->ms > 0) absl::SleepFor(absl::Milliseconds(fire->ms));
+    std::string where = fire->ms > 0
+                            ? absl::StrCat(fire->ms, " ms into step ", step)
+                            : absl::StrCat("at step ", step);
+    if (fire->committed >= 0) {
+      absl::StrAppend(&where, " (after step ", fire->committed, " committed)");
+    }
+    Fire(*fire, where);
   }
 }
 

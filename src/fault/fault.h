@@ -7,6 +7,10 @@
 //                            ... 500 ms into step 30 (the step's own work
 //                            waits: to its peers the rank dies inside the
 //                            step; also hang, stall and exit)
+//   kill:slot=2:step=30:committed=1
+//                            ... at step 30 once step 1 or a later one is
+//                            committed (the wait is on the step, like ms;
+//                            with both, the ms count from the commit)
 //   hang:slot=1:step=50      SIGSTOP itself (a frozen process)
 //   stall:slot=1:step=50     the calling thread blocks; the process stays
 //                            alive and keeps heartbeating (a rank hung
@@ -65,13 +69,14 @@ enum class Kind {
 struct FaultSpec {
   int index = 0;  // position in the list: the job-wide identity
   Kind kind = Kind::kKill;
-  int slot = -1;      // required
-  int64_t step = -1;  // at this step (slow: from this step)
-  int64_t seq = -1;   // fail-op: the collective number
-  int recovery = -1;  // at the start of this recovery (1 = the first)
-  int64_t ms = 0;     // slow: delay per step; kill etc.: into the step
-  int code = 1;       // exit: the exit code
-  std::string text;   // the spec as written
+  int slot = -1;           // required
+  int64_t step = -1;       // at this step (slow: from this step)
+  int64_t seq = -1;        // fail-op: the collective number
+  int recovery = -1;       // at the start of this recovery (1 = the first)
+  int64_t ms = 0;          // slow: delay per step; kill etc.: into the step
+  int64_t committed = -1;  // kill etc.: first wait for this step's commit
+  int code = 1;            // exit: the exit code
+  std::string text;        // the spec as written
 };
 
 // Parses a list. InvalidArgument naming the spec and what is wrong: an
@@ -98,6 +103,9 @@ class Injector {
   // true (the runtime: once the member is fenced or the job ended). Default:
   // a stall lasts until the process is killed.
   void SetRelease(std::function<bool()> release);
+  // The job's committed step, for faults with committed=N (the runtime's).
+  // Without it such a fault fires without waiting, with a warning.
+  void SetCommitted(std::function<int64_t()> committed);
 
   bool empty() const;
 
@@ -116,6 +124,8 @@ class Injector {
   // Fires kill/exit now (does not return), hang and stall (return when
   // continued or released), or returns at once for the others.
   void Fire(const FaultSpec& f, absl::string_view where);
+  // Waits (bounded) until step f.committed is committed.
+  void AwaitCommitted(const FaultSpec& f);
   bool ClaimLocked(const FaultSpec& f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   mutable absl::Mutex mu_;
@@ -123,6 +133,7 @@ class Injector {
   std::vector<bool> fired_ ABSL_GUARDED_BY(mu_);
   std::function<bool(const FaultSpec&)> claim_ ABSL_GUARDED_BY(mu_);
   std::function<bool()> release_ ABSL_GUARDED_BY(mu_);
+  std::function<int64_t()> committed_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace holdfast::fault

@@ -97,6 +97,7 @@ class RuntimeImpl final : public Runtime {
     Leave(finished_);
     fault::Injector::Global().SetClaim(nullptr);
     fault::Injector::Global().SetRelease(nullptr);
+    fault::Injector::Global().SetCommitted(nullptr);
   }
 
   absl::Status Init() {
@@ -214,6 +215,7 @@ class RuntimeImpl final : public Runtime {
     });
     // An injected stall ends once this member has no job to go on with.
     fault::Injector::Global().SetRelease([this] { return !Terminal().ok(); });
+    fault::Injector::Global().SetCommitted([this] { return committed_step(); });
     backup_thread_ = std::thread([this] { BackupLoop(); });
     return absl::OkStatus();
   }
