@@ -4,11 +4,23 @@
 //
 // For each world size N and state size M it runs, through holdfast-run and
 // the example trainer (examples/cpp/dp_trainer.cc, --state-mb M):
-//   1. holdfast: N workers + 1 standby; slot 1 is killed at step K. From the
-//      launcher's summary.json: the detection time (last heartbeat to
-//      detection) and the stages of the recovery as the members saw them:
-//      abort, new generation agreed, communicator rebuilt, state restored
-//      (the standby receives M MiB from a survivor), first step done.
+//   1. holdfast: N workers + 1 standby; slot 1 is killed in step K = 5,
+//      once step --committed C (1 unless given) or a later one is committed,
+//      and --kill-ms D later (0 unless given); the others wait in the
+//      step meanwhile. With the default 20 ms steps the backups lag (a
+//      round of a large state takes longer than a step, so snapshots are
+//      skipped): the restored step is older than the survivors' and every
+//      member receives what it lacks of it. With --committed 4 and
+//      --step-ms long enough for a backup round, the survivors still hold
+//      the restored step live and only the standby receives. (Without the
+//      wait, a kill at step 5 restored the initial state of step 0, which
+//      a fresh standby holds already.) From the launcher's
+//      summary.json: the detection time (last heartbeat to detection: with
+//      --kill-ms it includes up to a heartbeat interval in which the rank
+//      was still alive), the stages of the recovery as the members saw
+//      them (abort, new generation agreed, communicator rebuilt, state
+//      restored: each member receives the pieces of the committed step it
+//      needs and does not hold, first step done) and the steps lost.
 //   2. restart baseline, in the same run: the job's final state is saved to
 //      a file; then a fresh job of N processes is started with --load FILE
 //      and timed from the launch to its first step done. This counts no
@@ -18,6 +30,7 @@
 // baseline / holdfast.
 //
 //   recovery_bench [--ranks 2,4,8] [--state-mb 1,16,256,1024] [--json]
+//                  [--step-ms 20] [--committed 1] [--kill-ms 0]
 //                  [--run BIN] [--trainer BIN]
 #include <sys/sysinfo.h>
 #include <sys/wait.h>
@@ -60,10 +73,13 @@ struct Result {
           restore_ms = 0, first_step_ms = 0;
   int64_t recovery_ms = 0;  // detection + every stage
   int64_t baseline_ms = 0;
+  int64_t lost_steps = 0;
+  int64_t restored_step = 0;
 };
 
 Result Measure(const std::string& run, const std::string& trainer, int n,
-               int64_t mb) {
+               int64_t mb, int64_t step_ms, int64_t committed,
+               int64_t kill_ms) {
   Result r;
   r.ranks = n;
   r.state_mb = mb;
@@ -72,10 +88,11 @@ Result Measure(const std::string& run, const std::string& trainer, int n,
   // Enough steps that the kill lands after a few committed snapshots.
   const int steps = 8, kill_at = 5;
   const std::string trainer_args =
-      absl::StrCat(" --state-mb ", mb, " --step-ms 20 --steps ");
+      absl::StrCat(" --state-mb ", mb, " --step-ms ", step_ms, " --steps ");
   const std::string hf = absl::StrCat(
       "HOLDFAST_LOG_LEVEL=warn ", run, " -n ", n, " --standby 1 --log-dir ",
-      dir, "/hf --inject kill:slot=1:step=", kill_at, " -- ", trainer,
+      dir, "/hf --inject kill:slot=1:step=", kill_at, ":committed=", committed,
+      kill_ms > 0 ? absl::StrCat(":ms=", kill_ms) : "", " -- ", trainer,
       trainer_args, steps, " --save ", ckpt, " > ", dir, "/hf.out 2> ", dir,
       "/hf.err");
   if (System(hf) != 0) {
@@ -91,6 +108,8 @@ Result Measure(const std::string& run, const std::string& trainer, int n,
   const json& rec = s["recoveries"][0];
   auto at = [&](const char* k) { return rec.value(k, int64_t{0}); };
   r.detect_ms = inc.value("detect_ms", int64_t{0});
+  r.lost_steps = rec.value("lost_steps", int64_t{0});
+  r.restored_step = rec.value("restored_step", int64_t{0});
   const int64_t detected = inc.value("detected_unix_ms", int64_t{0});
   // The member's view starts when it saw the failure (at or a little after
   // the detection); stages are measured from there.
@@ -135,10 +154,19 @@ int main(int argc, char** argv) {
   std::vector<int64_t> sizes = {1, 16, 256, 1024};
   std::string run = HOLDFAST_RUN_BIN, trainer = HOLDFAST_DP_TRAINER_BIN;
   bool as_json = false;
+  int64_t step_ms = 20, committed = 1, kill_ms = 0;
   app.add_option("--ranks", ranks, "world sizes")->delimiter(',');
   app.add_option("--state-mb", sizes, "state sizes in MiB")->delimiter(',');
   app.add_option("--run", run, "holdfast-run binary");
   app.add_option("--trainer", trainer, "trainer binary");
+  app.add_option("--step-ms", step_ms,
+                 "the trainer's compute time per step (--step-ms)")
+      ->check(CLI::Range(int64_t{0}, int64_t{60000}));
+  app.add_option("--committed", committed,
+                 "kill slot 1 once this step is committed (1 to 4)")
+      ->check(CLI::Range(int64_t{1}, int64_t{4}));
+  app.add_option("--kill-ms", kill_ms, "and this many ms after that")
+      ->check(CLI::Range(int64_t{0}, int64_t{60000}));
   app.add_flag("--json", as_json, "print JSON");
   CLI11_PARSE(app, argc, argv);
 
@@ -148,9 +176,9 @@ int main(int argc, char** argv) {
       static_cast<double>(si.totalram) * si.mem_unit / (1 << 20);
   json out = json::array();
   if (!as_json) {
-    std::printf("%5s %9s | %8s %7s %7s %8s %8s %8s | %9s | %9s %7s\n", "ranks",
-                "state", "detect", "abort", "agree", "rebuild", "restore",
-                "1st step", "recovery", "restart", "ratio");
+    std::printf("%5s %9s | %8s %7s %7s %8s %8s %8s %4s | %9s | %9s %7s\n",
+                "ranks", "state", "detect", "abort", "agree", "rebuild",
+                "restore", "1st step", "lost", "recovery", "restart", "ratio");
   }
   for (int n : ranks) {
     for (int64_t mb : sizes) {
@@ -169,7 +197,7 @@ int main(int argc, char** argv) {
         out.push_back({{"ranks", n}, {"state_mb", mb}, {"skipped", "memory"}});
         continue;
       }
-      Result r = Measure(run, trainer, n, mb);
+      Result r = Measure(run, trainer, n, mb, step_ms, committed, kill_ms);
       const double ratio =
           r.ok && r.recovery_ms > 0
               ? static_cast<double>(r.baseline_ms) / r.recovery_ms
@@ -183,6 +211,11 @@ int main(int argc, char** argv) {
                 {"rebuild_ms", r.rebuild_ms},
                 {"restore_ms", r.restore_ms},
                 {"first_step_ms", r.first_step_ms},
+                {"lost_steps", r.lost_steps},
+                {"step_ms", step_ms},
+                {"committed", committed},
+                {"kill_ms", kill_ms},
+                {"restored_step", r.restored_step},
                 {"recovery_ms", r.recovery_ms},
                 {"restart_baseline_ms", r.baseline_ms},
                 {"baseline_over_holdfast", ratio}};
@@ -196,7 +229,7 @@ int main(int argc, char** argv) {
       }
       std::printf(
           "%5d %6lld MiB | %5lld ms %4lld ms %4lld ms %5lld ms %5lld ms %5lld "
-          "ms | "
+          "ms %4lld | "
           "%6lld ms | %6lld ms %6.1fx\n",
           n, static_cast<long long>(mb), static_cast<long long>(r.detect_ms),
           static_cast<long long>(r.abort_ms),
@@ -204,6 +237,7 @@ int main(int argc, char** argv) {
           static_cast<long long>(r.rebuild_ms),
           static_cast<long long>(r.restore_ms),
           static_cast<long long>(r.first_step_ms),
+          static_cast<long long>(r.lost_steps),
           static_cast<long long>(r.recovery_ms),
           static_cast<long long>(r.baseline_ms), ratio);
       std::fflush(stdout);
