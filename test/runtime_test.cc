@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -17,6 +18,8 @@
 #include "absl/time/clock.h"
 #include "holdfast/runtime.h"
 #include "holdfast/status.h"
+#include "spdlog/sinks/ostream_sink.h"
+#include "src/common/logging.h"
 #include "src/common/process_group.h"
 #include "src/control/server.h"
 
@@ -289,6 +292,62 @@ TEST_CASE(
       CHECK(rec.bytes_received == 0);
     }
   }
+}
+
+TEST_CASE(
+    "runtime: registered state that differs between slots at the start is "
+    "named, and a layout that differs is an error") {
+  // The runtime's log goes to a stream as well, to read the warning.
+  std::ostringstream log;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+  holdfast::log::Get().sinks().push_back(sink);
+  {
+    Controller c(2);
+    std::vector<std::string> errors = RunSlots(
+        c, 2, nullptr, [](int slot, holdfast::Runtime& rt) -> absl::Status {
+          std::vector<uint8_t> params(4096, 7);
+          std::vector<uint8_t> rng(64, static_cast<uint8_t>(slot));
+          HOLDFAST_RETURN_IF_ERROR(
+              rt.RegisterState("params", params.data(), params.size()));
+          HOLDFAST_RETURN_IF_ERROR(
+              rt.RegisterState("rng", rng.data(), rng.size()));
+          holdfast::RunOptions ro;
+          ro.steps = 2;
+          return rt
+              .Run(
+                  [](const holdfast::StepContext&) { return absl::OkStatus(); },
+                  ro)
+              .status();
+        });
+    CHECK(errors[0].empty());
+    CHECK(errors[1].empty());
+    CHECK(log.str().find("registered state 'rng' differs between slots at "
+                         "the start (slot 0 and slot 1") != std::string::npos);
+    CHECK(log.str().find("'params' differs") == std::string::npos);
+  }
+  {
+    Controller c(2);
+    std::vector<std::string> errors = RunSlots(
+        c, 2, nullptr, [](int slot, holdfast::Runtime& rt) -> absl::Status {
+          std::vector<uint8_t> params(slot == 0 ? 4096 : 2048, 7);
+          HOLDFAST_RETURN_IF_ERROR(
+              rt.RegisterState("params", params.data(), params.size()));
+          holdfast::RunOptions ro;
+          ro.steps = 2;
+          return rt
+              .Run(
+                  [](const holdfast::StepContext&) { return absl::OkStatus(); },
+                  ro)
+              .status();
+        });
+    for (const std::string& e : errors) {
+      INFO(e);
+      CHECK(e.find("registered state differs between slots") !=
+            std::string::npos);
+    }
+  }
+  auto& sinks = holdfast::log::Get().sinks();
+  sinks.erase(std::remove(sinks.begin(), sinks.end(), sink), sinks.end());
 }
 
 TEST_CASE("runtime: one slot runs with replicated and sharded state") {

@@ -224,7 +224,10 @@ class Runtime {
   // ---- State --------------------------------------------------------------
   // Registers `bytes` bytes at `data` (host memory, valid for the runtime's
   // life) under a unique non-empty name. Every slot registers the same
-  // names and sizes in the same order (checked at each restore).
+  // names and sizes in the same order (checked at the start and at each
+  // restore). The state is replicated: it holds the same bytes on every
+  // slot (a restore rebuilds each slot's copy from pieces of all slots; a
+  // fresh start warns about a buffer that differs).
   virtual absl::Status RegisterState(const std::string& name, void* data,
                                      size_t bytes) = 0;
   // Registers sharded state: a `global_bytes` array partitioned over the

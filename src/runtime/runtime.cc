@@ -912,6 +912,81 @@ class RuntimeImpl final : public Runtime {
     return p;
   }
 
+  static absl::Status LayoutMismatch(int r, uint64_t theirs, int me,
+                                     uint64_t mine) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "registered state differs between slots: slot ", r, " has layout hash ",
+        theirs, ", slot ", me, " has ", mine,
+        "; every slot must register the same names, kinds and sizes in the "
+        "same order"));
+  }
+
+  // At a fresh start: registered (replicated) state must hold the same
+  // bytes on every slot, since a restore assembles each slot's copy from
+  // pieces of all slots. Hashes each such buffer (SampleHash: whole up to
+  // 1 MiB, which covers per-slot values such as an RNG state, else 256
+  // blocks spread over it, so a start costs no pass over a large state)
+  // and warns, naming the first buffer that differs; a layout that
+  // differs is an error, as at a restore.
+  absl::Status CheckReplicatedEqual(Communicator* comm, const View& v) {
+    std::vector<int64_t> hashes;
+    for (const StateBuffer& b : buffers_) {
+      if (b.sharded || b.data == reinterpret_cast<uint8_t*>(ledger_)) {
+        hashes.push_back(0);  // the ledger times each slot's own steps
+        continue;
+      }
+      hashes.push_back(static_cast<int64_t>(SampleHash(b.data, b.global)));
+    }
+    const uint64_t layout = LayoutHash();
+    const int64_t mine[2] = {
+        static_cast<int64_t>(layout),
+        static_cast<int64_t>(XXH3_64bits(hashes.data(), hashes.size() * 8))};
+    std::vector<int64_t> all(static_cast<size_t>(v.world) * 2);
+    HOLDFAST_RETURN_IF_ERROR(
+        comm->AllGather(mine, all.data(), 2, DataType::kInt64)->Wait());
+    bool equal = true;
+    for (int r = 0; r < v.world; ++r) {
+      const int64_t* e = &all[static_cast<size_t>(r) * 2];
+      if (e[0] != mine[0]) {
+        return LayoutMismatch(r, static_cast<uint64_t>(e[0]), v.slot, layout);
+      }
+      equal = equal && e[1] == mine[1];
+    }
+    if (equal || hashes.empty()) return absl::OkStatus();
+    // Same layout, so the same count everywhere: which buffer, which slots.
+    std::vector<int64_t> every(hashes.size() * static_cast<size_t>(v.world));
+    HOLDFAST_RETURN_IF_ERROR(comm->AllGather(hashes.data(), every.data(),
+                                             hashes.size(), DataType::kInt64)
+                                 ->Wait());
+    for (size_t i = 0; i < hashes.size() && v.slot == 0; ++i) {
+      for (int r = 1; r < v.world; ++r) {
+        if (every[static_cast<size_t>(r) * hashes.size() + i] != every[i]) {
+          HOLDFAST_LOG_WARN(
+              "runtime: registered state '{}' differs between slots at the "
+              "start (slot 0 and slot {} hold different bytes). Registered "
+              "state is replicated: a restore rebuilds every slot's copy from "
+              "pieces of all slots, so per-slot values would be mixed. Keep "
+              "per-slot values (an RNG seeded by rank, a data position) out of "
+              "registered state or derive them from the step",
+              buffers_[i].name, r);
+          return absl::OkStatus();
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  static uint64_t SampleHash(const uint8_t* data, size_t size) {
+    constexpr size_t kWhole = size_t{1} << 20, kBlock = 4096, kBlocks = 256;
+    if (size <= kWhole) return XXH3_64bits(data, size);
+    uint64_t h = size;
+    for (size_t i = 0; i < kBlocks; ++i) {
+      const size_t at = i * (size - kBlock) / (kBlocks - 1);
+      h = XXH3_64bits_withSeed(data + at, kBlock, h);
+    }
+    return h;
+  }
+
   uint64_t LayoutHash() const {
     uint64_t h = 0x686f6c64;
     for (const StateBuffer& b : buffers_) {
@@ -1217,6 +1292,14 @@ class RuntimeImpl final : public Runtime {
       }
     }
     RepartitionAll(v.world, v.slot);  // a no-op after a disk restore
+    if (at == 0) {
+      Communicator* comm;
+      {
+        absl::MutexLock lock(&mu_);
+        comm = comm_.get();
+      }
+      HOLDFAST_RETURN_IF_ERROR(CheckReplicatedEqual(comm, v));
+    }
     high_step_ = std::max(high_step_, at);
     HOLDFAST_ASSIGN_OR_RETURN(bool taken, Snapshot(at));
     if (!taken ||
@@ -1280,12 +1363,7 @@ class RuntimeImpl final : public Runtime {
       const int64_t* e = &all[static_cast<size_t>(r) * kMine];
       highs[static_cast<size_t>(r)] = e[1];
       if (e[2] != mine[2]) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "registered state differs between slots: slot ", r,
-            " has layout hash ", static_cast<uint64_t>(e[2]), ", slot ", v.slot,
-            " has ", layout,
-            "; every slot must register the same names, kinds and sizes in "
-            "the same order"));
+        return LayoutMismatch(r, static_cast<uint64_t>(e[2]), v.slot, layout);
       }
       target = std::max(target, e[0]);
       high = std::max(high, e[1]);
