@@ -180,7 +180,8 @@ class Runtime:
         """Registers a CPU tensor's bytes as replicated state under `name`.
 
         The tensor must keep its storage (update it in place, as optimizers
-        do); a recovery writes the restored bytes into it.
+        do); a recovery writes the restored bytes into it. Its values must be
+        the same on every slot (a fresh start warns about one that differs).
         """
         data = tensor.data if isinstance(tensor, torch.nn.Parameter) else tensor
         ptr, n, _ = host_buffer(data, f"state '{name}'")
