@@ -185,7 +185,8 @@ std::string RunPair(size_t bytes, const char* verify, const SlotBody& body) {
       errors[want] = std::string(rt.status().message());
       return;
     }
-    std::vector<uint8_t> state(bytes, static_cast<uint8_t>(want + 1));
+    // Replicated state: the same bytes on both slots.
+    std::vector<uint8_t> state(bytes, uint8_t{1});
     absl::Status s = (*rt)->RegisterState("state", state.data(), bytes);
     if (s.ok()) s = body(want, **rt, state);
     if (!s.ok()) errors[want] = std::string(s.message());
