@@ -301,23 +301,25 @@ TEST_CASE(
   std::ostringstream log;
   auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
   holdfast::log::Get().sinks().push_back(sink);
+  // Two steps that do nothing, on the registered state.
+  auto two_steps = [](holdfast::Runtime& rt) {
+    holdfast::RunOptions ro;
+    ro.steps = 2;
+    return rt
+        .Run([](const holdfast::StepContext&) { return absl::OkStatus(); }, ro)
+        .status();
+  };
   {
     Controller c(2);
     std::vector<std::string> errors = RunSlots(
-        c, 2, nullptr, [](int slot, holdfast::Runtime& rt) -> absl::Status {
+        c, 2, nullptr, [&](int slot, holdfast::Runtime& rt) -> absl::Status {
           std::vector<uint8_t> params(4096, 7);
           std::vector<uint8_t> rng(64, static_cast<uint8_t>(slot));
           HOLDFAST_RETURN_IF_ERROR(
               rt.RegisterState("params", params.data(), params.size()));
           HOLDFAST_RETURN_IF_ERROR(
               rt.RegisterState("rng", rng.data(), rng.size()));
-          holdfast::RunOptions ro;
-          ro.steps = 2;
-          return rt
-              .Run(
-                  [](const holdfast::StepContext&) { return absl::OkStatus(); },
-                  ro)
-              .status();
+          return two_steps(rt);
         });
     CHECK(errors[0].empty());
     CHECK(errors[1].empty());
@@ -328,17 +330,11 @@ TEST_CASE(
   {
     Controller c(2);
     std::vector<std::string> errors = RunSlots(
-        c, 2, nullptr, [](int slot, holdfast::Runtime& rt) -> absl::Status {
+        c, 2, nullptr, [&](int slot, holdfast::Runtime& rt) -> absl::Status {
           std::vector<uint8_t> params(slot == 0 ? 4096 : 2048, 7);
           HOLDFAST_RETURN_IF_ERROR(
               rt.RegisterState("params", params.data(), params.size()));
-          holdfast::RunOptions ro;
-          ro.steps = 2;
-          return rt
-              .Run(
-                  [](const holdfast::StepContext&) { return absl::OkStatus(); },
-                  ro)
-              .status();
+          return two_steps(rt);
         });
     for (const std::string& e : errors) {
       INFO(e);
