@@ -400,6 +400,24 @@ TEST_CASE(
         std::string::npos);
 }
 
+TEST_CASE(
+    "recovery: the launcher labels each worker's lines with its slot even in "
+    "a job that ends between its polls") {
+  // One step: the workers register, train and finish within the
+  // launcher's 200 ms status poll; their last lines still name the slot.
+  JobRun r = Launch({"-n", "3"}, {"--steps", "1"});
+  CHECK(r.rc == 0);
+  INFO(r.out);
+  std::set<std::string> labels;
+  const std::regex final_line(R"(^\[([a-z0-9 ]+)\] final step=1 )");
+  std::istringstream lines(r.out);
+  for (std::string line; std::getline(lines, line);) {
+    std::smatch m;
+    if (std::regex_search(line, m, final_line)) labels.insert(m[1]);
+  }
+  CHECK(labels == std::set<std::string>{"slot 0", "slot 1", "slot 2"});
+}
+
 TEST_CASE("recovery: the launcher refuses bad input with a clear error") {
   auto run = [](const std::string& args) {
     const std::string dir = holdfast::proc::MakeTempDir();

@@ -58,6 +58,9 @@ using nlohmann::json;
 std::atomic<int> g_signal{0};
 void OnSignal(int sig) { g_signal = sig; }
 
+// The label of a process the controller does not know yet.
+constexpr char kStarting[] = "starting";
+
 struct Proc {
   int index = 0;
   pid_t pid = -1;
@@ -66,7 +69,7 @@ struct Proc {
   std::string out_buf, err_buf;
   bool exited = false;
   int status = 0;  // wait status
-  std::string label = "starting";
+  std::string label = kStarting;
   std::ofstream log;
 };
 
@@ -107,6 +110,10 @@ class Launcher {
   void Pump(absl::Duration timeout);
   void Emit(Proc& p, std::string& buf, bool is_err, bool flush_all);
   void RefreshLabels(const StatusResponse& s);
+  // Asks the controller for labels (at most every 20 ms): a process still
+  // labeled "starting" may have registered, or even finished, since the
+  // last poll.
+  void RefreshLabelsNow();
   json Summary(const StatusResponse& s, const std::string& outcome,
                const std::string& reason);
   void PrintSummary(const json& j);
@@ -122,6 +129,7 @@ class Launcher {
   absl::Time start_;
   std::string log_dir_;
   int n_ = 0;
+  absl::Time next_label_fetch_ = absl::InfinitePast();
 };
 
 absl::Status Launcher::AwaitStandbys(int k, absl::Time deadline) {
@@ -196,6 +204,10 @@ absl::Status Launcher::Spawn(Proc& p, const std::vector<std::string>& extra) {
 }
 
 void Launcher::Emit(Proc& p, std::string& buf, bool is_err, bool flush_all) {
+  if (p.label == kStarting &&
+      (flush_all || buf.find('\n') != std::string::npos)) {
+    RefreshLabelsNow();
+  }
   size_t start = 0;
   for (;;) {
     size_t nl = buf.find('\n', start);
@@ -254,20 +266,34 @@ void Launcher::Pump(absl::Duration timeout) {
 }
 
 void Launcher::RefreshLabels(const StatusResponse& s) {
-  std::map<int64_t, std::string> by_pid;
+  // A member that is no longer alive keeps the label its last lines were
+  // printed under, unless it never had one (it finished between polls).
+  std::map<int64_t, std::pair<std::string, bool>> by_pid;  // label, alive
   for (const auto& m : s.members()) {
-    if (m.state() != holdfast::control::STATE_ALIVE) {
-      continue;  // keep the label its last lines were printed under
-    } else if (m.role() == holdfast::control::ROLE_STANDBY) {
-      by_pid[m.pid()] = "standby";
-    } else {
-      by_pid[m.pid()] = absl::StrCat("slot ", m.slot());
-    }
+    std::pair<std::string, bool> entry = {
+        m.role() == holdfast::control::ROLE_STANDBY
+            ? "standby"
+            : absl::StrCat("slot ", m.slot()),
+        m.state() == holdfast::control::STATE_ALIVE};
+    // One process may be several members (fenced, then a fresh standby):
+    // the alive one names it.
+    auto [it, inserted] = by_pid.try_emplace(m.pid(), entry);
+    if (!inserted && !it->second.second) it->second = std::move(entry);
   }
   for (auto& p : procs_) {
     auto it = by_pid.find(p->pid);
-    if (it != by_pid.end()) p->label = it->second;
+    if (it == by_pid.end()) continue;
+    if (it->second.second || p->label == kStarting) {
+      p->label = it->second.first;
+    }
   }
+}
+
+void Launcher::RefreshLabelsNow() {
+  const absl::Time now = absl::Now();
+  if (now < next_label_fetch_) return;
+  next_label_fetch_ = now + absl::Milliseconds(20);
+  if (auto s = FetchJob(); s.ok()) RefreshLabels(*s);
 }
 
 absl::StatusOr<StatusResponse> Launcher::FetchJob() const {
