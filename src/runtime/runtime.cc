@@ -639,11 +639,7 @@ class RuntimeImpl final : public Runtime {
         member_->SetPhase(control::PHASE_COMPUTING, 0);
         const absl::Time t0 = absl::Now();
         absl::Status s;
-        Communicator* comm = nullptr;
-        {
-          absl::MutexLock lock(&mu_);
-          comm = comm_.get();
-        }
+        Communicator* comm = CurrentComm();
         if (comm == nullptr) {
           s = absl::AbortedError("no communicator");
         } else {
@@ -800,6 +796,16 @@ class RuntimeImpl final : public Runtime {
 
   // ---- Pieces ---------------------------------------------------------------
 
+  // The runtime's own ledger (registered by Run), which differs per slot.
+  bool IsLedger(const StateBuffer& b) const {
+    return b.data == reinterpret_cast<const uint8_t*>(ledger_);
+  }
+  // The training communicator of the current generation (null before the
+  // first one is built).
+  Communicator* CurrentComm() {
+    absl::MutexLock lock(&mu_);
+    return comm_.get();
+  }
   static shards::Range Part(const StateBuffer& b, int world, int slot) {
     return shards::Partition(b.global, b.unit, world, slot);
   }
@@ -931,7 +937,7 @@ class RuntimeImpl final : public Runtime {
   absl::Status CheckReplicatedEqual(Communicator* comm, const View& v) {
     std::vector<int64_t> hashes;
     for (const StateBuffer& b : buffers_) {
-      if (b.sharded || b.data == reinterpret_cast<uint8_t*>(ledger_)) {
+      if (b.sharded || IsLedger(b)) {
         hashes.push_back(0);  // the ledger times each slot's own steps
         continue;
       }
@@ -952,7 +958,7 @@ class RuntimeImpl final : public Runtime {
       }
       equal = equal && e[1] == mine[1];
     }
-    if (equal || hashes.empty()) return absl::OkStatus();
+    if (equal) return absl::OkStatus();
     // Same layout, so the same count everywhere: which buffer, which slots.
     std::vector<int64_t> every(hashes.size() * static_cast<size_t>(v.world));
     HOLDFAST_RETURN_IF_ERROR(comm->AllGather(hashes.data(), every.data(),
@@ -1292,14 +1298,8 @@ class RuntimeImpl final : public Runtime {
       }
     }
     RepartitionAll(v.world, v.slot);  // a no-op after a disk restore
-    if (at == 0) {
-      Communicator* comm;
-      {
-        absl::MutexLock lock(&mu_);
-        comm = comm_.get();
-      }
-      HOLDFAST_RETURN_IF_ERROR(CheckReplicatedEqual(comm, v));
-    }
+    if (at == 0)
+      HOLDFAST_RETURN_IF_ERROR(CheckReplicatedEqual(CurrentComm(), v));
     high_step_ = std::max(high_step_, at);
     HOLDFAST_ASSIGN_OR_RETURN(bool taken, Snapshot(at));
     if (!taken ||
@@ -1338,11 +1338,7 @@ class RuntimeImpl final : public Runtime {
   // holding a good copy. With a piece lost everywhere, the disk tier, else
   // DataLoss naming it. `rec` (optional) gets what was received.
   absl::StatusOr<int64_t> Restore(RecoveryRecord* rec) {
-    Communicator* comm;
-    {
-      absl::MutexLock lock(&mu_);
-      comm = comm_.get();
-    }
+    Communicator* comm = CurrentComm();
     const View v = CurrentView();
     QuiesceBackups();
     const uint64_t layout = LayoutHash();
@@ -1592,6 +1588,7 @@ class RuntimeImpl final : public Runtime {
     }
     HOLDFAST_ASSIGN_OR_RETURN(LedgerImage image,
                               TargetLedger(comm, v, old_world, local));
+    const auto* target_ledger = reinterpret_cast<const uint8_t*>(image.bytes);
     live.words = (static_cast<size_t>(old_world) + 63) / 64;
     std::vector<int64_t> mine(live.words, 0);
     int count = 0;
@@ -1601,31 +1598,28 @@ class RuntimeImpl final : public Runtime {
             !Needs(v.world, v.slot, old_world, p)) {
           continue;
         }
-        const auto* target_ledger =
-            reinterpret_cast<const uint8_t*>(image.bytes);
         shards::CopyHasher h;
         bool comparable = true;
+        shards::Range ledger_part{0, 0};  // of the ledger, in piece p
         for (const StateBuffer& b : buffers_) {
           const shards::Range r = Part(b, old_world, p);
           if (r.bytes == 0) continue;
-          const bool ledger = b.data == reinterpret_cast<uint8_t*>(ledger_);
-          if (ledger && !image.Covers(r)) {
+          if (!IsLedger(b)) {
+            h.Update(b.data + r.offset, r.bytes);
+          } else if (image.Covers(r)) {
+            h.Update(target_ledger + r.offset, r.bytes);
+            ledger_part = r;
+          } else {
             comparable = false;  // no member holds it (never so in a restore)
             break;
           }
-          h.Update((ledger ? target_ledger : b.data) + r.offset, r.bytes);
         }
         if (comparable && h.Digest() == checksums[static_cast<size_t>(p)]) {
           mine[static_cast<size_t>(p) / 64] |=
               static_cast<int64_t>(uint64_t{1} << (p % 64));
           ++count;
-          for (const StateBuffer& b : buffers_) {
-            const shards::Range r = Part(b, old_world, p);
-            if (b.data != reinterpret_cast<uint8_t*>(ledger_) || r.bytes == 0) {
-              continue;
-            }
-            std::memcpy(b.data + r.offset, target_ledger + r.offset, r.bytes);
-          }
+          std::memcpy(reinterpret_cast<uint8_t*>(ledger_) + ledger_part.offset,
+                      target_ledger + ledger_part.offset, ledger_part.bytes);
         }
       }
     }
@@ -1667,7 +1661,7 @@ class RuntimeImpl final : public Runtime {
       size_t at = 0;  // where the ledger's part lies in the piece
       for (const StateBuffer& b : buffers_) {
         const shards::Range r = Part(b, old_world, p);
-        if (b.data == reinterpret_cast<uint8_t*>(ledger_)) {
+        if (IsLedger(b)) {
           std::memcpy(out + r.offset, piece->bytes.get() + at, r.bytes);
           for (size_t i = r.offset; i < r.offset + r.bytes; ++i) {
             mine.known |= int64_t{1} << i;
@@ -1698,11 +1692,7 @@ class RuntimeImpl final : public Runtime {
   // there is none and it is not `required` (else DataLoss).
   absl::StatusOr<std::optional<int64_t>> RestoreFromDisk(RecoveryRecord* rec,
                                                          bool required) {
-    Communicator* comm;
-    {
-      absl::MutexLock lock(&mu_);
-      comm = comm_.get();
-    }
+    Communicator* comm = CurrentComm();
     const View v = CurrentView();
     const std::string& dir = options_.checkpoint_dir;
     const uint64_t layout = LayoutHash();
