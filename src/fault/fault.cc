@@ -17,8 +17,10 @@
 namespace holdfast::fault {
 namespace {
 
-bool IsCorruption(Kind kind) {
-  return kind == Kind::kCorruptShard || kind == Kind::kCorruptBackup;
+// The faults that act on the process (or its thread) at a point.
+bool IsProcessFault(Kind kind) {
+  return kind == Kind::kKill || kind == Kind::kHang || kind == Kind::kStall ||
+         kind == Kind::kExit;
 }
 
 absl::Status Bad(absl::string_view spec, absl::string_view why) {
@@ -74,16 +76,14 @@ absl::StatusOr<FaultSpec> ParseOne(absl::string_view text, int index) {
       f.step = v;
     } else if (key == "seq" && f.kind == Kind::kFailOp) {
       f.seq = v;
-    } else if (key == "ms" && f.kind != Kind::kFailOp &&
-               !IsCorruption(f.kind)) {
+    } else if (key == "ms" &&
+               (f.kind == Kind::kSlow || IsProcessFault(f.kind))) {
       if (v > 3600000) return Bad(text, "ms out of range");
       f.ms = v;
-    } else if (key == "recovery" && f.kind != Kind::kSlow &&
-               f.kind != Kind::kFailOp && !IsCorruption(f.kind)) {
+    } else if (key == "recovery" && IsProcessFault(f.kind)) {
       if (v < 1 || v > (1 << 20)) return Bad(text, "recovery counts from 1");
       f.recovery = static_cast<int>(v);
-    } else if (key == "committed" && f.kind != Kind::kSlow &&
-               f.kind != Kind::kFailOp && !IsCorruption(f.kind)) {
+    } else if (key == "committed" && IsProcessFault(f.kind)) {
       f.committed = v;
     } else if (key == "code" && f.kind == Kind::kExit) {
       if (v > 255) return Bad(text, "code out of range [0, 255]");
@@ -283,8 +283,8 @@ void Injector::AtStep(int slot, int64_t step) {
       if (f.slot != slot) continue;
       if (f.kind == Kind::kSlow) {
         if (step >= f.step) slow_ms += f.ms;
-      } else if (f.kind != Kind::kFailOp && !IsCorruption(f.kind) &&
-                 f.step == step && fire == nullptr && ClaimLocked(f)) {
+      } else if (IsProcessFault(f.kind) && f.step == step && fire == nullptr &&
+                 ClaimLocked(f)) {
         copy = f;
         fire = &copy;
       }
