@@ -252,6 +252,24 @@ LiveRestore ParseLiveRestore(const std::string& err, int world) {
   return out;
 }
 
+// Three workers with 100 ms steps (each step's backup commits within the
+// next step) and `args`: the run ends with the fault-free hash after one
+// incident of `kind`.
+JobRun RunWithCommittedSteps(const std::vector<std::string>& args,
+                             const std::string& kind) {
+  const std::string ref = Reference(3);
+  std::vector<std::string> trainer = kTrainer;
+  trainer.insert(trainer.end(), {"--step-ms", "100"});
+  std::vector<std::string> all = {"-n", "3"};
+  all.insert(all.end(), args.begin(), args.end());
+  JobRun r = Launch(all, trainer);
+  CHECK(r.rc == 0);
+  CheckConsistent(r, 3);
+  CHECK(r.hashes[0] == ref);
+  CHECK_KINDS(r, {kind});
+  return r;
+}
+
 TEST_CASE(
     "recovery: members whose live state is the committed step receive "
     "nothing") {
@@ -260,14 +278,8 @@ TEST_CASE(
   // still at the committed step, finds that the live bytes of each piece
   // it lacks hash to the piece's checksum, and receives nothing. The run
   // ends with the fault-free hash all the same.
-  const std::string ref = Reference(3);
-  std::vector<std::string> trainer = kTrainer;
-  trainer.insert(trainer.end(), {"--step-ms", "100"});
-  JobRun r = Launch({"-n", "3", "--inject", "fail-op:slot=2:seq=25"}, trainer);
-  CHECK(r.rc == 0);
-  CheckConsistent(r, 3);
-  CHECK(r.hashes[0] == ref);
-  CHECK_KINDS(r, {"comm_failed"});
+  JobRun r = RunWithCommittedSteps({"--inject", "fail-op:slot=2:seq=25"},
+                                   "comm_failed");
   INFO("stderr: " << r.err);
   const LiveRestore l = ParseLiveRestore(r.err, 3);
   CHECK(l.live_slots == std::set<std::string>{"0", "1", "2"});
@@ -284,16 +296,9 @@ TEST_CASE(
   // still hold it live, including the killed slot's piece, whose ledger
   // part (the killed slot's step timings) comes from the copies of it:
   // they receive nothing, and the standby receives the state.
-  const std::string ref = Reference(3);
-  std::vector<std::string> trainer = kTrainer;
-  trainer.insert(trainer.end(), {"--step-ms", "100"});
-  JobRun r = Launch({"-n", "3", "--standby", "1", "--inject",
-                     "kill:slot=1:step=10:committed=9:ms=50"},
-                    trainer);
-  CHECK(r.rc == 0);
-  CheckConsistent(r, 3);
-  CHECK(r.hashes[0] == ref);
-  CHECK_KINDS(r, {"crashed"});
+  JobRun r = RunWithCommittedSteps(
+      {"--standby", "1", "--inject", "kill:slot=1:step=10:committed=9:ms=50"},
+      "crashed");
   INFO("stderr: " << r.err);
   CHECK(r.err.find("50 ms into step 10 (after step 9 committed)") !=
         std::string::npos);
