@@ -103,6 +103,10 @@ struct PairAccess : tcp::Pair {
   }
 };
 
+// The reason given to the pairs the watcher fails because another one
+// failed to connect.
+constexpr absl::string_view kOtherPairFailed = "another pair failed to connect";
+
 // A Gloo context connected by holdfast's own full-mesh rendezvous. The
 // exchange is Gloo's connectFullMesh: every rank creates one pair per
 // peer, publishes their addresses under its rank number, and connects
@@ -133,18 +137,22 @@ class MeshContext final : public ::gloo::rendezvous::Context {
     }
     HOLDFAST_RETURN_IF_ERROR(store.Set(std::to_string(rank), mine));
 
-    // The watcher: `why` is set once it failed the pairs.
+    // The watcher: `why` is set once it failed the pairs. It also fails
+    // them as soon as one pair's connect failed (`broken`), so the
+    // connects still waiting on other peers end too.
     absl::Mutex mu;
-    bool done = false;
+    bool done = false, broken = false;
     std::optional<absl::Status> why;
     std::thread watcher([&] {
       absl::MutexLock lock(&mu);
       for (;;) {
-        auto stop = [&done]() { return done; };
+        auto stop = [&]() { return done || broken; };
         mu.AwaitWithTimeout(absl::Condition(&stop), absl::Milliseconds(50));
         if (done) return;
         std::optional<std::string> c = cancelled ? cancelled() : std::nullopt;
-        if (c.has_value()) {
+        if (broken) {
+          // The pair's own error is the reason; the rest just end.
+        } else if (c.has_value()) {
           why = absl::AbortedError(*c);
         } else if (absl::Now() > deadline) {
           why = absl::DeadlineExceededError(absl::StrCat(
@@ -152,11 +160,13 @@ class MeshContext final : public ::gloo::rendezvous::Context {
         } else {
           continue;
         }
+        const std::string msg =
+            why.has_value() ? why->ToString() : std::string(kOtherPairFailed);
         for (int j = 0; j < size; ++j) {
           if (j == rank) continue;
           auto* pair = dynamic_cast<tcp::Pair*>(tc->getPair(j).get());
           try {
-            if (pair != nullptr) PairAccess::Fail(pair, why->ToString());
+            if (pair != nullptr) PairAccess::Fail(pair, msg);
           } catch (const std::exception&) {
             // Already failed.
           }
@@ -164,7 +174,10 @@ class MeshContext final : public ::gloo::rendezvous::Context {
         return;
       }
     });
-    absl::Status s = ConnectPairs(store, *tc, deadline);
+    absl::Status s = ConnectPairs(store, *tc, deadline, [&] {
+      absl::MutexLock lock(&mu);
+      broken = true;
+    });
     {
       absl::MutexLock lock(&mu);
       done = true;
@@ -185,39 +198,73 @@ class MeshContext final : public ::gloo::rendezvous::Context {
   }
 
  private:
+  // Reads every peer's addresses (in rank order: a peer that has not
+  // published is waited for, and named if it never does), then connects
+  // every pair, each on a thread of its own: a pair's connect waits for
+  // the peer to connect its side, so connecting them one after another in
+  // rank order makes each rank wait for the peers before it in turn (about
+  // 90 ms for 8 ranks on 2 cores, against 30-45 at once). `broken` is
+  // called when a pair fails; the first failure in rank order is returned.
   // `store` is cancellable when the rendezvous is (Communicator::Create).
   absl::Status ConnectPairs(Store& store, ::gloo::transport::Context& tc,
-                            absl::Time deadline) {
+                            absl::Time deadline,
+                            const std::function<void()>& broken) {
+    std::vector<std::vector<char>> addr(static_cast<size_t>(size));
     for (int j = 0; j < size; ++j) {
       if (j == rank) continue;
-      absl::StatusOr<std::string> all =
-          store.Get(std::to_string(j), deadline - absl::Now());
-      if (!all.ok()) {
-        absl::Status s(all.status().code(),
-                       absl::StrCat("waiting for rank ", j,
-                                    "'s address: ", all.status().message()));
-        SetAbsent(&s, j);
-        return s;
-      }
-      // Rank j's addresses: one per peer of j, in rank order, equal sizes.
-      const size_t n = all->size() / (size - 1);
-      if (n == 0 || all->size() % (size - 1) != 0) {
-        return absl::InternalError(absl::StrCat(
-            "rank ", j, " published ", all->size(), " bytes of addresses, not ",
-            size - 1, " of equal size"));
-      }
-      const size_t at = static_cast<size_t>(rank < j ? rank : rank - 1) * n;
-      const std::vector<char> addr(all->begin() + at, all->begin() + at + n);
-      try {
-        tc.getPair(j)->connect(addr);
-      } catch (const std::exception& e) {
-        absl::Status s = absl::UnavailableError(
-            absl::StrCat("connecting to rank ", j, ": ", e.what()));
-        SetAbsent(&s, j);
-        return s;
-      }
+      HOLDFAST_ASSIGN_OR_RETURN(addr[static_cast<size_t>(j)],
+                                PeerAddress(store, deadline, j));
     }
-    return absl::OkStatus();
+    std::vector<absl::Status> result(static_cast<size_t>(size));
+    std::vector<std::thread> threads;
+    threads.reserve(static_cast<size_t>(size));
+    for (int j = 0; j < size; ++j) {
+      if (j == rank) continue;
+      threads.emplace_back([&, j] {
+        try {
+          tc.getPair(j)->connect(addr[static_cast<size_t>(j)]);
+        } catch (const std::exception& e) {
+          absl::Status s = absl::UnavailableError(
+              absl::StrCat("connecting to rank ", j, ": ", e.what()));
+          SetAbsent(&s, j);
+          result[static_cast<size_t>(j)] = std::move(s);
+          broken();
+        }
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    // A pair the watcher failed because another one failed says so; the
+    // one that failed first explains it better.
+    absl::Status first;
+    for (const absl::Status& s : result) {
+      if (s.ok()) continue;
+      if (first.ok()) first = s;
+      if (!absl::StrContains(s.message(), kOtherPairFailed)) return s;
+    }
+    return first;
+  }
+
+  // This rank's address at rank j's end of their pair.
+  absl::StatusOr<std::vector<char>> PeerAddress(Store& store,
+                                                absl::Time deadline, int j) {
+    absl::StatusOr<std::string> all =
+        store.Get(std::to_string(j), deadline - absl::Now());
+    if (!all.ok()) {
+      absl::Status s(all.status().code(),
+                     absl::StrCat("waiting for rank ", j,
+                                  "'s address: ", all.status().message()));
+      SetAbsent(&s, j);
+      return s;
+    }
+    // Rank j's addresses: one per peer of j, in rank order, equal sizes.
+    const size_t n = all->size() / (size - 1);
+    if (n == 0 || all->size() % (size - 1) != 0) {
+      return absl::InternalError(absl::StrCat(
+          "rank ", j, " published ", all->size(), " bytes of addresses, not ",
+          size - 1, " of equal size"));
+    }
+    const size_t at = static_cast<size_t>(rank < j ? rank : rank - 1) * n;
+    return std::vector<char>(all->begin() + at, all->begin() + at + n);
   }
 };
 
