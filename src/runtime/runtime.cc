@@ -1071,12 +1071,23 @@ class RuntimeImpl final : public Runtime {
 
   // Aborts the training and side communicators of generations <= `upto`.
   void AbortComm(int64_t upto, absl::string_view reason) {
-    absl::MutexLock lock(&mu_);
-    if (comm_ != nullptr && comm_generation_ <= upto) comm_->Abort(reason);
-    if (side_generation_ <= upto) {
-      if (side_ != nullptr) side_->Abort(reason);
-      if (links_ != nullptr) links_->Abort(reason);
+    std::shared_ptr<Communicator> comm, side;
+    std::shared_ptr<bulk::Links> links;
+    {
+      absl::MutexLock lock(&mu_);
+      if (comm_generation_ <= upto) comm = comm_;
+      if (side_generation_ <= upto) {
+        side = side_;
+        links = links_;
+      }
     }
+    // Outside mu_: a communicator's abort leaves a notice in the store (a
+    // round trip to the controller, tens of ms while every member is
+    // recovering), and the training thread reads the generation under
+    // mu_ on its way into Recover.
+    if (comm != nullptr) comm->Abort(reason);
+    if (side != nullptr) side->Abort(reason);
+    if (links != nullptr) links->Abort(reason);
   }
 
   // The slot to blame for a rendezvous that timed out, or -1.
