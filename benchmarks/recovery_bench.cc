@@ -15,10 +15,10 @@
 //      the restored step live and only the standby receives. (Without the
 //      wait, a kill at step 5 restored the initial state of step 0, which
 //      a fresh standby holds already.) From the launcher's
-//      summary.json: the detection time (last heartbeat to detection: with
-//      --kill-ms it includes up to a heartbeat interval in which the rank
-//      was still alive), the stages of the recovery as the members saw
-//      them (abort, new generation agreed, communicator rebuilt, state
+//      summary.json and the killed rank's log: the detection time (from
+//      the kill, which the fault injector logs with its Unix time, to the
+//      controller's detection), the stages of the recovery as the members
+//      saw them (abort, new generation agreed, communicator rebuilt, state
 //      restored: each member receives the pieces of the committed step it
 //      needs and does not hold, first step done) and the steps lost.
 //   2. restart baseline, in the same run: the job's final state is saved to
@@ -26,8 +26,8 @@
 //      and timed from the launch to its first step done. This counts no
 //      detection, no scheduler and a checkpoint read from the page cache,
 //      so it is a lower bound on a real restart.
-// Prints holdfast's recovery time (detection included) and
-// baseline / holdfast.
+// Prints holdfast's recovery time (from the kill to the first step done)
+// and baseline / holdfast.
 //
 //   recovery_bench [--ranks 2,4,8] [--state-mb 1,16,256,1024] [--json]
 //                  [--step-ms 20] [--committed 1] [--kill-ms 0]
@@ -59,6 +59,20 @@ json ReadJson(const std::string& path) {
   return json::parse(ss.str(), nullptr, false);
 }
 
+// The Unix time (ms) at which the fault injector fired, from its log line
+// "injecting fault '<spec>' ... (pid P, unix ms T)"; 0 if there is none.
+int64_t FaultFiredMs(const std::string& log_path) {
+  std::ifstream in(log_path);
+  const std::string mark = "unix ms ";
+  for (std::string line; std::getline(in, line);) {
+    if (line.find("injecting fault 'kill") == std::string::npos) continue;
+    const size_t at = line.rfind(mark);
+    if (at == std::string::npos) continue;
+    return std::strtoll(line.c_str() + at + mark.size(), nullptr, 10);
+  }
+  return 0;
+}
+
 int System(const std::string& cmd) {
   const int st = std::system(cmd.c_str());
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
@@ -71,7 +85,10 @@ struct Result {
   std::string error;
   int64_t detect_ms = 0, abort_ms = 0, agree_ms = 0, rebuild_ms = 0,
           restore_ms = 0, first_step_ms = 0;
-  int64_t recovery_ms = 0;  // detection + every stage
+  int64_t recovery_ms = 0;  // from the kill to the first step done
+  // The controller's own figure: from the rank's last heartbeat, which
+  // may be before the kill.
+  int64_t since_heartbeat_ms = 0;
   int64_t baseline_ms = 0;
   int64_t lost_steps = 0;
   int64_t restored_step = 0;
@@ -107,10 +124,21 @@ Result Measure(const std::string& run, const std::string& trainer, int n,
   const json& inc = s["incidents"][0];
   const json& rec = s["recoveries"][0];
   auto at = [&](const char* k) { return rec.value(k, int64_t{0}); };
-  r.detect_ms = inc.value("detect_ms", int64_t{0});
+  r.since_heartbeat_ms = inc.value("detect_ms", int64_t{0});
   r.lost_steps = rec.value("lost_steps", int64_t{0});
   r.restored_step = rec.value("restored_step", int64_t{0});
   const int64_t detected = inc.value("detected_unix_ms", int64_t{0});
+  const int64_t killed = FaultFiredMs(dir + "/hf.err");
+  if (killed <= 0) {
+    r.error = absl::StrCat("no kill time in the killed rank's log; see ", dir);
+    return r;
+  }
+  if (detected < killed) {
+    r.error = absl::StrCat("detected at ", detected, " before the kill at ",
+                           killed, " (unix ms); see ", dir);
+    return r;
+  }
+  r.detect_ms = detected - killed;
   // The member's view starts when it saw the failure (at or a little after
   // the detection); stages are measured from there.
   r.abort_ms = at("aborted_ms") - at("seen_ms");
@@ -118,7 +146,7 @@ Result Measure(const std::string& run, const std::string& trainer, int n,
   r.rebuild_ms = at("rebuilt_ms") - at("agreed_ms");
   r.restore_ms = at("restored_ms") - at("rebuilt_ms");
   r.first_step_ms = at("first_step_ms") - at("restored_ms");
-  r.recovery_ms = r.detect_ms + (at("first_step_ms") - detected);
+  r.recovery_ms = at("first_step_ms") - killed;
 
   // The restart baseline: a fresh job from the file, to its first step.
   const int64_t t0 = absl::ToUnixMillis(absl::Now());
@@ -206,6 +234,7 @@ int main(int argc, char** argv) {
                 {"state_mb", mb},
                 {"ok", r.ok},
                 {"detect_ms", r.detect_ms},
+                {"detect_since_heartbeat_ms", r.since_heartbeat_ms},
                 {"abort_ms", r.abort_ms},
                 {"agree_ms", r.agree_ms},
                 {"rebuild_ms", r.rebuild_ms},

@@ -237,8 +237,11 @@ bool Injector::ClaimLocked(const FaultSpec& f) {
 }
 
 void Injector::Fire(const FaultSpec& f, absl::string_view where) {
-  HOLDFAST_LOG_WARN("injecting fault '{}' {} (pid {})", f.text,
-                    std::string(where), getpid());
+  // The Unix time lets a reader (recovery_bench) measure detection from
+  // the fault itself rather than from the rank's last heartbeat.
+  HOLDFAST_LOG_WARN("injecting fault '{}' {} (pid {}, unix ms {})", f.text,
+                    std::string(where), getpid(),
+                    absl::ToUnixMillis(absl::Now()));
   switch (f.kind) {
     case Kind::kKill:
       kill(getpid(), SIGKILL);
