@@ -83,6 +83,7 @@ TEST_CASE("a malformed HOLDFAST_ variable is named in the error") {
   const std::pair<const char*, const char*> bad[] = {
       {"HOLDFAST_TIMEOUT_MS", "soon"},
       {"HOLDFAST_LOG_LEVEL", "loud"},
+      {"HOLDFAST_CONNECT_THREADS", "-3"},
       {"HOLDFAST_MUTEX_DEADLOCK_CHECK", "maybe"}};
   for (const auto& [name, value] : bad) {
     setenv(name, value, 1);
@@ -277,6 +278,32 @@ TEST_CASE("a cancelled rendezvous stops at once with the reason") {
   REQUIRE(comm.status().code() == absl::StatusCode::kAborted);
   CHECK(comm.status().message().find("generation 7 opened") !=
         absl::string_view::npos);
+}
+
+TEST_CASE(
+    "with more peers than HOLDFAST_CONNECT_THREADS pairs connect in turn") {
+  // One thread per rank: each connects its three pairs one after another,
+  // in rank order, instead of a thread per pair.
+  setenv("HOLDFAST_CONNECT_THREADS", "1", 1);
+  CommunicatorOptions o;
+  o.connect_timeout = absl::Seconds(30);
+  auto comms = Group(4, o);
+  unsetenv("HOLDFAST_CONNECT_THREADS");
+  std::vector<std::thread> threads;
+  std::vector<int64_t> sums(4, 0);
+  for (int r = 0; r < 4; ++r) {
+    threads.emplace_back([&, r] {
+      int64_t v = r + 1;
+      if (comms[r]
+              ->AllReduce(&v, 1, DataType::kInt64, ReduceOp::kSum)
+              ->Wait()
+              .ok()) {
+        sums[r] = v;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(sums == std::vector<int64_t>(4, 10));
 }
 
 TEST_CASE("a rank that published its address and left is named") {

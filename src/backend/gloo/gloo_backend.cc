@@ -21,6 +21,7 @@
 #include <gloo/transport/unbound_buffer.h>
 #include <gloo/types.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -39,6 +40,7 @@
 #include "holdfast/status.h"
 #include "src/backend/backend.h"
 #include "src/backend/gloo/reduce.h"
+#include "src/common/config.h"
 #include "src/common/status_util.h"
 #include "src/store/store_util.h"
 
@@ -123,7 +125,7 @@ class MeshContext final : public ::gloo::rendezvous::Context {
   // come attached (SetAbsent); Unavailable for a transport error.
   absl::Status Connect(
       Store& store, std::shared_ptr<::gloo::transport::Device> dev,
-      absl::Duration timeout,
+      absl::Duration timeout, int max_threads,
       const std::function<std::optional<std::string>()>& cancelled) {
     const absl::Time deadline = absl::Now() + timeout;
     std::shared_ptr<::gloo::transport::Context> tc =
@@ -174,7 +176,7 @@ class MeshContext final : public ::gloo::rendezvous::Context {
         return;
       }
     });
-    absl::Status s = ConnectPairs(store, *tc, deadline, [&] {
+    absl::Status s = ConnectPairs(store, *tc, deadline, max_threads, [&] {
       absl::MutexLock lock(&mu);
       broken = true;
     });
@@ -203,11 +205,15 @@ class MeshContext final : public ::gloo::rendezvous::Context {
   // every pair, each on a thread of its own: a pair's connect waits for
   // the peer to connect its side, so connecting them one after another in
   // rank order makes each rank wait for the peers before it in turn (about
-  // 90 ms for 8 ranks on 2 cores, against 30-45 at once). `broken` is
-  // called when a pair fails; the first failure in rank order is returned.
-  // `store` is cancellable when the rendezvous is (Communicator::Create).
+  // 90 ms for 8 ranks on 2 cores, against 30-45 at once). With more than
+  // `max_threads` peers (HOLDFAST_CONNECT_THREADS) they connect one after
+  // another, in rank order (every rank in the same order cannot deadlock;
+  // a bounded pool could).
+  // `broken` is called when a pair fails; the first failure in rank order
+  // is returned. `store` is cancellable when the rendezvous is
+  // (Communicator::Create).
   absl::Status ConnectPairs(Store& store, ::gloo::transport::Context& tc,
-                            absl::Time deadline,
+                            absl::Time deadline, int max_threads,
                             const std::function<void()>& broken) {
     std::vector<std::vector<char>> addr(static_cast<size_t>(size));
     for (int j = 0; j < size; ++j) {
@@ -216,23 +222,31 @@ class MeshContext final : public ::gloo::rendezvous::Context {
                                 PeerAddress(store, deadline, j));
     }
     std::vector<absl::Status> result(static_cast<size_t>(size));
-    std::vector<std::thread> threads;
-    threads.reserve(static_cast<size_t>(size));
-    for (int j = 0; j < size; ++j) {
-      if (j == rank) continue;
-      threads.emplace_back([&, j] {
-        try {
-          tc.getPair(j)->connect(addr[static_cast<size_t>(j)]);
-        } catch (const std::exception& e) {
-          absl::Status s = absl::UnavailableError(
-              absl::StrCat("connecting to rank ", j, ": ", e.what()));
-          SetAbsent(&s, j);
-          result[static_cast<size_t>(j)] = std::move(s);
-          broken();
-        }
-      });
+    auto connect = [&](int j) {
+      try {
+        tc.getPair(j)->connect(addr[static_cast<size_t>(j)]);
+        return true;
+      } catch (const std::exception& e) {
+        absl::Status s = absl::UnavailableError(
+            absl::StrCat("connecting to rank ", j, ": ", e.what()));
+        SetAbsent(&s, j);
+        result[static_cast<size_t>(j)] = std::move(s);
+        broken();
+        return false;
+      }
+    };
+    if (size - 1 > max_threads) {
+      for (int j = 0; j < size; ++j) {
+        if (j != rank && !connect(j)) break;
+      }
+    } else {
+      std::vector<std::thread> threads;
+      threads.reserve(static_cast<size_t>(size));
+      for (int j = 0; j < size; ++j) {
+        if (j != rank) threads.emplace_back([&connect, j] { connect(j); });
+      }
+      for (std::thread& t : threads) t.join();
     }
-    for (std::thread& t : threads) t.join();
     // A pair the watcher failed because another one failed says so; the
     // one that failed first explains it better.
     absl::Status first;
@@ -632,8 +646,11 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateGlooBackend(
   std::shared_ptr<Store> rendezvous =
       NewPrefixStore(absl::StrCat("holdfast/g", options.generation, "/gloo/"),
                      std::move(store));
-  absl::Status s = context->Connect(*rendezvous, device,
-                                    options.connect_timeout, options.cancelled);
+  absl::Status s = context->Connect(
+      *rendezvous, device, options.connect_timeout,
+      static_cast<int>(std::min<int64_t>(
+          config::IntParam("HOLDFAST_CONNECT_THREADS"), 1 << 16)),
+      options.cancelled);
   if (!s.ok()) {
     absl::Status out(
         s.code(), absl::StrCat("rendezvous of rank ", options.rank, " of ",
