@@ -864,17 +864,30 @@ class RuntimeImpl final : public Runtime {
     return false;
   }
 
-  // Copies what this member (world, slot) needs out of piece `p`.
-  void Apply(const uint8_t* piece, int old_world, int p, int world, int slot) {
+  // Copies what this member (world, slot) needs out of piece `p`. With
+  // `hash`, every byte of the piece is hashed too, in order, the copied
+  // ones as they are copied (one pass over memory instead of two).
+  void Apply(const uint8_t* piece, int old_world, int p, int world, int slot,
+             shards::CopyHasher* hash = nullptr) {
     size_t off = 0;
     for (StateBuffer& b : buffers_) {
       const shards::Range r = Part(b, old_world, p);
       const shards::Range need = Needed(b, world, slot);
       const shards::Range x = shards::Intersect(need, r);
+      const uint8_t* from = piece + off;
       if (x.bytes > 0) {
         uint8_t* dst = b.sharded ? b.storage.data() + (x.offset - need.offset)
                                  : b.data + x.offset;
-        std::memcpy(dst, piece + off + (x.offset - r.offset), x.bytes);
+        const size_t before = x.offset - r.offset;
+        if (hash == nullptr) {
+          std::memcpy(dst, from + before, x.bytes);
+        } else {
+          hash->Update(from, before);
+          hash->Copy(dst, from + before, x.bytes);
+          hash->Update(from + before + x.bytes, r.bytes - before - x.bytes);
+        }
+      } else if (hash != nullptr) {
+        hash->Update(from, r.bytes);
       }
       off += r.bytes;
     }
@@ -1550,15 +1563,12 @@ class RuntimeImpl final : public Runtime {
     for (auto& w : works) HOLDFAST_RETURN_IF_ERROR(w->Wait());
     int64_t bytes_received = 0;
     for (auto& [p, piece] : received) {
-      if (shards::Checksum(piece->bytes.get(), piece->size) !=
-          piece->checksum) {
-        return absl::DataLossError(absl::StrCat(
-            "the piece of slot ", p, " (world ", old_world, ", step ", target,
-            ") received from slot ", use->by_slot[static_cast<size_t>(p)][0],
-            " failed its checksum"));
-      }
       bytes_received += static_cast<int64_t>(piece->size);
     }
+    // A received piece is checked as it is applied (one pass over its
+    // bytes). One that fails its checksum ends the restore with DataLoss:
+    // the live state it was partly copied into is not used (the member
+    // does not go on).
     for (int p = 0; p < old_world; ++p) {
       if (!Needs(v.world, v.slot, old_world, p) || live.Has(v.slot, p)) {
         continue;
@@ -1572,7 +1582,18 @@ class RuntimeImpl final : public Runtime {
         return absl::InternalError(
             absl::StrCat("restore: the piece of slot ", p, " never arrived"));
       }
-      Apply(src->bytes.get(), old_world, p, v.world, v.slot);
+      if (l != local.end()) {
+        Apply(src->bytes.get(), old_world, p, v.world, v.slot);
+        continue;
+      }
+      shards::CopyHasher h;
+      Apply(src->bytes.get(), old_world, p, v.world, v.slot, &h);
+      if (h.Digest() != src->checksum) {
+        return absl::DataLossError(absl::StrCat(
+            "the piece of slot ", p, " (world ", old_world, ", step ", target,
+            ") received from slot ", use->by_slot[static_cast<size_t>(p)][0],
+            " failed its checksum"));
+      }
     }
     {
       // Received copies stay: they cover a second fault before the next
