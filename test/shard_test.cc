@@ -327,6 +327,16 @@ TEST_CASE("shards: the corrupt-shard fault parses and needs its step") {
   CHECK(b->at(0).kind == holdfast::fault::Kind::kCorruptBackup);
   CHECK(!holdfast::fault::Parse("corrupt-backup:slot=1").ok());
   CHECK(!holdfast::fault::Parse("corrupt-backup:slot=1:recovery=1").ok());
+  // corrupt-restore: the step is optional (unset: -1, any restore).
+  auto r = holdfast::fault::Parse("corrupt-restore:slot=1");
+  REQUIRE(r.ok());
+  CHECK(r->at(0).kind == holdfast::fault::Kind::kCorruptRestore);
+  CHECK(r->at(0).step == -1);
+  auto rs = holdfast::fault::Parse("corrupt-restore:slot=1:step=9");
+  REQUIRE(rs.ok());
+  CHECK(rs->at(0).step == 9);
+  CHECK(!holdfast::fault::Parse("corrupt-restore:slot=1:recovery=1").ok());
+  CHECK(!holdfast::fault::Parse("corrupt-restore:slot=1:ms=5").ok());
 }
 
 // ---- End to end
@@ -410,6 +420,31 @@ TEST_CASE(
                    "failed its checksum") != std::string::npos);
   // Step 10 committed: in "arrival" mode it would not.
   CHECK(CrashLostSteps(r) == 4);
+}
+
+TEST_CASE(
+    "shards: a piece damaged in a restore's transfer is refused by its "
+    "receiver, never loaded") {
+  // The standby that takes slot 1 receives every piece of the restored
+  // step (5 or later, so not the initial state it already holds); one of
+  // them is damaged as it lands. The standby refuses it with DataLoss
+  // naming the piece and leaves; the survivors go on without it in a world
+  // of 2 and agree.
+  JobRun r = Launch(
+      {"-n", "3", "--standby", "1", "--inject",
+       "kill:slot=1:step=10:committed=5", "--inject", "corrupt-restore:slot=1"},
+      Trainer());
+  INFO("stderr: " << r.err);
+  CHECK(r.err.find("injecting fault 'corrupt-restore:slot=1'") !=
+        std::string::npos);
+  static const std::regex kRefused(
+      R"(DATA_LOSS: the piece of slot \d \(world 3, step ([5-9])\) received )"
+      R"(from slot \d failed its checksum)");
+  CHECK(std::regex_search(r.err, kRefused));
+  REQUIRE(r.hashes.size() == 2);
+  CHECK(r.hashes[0] == r.hashes[1]);
+  CHECK(r.worlds == std::vector<int>{2, 2});
+  CHECK(r.summary["error"].value("code", "") == "DATA_LOSS");
 }
 
 TEST_CASE("shards: a piece lost with all its copies is DataLoss and no model") {

@@ -29,8 +29,8 @@ absl::Status Bad(absl::string_view spec, absl::string_view why) {
                    " (expected e.g. kill:slot=2:step=30, hang:slot=1:step=50, "
                    "stall:slot=1:recovery=1, "
                    "exit:slot=0:step=10, slow:slot=3:ms=300 or "
-                   "fail-op:slot=2:seq=120, corrupt-shard:slot=1:step=20 or "
-                   "corrupt-backup:slot=1:step=10)"));
+                   "fail-op:slot=2:seq=120, corrupt-shard:slot=1:step=20, "
+                   "corrupt-backup:slot=1:step=10 or corrupt-restore:slot=1)"));
 }
 
 absl::StatusOr<FaultSpec> ParseOne(absl::string_view text, int index) {
@@ -55,10 +55,13 @@ absl::StatusOr<FaultSpec> ParseOne(absl::string_view text, int index) {
     f.kind = Kind::kCorruptShard;
   } else if (kind == "corrupt-backup") {
     f.kind = Kind::kCorruptBackup;
+  } else if (kind == "corrupt-restore") {
+    f.kind = Kind::kCorruptRestore;
   } else {
     return Bad(text, absl::StrCat("unknown kind '", kind,
                                   "' (kill, hang, stall, exit, slow, fail-op, "
-                                  "corrupt-shard or corrupt-backup)"));
+                                  "corrupt-shard, corrupt-backup or "
+                                  "corrupt-restore)"));
   }
   for (size_t i = 1; i < parts.size(); ++i) {
     std::pair<absl::string_view, absl::string_view> kv =
@@ -119,6 +122,8 @@ absl::StatusOr<FaultSpec> ParseOne(absl::string_view text, int index) {
     case Kind::kCorruptBackup:
       if (f.step < 0) return Bad(text, "step=N is required");
       break;
+    case Kind::kCorruptRestore:
+      break;  // step=N is optional: any restore that receives a piece
   }
   return f;
 }
@@ -143,6 +148,8 @@ const char* KindName(Kind kind) {
       return "corrupt-shard";
     case Kind::kCorruptBackup:
       return "corrupt-backup";
+    case Kind::kCorruptRestore:
+      return "corrupt-restore";
   }
   return "?";
 }
@@ -271,6 +278,7 @@ void Injector::Fire(const FaultSpec& f, absl::string_view where) {
     case Kind::kFailOp:
     case Kind::kCorruptShard:
     case Kind::kCorruptBackup:
+    case Kind::kCorruptRestore:
       return;
   }
   for (;;) pause();  // SIGKILL is on its way
@@ -340,7 +348,9 @@ absl::Status Injector::AtCollective(int slot, int64_t seq) {
 bool Injector::AtShard(Kind kind, int slot, int64_t step) {
   absl::MutexLock lock(&mu_);
   for (const FaultSpec& f : faults_) {
-    if (f.kind == kind && f.slot == slot && f.step == step && ClaimLocked(f)) {
+    // Only corrupt-restore may leave the step out (any step).
+    if (f.kind == kind && f.slot == slot && (f.step < 0 || f.step == step) &&
+        ClaimLocked(f)) {
       HOLDFAST_LOG_WARN("injecting fault '{}' (pid {})", f.text, getpid());
       return true;
     }

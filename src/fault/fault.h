@@ -31,6 +31,11 @@
 //                            for step 10, as it lands (damage in transit:
 //                            the round must refuse it, and step 10 is not
 //                            committed)
+//   corrupt-restore:slot=1[:step=9]
+//                            flip a byte of a piece slot 1 receives in a
+//                            restore (of step 9 if given, else its first
+//                            restore that receives one): damage in transit;
+//                            the restore must refuse it with DataLoss
 //
 // `slot` is the rank at the time the point is reached, so a fault on a slot
 // also hits a standby that took it over. Each fault fires once per job: the
@@ -63,7 +68,8 @@ enum class Kind {
   kSlow,
   kFailOp,
   kCorruptShard,
-  kCorruptBackup
+  kCorruptBackup,
+  kCorruptRestore
 };
 
 struct FaultSpec {
@@ -115,8 +121,9 @@ class Injector {
   void AtRecovery(int slot, int recovery);
   // Non-OK (Internal, "injected fault ...") when fail-op fires.
   absl::Status AtCollective(int slot, int64_t seq);
-  // True once when a corrupt-shard or corrupt-backup fault (`kind`) fires
-  // for this slot at `step` (the caller does the corrupting).
+  // True once when a corrupt-shard, corrupt-backup or corrupt-restore
+  // fault (`kind`) fires for this slot at `step` (the caller does the
+  // corrupting).
   bool AtShard(Kind kind, int slot, int64_t step);
 
  private:

@@ -1565,6 +1565,16 @@ class RuntimeImpl final : public Runtime {
     for (auto& [p, piece] : received) {
       bytes_received += static_cast<int64_t>(piece->size);
     }
+    if (bytes_received > 0 &&
+        fault::Injector::Global().AtShard(fault::Kind::kCorruptRestore, v.slot,
+                                          target)) {
+      Piece& hit = *received.begin()->second;
+      hit.bytes[hit.size / 2] ^= 0x5a;
+      HOLDFAST_LOG_WARN(
+          "runtime: corrupted the piece of slot {} that slot {} received for "
+          "step {} (injected)",
+          hit.slot, v.slot, target);
+    }
     // A received piece is checked as it is applied (one pass over its
     // bytes). One that fails its checksum ends the restore with DataLoss:
     // the live state it was partly copied into is not used (the member
