@@ -423,13 +423,31 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "shards: a piece damaged in a restore's transfer is refused by its "
-    "receiver, never loaded") {
-  // The standby that takes slot 1 receives every piece of the restored
-  // step (5 or later, so not the initial state it already holds); one of
-  // them is damaged as it lands. The standby refuses it with DataLoss
-  // naming the piece and leaves; the survivors go on without it in a world
-  // of 2 and agree.
+    "shards: a piece damaged in a restore's transfer comes again from its "
+    "next holder") {
+  // Two copies of every piece: the standby taking slot 1 receives every
+  // piece of the restored step (5 or later, so not the initial state it
+  // already holds) and one of them is damaged as it lands. It is refused
+  // and received again from the piece's other holder; the run ends with
+  // the fault-free hash.
+  JobRun r =
+      ExpectFaultFreeHash({"-n", "4", "--standby", "1", "--replicas", "2",
+                           "--inject", "kill:slot=1:step=10:committed=5",
+                           "--inject", "corrupt-restore:slot=1"});
+  static const std::regex kRefused(
+      R"(the piece of slot \d \(world 4, step ([5-9])\) received from slot )"
+      R"(\d failed its checksum; receiving it from its next holder)");
+  CHECK(std::regex_search(r.err, kRefused));
+  CHECK(r.err.find("DATA_LOSS") == std::string::npos);
+}
+
+TEST_CASE(
+    "shards: a piece damaged in a restore's transfer with no other holder "
+    "is refused, never loaded") {
+  // One copy of every piece: the damaged one (slot 0's, whose buddy was
+  // the killed slot 1) has no other holder. The standby refuses it with
+  // DataLoss naming the piece and leaves; the survivors go on without it
+  // in a world of 2 and agree.
   JobRun r = Launch(
       {"-n", "3", "--standby", "1", "--inject",
        "kill:slot=1:step=10:committed=5", "--inject", "corrupt-restore:slot=1"},
@@ -437,6 +455,7 @@ TEST_CASE(
   INFO("stderr: " << r.err);
   CHECK(r.err.find("injecting fault 'corrupt-restore:slot=1'") !=
         std::string::npos);
+  CHECK(r.err.find("no other member holds a good copy") != std::string::npos);
   static const std::regex kRefused(
       R"(DATA_LOSS: the piece of slot \d \(world 3, step ([5-9])\) received )"
       R"(from slot \d failed its checksum)");

@@ -9,6 +9,7 @@
 #include <deque>
 #include <map>
 #include <optional>
+#include <set>
 #include <thread>
 #include <utility>
 
@@ -1389,12 +1390,32 @@ class RuntimeImpl final : public Runtime {
     AwaitBackupIdle(absl::InfiniteFuture());
   }
 
+  // Of one cut of the restore's target: per piece, the members holding a
+  // good copy (in member order) and the checksum they report.
+  struct Holders {
+    std::vector<std::vector<int>> by_slot;
+    std::vector<uint64_t> checksum;
+  };
+
+  // Which pieces of the restore's target each member already has live.
+  struct LiveSet {
+    size_t words = 0;           // per member
+    std::vector<int64_t> bits;  // member m's at [m * words]
+    bool Has(int m, int p) const {
+      if (bits.empty()) return false;
+      const uint64_t w = static_cast<uint64_t>(
+          bits[static_cast<size_t>(m) * words + static_cast<size_t>(p) / 64]);
+      return ((w >> (p % 64)) & 1) != 0;
+    }
+  };
+
   // Rolls every member back to the newest committed step. Each member says
   // which pieces of that step it holds (after checking their checksums);
   // the pieces of the newest world cut that is complete are used, each
   // member receiving the ones it needs and lacks from the lowest member
-  // holding a good copy. With a piece lost everywhere, the disk tier, else
-  // DataLoss naming it. `rec` (optional) gets what was received.
+  // holding a good copy (one damaged in transit comes again from the
+  // next, see ApplyTarget). With a piece lost everywhere, the disk tier,
+  // else DataLoss naming it. `rec` (optional) gets what was received.
   absl::StatusOr<int64_t> Restore(RecoveryRecord* rec) {
     Communicator* comm = CurrentComm();
     const View v = CurrentView();
@@ -1462,10 +1483,6 @@ class RuntimeImpl final : public Runtime {
                                  ->Wait());
     // (layout generation, world) -> slot -> the members with a good copy,
     // and the checksum they report.
-    struct Holders {
-      std::vector<std::vector<int>> by_slot;
-      std::vector<uint64_t> checksum;
-    };
     std::map<std::pair<int64_t, int>, Holders, std::greater<>> cuts;
     for (int m = 0; m < v.world; ++m) {
       for (int64_t i = 0; i < kmax; ++i) {
@@ -1539,72 +1556,10 @@ class RuntimeImpl final : public Runtime {
         LiveSet live,
         LivePieces(comm, v, target, highs, old_world, use->checksum, local));
     std::map<int, std::unique_ptr<Piece>> received;
-    std::vector<std::shared_ptr<Work>> works;
-    OpOptions oo;
-    oo.tag = kRestoreTag;
-    for (int p = 0; p < old_world; ++p) {
-      const std::vector<int>& hs = use->by_slot[static_cast<size_t>(p)];
-      const int from = hs.front();
-      const size_t size = PieceSize(old_world, p);
-      for (int m = 0; m < v.world; ++m) {
-        if (std::find(hs.begin(), hs.end(), m) != hs.end() || live.Has(m, p) ||
-            !Needs(v.world, m, old_world, p) || size == 0) {
-          continue;
-        }
-        if (v.slot == from) {
-          PostSends(comm, local.at(p)->bytes.get(), size, m, oo, &works);
-        } else if (v.slot == m) {
-          received.emplace(p, PostReceive(comm, target, use_gen, old_world, p,
-                                          use->checksum[static_cast<size_t>(p)],
-                                          from, oo, &works));
-        }
-      }
-    }
-    for (auto& w : works) HOLDFAST_RETURN_IF_ERROR(w->Wait());
     int64_t bytes_received = 0;
-    for (auto& [p, piece] : received) {
-      bytes_received += static_cast<int64_t>(piece->size);
-    }
-    if (bytes_received > 0 &&
-        fault::Injector::Global().AtShard(fault::Kind::kCorruptRestore, v.slot,
-                                          target)) {
-      Piece& hit = *received.begin()->second;
-      hit.bytes[hit.size / 2] ^= 0x5a;
-      HOLDFAST_LOG_WARN(
-          "runtime: corrupted the piece of slot {} that slot {} received for "
-          "step {} (injected)",
-          hit.slot, v.slot, target);
-    }
-    // A received piece is checked as it is applied (one pass over its
-    // bytes). One that fails its checksum ends the restore with DataLoss:
-    // the live state it was partly copied into is not used (the member
-    // does not go on).
-    for (int p = 0; p < old_world; ++p) {
-      if (!Needs(v.world, v.slot, old_world, p) || live.Has(v.slot, p)) {
-        continue;
-      }
-      auto l = local.find(p);
-      const Piece* src = l != local.end()        ? l->second
-                         : received.count(p) > 0 ? received.at(p).get()
-                                                 : nullptr;
-      if (src == nullptr) {
-        if (PieceSize(old_world, p) == 0) continue;
-        return absl::InternalError(
-            absl::StrCat("restore: the piece of slot ", p, " never arrived"));
-      }
-      if (l != local.end()) {
-        Apply(src->bytes.get(), old_world, p, v.world, v.slot);
-        continue;
-      }
-      shards::CopyHasher h;
-      Apply(src->bytes.get(), old_world, p, v.world, v.slot, &h);
-      if (h.Digest() != src->checksum) {
-        return absl::DataLossError(absl::StrCat(
-            "the piece of slot ", p, " (world ", old_world, ", step ", target,
-            ") received from slot ", use->by_slot[static_cast<size_t>(p)][0],
-            " failed its checksum"));
-      }
-    }
+    HOLDFAST_RETURN_IF_ERROR(ApplyTarget(comm, v, target, use_gen, old_world,
+                                         *use, local, live, &received,
+                                         &bytes_received));
     {
       // Received copies stay: they cover a second fault before the next
       // commit.
@@ -1619,17 +1574,117 @@ class RuntimeImpl final : public Runtime {
     return target;
   }
 
-  // Which pieces of the restore's target each member already has live.
-  struct LiveSet {
-    size_t words = 0;           // per member
-    std::vector<int64_t> bits;  // member m's at [m * words]
-    bool Has(int m, int p) const {
-      if (bits.empty()) return false;
-      const uint64_t w = static_cast<uint64_t>(
-          bits[static_cast<size_t>(m) * words + static_cast<size_t>(p) / 64]);
-      return ((w >> (p % 64)) & 1) != 0;
+  // The end of a restore: copies the target's pieces this member needs
+  // into its live buffers, from its own copies or received ones. Every
+  // piece some member needs and neither holds nor has live moves, in an
+  // order every member follows, from its first holder. A received piece
+  // is checked as it is copied (one pass over its bytes); one that fails
+  // (damaged in transit) is received again from its next holder, in a
+  // round every member takes part in: after each round with transfers the
+  // members exchange which pieces failed (one all-gather). DataLoss, naming
+  // the piece, when it failed from every holder; the live state it was
+  // partly copied into is then not used (the member does not go on).
+  absl::Status ApplyTarget(Communicator* comm, const View& v, int64_t target,
+                           int64_t use_gen, int old_world, const Holders& use,
+                           const std::map<int, const Piece*>& local,
+                           const LiveSet& live,
+                           std::map<int, std::unique_ptr<Piece>>* received,
+                           int64_t* bytes_received) {
+    std::vector<std::pair<int, int>> todo;  // (piece, member)
+    for (int p = 0; p < old_world; ++p) {
+      const std::vector<int>& hs = use.by_slot[static_cast<size_t>(p)];
+      if (PieceSize(old_world, p) == 0) continue;
+      for (int m = 0; m < v.world; ++m) {
+        if (std::find(hs.begin(), hs.end(), m) == hs.end() && !live.Has(m, p) &&
+            Needs(v.world, m, old_world, p)) {
+          todo.emplace_back(p, m);
+        }
+      }
+      auto l = local.find(p);
+      if (l != local.end() && Needs(v.world, v.slot, old_world, p) &&
+          !live.Has(v.slot, p)) {
+        Apply(l->second->bytes.get(), old_world, p, v.world, v.slot);
+      }
     }
-  };
+    std::set<int> arrived;  // received pieces that passed their check
+    OpOptions oo;
+    oo.tag = kRestoreTag;
+    const size_t words = (static_cast<size_t>(old_world) + 63) / 64;
+    absl::Status lost;
+    for (size_t round = 0; !todo.empty(); ++round) {
+      std::vector<std::shared_ptr<Work>> works;
+      std::map<int, int> sender;  // piece -> who sends it to this member
+      for (const auto& [p, m] : todo) {
+        const int from = use.by_slot[static_cast<size_t>(p)][round];
+        const size_t size = PieceSize(old_world, p);
+        if (v.slot == from) {
+          PostSends(comm, local.at(p)->bytes.get(), size, m, oo, &works);
+        } else if (v.slot == m) {
+          (*received)[p] = PostReceive(comm, target, use_gen, old_world, p,
+                                       use.checksum[static_cast<size_t>(p)],
+                                       from, oo, &works);
+          sender[p] = from;
+        }
+      }
+      for (auto& w : works) HOLDFAST_RETURN_IF_ERROR(w->Wait());
+      if (!sender.empty() &&
+          fault::Injector::Global().AtShard(fault::Kind::kCorruptRestore,
+                                            v.slot, target)) {
+        Piece& hit = *received->at(sender.begin()->first);
+        hit.bytes[hit.size / 2] ^= 0x5a;
+        HOLDFAST_LOG_WARN(
+            "runtime: corrupted the piece of slot {} that slot {} received "
+            "for step {} (injected)",
+            hit.slot, v.slot, target);
+      }
+      std::vector<int64_t> bad(words, 0);
+      for (const auto& [p, from] : sender) {
+        const Piece& piece = *received->at(p);
+        *bytes_received += static_cast<int64_t>(piece.size);
+        shards::CopyHasher h;
+        Apply(piece.bytes.get(), old_world, p, v.world, v.slot, &h);
+        if (h.Digest() == piece.checksum) {
+          arrived.insert(p);
+          continue;
+        }
+        bad[static_cast<size_t>(p) / 64] |=
+            static_cast<int64_t>(uint64_t{1} << (p % 64));
+        const bool more =
+            use.by_slot[static_cast<size_t>(p)].size() > round + 1;
+        const std::string why = absl::StrCat(
+            "the piece of slot ", p, " (world ", old_world, ", step ", target,
+            ") received from slot ", from, " failed its checksum");
+        HOLDFAST_LOG_ERROR("runtime: slot {}: {}{}", v.slot, why,
+                           more ? "; receiving it from its next holder"
+                                : "; no other member holds a good copy");
+        if (!more && lost.ok()) lost = absl::DataLossError(why);
+      }
+      std::vector<int64_t> all(words * static_cast<size_t>(v.world));
+      HOLDFAST_RETURN_IF_ERROR(
+          comm->AllGather(bad.data(), all.data(), words, DataType::kInt64)
+              ->Wait());
+      std::vector<std::pair<int, int>> again;
+      for (const auto& [p, m] : todo) {
+        const uint64_t w = static_cast<uint64_t>(
+            all[static_cast<size_t>(m) * words + static_cast<size_t>(p) / 64]);
+        if (((w >> (p % 64)) & 1) != 0 &&
+            use.by_slot[static_cast<size_t>(p)].size() > round + 1) {
+          again.emplace_back(p, m);
+        }
+      }
+      todo = std::move(again);
+    }
+    if (!lost.ok()) return lost;
+    for (int p = 0; p < old_world; ++p) {
+      if (PieceSize(old_world, p) > 0 && Needs(v.world, v.slot, old_world, p) &&
+          !live.Has(v.slot, p) && local.count(p) == 0 &&
+          arrived.count(p) == 0) {
+        return absl::InternalError(
+            absl::StrCat("restore: the piece of slot ", p, " never arrived"));
+      }
+    }
+    return absl::OkStatus();
+  }
 
   // The pieces of step `target` (cut for `old_world`) that members need
   // and need not receive: with replicated state only, a member that
