@@ -1397,10 +1397,30 @@ class RuntimeImpl final : public Runtime {
     std::vector<uint64_t> checksum;
   };
 
-  // Which pieces of the restore's target each member already has live.
-  struct LiveSet {
+  // Per member, a set of the pieces of the restore's target (those it
+  // holds live, those whose received copy failed): piece p is bit p of the
+  // member's words. Each member fills its own (Mine, Add) and Exchange
+  // all-gathers them. Empty: nobody has any.
+  struct PieceSets {
     size_t words = 0;           // per member
     std::vector<int64_t> bits;  // member m's at [m * words]
+    static std::vector<int64_t> Mine(int pieces) {
+      return std::vector<int64_t>((static_cast<size_t>(pieces) + 63) / 64, 0);
+    }
+    static void Add(std::vector<int64_t>* mine, int p) {
+      (*mine)[static_cast<size_t>(p) / 64] |=
+          static_cast<int64_t>(uint64_t{1} << (p % 64));
+    }
+    static absl::StatusOr<PieceSets> Exchange(Communicator* comm, int world,
+                                              std::vector<int64_t> mine) {
+      PieceSets sets;
+      sets.words = mine.size();
+      sets.bits.resize(sets.words * static_cast<size_t>(world));
+      HOLDFAST_RETURN_IF_ERROR(comm->AllGather(mine.data(), sets.bits.data(),
+                                               sets.words, DataType::kInt64)
+                                   ->Wait());
+      return sets;
+    }
     bool Has(int m, int p) const {
       if (bits.empty()) return false;
       const uint64_t w = static_cast<uint64_t>(
@@ -1553,7 +1573,7 @@ class RuntimeImpl final : public Runtime {
       }
     }
     HOLDFAST_ASSIGN_OR_RETURN(
-        LiveSet live,
+        PieceSets live,
         LivePieces(comm, v, target, highs, old_world, use->checksum, local));
     std::map<int, std::unique_ptr<Piece>> received;
     int64_t bytes_received = 0;
@@ -1587,7 +1607,7 @@ class RuntimeImpl final : public Runtime {
   absl::Status ApplyTarget(Communicator* comm, const View& v, int64_t target,
                            int64_t use_gen, int old_world, const Holders& use,
                            const std::map<int, const Piece*>& local,
-                           const LiveSet& live,
+                           const PieceSets& live,
                            std::map<int, std::unique_ptr<Piece>>* received,
                            int64_t* bytes_received) {
     std::vector<std::pair<int, int>> todo;  // (piece, member)
@@ -1609,7 +1629,10 @@ class RuntimeImpl final : public Runtime {
     std::set<int> arrived;  // received pieces that passed their check
     OpOptions oo;
     oo.tag = kRestoreTag;
-    const size_t words = (static_cast<size_t>(old_world) + 63) / 64;
+    // Whether piece p has a holder after the one of `round`.
+    auto has_next = [&use](int p, size_t round) {
+      return use.by_slot[static_cast<size_t>(p)].size() > round + 1;
+    };
     absl::Status lost;
     for (size_t round = 0; !todo.empty(); ++round) {
       std::vector<std::shared_ptr<Work>> works;
@@ -1637,7 +1660,7 @@ class RuntimeImpl final : public Runtime {
             "for step {} (injected)",
             hit.slot, v.slot, target);
       }
-      std::vector<int64_t> bad(words, 0);
+      std::vector<int64_t> bad = PieceSets::Mine(old_world);
       for (const auto& [p, from] : sender) {
         const Piece& piece = *received->at(p);
         *bytes_received += static_cast<int64_t>(piece.size);
@@ -1647,10 +1670,8 @@ class RuntimeImpl final : public Runtime {
           arrived.insert(p);
           continue;
         }
-        bad[static_cast<size_t>(p) / 64] |=
-            static_cast<int64_t>(uint64_t{1} << (p % 64));
-        const bool more =
-            use.by_slot[static_cast<size_t>(p)].size() > round + 1;
+        PieceSets::Add(&bad, p);
+        const bool more = has_next(p, round);
         const std::string why = absl::StrCat(
             "the piece of slot ", p, " (world ", old_world, ", step ", target,
             ") received from slot ", from, " failed its checksum");
@@ -1659,18 +1680,11 @@ class RuntimeImpl final : public Runtime {
                                 : "; no other member holds a good copy");
         if (!more && lost.ok()) lost = absl::DataLossError(why);
       }
-      std::vector<int64_t> all(words * static_cast<size_t>(v.world));
-      HOLDFAST_RETURN_IF_ERROR(
-          comm->AllGather(bad.data(), all.data(), words, DataType::kInt64)
-              ->Wait());
+      HOLDFAST_ASSIGN_OR_RETURN(
+          PieceSets failed, PieceSets::Exchange(comm, v.world, std::move(bad)));
       std::vector<std::pair<int, int>> again;
       for (const auto& [p, m] : todo) {
-        const uint64_t w = static_cast<uint64_t>(
-            all[static_cast<size_t>(m) * words + static_cast<size_t>(p) / 64]);
-        if (((w >> (p % 64)) & 1) != 0 &&
-            use.by_slot[static_cast<size_t>(p)].size() > round + 1) {
-          again.emplace_back(p, m);
-        }
+        if (failed.Has(m, p) && has_next(p, round)) again.emplace_back(p, m);
       }
       todo = std::move(again);
     }
@@ -1703,13 +1717,12 @@ class RuntimeImpl final : public Runtime {
   // each member contributes the ledger parts of the pieces it holds
   // (TargetLedger). They are copied into this member's ledger when the
   // piece matches, as a received piece would have been.
-  absl::StatusOr<LiveSet> LivePieces(Communicator* comm, const View& v,
-                                     int64_t target,
-                                     const std::vector<int64_t>& highs,
-                                     int old_world,
-                                     const std::vector<uint64_t>& checksums,
-                                     const std::map<int, const Piece*>& local) {
-    LiveSet live;
+  absl::StatusOr<PieceSets> LivePieces(
+      Communicator* comm, const View& v, int64_t target,
+      const std::vector<int64_t>& highs, int old_world,
+      const std::vector<uint64_t>& checksums,
+      const std::map<int, const Piece*>& local) {
+    PieceSets live;
     const bool replicated_only =
         std::none_of(buffers_.begin(), buffers_.end(),
                      [](const StateBuffer& b) { return b.sharded; });
@@ -1720,8 +1733,7 @@ class RuntimeImpl final : public Runtime {
     HOLDFAST_ASSIGN_OR_RETURN(LedgerImage image,
                               TargetLedger(comm, v, old_world, local));
     const auto* target_ledger = reinterpret_cast<const uint8_t*>(image.bytes);
-    live.words = (static_cast<size_t>(old_world) + 63) / 64;
-    std::vector<int64_t> mine(live.words, 0);
+    std::vector<int64_t> mine = PieceSets::Mine(old_world);
     int count = 0;
     if (high_step_ == target) {
       for (int p = 0; p < old_world; ++p) {
@@ -1746,18 +1758,15 @@ class RuntimeImpl final : public Runtime {
           }
         }
         if (comparable && h.Digest() == checksums[static_cast<size_t>(p)]) {
-          mine[static_cast<size_t>(p) / 64] |=
-              static_cast<int64_t>(uint64_t{1} << (p % 64));
+          PieceSets::Add(&mine, p);
           ++count;
           std::memcpy(reinterpret_cast<uint8_t*>(ledger_) + ledger_part.offset,
                       target_ledger + ledger_part.offset, ledger_part.bytes);
         }
       }
     }
-    live.bits.resize(live.words * static_cast<size_t>(v.world));
-    HOLDFAST_RETURN_IF_ERROR(comm->AllGather(mine.data(), live.bits.data(),
-                                             live.words, DataType::kInt64)
-                                 ->Wait());
+    HOLDFAST_ASSIGN_OR_RETURN(
+        live, PieceSets::Exchange(comm, v.world, std::move(mine)));
     if (count > 0) {
       HOLDFAST_LOG_INFO(
           "runtime: slot {} already holds {} piece(s) of step {} live; they "
