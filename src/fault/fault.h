@@ -35,7 +35,9 @@
 //                            flip a byte of a piece slot 1 receives in a
 //                            restore (of step 9 if given, else its first
 //                            restore that receives one): damage in transit;
-//                            the restore must refuse it with DataLoss
+//                            the restore must refuse it and receive it
+//                            again from its next holder, or with none stop
+//                            with DataLoss
 //
 // `slot` is the rank at the time the point is reached, so a fault on a slot
 // also hits a standby that took it over. Each fault fires once per job: the
