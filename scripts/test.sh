@@ -13,6 +13,9 @@ ctest --test-dir build --output-on-failure --timeout 300 -j 2 "$@"
 if [ -n "${HOLDFAST_TEST_SANITIZE:-}" ]; then
   BUILD_DIR="build-${HOLDFAST_TEST_SANITIZE}" bash scripts/setup.sh \
     --build-type RelWithDebInfo --sanitize "${HOLDFAST_TEST_SANITIZE}"
-  ctest --test-dir "build-${HOLDFAST_TEST_SANITIZE}" --output-on-failure \
+  # A UBSan finding ends the process (and so fails its test) instead of
+  # scrolling past in a child's log.
+  UBSAN_OPTIONS="${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}" \
+    ctest --test-dir "build-${HOLDFAST_TEST_SANITIZE}" --output-on-failure \
     --timeout 600 -j 2 "$@"
 fi
