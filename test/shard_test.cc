@@ -84,6 +84,16 @@ int64_t DiskStep(const JobRun& r) {
   return std::stoll(m[1]);
 }
 
+// Trainer arguments for a kill gated on a commit (kill:...:committed=N):
+// steps long enough for every backup round to finish within its step.
+// With the trainer's default steps (well under a millisecond) most
+// snapshots are skipped, and slots may skip different ones; a round whose
+// slots offer different steps backs up nothing. While the gated slot
+// waits at its step (and the others wait for it inside theirs) no new
+// snapshot can set that right, and on a loaded machine the gate ran out
+// (60 s) with the wanted step never committed.
+const std::vector<std::string> kRoundsKeepUp = {"--step-ms", "20"};
+
 // A 4-slot ZeRO-1 job under these launcher arguments finishes with the
 // fault-free run's hash.
 JobRun ExpectFaultFreeHash(const std::vector<std::string>& args,
@@ -429,11 +439,12 @@ TEST_CASE(
   // piece of the restored step (5 or later, so not the initial state it
   // already holds) and one of them is damaged as it lands. It is refused
   // and received again from the piece's other holder; the run ends with
-  // the fault-free hash.
-  JobRun r =
-      ExpectFaultFreeHash({"-n", "4", "--standby", "1", "--replicas", "2",
-                           "--inject", "kill:slot=1:step=10:committed=5",
-                           "--inject", "corrupt-restore:slot=1"});
+  // the fault-free hash. Steps of 20 ms let every round finish within its
+  // step (see kRoundsKeepUp).
+  JobRun r = ExpectFaultFreeHash(
+      {"-n", "4", "--standby", "1", "--replicas", "2", "--inject",
+       "kill:slot=1:step=10:committed=5", "--inject", "corrupt-restore:slot=1"},
+      kRoundsKeepUp);
   static const std::regex kRefused(
       R"(the piece of slot \d \(world 4, step ([5-9])\) received from slot )"
       R"(\d failed its checksum; receiving it from its next holder)");
@@ -451,7 +462,7 @@ TEST_CASE(
   JobRun r = Launch(
       {"-n", "3", "--standby", "1", "--inject",
        "kill:slot=1:step=10:committed=5", "--inject", "corrupt-restore:slot=1"},
-      Trainer());
+      Trainer(kRoundsKeepUp));
   INFO("stderr: " << r.err);
   CHECK(r.err.find("injecting fault 'corrupt-restore:slot=1'") !=
         std::string::npos);
