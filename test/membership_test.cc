@@ -493,7 +493,12 @@ TEST_CASE(
   CHECK(job.sinks[2]->LastUpdate()->slot() == 1);
   CHECK(job.sinks[2]->LastUpdate()->world_size() == 2);
   CHECK(job.sinks[2]->End() == nullptr);
+  const size_t before = job.sinks[3]->pushed.size();
   job.m.Detach(job.ids[2], job.sinks[2].get(), false, false, "reset", t);
+  // The last worker gets the stop, never a world of 1 to train in.
+  for (size_t i = before; i < job.sinks[3]->pushed.size(); ++i) {
+    CHECK_FALSE(job.sinks[3]->pushed[i].has_membership());
+  }
   const JobEnd* end = job.sinks[3]->End();
   REQUIRE(end != nullptr);
   CHECK(end->state() == JOB_STOPPED);

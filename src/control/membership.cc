@@ -659,14 +659,19 @@ void Membership::OpenGenerationLocked(int lost_slot,
     HOLDFAST_LOG_INFO("generation {}: the group is rebuilt ({})", generation_,
                       abort.reason());
   }
-  BroadcastGenerationLocked(changes, &abort);
   if (world_size_ < policy_.min_world) {
+    // Below the minimum the job stops, and the survivors get the stop
+    // (which aborts their communicators), never the smaller world: a
+    // member that read the new generation first would train in it, and a
+    // fast one finished the job there before the stop reached it.
     EndJobLocked(JOB_STOPPED,
                  absl::StrCat(world_size_,
                               " live workers, below the minimum "
                               "world size ",
                               policy_.min_world, " (", abort.reason(), ")"));
+    return;
   }
+  BroadcastGenerationLocked(changes, &abort);
 }
 
 void Membership::EndJobLocked(JobState state, std::string reason) {
