@@ -2190,6 +2190,10 @@ class RuntimeImpl final : public Runtime {
       if (all[static_cast<size_t>(r)] != s) {
         // Another slot snapshotted another step (its previous backup was
         // still running): nobody backs this one up.
+        HOLDFAST_LOG_DEBUG(
+            "runtime: slot {} offered step {} to a backup round and slot {} "
+            "step {}: nothing is backed up",
+            me, s, r, all[static_cast<size_t>(r)]);
         return false;
       }
     }
