@@ -650,11 +650,13 @@ void Membership::OpenGenerationLocked(int lost_slot,
       }
       w.slot = i;
     }
-    HOLDFAST_LOG_INFO(
-        "generation {}: slot {} lost, {}; the world shrinks "
-        "to {}",
-        generation_, lost_slot,
-        policy_.shrink ? "shrink mode" : "no standby left", world_size_);
+    if (world_size_ >= policy_.min_world) {  // else the job stops (below)
+      HOLDFAST_LOG_INFO(
+          "generation {}: slot {} lost, {}; the world shrinks "
+          "to {}",
+          generation_, lost_slot,
+          policy_.shrink ? "shrink mode" : "no standby left", world_size_);
+    }
   } else {
     HOLDFAST_LOG_INFO("generation {}: the group is rebuilt ({})", generation_,
                       abort.reason());
