@@ -15,12 +15,13 @@
 //      the restored step live and only the standby receives. (Without the
 //      wait, a kill at step 5 restored the initial state of step 0, which
 //      a fresh standby holds already.) From the launcher's
-//      summary.json and the killed rank's log: the detection time (from
-//      the kill, which the fault injector logs with its Unix time, to the
-//      controller's detection), the stages of the recovery as the members
-//      saw them (abort, new generation agreed, communicator rebuilt, state
-//      restored: each member receives the pieces of the committed step it
-//      needs and does not hold, first step done) and the steps lost.
+//      summary.json and its log (every rank's output, hf.err): the
+//      detection time (from the kill, which the fault injector logs with
+//      its Unix time, to the controller's detection), the stages of the
+//      recovery as the members saw them (abort, new generation agreed,
+//      communicator rebuilt, state restored: each member receives the
+//      pieces of the committed step it needs and does not hold, first step
+//      done) and the steps lost.
 //   2. restart baseline, in the same run: the job's final state is saved to
 //      a file; then a fresh job of N processes is started with --load FILE
 //      and timed from the launch to its first step done. This counts no
@@ -130,7 +131,7 @@ Result Measure(const std::string& run, const std::string& trainer, int n,
   const int64_t detected = inc.value("detected_unix_ms", int64_t{0});
   const int64_t killed = FaultFiredMs(dir + "/hf.err");
   if (killed <= 0) {
-    r.error = absl::StrCat("no kill time in the killed rank's log; see ", dir);
+    r.error = absl::StrCat("no kill time in the job's log (hf.err); see ", dir);
     return r;
   }
   if (detected < killed) {
