@@ -215,7 +215,8 @@ TEST_CASE("a missed deadline is forced with a fake clock instead of a sleep") {
   CommunicatorOptions o;
   o.clock = &clock;
   o.timeout = absl::Hours(1);  // only the fake clock can reach this
-  o.trace_dir = proc::MakeTempDir();
+  // Created at the abort (holdfast-run names one under its log directory).
+  o.trace_dir = proc::MakeTempDir() + "/not/yet";
   auto comms = Group(2, o);
   float x[16] = {};
   // Rank 1 never joins this AllReduce, so rank 0 blocks in it.

@@ -554,6 +554,8 @@ void CommunicatorImpl::CompleteAbort(
     const std::string path =
         absl::StrCat(options_.trace_dir, "/trace-g", options_.generation, "-r",
                      options_.rank, "-p", getpid(), ".json");
+    std::error_code ec;  // a failure shows as the write's, below
+    std::filesystem::create_directories(options_.trace_dir, ec);
     std::ofstream out(path);
     out << DumpTrace();
     out.close();
