@@ -16,6 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "holdfast/clock.h"
 #include "holdfast/communicator.h"
+#include "src/comm/communicator_impl.h"
 #include "src/common/config.h"
 #include "src/common/process_group.h"
 #include "src/common/status_util.h"
@@ -33,8 +34,9 @@ std::unique_ptr<Communicator> Solo(CommunicatorOptions o = {}) {
 }
 
 // Creates `n` communicators of one group concurrently (rendezvous needs all).
-std::vector<std::unique_ptr<Communicator>> Group(int n, CommunicatorOptions o) {
-  auto store = NewMemoryStore();
+std::vector<std::unique_ptr<Communicator>> Group(
+    int n, CommunicatorOptions o,
+    std::shared_ptr<Store> store = NewMemoryStore()) {
   std::vector<absl::StatusOr<std::unique_ptr<Communicator>>> made(n);
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
@@ -399,4 +401,73 @@ TEST_CASE(
             ->Wait()
             .ok());
   CHECK(w->Wait().ok());
+}
+
+TEST_CASE(
+    "a timed-out collective is compared with the peers' abort notices: "
+    "malformed ones are ignored, another collective at its position is "
+    "named") {
+  FakeClock clock;
+  CommunicatorOptions o;
+  o.clock = &clock;
+  o.timeout = absl::Hours(1);  // only the fake clock can reach this
+  o.trace_dir = "";
+  // Rank 0 issues an AllReduce nobody joins; the notices of ranks 1-3 are
+  // planted as if they had aborted in the collectives they name.
+  auto timeout_with = [&](const std::vector<std::string>& notices) {
+    std::shared_ptr<Store> store = NewMemoryStore();
+    auto comms = Group(4, o, store);
+    for (size_t r = 0; r < notices.size(); ++r) {
+      REQUIRE(
+          store->Set(comm::NoticeKey(0, static_cast<int>(r) + 1), notices[r])
+              .ok());
+    }
+    float x[16] = {};
+    auto w = comms[0]->AllReduce(x, 16, DataType::kFloat32, ReduceOp::kSum);
+    absl::SleepFor(absl::Milliseconds(20));
+    clock.Advance(absl::Hours(1) + absl::Seconds(1));
+    absl::Status s = w->Wait(absl::Seconds(30));
+    absl::StatusOr<std::optional<std::string>> published =
+        store->TryGet(comm::MismatchKey(0));
+    REQUIRE(published.ok());
+    return std::make_pair(s, published->value_or(""));
+  };
+  // The notice of a rank that aborted in collective #coll_seq.
+  auto in = [](nlohmann::json coll_seq, nlohmann::json signature) {
+    return nlohmann::json{
+        {"code", 4},
+        {"message", "m"},
+        {"op", {{"coll_seq", coll_seq}, {"signature", signature}}}}
+        .dump();
+  };
+  const std::string same = in(0, "AllReduce (16 x float32, sum)");
+  SECTION("malformed notices, or the same collective: a timeout") {
+    auto [s, published] = timeout_with({
+        "not json",
+        in("zero", 5),
+        nlohmann::json{{"code", 4}, {"message", "m"}, {"op", {1, 2}}}.dump(),
+    });
+    CHECK(s.code() == absl::StatusCode::kDeadlineExceeded);
+    CHECK(published.empty());
+    std::tie(s, published) = timeout_with({same, same, same});
+    CHECK(s.code() == absl::StatusCode::kDeadlineExceeded);
+    CHECK(published.empty());
+  }
+  SECTION("another collective at the same position: a mismatch") {
+    auto [s, published] = timeout_with({
+        same,
+        in(1, "Barrier"),  // at another position: not compared
+        in(0, "AllReduce (16 x float32, max)"),
+    });
+    INFO(s.ToString());
+    CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(s.message().find("AllReduce seq=0") == 0);
+    const std::string want =
+        "collective mismatch at collective #0 of generation 0: rank 0 "
+        "issued AllReduce (16 x float32, sum), rank 3 issued AllReduce (16 "
+        "x float32, max)";
+    CHECK(s.message().find(want) != absl::string_view::npos);
+    // Left for the ranks that saw only a timeout.
+    CHECK(published.find(want) == 0);
+  }
 }

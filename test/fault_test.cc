@@ -246,7 +246,7 @@ TEST_CASE("Abort() from another thread unblocks a blocked collective") {
 
 TEST_CASE(
     "collectives that differ across ranks fail at the deadline without a "
-    "crash") {
+    "crash, and a collective mismatch is named") {
   const std::string dir = holdfast::proc::MakeTempDir();
   // Each case: what rank 0 and rank 1 issue. Buffers carry guard bytes that
   // must survive untouched.
@@ -297,16 +297,44 @@ TEST_CASE(
     }
     return bad;
   });
+  // What each rank issued in the collective cases, as the error names it.
+  const std::string issued[kNumCases - 1][2] = {
+      {"AllReduce (100 x float32, sum)", "AllReduce (200 x float32, sum)"},
+      {"AllReduce (100 x float32, sum)", "AllReduce (100 x int32, sum)"},
+      {"AllReduce (64 x float32, sum)", "Broadcast root=0 (64 x float32)"},
+      {"Broadcast root=0 (64 x float32)", "Broadcast root=1 (64 x float32)"},
+  };
   for (int c = 0; c < kNumCases; ++c) {
+    int named = 0;
     for (int r = 0; r < 2; ++r) {
       auto ev = group.WaitEvent(r, "case", absl::Seconds(60));
       REQUIRE(ev.has_value());
       INFO("case " << c << " rank " << r << ": " << (*ev)["msg"]);
       CHECK((*ev)["case"] == std::to_string(c));
-      // Either rank may time out first; the other then learns it through the
-      // first one's abort notice. Both report DeadlineExceeded.
-      CHECK((*ev)["code"] == "DEADLINE_EXCEEDED");
       CHECK((*ev)["guards"] == "ok");
+      if (c == kSendRecvSize) {
+        // Point-to-point messages are not compared: both time out.
+        CHECK((*ev)["code"] == "DEADLINE_EXCEEDED");
+        continue;
+      }
+      // Each rank says which collective it is in (its abort notice) before
+      // it reads the other's, so at least one of them finds the other's
+      // and names the mismatch; the other reports the timeout (or adopts
+      // the mismatch, if the other's abort reached it first).
+      const std::string& msg = (*ev)["msg"];
+      if ((*ev)["code"] == "INVALID_ARGUMENT") {
+        ++named;
+        CHECK(msg.find("collective mismatch at collective #0 of generation "
+                       "0") != std::string::npos);
+        CHECK(msg.find("rank 0 issued " + issued[c][0]) != std::string::npos);
+        CHECK(msg.find("rank 1 issued " + issued[c][1]) != std::string::npos);
+      } else {
+        CHECK((*ev)["code"] == "DEADLINE_EXCEEDED");
+      }
+    }
+    if (c != kSendRecvSize) {
+      INFO("case " << c);
+      CHECK(named >= 1);
     }
   }
   for (const auto& e : group.WaitAll(absl::Seconds(30))) {

@@ -68,7 +68,59 @@ uint32_t MatchTag(const backend::OpSpec& spec, int64_t match_seq,
   return static_cast<uint32_t>(XXH3_64bits(&key, sizeof(key)));
 }
 
+// How many peers a rank whose collective timed out asks (through their
+// abort notices) which collective they were in: the ones after it in rank
+// order. Each is one store read.
+constexpr int kMismatchPeers = 64;
+// The most time those reads may add to a timeout's abort.
+constexpr absl::Duration kMismatchBudget = absl::Seconds(1);
+
+// " (count x dtype[, reduction])", or nothing for a barrier.
+std::string Shape(const TraceRecord& r) {
+  if (r.op == OpType::kBarrier) return "";
+  std::string s = absl::StrCat(" (", r.count, " x ", DataTypeName(r.dtype));
+  if (r.op == OpType::kAllReduce || r.op == OpType::kReduceScatter) {
+    absl::StrAppend(&s, ", ", ReduceOpName(r.reduce));
+  }
+  return absl::StrCat(s, ")");
+}
+
+// What every rank must issue alike for a collective (what MatchTag hashes,
+// less the position): the kind, the root, the size, the type, the
+// reduction. The same text on every rank.
+std::string Signature(const TraceRecord& r) {
+  std::string s(OpTypeName(r.op));
+  if (r.op == OpType::kBroadcast) absl::StrAppend(&s, " root=", r.peer);
+  return absl::StrCat(s, Shape(r));
+}
+
+// The collective a peer's abort notice says it was in, if any.
+struct NoticeOp {
+  int64_t coll_seq = -1;
+  std::string signature;
+};
+std::optional<NoticeOp> OpOfNotice(const nlohmann::json& notice) {
+  // (A const json's operator[] must not be given a missing key.)
+  if (!notice.is_object() || !notice.contains("op")) return std::nullopt;
+  const nlohmann::json& op = notice.at("op");
+  if (!op.is_object() || !op.contains("coll_seq") ||
+      !op.contains("signature") || !op.at("coll_seq").is_number_integer() ||
+      !op.at("signature").is_string()) {
+    return std::nullopt;
+  }
+  return NoticeOp{op.at("coll_seq").get<int64_t>(),
+                  op.at("signature").get<std::string>()};
+}
+
 }  // namespace
+
+std::string NoticeKey(int64_t generation, int rank) {
+  return absl::StrCat("holdfast/g", generation, "/abort/", rank);
+}
+
+std::string MismatchKey(int64_t generation) {
+  return absl::StrCat("holdfast/g", generation, "/mismatch");
+}
 
 CommunicatorImpl::CommunicatorImpl(const CommunicatorOptions& options,
                                    std::shared_ptr<Store> store,
@@ -134,18 +186,7 @@ std::string CommunicatorImpl::Describe(const TraceRecord& r) const {
                   options_.size);
   if (r.op == OpType::kBroadcast) absl::StrAppend(&s, " root=", r.peer);
   if (!IsCollective(r.op)) absl::StrAppend(&s, " peer=", r.peer);
-  if (r.op != OpType::kBarrier) {
-    absl::StrAppend(&s, " (", r.count, " x ", DataTypeName(r.dtype));
-    if (r.op == OpType::kAllReduce || r.op == OpType::kReduceScatter) {
-      absl::StrAppend(&s, ", ", ReduceOpName(r.reduce));
-    }
-    absl::StrAppend(&s, ")");
-  }
-  return s;
-}
-
-std::string CommunicatorImpl::NoticeKey(int rank) const {
-  return absl::StrCat("holdfast/g", options_.generation, "/abort/", rank);
+  return absl::StrCat(s, Shape(r));
 }
 
 absl::Status CommunicatorImpl::Validate(const backend::OpSpec& spec) const {
@@ -378,7 +419,7 @@ void CommunicatorImpl::Complete(const std::shared_ptr<Pending>& p,
     }
     if (!decided) {
       // A failure this rank saw first (typically a lost peer).
-      AbortWith(ExplainFailure(result), p.get());
+      AbortWith(ExplainFailure(result, p->record), p.get());
     }
   }
   absl::MutexLock lock(&mu_);
@@ -401,6 +442,9 @@ void CommunicatorImpl::WatchdogLoop() {
     std::vector<std::shared_ptr<Pending>> finish;
     bool began = false;
     bool in_flight = false;
+    // A running collective past its deadline, to compare with the peers'
+    // before aborting.
+    std::shared_ptr<Pending> timed_out;
     {
       absl::MutexLock lock(&mu_);
       if (mu_.AwaitWithTimeout(absl::Condition(&stop_),
@@ -431,7 +475,19 @@ void CommunicatorImpl::WatchdogLoop() {
             Describe(expired->record), ": timed out after ",
             absl::FormatDuration(expired->timeout), " (", where,
             "); a peer may be frozen, slow or issuing a different op"));
-        began = BeginAbortLocked(cause, expired, &finish);
+        if (expired == running_.get() && options_.size > 1) {
+          timed_out = running_;
+        } else {
+          began = BeginAbortLocked(cause, expired, &finish);
+        }
+      }
+    }
+    if (timed_out != nullptr) {
+      cause = DiagnoseTimeout(timed_out->record, cause);
+      absl::MutexLock lock(&mu_);
+      // Unless it finished (or something else aborted) meanwhile.
+      if (running_ == timed_out) {
+        began = BeginAbortLocked(cause, timed_out.get(), &finish);
       }
     }
     if (began) {
@@ -443,7 +499,12 @@ void CommunicatorImpl::WatchdogLoop() {
     // catches the ones the transport leaves waiting (see CheckPeers).
     absl::Status peers = backend_->CheckPeers();
     if (peers.ok()) continue;
-    cause = ExplainFailure(peers);
+    std::optional<TraceRecord> running;
+    {
+      absl::MutexLock lock(&mu_);
+      if (running_) running = running_->record;
+    }
+    cause = ExplainFailure(peers, running);
     {
       absl::MutexLock lock(&mu_);
       Pending* trigger = running_       ? running_.get()
@@ -498,6 +559,7 @@ bool CommunicatorImpl::BeginAbortLocked(
   aborted_ = true;
   abort_status_ = cause;
   abort_mono_ns_ = MonotonicNanos();
+  if (running_) abort_op_ = running_->record;
   const std::string aborted_msg =
       absl::StrCat("communicator aborted: ", cause.message());
   auto outcome = [&](Pending* p) {
@@ -535,17 +597,12 @@ bool CommunicatorImpl::BeginAbortLocked(
 void CommunicatorImpl::CompleteAbort(
     const absl::Status& cause, std::vector<std::shared_ptr<Pending>> finish) {
   // 1. Tell peers why, before closing the connections they will see drop.
-  nlohmann::json notice = {
-      {"rank", options_.rank},
-      {"code", static_cast<int>(cause.code())},
-      {"message", std::string(cause.message())},
-      {"peer", GetPeer(cause).value_or(-1)},
-  };
-  absl::Status written = store_->Set(NoticeKey(options_.rank), notice.dump());
-  if (!written.ok()) {
-    HOLDFAST_LOG_WARN("rank {}: could not leave an abort notice: {}",
-                      options_.rank, written.ToString());
+  std::optional<TraceRecord> op;
+  {
+    absl::MutexLock lock(&mu_);
+    op = abort_op_;
   }
+  (void)WriteNotice(cause, op);  // a failure is logged
   HOLDFAST_LOG_ERROR("rank {}/{} gen {}: communicator aborted: {}",
                      options_.rank, options_.size, options_.generation,
                      cause.ToString());
@@ -573,17 +630,95 @@ void CommunicatorImpl::CompleteAbort(
   for (auto& q : finish) FinishLocked(q.get(), *q->forced);
 }
 
-absl::Status CommunicatorImpl::ExplainFailure(const absl::Status& error) {
-  std::optional<int> peer = GetPeer(error);
-  if (!peer.has_value()) return error;
-  absl::StatusOr<std::optional<std::string>> raw =
-      store_->TryGet(NoticeKey(*peer));
-  if (!raw.ok() || !raw->has_value()) return error;  // the peer just died
+absl::Status CommunicatorImpl::WriteNotice(
+    const absl::Status& cause, const std::optional<TraceRecord>& op) {
+  nlohmann::json notice = {
+      {"rank", options_.rank},
+      {"code", static_cast<int>(cause.code())},
+      {"message", std::string(cause.message())},
+      {"peer", GetPeer(cause).value_or(-1)},
+  };
+  if (op.has_value() && IsCollective(op->op)) {
+    notice["op"] = {{"coll_seq", op->coll_seq}, {"signature", Signature(*op)}};
+  }
+  absl::Status written =
+      store_->Set(NoticeKey(options_.generation, options_.rank), notice.dump());
+  if (!written.ok()) {
+    HOLDFAST_LOG_WARN("rank {}: could not leave an abort notice: {}",
+                      options_.rank, written.ToString());
+  }
+  return written;
+}
+
+absl::StatusOr<std::optional<nlohmann::json>> CommunicatorImpl::ReadNotice(
+    int rank) const {
+  HOLDFAST_ASSIGN_OR_RETURN(
+      std::optional<std::string> raw,
+      store_->TryGet(NoticeKey(options_.generation, rank)));
+  if (!raw.has_value()) return std::nullopt;
   nlohmann::json notice =
-      nlohmann::json::parse(**raw, nullptr, /*allow_exceptions=*/false);
+      nlohmann::json::parse(*raw, nullptr, /*allow_exceptions=*/false);
   if (!notice.is_object() || !notice["code"].is_number_integer() ||
       !notice["message"].is_string()) {
-    return error;
+    return std::nullopt;
+  }
+  return notice;
+}
+
+absl::Status CommunicatorImpl::MismatchWith(const TraceRecord& mine, int peer,
+                                            const nlohmann::json& notice) {
+  std::optional<NoticeOp> theirs = OpOfNotice(notice);
+  if (!IsCollective(mine.op) || !theirs.has_value() ||
+      theirs->coll_seq != mine.coll_seq ||
+      theirs->signature == Signature(mine)) {
+    return absl::OkStatus();
+  }
+  absl::Status m = absl::InvalidArgumentError(absl::StrCat(
+      "collective mismatch at collective #", mine.coll_seq, " of generation ",
+      options_.generation, ": rank ", options_.rank, " issued ",
+      Signature(mine), ", rank ", peer, " issued ", theirs->signature,
+      "; every rank must issue the same collectives in the same order"));
+  // For the ranks that only saw a timeout (a runtime ends rather than
+  // recovering into the same mismatch).
+  absl::Status written =
+      store_->Set(MismatchKey(options_.generation), std::string(m.message()));
+  if (!written.ok()) {
+    HOLDFAST_LOG_WARN("rank {}: could not publish the collective mismatch: {}",
+                      options_.rank, written.ToString());
+  }
+  return m;
+}
+
+absl::Status CommunicatorImpl::DiagnoseTimeout(const TraceRecord& mine,
+                                               const absl::Status& cause) {
+  // Say which collective this rank is in before reading the peers': of
+  // two ranks that do this at once, the later reader sees the other's.
+  // The abort waits for this: a store that fails (or takes longer than
+  // kMismatchBudget in all) ends it.
+  if (!WriteNotice(cause, mine).ok()) return cause;
+  const absl::Time give_up = absl::Now() + kMismatchBudget;
+  const int peers = std::min(options_.size - 1, kMismatchPeers);
+  for (int i = 1; i <= peers && absl::Now() < give_up; ++i) {
+    const int peer = (options_.rank + i) % options_.size;
+    absl::StatusOr<std::optional<nlohmann::json>> notice = ReadNotice(peer);
+    if (!notice.ok()) break;
+    if (!notice->has_value()) continue;
+    absl::Status m = MismatchWith(mine, peer, **notice);
+    if (!m.ok()) return m;
+  }
+  return cause;
+}
+
+absl::Status CommunicatorImpl::ExplainFailure(
+    const absl::Status& error, const std::optional<TraceRecord>& running) {
+  std::optional<int> peer = GetPeer(error);
+  if (!peer.has_value()) return error;
+  absl::StatusOr<std::optional<nlohmann::json>> found = ReadNotice(*peer);
+  if (!found.ok() || !found->has_value()) return error;  // the peer just died
+  const nlohmann::json& notice = **found;
+  if (running.has_value()) {
+    absl::Status m = MismatchWith(*running, *peer, notice);
+    if (!m.ok()) return m;
   }
   const int code = notice["code"].get<int>();
   if (code <= 0 ||

@@ -22,7 +22,9 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
 #include "absl/base/thread_annotations.h"
+
 #include "absl/synchronization/mutex.h"
 #include "holdfast/clock.h"
 #include "holdfast/communicator.h"
@@ -31,6 +33,17 @@
 #include "src/trace/trace_ring.h"
 
 namespace holdfast::comm {
+
+// The store key of rank `rank`'s abort notice in generation `generation`: a
+// JSON object with why it aborted ("code", "message", "peer") and the
+// collective it was in ("op": {"coll_seq", "signature"}), if any.
+std::string NoticeKey(int64_t generation, int rank);
+
+// The store key under which a rank that finds a collective mismatch in
+// generation `generation` leaves its description (InvalidArgument, see
+// CommunicatorImpl::MismatchWith): the ranks that saw only a timeout read
+// it there.
+std::string MismatchKey(int64_t generation);
 
 // The backend's part of a communicator's options.
 backend::BackendOptions ToBackendOptions(const CommunicatorOptions& options);
@@ -129,8 +142,30 @@ class CommunicatorImpl final : public Communicator, private InlineRunner {
   void CompleteAbort(const absl::Status& cause,
                      std::vector<std::shared_ptr<Pending>> finish);
   // For a backend error naming a peer, the peer's own abort notice (if it
-  // left one) explains the loss better than "connection closed".
-  absl::Status ExplainFailure(const absl::Status& error);
+  // left one) explains the loss better than "connection closed". When it
+  // names a collective at the position of `running` (the one this rank is
+  // in) with another signature, a collective mismatch.
+  absl::Status ExplainFailure(const absl::Status& error,
+                              const std::optional<TraceRecord>& running);
+  // A collective that timed out: this rank leaves a notice naming it, then
+  // reads the notices of up to kMismatchPeers peers (for at most
+  // kMismatchBudget, and not after a store error); if one of them is in a
+  // different collective at the same position, a collective mismatch
+  // (InvalidArgument naming both) instead of `cause`.
+  absl::Status DiagnoseTimeout(const TraceRecord& mine,
+                               const absl::Status& cause);
+  // This rank's abort notice: why, and the collective it was in (if any).
+  // The store's error is logged and returned.
+  absl::Status WriteNotice(const absl::Status& cause,
+                           const std::optional<TraceRecord>& op);
+  // Peer `rank`'s abort notice if it left a well-formed one (else nullopt),
+  // or the store's error.
+  absl::StatusOr<std::optional<nlohmann::json>> ReadNotice(int rank) const;
+  // InvalidArgument naming both collectives if `notice` (peer `peer`'s)
+  // names another collective at the position of `mine`, which is then
+  // published under MismatchKey; else OK.
+  absl::Status MismatchWith(const TraceRecord& mine, int peer,
+                            const nlohmann::json& notice);
   void FinishLocked(Pending* p, const absl::Status& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -140,7 +175,6 @@ class CommunicatorImpl final : public Communicator, private InlineRunner {
     return real_clock_ ? MonotonicNanos() : clock_->NowNanos();
   }
   std::string Describe(const TraceRecord& r) const;
-  std::string NoticeKey(int rank) const;
 
   const CommunicatorOptions options_;
   Clock* const clock_;
@@ -163,6 +197,8 @@ class CommunicatorImpl final : public Communicator, private InlineRunner {
   std::map<std::pair<int, uint32_t>, int64_t> recvs_from_ ABSL_GUARDED_BY(mu_);
   bool aborted_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status abort_status_ ABSL_GUARDED_BY(mu_);
+  // The collective running when the communicator aborted (for the notice).
+  std::optional<TraceRecord> abort_op_ ABSL_GUARDED_BY(mu_);
   int64_t abort_mono_ns_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
 

@@ -24,6 +24,7 @@
 #include "holdfast/status.h"
 #include "holdfast/store.h"
 #include "src/backend/backend.h"
+#include "src/comm/communicator_impl.h"
 #include "src/common/config.h"
 #include "src/common/logging.h"
 #include "src/common/status_util.h"
@@ -495,6 +496,7 @@ class RuntimeImpl final : public Runtime {
     int64_t failed = CommGeneration();
     rec.failed_generation = failed;
     AbortComm(INT64_MAX, absl::StrCat("recovering: ", cause.message()));
+    HOLDFAST_RETURN_IF_ERROR(CollectiveMismatch(failed));
     rec.aborted_ms = NowMs();
     member_->SetPhase(control::PHASE_RECOVERING, 0);
     HOLDFAST_LOG_WARN("runtime: slot {} recovering from generation {}: {}",
@@ -525,6 +527,11 @@ class RuntimeImpl final : public Runtime {
         continue;
       }
       HOLDFAST_RETURN_IF_ERROR(Terminal());
+      // A peer may have found it after this member began to recover.
+      HOLDFAST_RETURN_IF_ERROR(CollectiveMismatch(rec.failed_generation));
+      if (failed != rec.failed_generation) {
+        HOLDFAST_RETURN_IF_ERROR(CollectiveMismatch(failed));
+      }
       rec.agreed_ms = NowMs();
       const View v = CurrentView();
       if (v.standby) {
@@ -569,6 +576,20 @@ class RuntimeImpl final : public Runtime {
       AbortComm(INT64_MAX, last_error);
       failed = v.generation;
     }
+  }
+
+  // A collective mismatch in generation `gen`, which the communicator of
+  // whichever member found it left in the store: a program error that every
+  // recovery would run into again (the same steps are redone), so Run ends
+  // with it (InvalidArgument) instead of recovering.
+  absl::Status CollectiveMismatch(int64_t gen) {
+    absl::StatusOr<std::optional<std::string>> found =
+        store_->TryGet(comm::MismatchKey(gen));
+    if (!found.ok() || !found->has_value()) return absl::OkStatus();
+    HOLDFAST_LOG_ERROR(
+        "runtime: slot {} does not recover from generation {}: {}", slot(), gen,
+        **found);
+    return absl::InvalidArgumentError(**found);
   }
 
   // ---- The loop -------------------------------------------------------------

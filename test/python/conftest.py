@@ -39,9 +39,11 @@ def controller(tmp_path):
     proc.wait()
 
 
-def run_job(args, cmd, timeout=240):
-    """Runs `holdfast-run ARGS -- CMD`; returns (exit code, output lines)."""
+def run_job(args, cmd, timeout=240, extra_env=None):
+    """Runs `holdfast-run ARGS -- CMD` (with `extra_env` added to the
+    environment); returns (exit code, output lines)."""
     env = dict(os.environ)
+    env.update(extra_env or {})
     env["PYTHONPATH"] = str(BUILD / "python")
     p = subprocess.run(
         [str(BUILD / "holdfast-run")] + args + ["--"] + cmd,

@@ -2,6 +2,7 @@
 PyTorch DDP example with real faults (SIGKILL, SIGSTOP) in replace mode,
 which must end with the fault-free parameter hash, and in shrink mode."""
 
+import json
 import pathlib
 
 import pytest
@@ -77,3 +78,35 @@ def test_a_loss_after_the_last_step_is_recovered_not_left_hanging(tmp_path):
     assert (tmp_path / "fired").exists()
     # 12 steps of (1 + 2) * step on a world of 2: 3 * 78 per element.
     assert sorted(final_lines(lines)) == ["final step=12 world=2 sum=936.0"] * 2, out
+
+
+def test_a_collective_mismatch_ends_the_job_with_an_error_naming_it(tmp_path):
+    """A collective mismatch is a program error that every recovery would
+    redo (the same steps run again): instead of recovering from it again and
+    again, every member (the standby that takes a slot too) stops with an
+    error that names both collectives, and the job stops."""
+    log = tmp_path / "log"
+    rc, lines = run_job(
+        ["-n", "2", "--standby", "1", "--log-dir", str(log)],
+        [PYTHON, str(HERE / "mismatch_job.py")],
+        extra_env={"HOLDFAST_TIMEOUT_MS": "2000"}, timeout=120)
+    out = "\n".join(lines[-60:])
+    assert rc != 0, out
+    assert final_lines(lines) == [], out
+    summary = json.loads((log / "summary.json").read_text())
+    assert summary["outcome"] == "stopped", out
+    assert summary["error"]["code"] == "INVALID_ARGUMENT", out
+    message = summary["error"]["message"]
+    assert "collective mismatch at collective #3 of generation 0" in message
+    assert "rank 0 issued AllReduce (4 x float64, sum)" in message
+    assert "rank 1 issued AllReduce (8 x float64, sum)" in message
+    # Both workers stop on it, whichever of them found it.
+    errors = [line for line in lines
+              if "] error: InvalidArgumentError INVALID_ARGUMENT: collective "
+                 "mismatch" in line]
+    assert len(errors) == 2, out
+    # At most the standby's one recovery: no generation after generation.
+    assert len(summary["recoveries"]) <= 1, out
+    # The evidence: each worker's trace ring, written when its
+    # communicator aborted.
+    assert len(list((log / "trace").glob("trace-g0-r*.json"))) >= 2, out
