@@ -123,6 +123,22 @@ TEST_CASE("runtime: a bad preferred slot in the environment is refused") {
   CHECK(Mentions(rt.status(), "HOLDFAST_PREFERRED_SLOT='first'"));
 }
 
+TEST_CASE(
+    "runtime: HOLDFAST_MAX_STEP_RETRIES takes 0 (no limit), refuses a "
+    "negative count") {
+  Controller c(1);
+  setenv("HOLDFAST_MAX_STEP_RETRIES", "-3", 1);
+  auto rt = holdfast::Runtime::Create(c.Options());
+  CHECK(rt.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(Mentions(rt.status(),
+                 "HOLDFAST_MAX_STEP_RETRIES='-3' is not an "
+                 "integer >= 0"));
+  setenv("HOLDFAST_MAX_STEP_RETRIES", "0", 1);
+  rt = holdfast::Runtime::Create(c.Options());
+  unsetenv("HOLDFAST_MAX_STEP_RETRIES");
+  CHECK(rt.ok());
+}
+
 TEST_CASE("runtime: a bad verify_backups is refused by name") {
   Controller c(1);
   holdfast::RuntimeOptions o = c.Options();

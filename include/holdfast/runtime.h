@@ -113,6 +113,13 @@ struct RuntimeOptions {
   // HOLDFAST_CHECKPOINT_EVERY (default 100).
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;
+  // Run gives up (returning the last failure, with a message saying so)
+  // after this many recoveries in a row in which no step after the newest
+  // one ever done completed: a failure that comes back every time the
+  // steps are redone (an op timeout too short for a step's collective, a
+  // step function that always fails) would otherwise recover forever.
+  // 0: no limit; below 0 reads HOLDFAST_MAX_STEP_RETRIES (default 10).
+  int max_step_retries = -1;
 };
 
 // A slot's partition of a sharded global array.

@@ -134,8 +134,9 @@ class Runtime:
     Options (all optional; the HOLDFAST_* environment set by holdfast-run
     fills the rest): controller, token, token_file, host, topology_block,
     faults, preferred_slot, replicas, verify_backups ("arrival" or
-    "restore"), tp_size, pp_size, checkpoint_dir, checkpoint_every, and
-    timeout, connect_timeout, join_timeout, recovery_timeout in seconds.
+    "restore"), tp_size, pp_size, checkpoint_dir, checkpoint_every,
+    max_step_retries, and timeout, connect_timeout, join_timeout,
+    recovery_timeout in seconds.
     """
 
     def __init__(self, **options):

@@ -14,7 +14,8 @@
 namespace holdfast::config {
 namespace {
 
-enum class Kind { kInt, kString };
+// kInt: an integer > 0; kCount: an integer >= 0.
+enum class Kind { kInt, kCount, kString };
 
 struct Entry {
   Param param;
@@ -90,6 +91,10 @@ const std::vector<Entry>& Registry() {
         "(the round only moves bytes; a damaged copy is found when needed)"},
        Kind::kString,
        {"arrival", "restore"}},
+      {{"HOLDFAST_MAX_STEP_RETRIES", "10",
+        "recoveries in a row with no new step done in between after which "
+        "Runtime::Run gives up (0: no limit)"},
+       Kind::kCount},
       {{"HOLDFAST_CHECKPOINT_EVERY", "100",
         "the disk tier writes committed steps that are multiples of this"},
        Kind::kInt},
@@ -119,8 +124,9 @@ const Entry* Find(const char* env) {
   return nullptr;
 }
 
-bool ParsePositiveInt(const char* text, int64_t* out) {
-  return absl::SimpleAtoi(text, out) && *out > 0;
+// An integer value of a parameter of `kind` (kInt or kCount).
+bool ParseInt(const char* text, Kind kind, int64_t* out) {
+  return absl::SimpleAtoi(text, out) && *out >= (kind == Kind::kCount ? 0 : 1);
 }
 
 }  // namespace
@@ -155,12 +161,13 @@ absl::Status Validate() {
       }
       continue;
     }
-    if (e.kind != Kind::kInt) continue;
+    if (e.kind == Kind::kString) continue;
     int64_t parsed;
-    if (!ParsePositiveInt(value, &parsed)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(e.param.env, "='", value,
-                       "' is not a positive integer (", e.param.help, ")"));
+    if (!ParseInt(value, e.kind, &parsed)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          e.param.env, "='", value, "' is not ",
+          e.kind == Kind::kCount ? "an integer >= 0" : "a positive integer",
+          " (", e.param.help, ")"));
     }
   }
   return absl::OkStatus();
@@ -168,11 +175,12 @@ absl::Status Validate() {
 
 int64_t IntParam(const char* env) {
   const Entry* e = Find(env);
+  const Kind kind = e != nullptr ? e->kind : Kind::kInt;
   int64_t fallback = 0;
-  if (e != nullptr) ParsePositiveInt(e->param.default_value, &fallback);
+  if (e != nullptr) ParseInt(e->param.default_value, kind, &fallback);
   const char* value = std::getenv(env);
   int64_t parsed;
-  if (value != nullptr && ParsePositiveInt(value, &parsed)) return parsed;
+  if (value != nullptr && ParseInt(value, kind, &parsed)) return parsed;
   return fallback;
 }
 

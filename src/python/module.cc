@@ -180,6 +180,8 @@ RuntimeOptions MakeOptions(const py::kwargs& kw) {
       o.join_timeout = absl::Seconds(py::cast<double>(v));
     } else if (key == "recovery_timeout") {
       o.recovery_timeout = absl::Seconds(py::cast<double>(v));
+    } else if (key == "max_step_retries") {
+      o.max_step_retries = py::cast<int>(v);
     } else {
       Raise(absl::InvalidArgumentError(
           absl::StrCat("Runtime: unknown option '", key, "'")));

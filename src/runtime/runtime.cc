@@ -138,6 +138,10 @@ class RuntimeImpl final : public Runtime {
     if (options_.checkpoint_every <= 0) {
       options_.checkpoint_every = config::IntParam("HOLDFAST_CHECKPOINT_EVERY");
     }
+    if (options_.max_step_retries < 0) {
+      options_.max_step_retries = static_cast<int>(std::min<int64_t>(
+          config::IntParam("HOLDFAST_MAX_STEP_RETRIES"), INT32_MAX));
+    }
     if (options_.preferred_slot < -1) {
       const std::string want = config::StringParam("HOLDFAST_PREFERRED_SLOT");
       if (want == "standby") {
@@ -644,7 +648,31 @@ class RuntimeImpl final : public Runtime {
       step = restored + 1;
       return absl::OkStatus();
     };
+    // Recoveries in a row after which no step past `stuck_at` (the newest
+    // step done when the first of them began) completed.
+    int64_t stuck_at = -1;
+    int stuck = 0;
     auto recover = [&](const absl::Status& cause) -> absl::Status {
+      if (high_step_ > stuck_at) {
+        stuck_at = high_step_;
+        stuck = 0;
+      }
+      if (options_.max_step_retries > 0 &&
+          ++stuck > options_.max_step_retries) {
+        HOLDFAST_LOG_ERROR(
+            "runtime: slot {} gives up: {} recoveries in a row and no step "
+            "after step {} completed; the failure repeats: {}",
+            slot(), options_.max_step_retries, stuck_at,
+            std::string(cause.message()));
+        return absl::Status(
+            cause.code(),
+            absl::StrCat("no step after step ", stuck_at, " completed in ",
+                         options_.max_step_retries,
+                         " recoveries in a row (HOLDFAST_MAX_STEP_RETRIES), "
+                         "so the failure repeats each time the steps are "
+                         "redone; the last one: ",
+                         cause.message()));
+      }
       absl::StatusOr<int64_t> restored = Recover(cause);
       if (!restored.ok()) return restored.status();
       return resume_at(*restored);

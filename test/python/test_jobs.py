@@ -110,3 +110,28 @@ def test_a_collective_mismatch_ends_the_job_with_an_error_naming_it(tmp_path):
     # The evidence: each worker's trace ring, written when its
     # communicator aborted.
     assert len(list((log / "trace").glob("trace-g0-r*.json"))) >= 2, out
+
+
+def test_a_failure_that_repeats_at_every_retry_ends_the_run(tmp_path):
+    """A step that fails again each time it is redone (here an op timeout
+    too short for it) is retried max_step_retries (2) times, then every
+    member stops with the failure and a message saying it repeats, instead
+    of recovering forever."""
+    log = tmp_path / "log"
+    rc, lines = run_job(["-n", "2", "--log-dir", str(log)],
+                        [PYTHON, str(HERE / "repeat_timeout_job.py")],
+                        timeout=120)
+    out = "\n".join(lines[-60:])
+    assert rc != 0, out
+    assert final_lines(lines) == [], out
+    gave_up = [line for line in lines
+               if "] error: " in line and "no step after step 2 completed in "
+               "2 recoveries in a row (HOLDFAST_MAX_STEP_RETRIES)" in line]
+    assert len(gave_up) == 2, out
+    # Slot 0 timed out; slot 1 found the group aborted.
+    assert any("TimeoutError" in line and "timed out after 200ms" in line
+               for line in gave_up), out
+    summary = json.loads((log / "summary.json").read_text())
+    assert summary["outcome"] == "stopped", out
+    # Two recoveries by each member, then the stop.
+    assert sum("recovered at generation" in line for line in lines) == 4, out
