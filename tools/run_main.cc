@@ -416,10 +416,17 @@ void Launcher::PrintSummary(const json& j) {
     absl::StrAppend(&out, "\nerror: slot ", e.value("slot", -1), ": ",
                     e.value("code", ""), ": ", e.value("message", ""));
   }
-  absl::StrAppend(&out, "\nsteps: ", j.value("steps", 0), ", world ",
-                  j.value("world_size_initial", 0), " -> ",
-                  j.value("world_size_final", 0), ", generation ",
-                  j.value("generation", 0), "\n");
+  // Without a finished slot there is no final step: the committed one says
+  // how far the job got.
+  absl::StrAppend(
+      &out, "\nsteps: ",
+      j.contains("steps")
+          ? absl::StrCat(j.value("steps", 0))
+          : absl::StrCat("no slot finished (committed step ",
+                         j.value("committed_step", int64_t{-1}), ")"),
+      ", world ", j.value("world_size_initial", 0), " -> ",
+      j.value("world_size_final", 0), ", generation ", j.value("generation", 0),
+      "\n");
   const auto& incidents = j["incidents"];
   absl::StrAppend(&out, "incidents: ", incidents.size(), "\n");
   for (const json& i : incidents) {

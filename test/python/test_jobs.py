@@ -95,6 +95,9 @@ def test_a_collective_mismatch_ends_the_job_with_an_error_naming_it(tmp_path):
     assert final_lines(lines) == [], out
     summary = json.loads((log / "summary.json").read_text())
     assert summary["outcome"] == "stopped", out
+    # No slot finished: the launcher says so rather than "steps: 0".
+    assert any(line.startswith("steps: no slot finished (committed step ")
+               for line in lines), out
     assert summary["error"]["code"] == "INVALID_ARGUMENT", out
     message = summary["error"]["message"]
     assert "collective mismatch at collective #3 of generation 0" in message
