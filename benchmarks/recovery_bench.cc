@@ -22,13 +22,20 @@
 //      communicator rebuilt, state restored: each member receives the
 //      pieces of the committed step it needs and does not hold, first step
 //      done) and the steps lost.
-//   2. restart baseline, in the same run: the job's final state is saved to
-//      a file; then a fresh job of N processes is started with --load FILE
-//      and timed from the launch to its first step done. This counts no
-//      detection, no scheduler and a checkpoint read from the page cache,
-//      so it is a lower bound on a real restart.
-// Prints holdfast's recovery time (from the kill to the first step done)
-// and baseline / holdfast.
+//   2. restart baseline, in the same run, also timed from the kill: the same
+//      job (N workers, no standby, --min-world N) loses slot 1 the same
+//      way and stops; the time from the kill to the controller's detection
+//      ("detect" of the restart) is when a restart can begin (stopping the
+//      survivors is taken as instant: a launcher would SIGKILL them rather
+//      than wait for them to leave). Then a fresh job of N processes is
+//      started with --load FILE (the final state of run 1, saved to a file)
+//      and timed from its launch to its first step done ("relaunch"); the
+//      baseline is the sum. This counts no scheduler, a checkpoint read
+//      from the page cache and holdfast's own detection (a launcher
+//      polling its children would see the death later), so it is a lower
+//      bound on a real restart.
+// Prints holdfast's recovery time (from the kill to the first step done),
+// the baseline's stop part and total, and baseline / holdfast.
 //
 //   recovery_bench [--ranks 2,4,8] [--state-mb 1,16,256,1024] [--json]
 //                  [--step-ms 20] [--committed 1] [--kill-ms 0]
@@ -90,7 +97,8 @@ struct Result {
   // The controller's own figure: from the rank's last heartbeat, which
   // may be before the kill.
   int64_t since_heartbeat_ms = 0;
-  int64_t baseline_ms = 0;
+  int64_t baseline_ms = 0;        // from the kill: detect + relaunch
+  int64_t restart_detect_ms = 0;  // from the kill to the detection
   int64_t lost_steps = 0;
   int64_t restored_step = 0;
 };
@@ -107,12 +115,13 @@ Result Measure(const std::string& run, const std::string& trainer, int n,
   const int steps = 8, kill_at = 5;
   const std::string trainer_args =
       absl::StrCat(" --state-mb ", mb, " --step-ms ", step_ms, " --steps ");
+  const std::string kill = absl::StrCat(
+      " --inject kill:slot=1:step=", kill_at, ":committed=", committed,
+      kill_ms > 0 ? absl::StrCat(":ms=", kill_ms) : "");
   const std::string hf = absl::StrCat(
       "HOLDFAST_LOG_LEVEL=warn ", run, " -n ", n, " --standby 1 --log-dir ",
-      dir, "/hf --inject kill:slot=1:step=", kill_at, ":committed=", committed,
-      kill_ms > 0 ? absl::StrCat(":ms=", kill_ms) : "", " -- ", trainer,
-      trainer_args, steps, " --save ", ckpt, " > ", dir, "/hf.out 2> ", dir,
-      "/hf.err");
+      dir, "/hf", kill, " -- ", trainer, trainer_args, steps, " --save ", ckpt,
+      " > ", dir, "/hf.out 2> ", dir, "/hf.err");
   if (System(hf) != 0) {
     r.error = absl::StrCat("holdfast run failed; see ", dir, "/hf.err");
     return r;
@@ -149,8 +158,26 @@ Result Measure(const std::string& run, const std::string& trainer, int n,
   r.first_step_ms = at("first_step_ms") - at("restored_ms");
   r.recovery_ms = at("first_step_ms") - killed;
 
-  // The restart baseline: a fresh job from the file, to its first step.
+  // The restart baseline: the same loss stops the job (it exits non-zero),
+  // then a fresh job from the file, to its first step.
+  (void)System(absl::StrCat("HOLDFAST_LOG_LEVEL=warn ", run, " -n ", n,
+                            " --min-world ", n, " --log-dir ", dir, "/stop",
+                            kill, " -- ", trainer, trainer_args, steps, " > ",
+                            dir, "/stop.out 2> ", dir, "/stop.err"));
   const int64_t t0 = absl::ToUnixMillis(absl::Now());
+  const int64_t stop_killed = FaultFiredMs(dir + "/stop.err");
+  json stopped = ReadJson(dir + "/stop/summary.json");
+  const int64_t stop_detected =
+      stopped.is_object() && stopped.value("outcome", "") == "stopped" &&
+              !stopped["incidents"].empty()
+          ? stopped["incidents"][0].value("detected_unix_ms", int64_t{0})
+          : 0;
+  if (stop_killed <= 0 || stop_detected < stop_killed) {
+    r.error =
+        absl::StrCat("restart baseline: the loss did not stop the job; see ",
+                     dir, "/stop.err");
+    return r;
+  }
   const std::string base =
       absl::StrCat("HOLDFAST_LOG_LEVEL=warn ", run, " -n ", n, " --log-dir ",
                    dir, "/base -- ", trainer, trainer_args, 1, " --load ", ckpt,
@@ -169,7 +196,8 @@ Result Measure(const std::string& run, const std::string& trainer, int n,
         absl::StrCat("restart baseline left no first-step time; see ", dir);
     return r;
   }
-  r.baseline_ms = first - t0;
+  r.restart_detect_ms = stop_detected - stop_killed;
+  r.baseline_ms = r.restart_detect_ms + (first - t0);
   r.ok = true;
   System(absl::StrCat("rm -rf ", dir));
   return r;
@@ -205,9 +233,10 @@ int main(int argc, char** argv) {
       static_cast<double>(si.totalram) * si.mem_unit / (1 << 20);
   json out = json::array();
   if (!as_json) {
-    std::printf("%5s %9s | %8s %7s %7s %8s %8s %8s %4s | %9s | %9s %7s\n",
+    std::printf("%5s %9s | %8s %7s %7s %8s %8s %8s %4s | %9s | %8s %9s %7s\n",
                 "ranks", "state", "detect", "abort", "agree", "rebuild",
-                "restore", "1st step", "lost", "recovery", "restart", "ratio");
+                "restore", "1st step", "lost", "recovery", "(detect)",
+                "restart", "ratio");
   }
   for (int n : ranks) {
     for (int64_t mb : sizes) {
@@ -248,6 +277,8 @@ int main(int argc, char** argv) {
                 {"restored_step", r.restored_step},
                 {"recovery_ms", r.recovery_ms},
                 {"restart_baseline_ms", r.baseline_ms},
+                {"restart_detect_ms", r.restart_detect_ms},
+                {"restart_relaunch_ms", r.baseline_ms - r.restart_detect_ms},
                 {"baseline_over_holdfast", ratio}};
       if (!r.ok) j["error"] = r.error;
       out.push_back(j);
@@ -260,7 +291,7 @@ int main(int argc, char** argv) {
       std::printf(
           "%5d %6lld MiB | %5lld ms %4lld ms %4lld ms %5lld ms %5lld ms %5lld "
           "ms %4lld | "
-          "%6lld ms | %6lld ms %6.1fx\n",
+          "%6lld ms | %5lld ms %6lld ms %6.1fx\n",
           n, static_cast<long long>(mb), static_cast<long long>(r.detect_ms),
           static_cast<long long>(r.abort_ms),
           static_cast<long long>(r.agree_ms),
@@ -269,6 +300,7 @@ int main(int argc, char** argv) {
           static_cast<long long>(r.first_step_ms),
           static_cast<long long>(r.lost_steps),
           static_cast<long long>(r.recovery_ms),
+          static_cast<long long>(r.restart_detect_ms),
           static_cast<long long>(r.baseline_ms), ratio);
       std::fflush(stdout);
     }
