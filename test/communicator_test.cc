@@ -2,13 +2,17 @@
 // deadlines forced through the injectable clock. Ranks of one group run as
 // threads here; the multi-process and fault tests live in collectives_test
 // and fault_test.
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <system_error>
 #include <thread>
 #include <utility>
 
@@ -470,4 +474,57 @@ TEST_CASE(
     // Left for the ranks that saw only a timeout.
     CHECK(published.find(want) == 0);
   }
+}
+
+TEST_CASE(
+    "a thread that cannot start (a pids limit) fails Create with "
+    "ResourceExhausted, not std::terminate") {
+  if (geteuid() != 0) {
+    WARN("skipped: dropping to a user with no threads left needs root");
+    return;
+  }
+  // In a child running as nobody with RLIMIT_NPROC `limit` (every thread
+  // counts; root is exempt), Create of a group of one: 0 when it worked,
+  // 1 when the transport's thread could not start, 2 when one of the
+  // communicator's own could not (with any started before it joined, not
+  // std::terminate: that would be SIGABRT); anything else is a failure.
+  auto create_with = [](int limit) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      const rlimit l = {static_cast<rlim_t>(limit), static_cast<rlim_t>(limit)};
+      if (setgid(65534) != 0 || setuid(65534) != 0 ||
+          setrlimit(RLIMIT_NPROC, &l) != 0) {
+        _exit(10);
+      }
+      CommunicatorOptions o;
+      o.rank = 0;
+      o.size = 1;
+      o.trace_dir = "";
+      auto c = Communicator::Create(NewMemoryStore(), o);
+      if (c.ok()) _exit(0);
+      std::fprintf(stderr, "limit %d: %s\n", limit,
+                   c.status().ToString().c_str());
+      if (c.status().code() != absl::StatusCode::kResourceExhausted) _exit(11);
+      const absl::string_view m = c.status().message();
+      if (m.find("gloo: cannot start the transport's thread") == 0) _exit(1);
+      if (m.find("Communicator::Create: cannot start a thread") == 0) {
+        _exit(2);
+      }
+      _exit(12);
+    }
+    int st = 0;
+    if (pid < 0 || waitpid(pid, &st, 0) != pid) return -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 100 + WTERMSIG(st);
+  };
+  std::set<int> seen;
+  for (int limit = 1; limit <= 8; ++limit) {
+    const int r = create_with(limit);
+    INFO("RLIMIT_NPROC " << limit << ": child result " << r);
+    CHECK((r == 0 || r == 1 || r == 2));
+    seen.insert(r);
+  }
+  // The limit bit first in the transport, then in the communicator's own
+  // threads (one of three started or more: the case that used to end in
+  // std::terminate), and with enough threads Create worked.
+  CHECK(seen == std::set<int>{0, 1, 2});
 }

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <system_error>
 
 #include <nlohmann/json.hpp>
 
@@ -136,9 +137,22 @@ CommunicatorImpl::CommunicatorImpl(const CommunicatorOptions& options,
     absl::MutexLock lock(&runner_handle_->mu);
     runner_handle_->runner = this;
   }
-  worker_ = std::thread([this] { WorkerLoop(); });
-  p2p_thread_ = std::thread([this] { P2PLoop(); });
-  watchdog_ = std::thread([this] { WatchdogLoop(); });
+  try {
+    worker_ = std::thread([this] { WorkerLoop(); });
+    p2p_thread_ = std::thread([this] { P2PLoop(); });
+    watchdog_ = std::thread([this] { WatchdogLoop(); });
+  } catch (const std::system_error&) {
+    // One could not start: stop the ones that did (a joinable thread's
+    // destructor would std::terminate) and let Create report it.
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    for (std::thread* t : {&worker_, &p2p_thread_, &watchdog_}) {
+      if (t->joinable()) t->join();
+    }
+    throw;
+  }
 }
 
 CommunicatorImpl::~CommunicatorImpl() {
@@ -919,25 +933,32 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Create(
       options.rendezvous_cancelled
           ? NewCancellableStore(store, options.rendezvous_cancelled)
           : store;
-  std::unique_ptr<backend::Backend> backend;
-  if (options.backend == "gloo") {
-    HOLDFAST_ASSIGN_OR_RETURN(backend,
-                              backend::CreateGlooBackend(rendezvous, bo));
-  } else if (options.backend == "nccl") {
-    backend::BackendFactory nccl = backend::NcclFactory();
-    if (nccl == nullptr) {
-      return absl::FailedPreconditionError(
-          "Communicator::Create: backend 'nccl' is not in this program: "
-          "link holdfast_nccl (built when CMake finds CUDA and NCCL)");
+  // A thread that cannot start (a pids limit) throws std::system_error:
+  // reported, like every other failure, as a status.
+  try {
+    std::unique_ptr<backend::Backend> backend;
+    if (options.backend == "gloo") {
+      HOLDFAST_ASSIGN_OR_RETURN(backend,
+                                backend::CreateGlooBackend(rendezvous, bo));
+    } else if (options.backend == "nccl") {
+      backend::BackendFactory nccl = backend::NcclFactory();
+      if (nccl == nullptr) {
+        return absl::FailedPreconditionError(
+            "Communicator::Create: backend 'nccl' is not in this program: "
+            "link holdfast_nccl (built when CMake finds CUDA and NCCL)");
+      }
+      HOLDFAST_ASSIGN_OR_RETURN(backend, nccl(rendezvous, bo));
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Communicator::Create: unknown backend '",
+                       options.backend, "' (gloo or nccl)"));
     }
-    HOLDFAST_ASSIGN_OR_RETURN(backend, nccl(rendezvous, bo));
-  } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Communicator::Create: unknown backend '", options.backend,
-                     "' (gloo or nccl)"));
+    return std::unique_ptr<Communicator>(new comm::CommunicatorImpl(
+        options, std::move(store), std::move(backend)));
+  } catch (const std::system_error& e) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "Communicator::Create: cannot start a thread: ", e.what()));
   }
-  return std::unique_ptr<Communicator>(new comm::CommunicatorImpl(
-      options, std::move(store), std::move(backend)));
 }
 
 }  // namespace holdfast

@@ -10,6 +10,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <system_error>
 #include <thread>
 #include <utility>
 
@@ -601,7 +602,15 @@ class RuntimeImpl final : public Runtime {
   absl::StatusOr<RunResult> Run(
       std::function<absl::Status(const StepContext&)> step_fn,
       const RunOptions& options) override {
-    absl::StatusOr<RunResult> r = RunLoop(std::move(step_fn), options);
+    absl::StatusOr<RunResult> r;
+    try {
+      r = RunLoop(std::move(step_fn), options);
+    } catch (const std::system_error& e) {
+      // A thread that cannot start (a pids limit), where no fallback
+      // exists (the side communicator's build, the transport's).
+      r = absl::ResourceExhaustedError(
+          absl::StrCat("Run: cannot start a thread: ", e.what()));
+    }
     const absl::StatusCode code = r.status().code();
     if (!r.ok() && code != absl::StatusCode::kCancelled &&
         code != absl::StatusCode::kFailedPrecondition && store_ != nullptr) {
@@ -1164,10 +1173,24 @@ class RuntimeImpl final : public Runtime {
   // after the order, and the abort (a notice to the store for each
   // communicator) held that up by 20-50 ms with 8 members recovering.
   void QueueAbort(int64_t upto, std::string reason) {
-    absl::MutexLock lock(&abort_mu_);
-    if (abort_stop_) return;
-    aborts_.emplace_back(upto, std::move(reason));
-    if (!aborter_.joinable()) aborter_ = std::thread([this] { AbortLoop(); });
+    {
+      absl::MutexLock lock(&abort_mu_);
+      if (abort_stop_) return;
+      if (aborter_.joinable()) {
+        aborts_.emplace_back(upto, std::move(reason));
+        return;
+      }
+      try {
+        aborter_ = std::thread([this] { AbortLoop(); });
+        aborts_.emplace_back(upto, std::move(reason));
+        return;
+      } catch (const std::system_error&) {
+        // No thread (a pids limit): the abort runs here, on the client's
+        // thread, below; slower to hand over the next generation, but it
+        // happens.
+      }
+    }
+    AbortComm(upto, reason);
   }
 
   void AbortLoop() {
@@ -2186,14 +2209,26 @@ class RuntimeImpl final : public Runtime {
   }
 
   // Runs `jobs` at once, a thread each (the calling thread takes the
-  // last); the first error in their order.
+  // last); the first error in their order. If a thread cannot start (a
+  // pids limit), `abort` is given the reason (it must end the jobs that
+  // did start: they may wait for a peer's part of the round), and the
+  // result is ResourceExhausted.
   static absl::Status RunJobs(
-      const std::vector<std::function<absl::Status()>>& jobs) {
+      const std::vector<std::function<absl::Status()>>& jobs,
+      const std::function<void(absl::string_view)>& abort) {
     if (jobs.empty()) return absl::OkStatus();
     std::vector<absl::Status> out(jobs.size());
     std::vector<std::thread> threads;
-    for (size_t i = 0; i + 1 < jobs.size(); ++i) {
-      threads.emplace_back([&, i] { out[i] = jobs[i](); });
+    try {
+      for (size_t i = 0; i + 1 < jobs.size(); ++i) {
+        threads.emplace_back([&, i] { out[i] = jobs[i](); });
+      }
+    } catch (const std::system_error& e) {
+      const std::string why = absl::StrCat(
+          "cannot start a thread for the backup round: ", e.what());
+      abort(why);
+      for (std::thread& t : threads) t.join();
+      return absl::ResourceExhaustedError(why);
     }
     out.back() = jobs.back()();
     for (std::thread& t : threads) t.join();
@@ -2309,7 +2344,7 @@ class RuntimeImpl final : public Runtime {
             });
       });
     }
-    st = RunJobs(jobs);
+    st = RunJobs(jobs, [links](absl::string_view why) { links->Abort(why); });
     if (!own->deferred) {
       own->checksum = hash_own ? own_hasher.Digest()
                                : shards::Checksum(own->bytes.get(), own->size);
@@ -2599,7 +2634,14 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(
         "Runtime: join_timeout must be > 0 and report_grace >= 0");
   }
   auto rt = std::make_unique<RuntimeImpl>(std::move(options));
-  HOLDFAST_RETURN_IF_ERROR(rt->Init());
+  try {
+    HOLDFAST_RETURN_IF_ERROR(rt->Init());
+  } catch (const std::system_error& e) {
+    // A thread that cannot start (a pids limit); `rt`'s destructor joins
+    // the ones that did.
+    return absl::ResourceExhaustedError(
+        absl::StrCat("Runtime::Create: cannot start a thread: ", e.what()));
+  }
   return std::unique_ptr<Runtime>(std::move(rt));
 }
 

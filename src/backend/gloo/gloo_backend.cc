@@ -28,6 +28,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -242,8 +243,18 @@ class MeshContext final : public ::gloo::rendezvous::Context {
     } else {
       std::vector<std::thread> threads;
       threads.reserve(static_cast<size_t>(size));
-      for (int j = 0; j < size; ++j) {
-        if (j != rank) threads.emplace_back([&connect, j] { connect(j); });
+      int j = 0;
+      try {
+        for (; j < size; ++j) {
+          if (j != rank) threads.emplace_back([&connect, j] { connect(j); });
+        }
+      } catch (const std::system_error&) {
+        // No thread for peer j (a pids limit): it and the ones after it
+        // connect here, in rank order, which cannot deadlock (the ones on
+        // threads go on by themselves).
+        for (; j < size; ++j) {
+          if (j != rank && !connect(j)) break;
+        }
       }
       for (std::thread& t : threads) t.join();
     }
@@ -632,6 +643,10 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateGlooBackend(
   std::shared_ptr<::gloo::transport::Device> device;
   try {
     device = tcp::CreateDevice(attr);
+  } catch (const std::system_error& e) {
+    // Its event loop's thread could not start (a pids limit).
+    return absl::ResourceExhaustedError(
+        absl::StrCat("gloo: cannot start the transport's thread: ", e.what()));
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat(
         "gloo: cannot listen on ",
