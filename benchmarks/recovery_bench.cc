@@ -35,7 +35,7 @@
 //      polling its children would see the death later), so it is a lower
 //      bound on a real restart.
 // Prints holdfast's recovery time (from the kill to the first step done),
-// the baseline's stop part and total, and baseline / holdfast.
+// the baseline's detection part and total, and baseline / holdfast.
 //
 //   recovery_bench [--ranks 2,4,8] [--state-mb 1,16,256,1024] [--json]
 //                  [--step-ms 20] [--committed 1] [--kill-ms 0]
@@ -115,13 +115,13 @@ Result Measure(const std::string& run, const std::string& trainer, int n,
   const int steps = 8, kill_at = 5;
   const std::string trainer_args =
       absl::StrCat(" --state-mb ", mb, " --step-ms ", step_ms, " --steps ");
-  const std::string kill = absl::StrCat(
+  const std::string inject = absl::StrCat(
       " --inject kill:slot=1:step=", kill_at, ":committed=", committed,
       kill_ms > 0 ? absl::StrCat(":ms=", kill_ms) : "");
   const std::string hf = absl::StrCat(
       "HOLDFAST_LOG_LEVEL=warn ", run, " -n ", n, " --standby 1 --log-dir ",
-      dir, "/hf", kill, " -- ", trainer, trainer_args, steps, " --save ", ckpt,
-      " > ", dir, "/hf.out 2> ", dir, "/hf.err");
+      dir, "/hf", inject, " -- ", trainer, trainer_args, steps, " --save ",
+      ckpt, " > ", dir, "/hf.out 2> ", dir, "/hf.err");
   if (System(hf) != 0) {
     r.error = absl::StrCat("holdfast run failed; see ", dir, "/hf.err");
     return r;
@@ -162,7 +162,7 @@ Result Measure(const std::string& run, const std::string& trainer, int n,
   // then a fresh job from the file, to its first step.
   (void)System(absl::StrCat("HOLDFAST_LOG_LEVEL=warn ", run, " -n ", n,
                             " --min-world ", n, " --log-dir ", dir, "/stop",
-                            kill, " -- ", trainer, trainer_args, steps, " > ",
+                            inject, " -- ", trainer, trainer_args, steps, " > ",
                             dir, "/stop.out 2> ", dir, "/stop.err"));
   const int64_t t0 = absl::ToUnixMillis(absl::Now());
   const int64_t stop_killed = FaultFiredMs(dir + "/stop.err");

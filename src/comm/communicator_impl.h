@@ -23,8 +23,8 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
-#include "absl/base/thread_annotations.h"
 
+#include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "holdfast/clock.h"
 #include "holdfast/communicator.h"

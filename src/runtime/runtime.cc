@@ -2210,12 +2210,12 @@ class RuntimeImpl final : public Runtime {
 
   // Runs `jobs` at once, a thread each (the calling thread takes the
   // last); the first error in their order. If a thread cannot start (a
-  // pids limit), `abort` is given the reason (it must end the jobs that
-  // did start: they may wait for a peer's part of the round), and the
+  // pids limit), `end_started` is given the reason (it must end the jobs
+  // that did start: they may wait for a peer's part of the round), and the
   // result is ResourceExhausted.
   static absl::Status RunJobs(
       const std::vector<std::function<absl::Status()>>& jobs,
-      const std::function<void(absl::string_view)>& abort) {
+      const std::function<void(absl::string_view)>& end_started) {
     if (jobs.empty()) return absl::OkStatus();
     std::vector<absl::Status> out(jobs.size());
     std::vector<std::thread> threads;
@@ -2226,7 +2226,7 @@ class RuntimeImpl final : public Runtime {
     } catch (const std::system_error& e) {
       const std::string why = absl::StrCat(
           "cannot start a thread for the backup round: ", e.what());
-      abort(why);
+      end_started(why);
       for (std::thread& t : threads) t.join();
       return absl::ResourceExhaustedError(why);
     }
