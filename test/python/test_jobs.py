@@ -80,21 +80,30 @@ def test_a_loss_after_the_last_step_is_recovered_not_left_hanging(tmp_path):
     assert sorted(final_lines(lines)) == ["final step=12 world=2 sum=936.0"] * 2, out
 
 
+def run_stopping_job(log, args, job, extra_env=None):
+    """Runs `job` (a script here) under holdfast-run with --log-dir `log`,
+    for a failure no recovery mends: the job must stop, non-zero, with no
+    final line. Returns (output lines, summary.json, the output's tail)."""
+    rc, lines = run_job(args + ["--log-dir", str(log)],
+                        [PYTHON, str(HERE / job)], extra_env=extra_env,
+                        timeout=120)
+    out = "\n".join(lines[-60:])
+    assert rc != 0, out
+    assert final_lines(lines) == [], out
+    summary = json.loads((log / "summary.json").read_text())
+    assert summary["outcome"] == "stopped", out
+    return lines, summary, out
+
+
 def test_a_collective_mismatch_ends_the_job_with_an_error_naming_it(tmp_path):
     """A collective mismatch is a program error that every recovery would
     redo (the same steps run again): instead of recovering from it again and
     again, every member (the standby that takes a slot too) stops with an
     error that names both collectives, and the job stops."""
     log = tmp_path / "log"
-    rc, lines = run_job(
-        ["-n", "2", "--standby", "1", "--log-dir", str(log)],
-        [PYTHON, str(HERE / "mismatch_job.py")],
-        extra_env={"HOLDFAST_TIMEOUT_MS": "2000"}, timeout=120)
-    out = "\n".join(lines[-60:])
-    assert rc != 0, out
-    assert final_lines(lines) == [], out
-    summary = json.loads((log / "summary.json").read_text())
-    assert summary["outcome"] == "stopped", out
+    lines, summary, out = run_stopping_job(
+        log, ["-n", "2", "--standby", "1"], "mismatch_job.py",
+        extra_env={"HOLDFAST_TIMEOUT_MS": "2000"})
     # No slot finished: the launcher says so rather than "steps: 0".
     assert any(line.startswith("steps: no slot finished (committed step ")
                for line in lines), out
@@ -120,13 +129,8 @@ def test_a_failure_that_repeats_at_every_retry_ends_the_run(tmp_path):
     too short for it) is retried max_step_retries (2) times, then every
     member stops with the failure and a message saying it repeats, instead
     of recovering forever."""
-    log = tmp_path / "log"
-    rc, lines = run_job(["-n", "2", "--log-dir", str(log)],
-                        [PYTHON, str(HERE / "repeat_timeout_job.py")],
-                        timeout=120)
-    out = "\n".join(lines[-60:])
-    assert rc != 0, out
-    assert final_lines(lines) == [], out
+    lines, _, out = run_stopping_job(tmp_path / "log", ["-n", "2"],
+                                     "repeat_timeout_job.py")
     gave_up = [line for line in lines
                if "] error: " in line and "no step after step 2 completed in "
                "2 recoveries in a row (HOLDFAST_MAX_STEP_RETRIES)" in line]
@@ -134,7 +138,5 @@ def test_a_failure_that_repeats_at_every_retry_ends_the_run(tmp_path):
     # Slot 0 timed out; slot 1 found the group aborted.
     assert any("TimeoutError" in line and "timed out after 200ms" in line
                for line in gave_up), out
-    summary = json.loads((log / "summary.json").read_text())
-    assert summary["outcome"] == "stopped", out
     # Two recoveries by each member, then the stop.
     assert sum("recovered at generation" in line for line in lines) == 4, out
