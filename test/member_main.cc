@@ -5,10 +5,14 @@
 //
 //   holdfast_test_member --controller HOST:PORT [--steps N] [--step-ms MS]
 //       [--uneven] [--stall-at STEP] [--ack] [--host H] [--hb-ms MS]
-//       [--token-file FILE]
+//       [--token-file FILE] [--nproc-limit N]
 //
 // Token from --token-file or HOLDFAST_JOB_TOKEN. Exit: 0 done, 3 fenced, 1
-// error.
+// error. --nproc-limit (root only): first become uid/gid 65501, a user of
+// this test alone, with RLIMIT_NPROC N, so that only N threads can run.
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <atomic>
 #include <cstdio>
@@ -36,7 +40,7 @@ void Emit(const std::string& line) {
 int main(int argc, char** argv) {
   CLI::App app{"fake trainer for controller tests"};
   std::string controller, host, token_file;
-  int64_t steps = -1, step_ms = 20, stall_at = -1, hb_ms = 0;
+  int64_t steps = -1, step_ms = 20, stall_at = -1, hb_ms = 0, nproc = 0;
   bool uneven = false, ack = false;
   app.add_option("--controller", controller)->required();
   app.add_option("--steps", steps, "-1: until killed");
@@ -48,12 +52,22 @@ int main(int argc, char** argv) {
   app.add_option("--token-file", token_file);
   app.add_flag("--uneven", uneven, "every 4th step takes 6x as long");
   app.add_flag("--ack", ack, "ack a checkpoint after every step");
+  app.add_option("--nproc-limit", nproc,
+                 "run as uid 65501 with at most this many threads (root)");
   CLI11_PARSE(app, argc, argv);
 
   auto token = holdfast::control::LoadToken(token_file);
   if (!token.ok()) {
     std::fprintf(stderr, "%s\n", token.status().ToString().c_str());
     return 1;
+  }
+  if (nproc > 0) {
+    const rlimit l = {static_cast<rlim_t>(nproc), static_cast<rlim_t>(nproc)};
+    if (setgid(65501) != 0 || setuid(65501) != 0 ||
+        setrlimit(RLIMIT_NPROC, &l) != 0) {
+      Emit("event=error msg=cannot become uid 65501 with RLIMIT_NPROC");
+      return 1;
+    }
   }
   std::atomic<bool> fenced{false};
   holdfast::control::MemberOptions o;

@@ -3,12 +3,15 @@
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
+#include <system_error>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "holdfast/status.h"
 #include "src/common/logging.h"
 #include "src/control/controller.grpc.pb.h"
 #include "src/control/rpc_util.h"
@@ -51,10 +54,34 @@ class MemberClientImpl final : public MemberClient {
                     ? options_.heartbeat_interval
                     : absl::Milliseconds(
                           std::max<int64_t>(10, first.heartbeat_interval_ms()));
-    worker_ = std::thread([this] { Run(); });
   }
 
-  ~MemberClientImpl() override { Leave(false); }
+  // Starts the heartbeat thread. When it cannot start (the process may not
+  // have more threads), leaves the job on the calling thread so the
+  // controller is not left waiting for a member that never speaks, and
+  // returns ResourceExhausted.
+  absl::Status Start() {
+    try {
+      worker_ = std::thread([this] { Run(); });
+      return absl::OkStatus();
+    } catch (const std::system_error& e) {
+      {
+        absl::MutexLock lock(&mu_);
+        stop_ = true;
+      }
+      LeaveInline();
+      ParkStub();
+      return absl::ResourceExhaustedError(
+          absl::StrCat("member: cannot start the heartbeat thread (", e.what(),
+                       "); left the job"));
+    }
+  }
+
+  ~MemberClientImpl() override {
+    Leave(false);
+    absl::MutexLock lock(&mu_);
+    if (thread_failed_) ParkStub();
+  }
 
   Assignment assignment() const override {
     absl::MutexLock lock(&mu_);
@@ -157,11 +184,53 @@ class MemberClientImpl final : public MemberClient {
     assignment_.committed_step = r.committed_step();
   }
 
+  // Keeps the channel alive until the process exits. Under a thread limit
+  // gRPC's own threads may not have started either, and tearing the
+  // channel down then waits forever for them (seen with gRPC 1.51): a
+  // member whose thread could not start must return its error or let its
+  // process exit, not hang.
+  void ParkStub() {
+    static absl::Mutex mu(absl::kConstInit);
+    static auto* const parked =
+        new std::vector<std::unique_ptr<Controller::Stub>>();
+    absl::MutexLock lock(&mu);
+    parked->push_back(std::move(stub_));
+  }
+
+  // Says goodbye on a stream of its own, on the calling thread (no reader:
+  // it writes, closes its side and drains until the controller finishes).
+  void LeaveInline() {
+    auto ctx = TokenContext(options_.client.token,
+                            absl::Now() + options_.client.rpc_slack);
+    auto stream = stub_->Heartbeat(ctx.get());
+    HeartbeatRequest req;
+    {
+      absl::MutexLock lock(&mu_);
+      req.set_member_id(assignment_.member_id);
+      req.set_generation(assignment_.generation);
+    }
+    req.set_leaving(true);
+    if (stream->Write(req)) stream->WritesDone();
+    HeartbeatResponse msg;
+    while (stream->Read(&msg)) {
+    }
+    (void)stream->Finish();
+  }
+
   // The heartbeat thread: one stream at a time; reconnects until fenced or
   // told to leave.
   void Run() {
     absl::Duration backoff = options_.reconnect_min;
     absl::BitGen rng;
+    // Waits the back-off (with jitter) and doubles it; false if told to
+    // leave meanwhile.
+    auto back_off = [&]() {
+      const absl::Duration wait = backoff * (1 + absl::Uniform(rng, 0.0, 0.5));
+      backoff = std::min(backoff * 2, options_.reconnect_max);
+      absl::MutexLock lock(&mu_);
+      mu_.AwaitWithTimeout(absl::Condition(&stop_), wait);
+      return !stop_;
+    };
     for (;;) {
       const absl::Status ended = RunStream();
       if (Stopping()) return;
@@ -169,18 +238,24 @@ class MemberClientImpl final : public MemberClient {
         Fence(ended);
         return;
       }
+      if (ended.code() == absl::StatusCode::kResourceExhausted) {
+        // The stream could not start its reader: the controller still has
+        // us, so no Resume; the stream is tried again with a growing
+        // back-off (while the controller hears nothing and may declare us
+        // dead, which the next stream that runs learns). health() says
+        // why meanwhile.
+        HOLDFAST_LOG_WARN("member {}: {}", assignment().member_id,
+                          std::string(ended.message()));
+        SetHealth(ended);
+        if (!back_off()) return;
+        continue;
+      }
       SetHealth(absl::UnavailableError(
           absl::StrCat("controller at ", options_.client.address,
                        " unreachable: ", ended.message())));
       // Resume with back-off until the controller takes us back.
       for (;;) {
-        const absl::Duration jitter = backoff * absl::Uniform(rng, 0.0, 0.5);
-        {
-          absl::MutexLock lock(&mu_);
-          mu_.AwaitWithTimeout(absl::Condition(&stop_), backoff + jitter);
-          if (stop_) return;
-        }
-        backoff = std::min(backoff * 2, options_.reconnect_max);
+        if (!back_off()) return;
         absl::Status s = Resume();
         if (Stopping()) return;
         if (s.ok()) break;
@@ -240,12 +315,31 @@ class MemberClientImpl final : public MemberClient {
       broken_ = false;
       step_end_ = true;  // the first message binds the stream: send it now
     }
-    std::thread reader([&] {
-      HeartbeatResponse msg;
-      while (stream->Read(&msg)) Dispatch(msg);
+    std::thread reader;
+    try {
+      reader = std::thread([&] {
+        HeartbeatResponse msg;
+        while (stream->Read(&msg)) Dispatch(msg);
+        absl::MutexLock lock(&mu_);
+        broken_ = true;
+      });
+    } catch (const std::system_error& e) {
+      {
+        absl::MutexLock lock(&mu_);
+        thread_failed_ = true;
+      }
+      ctx->TryCancel();
+      (void)stream->Finish();
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cannot start the heartbeat stream's reader thread (",
+                       e.what(), ")"));
+    }
+    {
       absl::MutexLock lock(&mu_);
-      broken_ = true;
-    });
+      if (health_.code() == absl::StatusCode::kResourceExhausted) {
+        health_ = absl::OkStatus();
+      }
+    }
     bool leaving = false;
     absl::Time next = absl::Now();
     for (;;) {
@@ -330,7 +424,7 @@ class MemberClientImpl final : public MemberClient {
 
   const MemberOptions options_;
   const MemberCallbacks callbacks_;
-  const std::unique_ptr<Controller::Stub> stub_;
+  std::unique_ptr<Controller::Stub> stub_;
   const RegisterRequest register_;
   absl::Duration interval_;
 
@@ -343,6 +437,8 @@ class MemberClientImpl final : public MemberClient {
   // The Register call of a reconnect in flight, if any.
   grpc::ClientContext* resume_ctx_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  // A thread of ours could not start: see ParkStub.
+  bool thread_failed_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status health_ ABSL_GUARDED_BY(mu_);
   int reconnects_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread worker_;
@@ -392,8 +488,10 @@ absl::StatusOr<std::unique_ptr<MemberClient>> MemberClient::Join(
         " within ", absl::FormatDuration(options.connect_timeout)));
   }
   if (!s.ok()) return FromGrpc(s, "Register");
-  return std::unique_ptr<MemberClient>(new MemberClientImpl(
-      options, std::move(callbacks), std::move(stub), std::move(req), resp));
+  auto client = std::make_unique<MemberClientImpl>(
+      options, std::move(callbacks), std::move(stub), std::move(req), resp);
+  HOLDFAST_RETURN_IF_ERROR(client->Start());
+  return std::unique_ptr<MemberClient>(std::move(client));
 }
 
 }  // namespace holdfast::control
