@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <system_error>
@@ -407,34 +408,51 @@ TEST_CASE(
   CHECK(w->Wait().ok());
 }
 
-TEST_CASE(
-    "a timed-out collective is compared with the peers' abort notices: "
-    "malformed ones are ignored, another collective at its position is "
-    "named") {
+namespace {
+
+// Rank 0 of a group of 4 on a fake clock issues `issue`, which no peer
+// joins, with the abort notices of ranks 1-3 planted (as if they had
+// aborted in the ops they name; "" plants none); then the clock passes the
+// op's deadline. Returns the op's status and the mismatch the communicator
+// published ("" if none).
+std::pair<absl::Status, std::string> TimeoutWithNotices(
+    const std::vector<std::string>& notices,
+    const std::function<std::shared_ptr<Work>(Communicator&)>& issue) {
   FakeClock clock;
   CommunicatorOptions o;
   o.clock = &clock;
   o.timeout = absl::Hours(1);  // only the fake clock can reach this
   o.trace_dir = "";
+  std::shared_ptr<Store> store = NewMemoryStore();
+  auto comms = Group(4, o, store);
+  for (size_t r = 0; r < notices.size(); ++r) {
+    if (notices[r].empty()) continue;
+    REQUIRE(store->Set(comm::NoticeKey(0, static_cast<int>(r) + 1), notices[r])
+                .ok());
+  }
+  std::shared_ptr<Work> w = issue(*comms[0]);
+  absl::SleepFor(absl::Milliseconds(20));
+  clock.Advance(absl::Hours(1) + absl::Seconds(1));
+  absl::Status s = w->Wait(absl::Seconds(30));
+  absl::StatusOr<std::optional<std::string>> published =
+      store->TryGet(comm::MismatchKey(0));
+  REQUIRE(published.ok());
+  return {s, published->value_or("")};
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a timed-out collective is compared with the peers' abort notices: "
+    "malformed ones are ignored, another collective at its position is "
+    "named") {
   // Rank 0 issues an AllReduce nobody joins; the notices of ranks 1-3 are
   // planted as if they had aborted in the collectives they name.
-  auto timeout_with = [&](const std::vector<std::string>& notices) {
-    std::shared_ptr<Store> store = NewMemoryStore();
-    auto comms = Group(4, o, store);
-    for (size_t r = 0; r < notices.size(); ++r) {
-      REQUIRE(
-          store->Set(comm::NoticeKey(0, static_cast<int>(r) + 1), notices[r])
-              .ok());
-    }
-    float x[16] = {};
-    auto w = comms[0]->AllReduce(x, 16, DataType::kFloat32, ReduceOp::kSum);
-    absl::SleepFor(absl::Milliseconds(20));
-    clock.Advance(absl::Hours(1) + absl::Seconds(1));
-    absl::Status s = w->Wait(absl::Seconds(30));
-    absl::StatusOr<std::optional<std::string>> published =
-        store->TryGet(comm::MismatchKey(0));
-    REQUIRE(published.ok());
-    return std::make_pair(s, published->value_or(""));
+  float x[16] = {};
+  auto timeout_with = [&x](const std::vector<std::string>& notices) {
+    return TimeoutWithNotices(notices, [&x](Communicator& c) {
+      return c.AllReduce(x, 16, DataType::kFloat32, ReduceOp::kSum);
+    });
   };
   // The notice of a rank that aborted in collective #coll_seq.
   auto in = [](nlohmann::json coll_seq, nlohmann::json signature) {
@@ -472,6 +490,68 @@ TEST_CASE(
         "x float32, max)";
     CHECK(s.message().find(want) != absl::string_view::npos);
     // Left for the ranks that saw only a timeout.
+    CHECK(published.find(want) == 0);
+  }
+}
+
+TEST_CASE(
+    "a timed-out Recv is compared with its peer's abort notice alone: only "
+    "the matching Send with another size is named") {
+  // Rank 0 receives 16 x float32 with tag 5 from rank 2, which never sends;
+  // the notices of ranks 1-3 are planted as if they had aborted in the
+  // Send or Recv they name.
+  float x[16] = {};
+  auto timeout_with = [&x](const std::vector<std::string>& notices) {
+    return TimeoutWithNotices(notices, [&x](Communicator& c) {
+      OpOptions tagged;
+      tagged.tag = 5;
+      return c.Recv(x, 16, DataType::kFloat32, 2, tagged);
+    });
+  };
+  auto in = [](nlohmann::json kind, nlohmann::json peer, nlohmann::json tag,
+               nlohmann::json seq, nlohmann::json shape) {
+    return nlohmann::json{{"code", 4},
+                          {"message", "m"},
+                          {"p2p",
+                           {{"kind", kind},
+                            {"peer", peer},
+                            {"tag", tag},
+                            {"seq", seq},
+                            {"shape", shape}}}}
+        .dump();
+  };
+  const std::string bigger = in("Send", 0, 5, 0, " (32 x float32)");
+  SECTION("malformed, not the matching op, or not the peer: a timeout") {
+    for (const std::string& from_peer : {
+             std::string("not json"),
+             in("Send", "zero", 5, 0, " (32 x float32)"),
+             in("Send", 0, 5, 0, 32),
+             nlohmann::json{{"code", 4}, {"message", "m"}, {"p2p", {1, 2}}}
+                 .dump(),
+             in("Send", 0, 5, 0, " (16 x float32)"),  // the same size
+             in("Send", 0, 6, 0, " (32 x float32)"),  // another tag
+             in("Send", 0, 5, 1, " (32 x float32)"),  // a later message
+             in("Send", 1, 5, 0, " (32 x float32)"),  // to another rank
+             in("Recv", 0, 5, 0, " (32 x float32)"),  // not a Send
+         }) {
+      // Rank 1's mismatching Send is not rank 0's peer's.
+      auto [s, published] = timeout_with({bigger, from_peer});
+      INFO(from_peer);
+      CHECK(s.code() == absl::StatusCode::kDeadlineExceeded);
+      CHECK(published.empty());
+    }
+  }
+  SECTION("the matching Send with another size: a mismatch") {
+    auto [s, published] = timeout_with({"", bigger});
+    INFO(s.ToString());
+    CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(s.message().find("Recv seq=0 gen=0 rank=0/4 peer=2 tag=5 (16 x "
+                           "float32)") == 0);
+    const std::string want =
+        "point-to-point mismatch at message #0 from rank 2 to rank 0 (tag 5) "
+        "of generation 0: rank 0 receives 16 x float32, rank 2 sends 32 x "
+        "float32";
+    CHECK(s.message().find(want) != absl::string_view::npos);
     CHECK(published.find(want) == 0);
   }
 }

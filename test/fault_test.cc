@@ -245,12 +245,20 @@ TEST_CASE("Abort() from another thread unblocks a blocked collective") {
 }
 
 TEST_CASE(
-    "collectives that differ across ranks fail at the deadline without a "
-    "crash, and a collective mismatch is named") {
+    "ops that differ across ranks fail at the deadline without a "
+    "crash, and the mismatch is named") {
   const std::string dir = holdfast::proc::MakeTempDir();
   // Each case: what rank 0 and rank 1 issue. Buffers carry guard bytes that
   // must survive untouched.
-  enum Case { kCount = 0, kDtype, kOp, kRoot, kSendRecvSize, kNumCases };
+  enum Case {
+    kCount = 0,
+    kDtype,
+    kOp,
+    kRoot,
+    kSendRecvSize,
+    kSendRecvType,
+    kNumCases
+  };
   ProcessGroup group(2, [&](int rank) {
     int bad = 0;
     for (int c = 0; c < kNumCases; ++c) {
@@ -284,6 +292,13 @@ TEST_CASE(
           w = rank == 0 ? comm->Send(data, 1000, DataType::kUInt8, 1)
                         : comm->Recv(data, 10, DataType::kUInt8, 0);
           break;
+        case kSendRecvType: {
+          OpOptions tagged;
+          tagged.tag = 7;
+          w = rank == 1 ? comm->Send(data, 100, DataType::kFloat32, 0, tagged)
+                        : comm->Recv(data, 100, DataType::kInt64, 1, tagged);
+          break;
+        }
       }
       absl::Status s = w->Wait(absl::Seconds(30));
       bool guards_ok = true;
@@ -298,7 +313,7 @@ TEST_CASE(
     return bad;
   });
   // What each rank issued in the collective cases, as the error names it.
-  const std::string issued[kNumCases - 1][2] = {
+  const std::string issued[kSendRecvSize][2] = {
       {"AllReduce (100 x float32, sum)", "AllReduce (200 x float32, sum)"},
       {"AllReduce (100 x float32, sum)", "AllReduce (100 x int32, sum)"},
       {"AllReduce (64 x float32, sum)", "Broadcast root=0 (64 x float32)"},
@@ -312,17 +327,24 @@ TEST_CASE(
       INFO("case " << c << " rank " << r << ": " << (*ev)["msg"]);
       CHECK((*ev)["case"] == std::to_string(c));
       CHECK((*ev)["guards"] == "ok");
-      if (c == kSendRecvSize) {
-        // Point-to-point messages are not compared: both time out.
-        CHECK((*ev)["code"] == "DEADLINE_EXCEEDED");
-        continue;
-      }
-      // Each rank says which collective it is in (its abort notice) before
-      // it reads the other's, so at least one of them finds the other's
-      // and names the mismatch; the other reports the timeout (or adopts
-      // the mismatch, if the other's abort reached it first).
+      // Each rank says which collective (or Send/Recv) it is in (its abort
+      // notice) before it reads the other's, so at least one of them finds
+      // the other's and names the mismatch; the other reports the timeout
+      // (or adopts the mismatch, if the other's abort reached it first).
       const std::string& msg = (*ev)["msg"];
-      if ((*ev)["code"] == "INVALID_ARGUMENT") {
+      if ((*ev)["code"] == "INVALID_ARGUMENT" && c == kSendRecvSize) {
+        ++named;
+        CHECK(msg.find("point-to-point mismatch at message #0 from rank 0 to "
+                       "rank 1 (tag 0) of generation 0") != std::string::npos);
+        CHECK(msg.find("rank 0 sends 1000 x uint8") != std::string::npos);
+        CHECK(msg.find("rank 1 receives 10 x uint8") != std::string::npos);
+      } else if ((*ev)["code"] == "INVALID_ARGUMENT" && c == kSendRecvType) {
+        ++named;
+        CHECK(msg.find("point-to-point mismatch at message #0 from rank 1 to "
+                       "rank 0 (tag 7) of generation 0") != std::string::npos);
+        CHECK(msg.find("rank 1 sends 100 x float32") != std::string::npos);
+        CHECK(msg.find("rank 0 receives 100 x int64") != std::string::npos);
+      } else if ((*ev)["code"] == "INVALID_ARGUMENT") {
         ++named;
         CHECK(msg.find("collective mismatch at collective #0 of generation "
                        "0") != std::string::npos);
@@ -332,10 +354,8 @@ TEST_CASE(
         CHECK((*ev)["code"] == "DEADLINE_EXCEEDED");
       }
     }
-    if (c != kSendRecvSize) {
-      INFO("case " << c);
-      CHECK(named >= 1);
-    }
+    INFO("case " << c);
+    CHECK(named >= 1);
   }
   for (const auto& e : group.WaitAll(absl::Seconds(30))) {
     CHECK(e.exited);

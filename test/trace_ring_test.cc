@@ -103,4 +103,19 @@ TEST_CASE("trace JSON follows the documented schema") {
   CHECK(op["state"] == "completed");
   CHECK(op["status"] == "OK");
   CHECK(op["ended_ns"] == 170);
+  CHECK(!op.contains("peer"));
+  CHECK(!op.contains("tag"));
+  // A Send: its peer and tag instead of a root.
+  TraceRecord send = Rec(1);
+  send.op = OpType::kSend;
+  send.tag = 7;
+  ring.Begin(send);
+  doc = nlohmann::json::parse(
+      holdfast::trace::ToJson(ring.Snapshot(), 1, 4, 3, 1000, 2000, "why"));
+  REQUIRE(doc["ops"].size() == 2);
+  op = doc["ops"][1];
+  CHECK(op["op"] == "Send");
+  CHECK(op["peer"] == 2);
+  CHECK(op["tag"] == 7);
+  CHECK(!op.contains("root"));
 }

@@ -41,6 +41,7 @@ struct TraceRecord {
   int64_t started_ns = 0;
   int64_t ended_ns = 0;     // completed, failed, timed out or aborted
   int32_t status_code = 0;  // absl::StatusCode of the final status
+  uint32_t tag = 0;         // Send/Recv: the caller's tag; else 0
 };
 
 }  // namespace holdfast

@@ -4,6 +4,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -113,6 +114,40 @@ std::optional<NoticeOp> OpOfNotice(const nlohmann::json& notice) {
                   op.at("signature").get<std::string>()};
 }
 
+// The Send or Recv a peer's abort notice says it was in, if any.
+struct NoticeP2P {
+  std::string kind;  // "Send" or "Recv"
+  int64_t peer = -1;
+  int64_t tag = -1;
+  int64_t seq = -1;
+  std::string shape;
+};
+std::optional<NoticeP2P> P2POfNotice(const nlohmann::json& notice) {
+  if (!notice.is_object() || !notice.contains("p2p")) return std::nullopt;
+  const nlohmann::json& op = notice.at("p2p");
+  if (!op.is_object()) return std::nullopt;
+  for (const char* k : {"peer", "tag", "seq"}) {
+    if (!op.contains(k) || !op.at(k).is_number_integer()) return std::nullopt;
+  }
+  for (const char* k : {"kind", "shape"}) {
+    if (!op.contains(k) || !op.at(k).is_string()) return std::nullopt;
+  }
+  return NoticeP2P{op.at("kind").get<std::string>(),
+                   op.at("peer").get<int64_t>(), op.at("tag").get<int64_t>(),
+                   op.at("seq").get<int64_t>(),
+                   op.at("shape").get<std::string>()};
+}
+
+// " sends 4 x float32" / " receives 8 x float32": the shape without its
+// parentheses.
+std::string Moves(OpType op, const std::string& shape) {
+  std::string s(shape);
+  if (s.size() >= 3 && s.compare(0, 2, " (") == 0 && s.back() == ')') {
+    s = s.substr(2, s.size() - 3);
+  }
+  return absl::StrCat(op == OpType::kSend ? " sends " : " receives ", s);
+}
+
 }  // namespace
 
 std::string NoticeKey(int64_t generation, int rank) {
@@ -200,6 +235,7 @@ std::string CommunicatorImpl::Describe(const TraceRecord& r) const {
                   options_.size);
   if (r.op == OpType::kBroadcast) absl::StrAppend(&s, " root=", r.peer);
   if (!IsCollective(r.op)) absl::StrAppend(&s, " peer=", r.peer);
+  if (r.tag != 0) absl::StrAppend(&s, " tag=", r.tag);
   return absl::StrCat(s, Shape(r));
 }
 
@@ -270,6 +306,7 @@ std::shared_ptr<Work> CommunicatorImpl::Submit(backend::OpSpec spec,
   r.dtype = spec.dtype;
   r.reduce = spec.reduce;
   r.peer = spec.peer;
+  if (!IsCollective(spec.type)) r.tag = options.tag;
   r.count = spec.count;
   r.bytes = bytes;
   r.enqueued_ns = Now();
@@ -456,8 +493,8 @@ void CommunicatorImpl::WatchdogLoop() {
     std::vector<std::shared_ptr<Pending>> finish;
     bool began = false;
     bool in_flight = false;
-    // A running collective past its deadline, to compare with the peers'
-    // before aborting.
+    // A running collective or a Send/Recv past its deadline, to compare
+    // with the peers' (the matching op's) before aborting.
     std::shared_ptr<Pending> timed_out;
     {
       absl::MutexLock lock(&mu_);
@@ -489,9 +526,14 @@ void CommunicatorImpl::WatchdogLoop() {
             Describe(expired->record), ": timed out after ",
             absl::FormatDuration(expired->timeout), " (", where,
             "); a peer may be frozen, slow or issuing a different op"));
-        if (expired == running_.get() && options_.size > 1) {
+        if (options_.size > 1 && expired == running_.get()) {
           timed_out = running_;
-        } else {
+        } else if (options_.size > 1 && !IsCollective(expired->record.op)) {
+          for (auto& q : p2p_) {
+            if (q.get() == expired) timed_out = q;
+          }
+        }
+        if (timed_out == nullptr) {
           began = BeginAbortLocked(cause, expired, &finish);
         }
       }
@@ -500,7 +542,8 @@ void CommunicatorImpl::WatchdogLoop() {
       cause = DiagnoseTimeout(timed_out->record, cause);
       absl::MutexLock lock(&mu_);
       // Unless it finished (or something else aborted) meanwhile.
-      if (running_ == timed_out) {
+      if (running_ == timed_out ||
+          std::find(p2p_.begin(), p2p_.end(), timed_out) != p2p_.end()) {
         began = BeginAbortLocked(cause, timed_out.get(), &finish);
       }
     }
@@ -516,7 +559,11 @@ void CommunicatorImpl::WatchdogLoop() {
     std::optional<TraceRecord> running;
     {
       absl::MutexLock lock(&mu_);
-      if (running_) running = running_->record;
+      if (running_) {
+        running = running_->record;
+      } else if (!p2p_.empty()) {
+        running = p2p_.front()->record;
+      }
     }
     cause = ExplainFailure(peers, running);
     {
@@ -573,7 +620,13 @@ bool CommunicatorImpl::BeginAbortLocked(
   aborted_ = true;
   abort_status_ = cause;
   abort_mono_ns_ = MonotonicNanos();
-  if (running_) abort_op_ = running_->record;
+  // What the notice names: a Send or Recv that caused this, else the
+  // collective in progress.
+  if (trigger != nullptr && !IsCollective(trigger->record.op)) {
+    abort_op_ = trigger->record;
+  } else if (running_) {
+    abort_op_ = running_->record;
+  }
   const std::string aborted_msg =
       absl::StrCat("communicator aborted: ", cause.message());
   auto outcome = [&](Pending* p) {
@@ -654,6 +707,12 @@ absl::Status CommunicatorImpl::WriteNotice(
   };
   if (op.has_value() && IsCollective(op->op)) {
     notice["op"] = {{"coll_seq", op->coll_seq}, {"signature", Signature(*op)}};
+  } else if (op.has_value()) {
+    notice["p2p"] = {{"kind", std::string(OpTypeName(op->op))},
+                     {"peer", op->peer},
+                     {"tag", op->tag},
+                     {"seq", op->coll_seq},
+                     {"shape", Shape(*op)}};
   }
   absl::Status written =
       store_->Set(NoticeKey(options_.generation, options_.rank), notice.dump());
@@ -681,23 +740,46 @@ absl::StatusOr<std::optional<nlohmann::json>> CommunicatorImpl::ReadNotice(
 
 absl::Status CommunicatorImpl::MismatchWith(const TraceRecord& mine, int peer,
                                             const nlohmann::json& notice) {
-  std::optional<NoticeOp> theirs = OpOfNotice(notice);
-  if (!IsCollective(mine.op) || !theirs.has_value() ||
-      theirs->coll_seq != mine.coll_seq ||
-      theirs->signature == Signature(mine)) {
-    return absl::OkStatus();
+  std::string what;
+  if (IsCollective(mine.op)) {
+    std::optional<NoticeOp> theirs = OpOfNotice(notice);
+    if (!theirs.has_value() || theirs->coll_seq != mine.coll_seq ||
+        theirs->signature == Signature(mine)) {
+      return absl::OkStatus();
+    }
+    what = absl::StrCat(
+        "collective mismatch at collective #", mine.coll_seq, " of generation ",
+        options_.generation, ": rank ", options_.rank, " issued ",
+        Signature(mine), ", rank ", peer, " issued ", theirs->signature,
+        "; every rank must issue the same collectives in the same order");
+  } else {
+    // The op that matches `mine`: the other kind, between the same two
+    // ranks, with the same tag, at the same position among their messages.
+    std::optional<NoticeP2P> theirs = P2POfNotice(notice);
+    const OpType other =
+        mine.op == OpType::kSend ? OpType::kRecv : OpType::kSend;
+    if (!theirs.has_value() || peer != mine.peer ||
+        theirs->kind != OpTypeName(other) || theirs->peer != options_.rank ||
+        theirs->tag != mine.tag || theirs->seq != mine.coll_seq ||
+        theirs->shape == Shape(mine)) {
+      return absl::OkStatus();
+    }
+    const bool sending = mine.op == OpType::kSend;
+    what = absl::StrCat(
+        "point-to-point mismatch at message #", mine.coll_seq, " from rank ",
+        sending ? options_.rank : peer, " to rank ",
+        sending ? peer : options_.rank, " (tag ", mine.tag, ") of generation ",
+        options_.generation, ": rank ", options_.rank,
+        Moves(mine.op, Shape(mine)), ", rank ", peer,
+        Moves(other, theirs->shape),
+        "; a Send and the Recv it matches must have the same count and type");
   }
-  absl::Status m = absl::InvalidArgumentError(absl::StrCat(
-      "collective mismatch at collective #", mine.coll_seq, " of generation ",
-      options_.generation, ": rank ", options_.rank, " issued ",
-      Signature(mine), ", rank ", peer, " issued ", theirs->signature,
-      "; every rank must issue the same collectives in the same order"));
+  absl::Status m = absl::InvalidArgumentError(what);
   // For the ranks that only saw a timeout (a runtime ends rather than
   // recovering into the same mismatch).
-  absl::Status written =
-      store_->Set(MismatchKey(options_.generation), std::string(m.message()));
+  absl::Status written = store_->Set(MismatchKey(options_.generation), what);
   if (!written.ok()) {
-    HOLDFAST_LOG_WARN("rank {}: could not publish the collective mismatch: {}",
+    HOLDFAST_LOG_WARN("rank {}: could not publish the mismatch: {}",
                       options_.rank, written.ToString());
   }
   return m;
@@ -710,6 +792,14 @@ absl::Status CommunicatorImpl::DiagnoseTimeout(const TraceRecord& mine,
   // The abort waits for this: a store that fails (or takes longer than
   // kMismatchBudget in all) ends it.
   if (!WriteNotice(cause, mine).ok()) return cause;
+  if (!IsCollective(mine.op)) {
+    // A Send or Recv has one peer to compare with.
+    absl::StatusOr<std::optional<nlohmann::json>> notice =
+        ReadNotice(mine.peer);
+    if (!notice.ok() || !notice->has_value()) return cause;
+    absl::Status m = MismatchWith(mine, mine.peer, **notice);
+    return m.ok() ? cause : m;
+  }
   const absl::Time give_up = absl::Now() + kMismatchBudget;
   const int peers = std::min(options_.size - 1, kMismatchPeers);
   for (int i = 1; i <= peers && absl::Now() < give_up; ++i) {

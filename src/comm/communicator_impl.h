@@ -36,13 +36,14 @@ namespace holdfast::comm {
 
 // The store key of rank `rank`'s abort notice in generation `generation`: a
 // JSON object with why it aborted ("code", "message", "peer") and the
-// collective it was in ("op": {"coll_seq", "signature"}), if any.
+// collective it was in ("op": {"coll_seq", "signature"}) or its Send or
+// Recv ("p2p": {"kind", "peer", "tag", "seq", "shape"}), if any.
 std::string NoticeKey(int64_t generation, int rank);
 
-// The store key under which a rank that finds a collective mismatch in
-// generation `generation` leaves its description (InvalidArgument, see
-// CommunicatorImpl::MismatchWith): the ranks that saw only a timeout read
-// it there.
+// The store key under which a rank that finds a mismatch (collective or
+// point-to-point) in generation `generation` leaves its description
+// (InvalidArgument, see CommunicatorImpl::MismatchWith): the ranks that saw
+// only a timeout read it there.
 std::string MismatchKey(int64_t generation);
 
 // The backend's part of a communicator's options.
@@ -144,17 +145,20 @@ class CommunicatorImpl final : public Communicator, private InlineRunner {
   // For a backend error naming a peer, the peer's own abort notice (if it
   // left one) explains the loss better than "connection closed". When it
   // names a collective at the position of `running` (the one this rank is
-  // in) with another signature, a collective mismatch.
+  // in, or its Send/Recv) with another signature, a mismatch (see
+  // MismatchWith).
   absl::Status ExplainFailure(const absl::Status& error,
                               const std::optional<TraceRecord>& running);
   // A collective that timed out: this rank leaves a notice naming it, then
   // reads the notices of up to kMismatchPeers peers (for at most
   // kMismatchBudget, and not after a store error); if one of them is in a
   // different collective at the same position, a collective mismatch
-  // (InvalidArgument naming both) instead of `cause`.
+  // (InvalidArgument naming both) instead of `cause`. A Send or Recv that
+  // timed out: the same with its peer's notice alone.
   absl::Status DiagnoseTimeout(const TraceRecord& mine,
                                const absl::Status& cause);
-  // This rank's abort notice: why, and the collective it was in (if any).
+  // This rank's abort notice: why, and the collective (or the Send/Recv)
+  // it was in, if any.
   // The store's error is logged and returned.
   absl::Status WriteNotice(const absl::Status& cause,
                            const std::optional<TraceRecord>& op);
@@ -162,8 +166,10 @@ class CommunicatorImpl final : public Communicator, private InlineRunner {
   // or the store's error.
   absl::StatusOr<std::optional<nlohmann::json>> ReadNotice(int rank) const;
   // InvalidArgument naming both collectives if `notice` (peer `peer`'s)
-  // names another collective at the position of `mine`, which is then
-  // published under MismatchKey; else OK.
+  // names another collective at the position of `mine`; for a Send or Recv,
+  // naming both sizes if it names the matching Recv or Send (the same tag
+  // and position between the two ranks) with another count or type. The
+  // message is then published under MismatchKey; else OK.
   absl::Status MismatchWith(const TraceRecord& mine, int peer,
                             const nlohmann::json& notice);
   void FinishLocked(Pending* p, const absl::Status& status)

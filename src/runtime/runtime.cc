@@ -583,10 +583,10 @@ class RuntimeImpl final : public Runtime {
     }
   }
 
-  // A collective mismatch in generation `gen`, which the communicator of
-  // whichever member found it left in the store: a program error that every
-  // recovery would run into again (the same steps are redone), so Run ends
-  // with it (InvalidArgument) instead of recovering.
+  // A collective (or Send/Recv) mismatch in generation `gen`, which the
+  // communicator of whichever member found it left in the store: a program
+  // error that every recovery would run into again (the same steps are
+  // redone), so Run ends with it (InvalidArgument) instead of recovering.
   absl::Status CollectiveMismatch(int64_t gen) {
     absl::StatusOr<std::optional<std::string>> found =
         store_->TryGet(comm::MismatchKey(gen));

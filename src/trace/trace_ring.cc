@@ -49,6 +49,7 @@ void TraceRing::Begin(const TraceRecord& r) {
   s.started_ns.store(0, kRelaxed);
   s.ended_ns.store(0, kRelaxed);
   s.status_code.store(0, kRelaxed);
+  s.tag.store(r.tag, kRelaxed);
   s.used.store(true, kRelaxed);
   s.version.store(v + 2, std::memory_order_release);
 }
@@ -93,6 +94,7 @@ std::vector<TraceRecord> TraceRing::Snapshot() const {
       r.started_ns = s.started_ns.load(kRelaxed);
       r.ended_ns = s.ended_ns.load(kRelaxed);
       r.status_code = s.status_code.load(kRelaxed);
+      r.tag = s.tag.load(kRelaxed);
       std::atomic_thread_fence(std::memory_order_acquire);
       if (s.version.load(kRelaxed) != v1) continue;
       if (used) out.push_back(r);
@@ -128,7 +130,10 @@ std::string ToJson(const std::vector<TraceRecord>& records, int rank, int size,
       o["reduce"] = std::string(ReduceOpName(r.reduce));
     }
     if (r.op == OpType::kBroadcast) o["root"] = r.peer;
-    if (r.op == OpType::kSend || r.op == OpType::kRecv) o["peer"] = r.peer;
+    if (r.op == OpType::kSend || r.op == OpType::kRecv) {
+      o["peer"] = r.peer;
+      o["tag"] = r.tag;
+    }
     if (r.ended_ns != 0) {
       o["status"] = absl::StatusCodeToString(
           static_cast<absl::StatusCode>(r.status_code));

@@ -55,6 +55,7 @@ class TraceRing {
     std::atomic<int64_t> started_ns{0};
     std::atomic<int64_t> ended_ns{0};
     std::atomic<int32_t> status_code{0};
+    std::atomic<uint32_t> tag{0};
     std::atomic<bool> used{false};
   };
 

@@ -80,13 +80,13 @@ def test_a_loss_after_the_last_step_is_recovered_not_left_hanging(tmp_path):
     assert sorted(final_lines(lines)) == ["final step=12 world=2 sum=936.0"] * 2, out
 
 
-def run_stopping_job(log, args, job, extra_env=None):
+def run_stopping_job(log, args, job, extra_env=None, job_args=()):
     """Runs `job` (a script here) under holdfast-run with --log-dir `log`,
     for a failure no recovery mends: the job must stop, non-zero, with no
     final line. Returns (output lines, summary.json, the output's tail)."""
     rc, lines = run_job(args + ["--log-dir", str(log)],
-                        [PYTHON, str(HERE / job)], extra_env=extra_env,
-                        timeout=120)
+                        [PYTHON, str(HERE / job), *job_args],
+                        extra_env=extra_env, timeout=120)
     out = "\n".join(lines[-60:])
     assert rc != 0, out
     assert final_lines(lines) == [], out
@@ -122,6 +122,27 @@ def test_a_collective_mismatch_ends_the_job_with_an_error_naming_it(tmp_path):
     # The evidence: each worker's trace ring, written when its
     # communicator aborted.
     assert len(list((log / "trace").glob("trace-g0-r*.json"))) >= 2, out
+
+
+def test_a_send_recv_mismatch_ends_the_job_with_an_error_naming_it(tmp_path):
+    """The same for a Send and the Recv it matches with another size: the
+    job stops with an error that names both sizes instead of recovering.
+    (Steps count from 1: step 3's message is the third, #2.)"""
+    log = tmp_path / "log"
+    lines, summary, out = run_stopping_job(
+        log, ["-n", "2"], "mismatch_job.py",
+        extra_env={"HOLDFAST_TIMEOUT_MS": "2000"}, job_args=["p2p"])
+    assert summary["error"]["code"] == "INVALID_ARGUMENT", out
+    message = summary["error"]["message"]
+    assert ("point-to-point mismatch at message #2 from rank 0 to rank 1 "
+            "(tag 3) of generation 0") in message, out
+    assert "rank 0 sends 4 x float64" in message, out
+    assert "rank 1 receives 8 x float64" in message, out
+    errors = [line for line in lines
+              if "] error: InvalidArgumentError INVALID_ARGUMENT: "
+                 "point-to-point mismatch" in line]
+    assert len(errors) == 2, out
+    assert summary["recoveries"] == [], out
 
 
 def test_a_failure_that_repeats_at_every_retry_ends_the_run(tmp_path):
