@@ -71,7 +71,10 @@ class MemberClient {
  public:
   // Registers (waiting up to connect_timeout for the controller) and starts
   // heartbeats. InvalidArgument for bad options; Unauthenticated for a wrong
-  // token; Unavailable if the controller never answers.
+  // token; Unavailable if the controller never answers; ResourceExhausted
+  // if the heartbeat thread cannot start (the member has left the job
+  // then). A heartbeat stream whose reader thread cannot start is retried
+  // with a back-off, and health() says so meanwhile.
   static absl::StatusOr<std::unique_ptr<MemberClient>> Join(
       const MemberOptions& options, MemberCallbacks callbacks = {});
   // Leaves cleanly if Leave() was not called.
