@@ -440,6 +440,18 @@ std::pair<absl::Status, std::string> TimeoutWithNotices(
   return {s, published->value_or("")};
 }
 
+// `s` (the timed-out op's status) names the mismatch `want` after the op's
+// description, and `want` is what the communicator published.
+void CheckNamed(const absl::Status& s, const std::string& published,
+                const std::string& op, const std::string& want) {
+  INFO(s.ToString());
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(s.message().find(op) == 0);
+  CHECK(s.message().find(want) != absl::string_view::npos);
+  // Left for the ranks that saw only a timeout.
+  CHECK(published.find(want) == 0);
+}
+
 }  // namespace
 
 TEST_CASE(
@@ -481,16 +493,10 @@ TEST_CASE(
         in(1, "Barrier"),  // at another position: not compared
         in(0, "AllReduce (16 x float32, max)"),
     });
-    INFO(s.ToString());
-    CHECK(s.code() == absl::StatusCode::kInvalidArgument);
-    CHECK(s.message().find("AllReduce seq=0") == 0);
-    const std::string want =
-        "collective mismatch at collective #0 of generation 0: rank 0 "
-        "issued AllReduce (16 x float32, sum), rank 3 issued AllReduce (16 "
-        "x float32, max)";
-    CHECK(s.message().find(want) != absl::string_view::npos);
-    // Left for the ranks that saw only a timeout.
-    CHECK(published.find(want) == 0);
+    CheckNamed(s, published, "AllReduce seq=0",
+               "collective mismatch at collective #0 of generation 0: rank 0 "
+               "issued AllReduce (16 x float32, sum), rank 3 issued "
+               "AllReduce (16 x float32, max)");
   }
 }
 
@@ -509,7 +515,7 @@ TEST_CASE(
     });
   };
   auto in = [](nlohmann::json kind, nlohmann::json peer, nlohmann::json tag,
-               nlohmann::json seq, nlohmann::json shape) {
+               nlohmann::json seq, nlohmann::json elements) {
     return nlohmann::json{{"code", 4},
                           {"message", "m"},
                           {"p2p",
@@ -517,22 +523,21 @@ TEST_CASE(
                             {"peer", peer},
                             {"tag", tag},
                             {"seq", seq},
-                            {"shape", shape}}}}
+                            {"elements", elements}}}}
         .dump();
   };
-  const std::string bigger = in("Send", 0, 5, 0, " (32 x float32)");
+  const std::string bigger = in("Send", 0, 5, 0, "32 x float32");
   SECTION("malformed, not the matching op, or not the peer: a timeout") {
     for (const std::string& from_peer : {
-             std::string("not json"),
-             in("Send", "zero", 5, 0, " (32 x float32)"),
+             std::string("not json"), in("Send", "zero", 5, 0, "32 x float32"),
              in("Send", 0, 5, 0, 32),
              nlohmann::json{{"code", 4}, {"message", "m"}, {"p2p", {1, 2}}}
                  .dump(),
-             in("Send", 0, 5, 0, " (16 x float32)"),  // the same size
-             in("Send", 0, 6, 0, " (32 x float32)"),  // another tag
-             in("Send", 0, 5, 1, " (32 x float32)"),  // a later message
-             in("Send", 1, 5, 0, " (32 x float32)"),  // to another rank
-             in("Recv", 0, 5, 0, " (32 x float32)"),  // not a Send
+             in("Send", 0, 5, 0, "16 x float32"),  // the same size
+             in("Send", 0, 6, 0, "32 x float32"),  // another tag
+             in("Send", 0, 5, 1, "32 x float32"),  // a later message
+             in("Send", 1, 5, 0, "32 x float32"),  // to another rank
+             in("Recv", 0, 5, 0, "32 x float32"),  // not a Send
          }) {
       // Rank 1's mismatching Send is not rank 0's peer's.
       auto [s, published] = timeout_with({bigger, from_peer});
@@ -543,16 +548,11 @@ TEST_CASE(
   }
   SECTION("the matching Send with another size: a mismatch") {
     auto [s, published] = timeout_with({"", bigger});
-    INFO(s.ToString());
-    CHECK(s.code() == absl::StatusCode::kInvalidArgument);
-    CHECK(s.message().find("Recv seq=0 gen=0 rank=0/4 peer=2 tag=5 (16 x "
-                           "float32)") == 0);
-    const std::string want =
-        "point-to-point mismatch at message #0 from rank 2 to rank 0 (tag 5) "
-        "of generation 0: rank 0 receives 16 x float32, rank 2 sends 32 x "
-        "float32";
-    CHECK(s.message().find(want) != absl::string_view::npos);
-    CHECK(published.find(want) == 0);
+    CheckNamed(s, published,
+               "Recv seq=0 gen=0 rank=0/4 peer=2 tag=5 (16 x float32)",
+               "point-to-point mismatch at message #0 from rank 2 to rank 0 "
+               "(tag 5) of generation 0: rank 0 receives 16 x float32, rank "
+               "2 sends 32 x float32");
   }
 }
 

@@ -77,10 +77,15 @@ constexpr int kMismatchPeers = 64;
 // The most time those reads may add to a timeout's abort.
 constexpr absl::Duration kMismatchBudget = absl::Seconds(1);
 
+// "count x dtype".
+std::string Elements(const TraceRecord& r) {
+  return absl::StrCat(r.count, " x ", DataTypeName(r.dtype));
+}
+
 // " (count x dtype[, reduction])", or nothing for a barrier.
 std::string Shape(const TraceRecord& r) {
   if (r.op == OpType::kBarrier) return "";
-  std::string s = absl::StrCat(" (", r.count, " x ", DataTypeName(r.dtype));
+  std::string s = absl::StrCat(" (", Elements(r));
   if (r.op == OpType::kAllReduce || r.op == OpType::kReduceScatter) {
     absl::StrAppend(&s, ", ", ReduceOpName(r.reduce));
   }
@@ -120,7 +125,7 @@ struct NoticeP2P {
   int64_t peer = -1;
   int64_t tag = -1;
   int64_t seq = -1;
-  std::string shape;
+  std::string elements;  // "count x dtype"
 };
 std::optional<NoticeP2P> P2POfNotice(const nlohmann::json& notice) {
   if (!notice.is_object() || !notice.contains("p2p")) return std::nullopt;
@@ -129,23 +134,13 @@ std::optional<NoticeP2P> P2POfNotice(const nlohmann::json& notice) {
   for (const char* k : {"peer", "tag", "seq"}) {
     if (!op.contains(k) || !op.at(k).is_number_integer()) return std::nullopt;
   }
-  for (const char* k : {"kind", "shape"}) {
+  for (const char* k : {"kind", "elements"}) {
     if (!op.contains(k) || !op.at(k).is_string()) return std::nullopt;
   }
   return NoticeP2P{op.at("kind").get<std::string>(),
                    op.at("peer").get<int64_t>(), op.at("tag").get<int64_t>(),
                    op.at("seq").get<int64_t>(),
-                   op.at("shape").get<std::string>()};
-}
-
-// " sends 4 x float32" / " receives 8 x float32": the shape without its
-// parentheses.
-std::string Moves(OpType op, const std::string& shape) {
-  std::string s(shape);
-  if (s.size() >= 3 && s.compare(0, 2, " (") == 0 && s.back() == ')') {
-    s = s.substr(2, s.size() - 3);
-  }
-  return absl::StrCat(op == OpType::kSend ? " sends " : " receives ", s);
+                   op.at("elements").get<std::string>()};
 }
 
 }  // namespace
@@ -508,17 +503,17 @@ void CommunicatorImpl::WatchdogLoop() {
       }
       in_flight = running_ != nullptr || !p2p_.empty();
       const int64_t now = Now();
-      Pending* expired = nullptr;
-      if (running_ && running_->deadline_ns <= now) expired = running_.get();
+      std::shared_ptr<Pending> expired;
+      if (running_ && running_->deadline_ns <= now) expired = running_;
       for (auto& q : p2p_) {
-        if (expired == nullptr && q->deadline_ns <= now) expired = q.get();
+        if (expired == nullptr && q->deadline_ns <= now) expired = q;
       }
       for (auto& q : queue_) {
-        if (expired == nullptr && q->deadline_ns <= now) expired = q.get();
+        if (expired == nullptr && q->deadline_ns <= now) expired = q;
       }
       if (expired != nullptr) {
         const bool queued =
-            IsCollective(expired->record.op) && expired != running_.get();
+            IsCollective(expired->record.op) && expired != running_;
         const char* where = queued
                                 ? "never started: an earlier op held the queue"
                                 : "still in progress";
@@ -526,15 +521,11 @@ void CommunicatorImpl::WatchdogLoop() {
             Describe(expired->record), ": timed out after ",
             absl::FormatDuration(expired->timeout), " (", where,
             "); a peer may be frozen, slow or issuing a different op"));
-        if (options_.size > 1 && expired == running_.get()) {
-          timed_out = running_;
-        } else if (options_.size > 1 && !IsCollective(expired->record.op)) {
-          for (auto& q : p2p_) {
-            if (q.get() == expired) timed_out = q;
-          }
-        }
-        if (timed_out == nullptr) {
-          began = BeginAbortLocked(cause, expired, &finish);
+        // A queued collective never started: nothing to compare.
+        if (options_.size > 1 && !queued) {
+          timed_out = expired;
+        } else {
+          began = BeginAbortLocked(cause, expired.get(), &finish);
         }
       }
     }
@@ -559,18 +550,12 @@ void CommunicatorImpl::WatchdogLoop() {
     std::optional<TraceRecord> running;
     {
       absl::MutexLock lock(&mu_);
-      if (running_) {
-        running = running_->record;
-      } else if (!p2p_.empty()) {
-        running = p2p_.front()->record;
-      }
+      if (Pending* p = InProgressLocked()) running = p->record;
     }
     cause = ExplainFailure(peers, running);
     {
       absl::MutexLock lock(&mu_);
-      Pending* trigger = running_       ? running_.get()
-                         : p2p_.empty() ? nullptr
-                                        : p2p_.front().get();
+      Pending* trigger = InProgressLocked();
       if (trigger != nullptr) {
         cause = Annotate(cause, Describe(trigger->record));
       }
@@ -578,6 +563,12 @@ void CommunicatorImpl::WatchdogLoop() {
     }
     if (began) CompleteAbort(cause, std::move(finish));
   }
+}
+
+CommunicatorImpl::Pending* CommunicatorImpl::InProgressLocked() const {
+  return running_       ? running_.get()
+         : p2p_.empty() ? nullptr
+                        : p2p_.front().get();
 }
 
 void CommunicatorImpl::ReleaseStuckLocked() {
@@ -712,7 +703,7 @@ absl::Status CommunicatorImpl::WriteNotice(
                      {"peer", op->peer},
                      {"tag", op->tag},
                      {"seq", op->coll_seq},
-                     {"shape", Shape(*op)}};
+                     {"elements", Elements(*op)}};
   }
   absl::Status written =
       store_->Set(NoticeKey(options_.generation, options_.rank), notice.dump());
@@ -761,7 +752,7 @@ absl::Status CommunicatorImpl::MismatchWith(const TraceRecord& mine, int peer,
     if (!theirs.has_value() || peer != mine.peer ||
         theirs->kind != OpTypeName(other) || theirs->peer != options_.rank ||
         theirs->tag != mine.tag || theirs->seq != mine.coll_seq ||
-        theirs->shape == Shape(mine)) {
+        theirs->elements == Elements(mine)) {
       return absl::OkStatus();
     }
     const bool sending = mine.op == OpType::kSend;
@@ -770,8 +761,8 @@ absl::Status CommunicatorImpl::MismatchWith(const TraceRecord& mine, int peer,
         sending ? options_.rank : peer, " to rank ",
         sending ? peer : options_.rank, " (tag ", mine.tag, ") of generation ",
         options_.generation, ": rank ", options_.rank,
-        Moves(mine.op, Shape(mine)), ", rank ", peer,
-        Moves(other, theirs->shape),
+        sending ? " sends " : " receives ", Elements(mine), ", rank ", peer,
+        sending ? " receives " : " sends ", theirs->elements,
         "; a Send and the Recv it matches must have the same count and type");
   }
   absl::Status m = absl::InvalidArgumentError(what);
@@ -792,18 +783,15 @@ absl::Status CommunicatorImpl::DiagnoseTimeout(const TraceRecord& mine,
   // The abort waits for this: a store that fails (or takes longer than
   // kMismatchBudget in all) ends it.
   if (!WriteNotice(cause, mine).ok()) return cause;
-  if (!IsCollective(mine.op)) {
-    // A Send or Recv has one peer to compare with.
-    absl::StatusOr<std::optional<nlohmann::json>> notice =
-        ReadNotice(mine.peer);
-    if (!notice.ok() || !notice->has_value()) return cause;
-    absl::Status m = MismatchWith(mine, mine.peer, **notice);
-    return m.ok() ? cause : m;
-  }
+  // A collective is compared with the ranks after this one; a Send or Recv
+  // with its own peer alone.
+  const bool collective = IsCollective(mine.op);
+  const int peers =
+      collective ? std::min(options_.size - 1, kMismatchPeers) : 1;
   const absl::Time give_up = absl::Now() + kMismatchBudget;
-  const int peers = std::min(options_.size - 1, kMismatchPeers);
   for (int i = 1; i <= peers && absl::Now() < give_up; ++i) {
-    const int peer = (options_.rank + i) % options_.size;
+    const int peer =
+        collective ? (options_.rank + i) % options_.size : mine.peer;
     absl::StatusOr<std::optional<nlohmann::json>> notice = ReadNotice(peer);
     if (!notice.ok()) break;
     if (!notice->has_value()) continue;

@@ -37,7 +37,7 @@ namespace holdfast::comm {
 // The store key of rank `rank`'s abort notice in generation `generation`: a
 // JSON object with why it aborted ("code", "message", "peer") and the
 // collective it was in ("op": {"coll_seq", "signature"}) or its Send or
-// Recv ("p2p": {"kind", "peer", "tag", "seq", "shape"}), if any.
+// Recv ("p2p": {"kind", "peer", "tag", "seq", "elements"}), if any.
 std::string NoticeKey(int64_t generation, int rank);
 
 // The store key under which a rank that finds a mismatch (collective or
@@ -122,6 +122,9 @@ class CommunicatorImpl final : public Communicator, private InlineRunner {
   void Execute(const std::shared_ptr<Pending>& p);
   void P2PLoop();
   void WatchdogLoop();
+  // The op this rank is in, for a failure no op reported: the running
+  // collective, else the oldest Send/Recv; null if none.
+  Pending* InProgressLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Releases the waiters of ops still inside the transport long after an
   // abort.
   void ReleaseStuckLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
