@@ -68,9 +68,9 @@ class MemberClientImpl final : public MemberClient {
       {
         absl::MutexLock lock(&mu_);
         stop_ = true;
+        thread_failed_ = true;  // the destructor parks the stub
       }
       LeaveInline();
-      ParkStub();
       return absl::ResourceExhaustedError(
           absl::StrCat("member: cannot start the heartbeat thread (", e.what(),
                        "); left the job"));

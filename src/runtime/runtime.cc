@@ -501,7 +501,7 @@ class RuntimeImpl final : public Runtime {
     int64_t failed = CommGeneration();
     rec.failed_generation = failed;
     AbortComm(INT64_MAX, absl::StrCat("recovering: ", cause.message()));
-    HOLDFAST_RETURN_IF_ERROR(CollectiveMismatch(failed));
+    HOLDFAST_RETURN_IF_ERROR(FoundMismatch(failed));
     rec.aborted_ms = NowMs();
     member_->SetPhase(control::PHASE_RECOVERING, 0);
     HOLDFAST_LOG_WARN("runtime: slot {} recovering from generation {}: {}",
@@ -533,9 +533,9 @@ class RuntimeImpl final : public Runtime {
       }
       HOLDFAST_RETURN_IF_ERROR(Terminal());
       // A peer may have found it after this member began to recover.
-      HOLDFAST_RETURN_IF_ERROR(CollectiveMismatch(rec.failed_generation));
+      HOLDFAST_RETURN_IF_ERROR(FoundMismatch(rec.failed_generation));
       if (failed != rec.failed_generation) {
-        HOLDFAST_RETURN_IF_ERROR(CollectiveMismatch(failed));
+        HOLDFAST_RETURN_IF_ERROR(FoundMismatch(failed));
       }
       rec.agreed_ms = NowMs();
       const View v = CurrentView();
@@ -587,7 +587,7 @@ class RuntimeImpl final : public Runtime {
   // communicator of whichever member found it left in the store: a program
   // error that every recovery would run into again (the same steps are
   // redone), so Run ends with it (InvalidArgument) instead of recovering.
-  absl::Status CollectiveMismatch(int64_t gen) {
+  absl::Status FoundMismatch(int64_t gen) {
     absl::StatusOr<std::optional<std::string>> found =
         store_->TryGet(comm::MismatchKey(gen));
     if (!found.ok() || !found->has_value()) return absl::OkStatus();
