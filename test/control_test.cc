@@ -421,6 +421,89 @@ TEST_CASE("controller service: bad membership requests get InvalidArgument") {
 }
 
 TEST_CASE(
+    "member client: checkpoint acks on the heartbeat stream commit, and a "
+    "stale or bad one is dropped or named") {
+  ControllerOptions o;
+  o.token = "t";
+  o.world_size = 2;
+  auto server = ControllerServer::Start(o);
+  REQUIRE(server.ok());
+  MemberOptions m;
+  m.client = {(*server)->address(), "t"};
+  m.heartbeat_interval = absl::Milliseconds(20);
+  absl::Mutex mu;
+  int64_t committed[2] = {-1, -1};
+  auto join = [&](int i) {
+    MemberCallbacks cb;
+    cb.on_committed = [&mu, &committed, i](int64_t s) {
+      absl::MutexLock lock(&mu);
+      committed[i] = std::max(committed[i], s);
+    };
+    return MemberClient::Join(m, cb);
+  };
+  auto a = join(0);
+  REQUIRE(a.ok());
+  auto b = join(1);
+  REQUIRE(b.ok());
+  ClientOptions co{(*server)->address(), "t"};
+  auto both_at = [&](int64_t step) {
+    absl::MutexLock lock(&mu);
+    auto done = [&] { return committed[0] == step && committed[1] == step; };
+    return mu.AwaitWithTimeout(absl::Condition(&done), absl::Seconds(10));
+  };
+  // One slot's ack commits nothing (its stream carried it: heartbeats
+  // are 20 ms apart and the ack goes at once).
+  (*a)->SendCheckpointAck(3, 0);
+  absl::SleepFor(absl::Milliseconds(300));
+  {
+    auto st = FetchStatus(co, {});
+    REQUIRE(st.ok());
+    CHECK(st->committed_step() == -1);
+    absl::MutexLock lock(&mu);
+    CHECK(committed[0] == -1);
+  }
+  // The second one does, and both members hear of it on their streams.
+  (*b)->SendCheckpointAck(3, 0);
+  CHECK(both_at(3));
+  CHECK((*a)->assignment().committed_step == 3);
+  // An ack of a generation the job is not at is dropped; the stream and
+  // the member stay as they were.
+  (*a)->SendCheckpointAck(4, 9);
+  (*b)->SendCheckpointAck(4, 9);
+  absl::SleepFor(absl::Milliseconds(300));
+  {
+    auto st = FetchStatus(co, {});
+    REQUIRE(st.ok());
+    CHECK(st->committed_step() == 3);
+    CHECK(st->incidents_total() == 0);
+    CHECK((*a)->health().ok());
+    CHECK((*b)->health().ok());
+    CHECK((*a)->reconnects() == 0);
+  }
+  (*a)->SendCheckpointAck(4, 0);
+  (*b)->SendCheckpointAck(4, 0);
+  CHECK(both_at(4));
+  // A malformed ack ends its stream with InvalidArgument naming it.
+  auto stub = Controller::NewStub(grpc::CreateChannel(
+      (*server)->address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.AddMetadata(kTokenMetadataKey, "t");
+  auto stream = stub->Heartbeat(&ctx);
+  HeartbeatRequest hb;
+  hb.set_member_id((*a)->assignment().member_id);
+  hb.mutable_checkpoint_ack()->set_step(-2);
+  stream->Write(hb);
+  HeartbeatResponse resp;
+  while (stream->Read(&resp)) {
+  }
+  grpc::Status st = stream->Finish();
+  CHECK(st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK(st.error_message().find("step -2 is negative") != std::string::npos);
+  (*b)->Leave(/*finished=*/true);
+  (*a)->Leave(/*finished=*/true);
+}
+
+TEST_CASE(
     "member client: slots and step reports and commits and a clean leave") {
   ControllerOptions o;
   o.token = "t";

@@ -416,6 +416,40 @@ TEST_CASE("membership: a step commits when every slot acked it") {
 }
 
 TEST_CASE(
+    "membership: an ack on a heartbeat stream is answered on that stream") {
+  Job job(2);
+  job.Join("a", kT0);
+  job.Join("b", kT0);
+  auto commits = [&](int i, int64_t step) {
+    int n = 0;
+    for (const auto& m : job.sinks[static_cast<size_t>(i)]->pushed) {
+      n += m.has_committed_step() && m.committed_step() == step ? 1 : 0;
+    }
+    return n;
+  };
+  AckCheckpointRequest a;
+  a.set_generation(0);
+  a.set_step(3);
+  a.set_member_id(job.ids[0]);
+  CHECK(*job.m.AckCheckpoint(a, kT0, job.sinks[0].get()) == -1);
+  CHECK(commits(0, 3) == 0);
+  // The ack that completes the step: one commit message on every stream.
+  a.set_member_id(job.ids[1]);
+  CHECK(*job.m.AckCheckpoint(a, kT0, job.sinks[1].get()) == 3);
+  CHECK(commits(0, 3) == 1);
+  CHECK(commits(1, 3) == 1);
+  // An ack of a step committed already (a repeat, say after a reconnect)
+  // is answered with the commit on its own stream only.
+  a.set_step(2);
+  CHECK(*job.m.AckCheckpoint(a, kT0, job.sinks[1].get()) == 3);
+  CHECK(commits(1, 3) == 2);
+  CHECK(commits(0, 3) == 1);
+  // Without a stream (the unary call) nothing is pushed.
+  CHECK(*job.m.AckCheckpoint(a, kT0) == 3);
+  CHECK(commits(1, 3) == 2);
+}
+
+TEST_CASE(
     "membership: after a controller restart members resume their slots "
     "and generation") {
   Job job(3);  // a fresh controller that knows nothing

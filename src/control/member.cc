@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
+#include <optional>
 #include <system_error>
 #include <thread>
 #include <utility>
@@ -145,6 +146,14 @@ class MemberClientImpl final : public MemberClient {
         FromGrpc(stub_->AckCheckpoint(ctx.get(), req, &resp), "AckCheckpoint");
     if (!s.ok()) return s;
     return resp.committed_step();
+  }
+
+  void SendCheckpointAck(int64_t step, int64_t generation) override {
+    absl::MutexLock lock(&mu_);
+    CheckpointAck a;
+    a.set_generation(generation);
+    a.set_step(step);
+    ack_ = a;
   }
 
   absl::Status health() const override {
@@ -347,7 +356,7 @@ class MemberClientImpl final : public MemberClient {
       {
         absl::MutexLock lock(&mu_);
         auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-          return stop_ || broken_ || step_end_;
+          return stop_ || broken_ || step_end_ || ack_.has_value();
         };
         mu_.AwaitWithDeadline(absl::Condition(&ready), next);
         if (broken_) break;
@@ -360,8 +369,21 @@ class MemberClientImpl final : public MemberClient {
         step_end_ = false;
         req.set_leaving(leaving);
         req.set_finished(leaving && finished_);
+        if (ack_.has_value()) {
+          if (ack_->step() > assignment_.committed_step) {
+            *req.mutable_checkpoint_ack() = *ack_;
+          }
+          ack_.reset();
+        }
       }
-      if (!stream->Write(req)) break;
+      if (!stream->Write(req)) {
+        // The ack goes with the next stream (unless a newer one waits).
+        absl::MutexLock lock(&mu_);
+        if (req.has_checkpoint_ack() && !ack_.has_value()) {
+          ack_ = req.checkpoint_ack();
+        }
+        break;
+      }
       if (leaving) {
         stream->WritesDone();
         absl::MutexLock lock(&mu_);
@@ -437,6 +459,8 @@ class MemberClientImpl final : public MemberClient {
   // The Register call of a reconnect in flight, if any.
   grpc::ClientContext* resume_ctx_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  // A checkpoint ack for the next message on the stream.
+  std::optional<CheckpointAck> ack_ ABSL_GUARDED_BY(mu_);
   // A thread of ours could not start: see ParkStub.
   bool thread_failed_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status health_ ABSL_GUARDED_BY(mu_);

@@ -101,6 +101,12 @@ class MemberClient {
   // current one); an ack from an older one is refused.
   virtual absl::StatusOr<int64_t> AckCheckpoint(int64_t step,
                                                 int64_t generation = -1) = 0;
+  // The same ack, sent on the heartbeat stream at once instead of as a
+  // call of its own (less latency, and no RPC per step per member at the
+  // controller). Nothing comes back but the commit, through on_committed.
+  // While the stream is down, the newest ack waits and goes with the next
+  // stream's first message.
+  virtual void SendCheckpointAck(int64_t step, int64_t generation) = 0;
 
   // OK while a member; the fencing status once fenced; Unavailable while
   // the controller is unreachable (reports are kept and sent on return).

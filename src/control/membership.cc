@@ -470,7 +470,7 @@ absl::StatusOr<bool> Membership::ReportFailure(const ReportFailureRequest& req,
 }
 
 absl::StatusOr<int64_t> Membership::AckCheckpoint(
-    const AckCheckpointRequest& req, absl::Time now) {
+    const AckCheckpointRequest& req, absl::Time now, MemberSink* stream) {
   (void)now;
   if (req.step() < 0) {
     return absl::InvalidArgumentError(
@@ -488,7 +488,14 @@ absl::StatusOr<int64_t> Membership::AckCheckpoint(
     return absl::FailedPreconditionError(
         absl::StrCat("member ", req.member_id(), " is a standby"));
   }
-  if (req.step() <= committed_step_) return committed_step_;
+  if (req.step() <= committed_step_) {
+    if (stream != nullptr) {
+      HeartbeatResponse msg;
+      msg.set_committed_step(committed_step_);
+      stream->Push(msg);
+    }
+    return committed_step_;
+  }
   auto [it, inserted] = acks_.try_emplace(req.step());
   if (inserted) {
     it->second.slots.assign(static_cast<size_t>(world_size_), false);

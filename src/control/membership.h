@@ -128,9 +128,13 @@ class Membership {
                                      absl::Time now);
 
   // Records that the member holds its shard of `step`; returns the
-  // committed step (every slot of the current generation acked it).
+  // committed step (every slot of the current generation acked it). An ack
+  // that arrived on `stream` (the member's bound heartbeat stream) is
+  // answered there: the commit it completes is pushed to every stream, and
+  // a step committed already is pushed to `stream`.
   absl::StatusOr<int64_t> AckCheckpoint(const AckCheckpointRequest& req,
-                                        absl::Time now);
+                                        absl::Time now,
+                                        MemberSink* stream = nullptr);
 
   // Runs the silent and stalled detectors.
   void Scan(absl::Time now);

@@ -83,6 +83,21 @@ class HeartbeatReactor final
       return;
     }
     member_id_ = req_.member_id();
+    if (req_.has_checkpoint_ack()) {
+      AckCheckpointRequest ack;
+      ack.set_member_id(req_.member_id());
+      ack.set_generation(req_.checkpoint_ack().generation());
+      ack.set_step(req_.checkpoint_ack().step());
+      s = membership_->AckCheckpoint(ack, absl::Now(), this).status();
+      if (s.code() == absl::StatusCode::kInvalidArgument) {
+        Detach(absl::StrCat("bad checkpoint ack: ", s.message()));
+        Close(s);
+        return;
+      }
+      // Else (FailedPrecondition) an ack of another generation, whose
+      // news reaches the member on this stream, or a standby's: it counts
+      // for nothing and the stream goes on.
+    }
     if (req_.leaving()) {
       finished_ = req_.finished();
       leaving_ = true;

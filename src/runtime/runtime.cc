@@ -2394,8 +2394,7 @@ class RuntimeImpl final : public Runtime {
     if (own->deferred && !AwaitValidated(own, gen)) return false;
     // Every slot holds its piece and its buddies' copies: ack.
     acked = true;
-    absl::StatusOr<int64_t> ack = member_->AckCheckpoint(s, gen);
-    if (ack.ok()) NoteCommitted(*ack);
+    member_->SendCheckpointAck(s, gen);
     for (;;) {
       absl::MutexLock lock(&mu_);
       auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
