@@ -504,6 +504,56 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "member client: an ack made while the controller is away goes with the "
+    "next stream") {
+  ControllerOptions o;
+  o.token = "t";
+  o.world_size = 2;
+  auto server = ControllerServer::Start(o);
+  REQUIRE(server.ok());
+  const int port = (*server)->port();
+  MemberOptions m;
+  m.client = {(*server)->address(), "t"};
+  m.heartbeat_interval = absl::Milliseconds(20);
+  m.reconnect_max = absl::Milliseconds(200);
+  absl::Mutex mu;
+  int64_t committed[2] = {-1, -1};
+  std::vector<std::unique_ptr<MemberClient>> members;
+  for (int i = 0; i < 2; ++i) {
+    MemberCallbacks cb;
+    cb.on_committed = [&mu, &committed, i](int64_t s) {
+      absl::MutexLock lock(&mu);
+      committed[i] = std::max(committed[i], s);
+    };
+    auto c = MemberClient::Join(m, cb);
+    REQUIRE(c.ok());
+    members.push_back(std::move(*c));
+  }
+  (*server)->Shutdown();
+  // Both members notice, then ack while nobody listens.
+  for (auto& c : members) {
+    for (int i = 0; i < 500 && c->health().ok(); ++i) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    CHECK(!c->health().ok());
+    c->SendCheckpointAck(5, 0);
+  }
+  o.port = port;
+  auto again = ControllerServer::Start(o);
+  REQUIRE(again.ok());
+  {
+    absl::MutexLock lock(&mu);
+    auto done = [&] { return committed[0] == 5 && committed[1] == 5; };
+    CHECK(mu.AwaitWithTimeout(absl::Condition(&done), absl::Seconds(20)));
+  }
+  for (auto& c : members) CHECK(c->reconnects() == 1);
+  auto st = FetchStatus({(*again)->address(), "t"}, {});
+  REQUIRE(st.ok());
+  CHECK(st->committed_step() == 5);
+  for (auto& c : members) c->Leave(/*finished=*/true);
+}
+
+TEST_CASE(
     "member client: slots and step reports and commits and a clean leave") {
   ControllerOptions o;
   o.token = "t";
