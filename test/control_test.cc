@@ -420,6 +420,32 @@ TEST_CASE("controller service: bad membership requests get InvalidArgument") {
         absl::StatusCode::kInvalidArgument);
 }
 
+// The newest commit each of two members heard of (on_committed).
+struct CommitWatch {
+  absl::Mutex mu;
+  int64_t committed[2] = {-1, -1};
+
+  absl::StatusOr<std::unique_ptr<MemberClient>> Join(const MemberOptions& m,
+                                                     int i) {
+    MemberCallbacks cb;
+    cb.on_committed = [this, i](int64_t s) {
+      absl::MutexLock lock(&mu);
+      committed[i] = std::max(committed[i], s);
+    };
+    return MemberClient::Join(m, cb);
+  }
+  int64_t Of(int i) {
+    absl::MutexLock lock(&mu);
+    return committed[i];
+  }
+  // Whether both heard of `step` within `timeout`.
+  bool BothAt(int64_t step, absl::Duration timeout) {
+    absl::MutexLock lock(&mu);
+    auto done = [&] { return committed[0] == step && committed[1] == step; };
+    return mu.AwaitWithTimeout(absl::Condition(&done), timeout);
+  }
+};
+
 TEST_CASE(
     "member client: checkpoint acks on the heartbeat stream commit, and a "
     "stale or bad one is dropped or named") {
@@ -431,25 +457,14 @@ TEST_CASE(
   MemberOptions m;
   m.client = {(*server)->address(), "t"};
   m.heartbeat_interval = absl::Milliseconds(20);
-  absl::Mutex mu;
-  int64_t committed[2] = {-1, -1};
-  auto join = [&](int i) {
-    MemberCallbacks cb;
-    cb.on_committed = [&mu, &committed, i](int64_t s) {
-      absl::MutexLock lock(&mu);
-      committed[i] = std::max(committed[i], s);
-    };
-    return MemberClient::Join(m, cb);
-  };
-  auto a = join(0);
+  CommitWatch w;
+  auto a = w.Join(m, 0);
   REQUIRE(a.ok());
-  auto b = join(1);
+  auto b = w.Join(m, 1);
   REQUIRE(b.ok());
   ClientOptions co{(*server)->address(), "t"};
   auto both_at = [&](int64_t step) {
-    absl::MutexLock lock(&mu);
-    auto done = [&] { return committed[0] == step && committed[1] == step; };
-    return mu.AwaitWithTimeout(absl::Condition(&done), absl::Seconds(10));
+    return w.BothAt(step, absl::Seconds(10));
   };
   // One slot's ack commits nothing (its stream carried it: heartbeats
   // are 20 ms apart and the ack goes at once).
@@ -459,8 +474,7 @@ TEST_CASE(
     auto st = FetchStatus(co, {});
     REQUIRE(st.ok());
     CHECK(st->committed_step() == -1);
-    absl::MutexLock lock(&mu);
-    CHECK(committed[0] == -1);
+    CHECK(w.Of(0) == -1);
   }
   // The second one does, and both members hear of it on their streams.
   (*b)->SendCheckpointAck(3, 0);
@@ -516,16 +530,10 @@ TEST_CASE(
   m.client = {(*server)->address(), "t"};
   m.heartbeat_interval = absl::Milliseconds(20);
   m.reconnect_max = absl::Milliseconds(200);
-  absl::Mutex mu;
-  int64_t committed[2] = {-1, -1};
+  CommitWatch w;
   std::vector<std::unique_ptr<MemberClient>> members;
   for (int i = 0; i < 2; ++i) {
-    MemberCallbacks cb;
-    cb.on_committed = [&mu, &committed, i](int64_t s) {
-      absl::MutexLock lock(&mu);
-      committed[i] = std::max(committed[i], s);
-    };
-    auto c = MemberClient::Join(m, cb);
+    auto c = w.Join(m, i);
     REQUIRE(c.ok());
     members.push_back(std::move(*c));
   }
@@ -541,11 +549,7 @@ TEST_CASE(
   o.port = port;
   auto again = ControllerServer::Start(o);
   REQUIRE(again.ok());
-  {
-    absl::MutexLock lock(&mu);
-    auto done = [&] { return committed[0] == 5 && committed[1] == 5; };
-    CHECK(mu.AwaitWithTimeout(absl::Condition(&done), absl::Seconds(20)));
-  }
+  CHECK(w.BothAt(5, absl::Seconds(20)));
   for (auto& c : members) CHECK(c->reconnects() == 1);
   auto st = FetchStatus({(*again)->address(), "t"}, {});
   REQUIRE(st.ok());
