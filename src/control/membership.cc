@@ -352,11 +352,7 @@ absl::Status Membership::Heartbeat(const HeartbeatRequest& req,
     mem.sink = sink;
     // A new stream learns the committed step it may have missed while it
     // was not bound (a commit is pushed only to bound streams).
-    if (committed_step_ >= 0) {
-      HeartbeatResponse msg;
-      msg.set_committed_step(committed_step_);
-      sink->Push(msg);
-    }
+    if (committed_step_ >= 0) PushCommittedLocked(sink);
   }
   ++heartbeats_total_;
   if (observer_ != nullptr) observer_->OnHeartbeat();
@@ -489,11 +485,7 @@ absl::StatusOr<int64_t> Membership::AckCheckpoint(
         absl::StrCat("member ", req.member_id(), " is a standby"));
   }
   if (req.step() <= committed_step_) {
-    if (stream != nullptr) {
-      HeartbeatResponse msg;
-      msg.set_committed_step(committed_step_);
-      stream->Push(msg);
-    }
+    if (stream != nullptr) PushCommittedLocked(stream);
     return committed_step_;
   }
   auto [it, inserted] = acks_.try_emplace(req.step());
@@ -527,6 +519,12 @@ void Membership::MaybeCommitLocked() {
   for (auto& [id, m] : members_) {
     if (m.state == STATE_ALIVE && m.sink != nullptr) m.sink->Push(msg);
   }
+}
+
+void Membership::PushCommittedLocked(MemberSink* sink) {
+  HeartbeatResponse msg;
+  msg.set_committed_step(committed_step_);
+  sink->Push(msg);
 }
 
 void Membership::VacateLocked(Member& m) {

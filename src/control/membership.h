@@ -215,6 +215,9 @@ class Membership {
   absl::Duration MedianStepLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ScanStallsLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeCommitLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Pushes the committed step to one stream (one that may have missed
+  // the push of the commit).
+  void PushCommittedLocked(MemberSink* sink) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const int initial_world_size_;
   const DetectionOptions detection_;
