@@ -362,3 +362,77 @@ TEST_CASE(
     CHECK(e.code == 0);
   }
 }
+
+namespace {
+
+// Three ranks meet in a Barrier; then rank 0 leaves, either closing its
+// communicator (orderly) or by SIGKILL, while rank 1 waits for a Recv from
+// rank 2 that rank 2 sends 300 ms later, and then issues an AllReduce that
+// needs rank 0. Returns what rank 1 reported.
+std::map<std::string, std::string> PeerLeavesDuringOtherOp(bool orderly) {
+  const std::string dir = holdfast::proc::MakeTempDir();
+  ProcessGroup group(3, [&](int rank) {
+    auto comm = Connect(dir, rank, 3, absl::Seconds(20));
+    if (!comm) return 3;
+    if (!comm->Barrier()->Wait().ok()) return 4;
+    if (rank == 0) {
+      if (!orderly) raise(SIGKILL);
+      comm.reset();
+      Report("event=left");
+      return 0;
+    }
+    std::vector<int32_t> v(64, rank == 2 ? 7 : 0);
+    OpOptions tagged;
+    tagged.tag = 3;
+    if (rank == 2) {
+      absl::SleepFor(absl::Milliseconds(300));
+      absl::Status s =
+          comm->Send(v.data(), v.size(), DataType::kInt32, 1, tagged)->Wait();
+      Report("event=sent code=" + CodeName(s));
+      return 0;
+    }
+    absl::Status recv =
+        comm->Recv(v.data(), v.size(), DataType::kInt32, 2, tagged)->Wait();
+    const bool got = v.front() == 7 && v.back() == 7;
+    absl::Status more =
+        comm->AllReduce(v.data(), v.size(), DataType::kInt32, ReduceOp::kSum)
+            ->Wait();
+    Report("event=done recv=" + CodeName(recv) + " got=" + (got ? "1" : "0") +
+           " more=" + CodeName(more) + " msg=" + std::string(recv.message()) +
+           " | " + std::string(more.message()));
+    return 0;
+  });
+  auto done = group.WaitEvent(1, "done", absl::Seconds(60));
+  if (!done) FAIL("rank 1 reported nothing; " << group.Describe(1));
+  auto exits = group.WaitAll(absl::Seconds(30));
+  for (int r = 1; r < 3; ++r) {
+    INFO("rank " << r);
+    CHECK(exits[r].exited);
+    CHECK(exits[r].code == 0);
+  }
+  return *done;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a peer that closes its communicator does not fail ops that no longer "
+    "need it, but one that is killed does") {
+  SECTION("closed") {
+    auto f = PeerLeavesDuringOtherOp(/*orderly=*/true);
+    INFO(f["msg"]);
+    CHECK(f["recv"] == "OK");
+    CHECK(f["got"] == "1");
+    // An op that needs the rank that left fails at once, and says it left.
+    CHECK(f["more"] == "UNAVAILABLE");
+    CHECK(f["msg"].find("rank 0") != std::string::npos);
+    CHECK(f["msg"].find("closed its communicator") != std::string::npos);
+  }
+  SECTION("killed") {
+    auto f = PeerLeavesDuringOtherOp(/*orderly=*/false);
+    INFO(f["msg"]);
+    CHECK(f["recv"] == "UNAVAILABLE");
+    CHECK(f["msg"].find("lost connection to rank 0") != std::string::npos);
+    CHECK(f["more"] == "ABORTED");
+  }
+}

@@ -90,6 +90,16 @@ class Backend {
   // fail with Aborted. Closes the connections, so peers blocked on this rank
   // see the loss at once. Idempotent.
   virtual void Abort(absl::string_view reason) = 0;
+
+  // Leaves the group in an orderly way, for an idle backend whose rank is
+  // done with it: tells each peer it is going, waiting up to `timeout` for
+  // the messages to be sent, then closes as Abort does. A peer told so does
+  // not count this rank's going as a failure (CheckPeers) unless one of its
+  // own ops needed this rank. The default is Abort.
+  virtual void Close(absl::Duration timeout) {
+    (void)timeout;
+    Abort("communicator closed");
+  }
 };
 
 // Gloo over TCP. Connects a full mesh through `store` (keys are namespaced

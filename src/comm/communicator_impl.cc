@@ -29,6 +29,10 @@ namespace {
 // watchdog acts first; the transport limit only backs it up.
 constexpr absl::Duration kTransportGrace = absl::Seconds(5);
 
+// The most an idle communicator's destruction waits for its goodbyes to the
+// peers to be sent (Backend::Close); they are a few bytes each.
+constexpr absl::Duration kCloseTimeout = absl::Milliseconds(500);
+
 // How long the worker leaves a fresh op at the head of the queue for the
 // thread that issued it to claim in Wait() (see RunInline). Two thread
 // hand-offs per op cost more than this on a busy host; an op issued
@@ -186,9 +190,14 @@ CommunicatorImpl::CommunicatorImpl(const CommunicatorOptions& options,
 }
 
 CommunicatorImpl::~CommunicatorImpl() {
+  bool orderly;
   {
     absl::MutexLock lock(&mu_);
     stop_ = true;
+    // Done with the group and nothing pending: the peers are told this rank
+    // left, so ops of theirs that no longer need it go on.
+    orderly =
+        !aborted_ && queue_.empty() && running_ == nullptr && p2p_.empty();
     if (!aborted_) {
       aborted_ = true;
       abort_status_ = absl::AbortedError("communicator destroyed");
@@ -212,7 +221,11 @@ CommunicatorImpl::~CommunicatorImpl() {
   }
   // Unblocks the worker if it is inside the transport. Quiet: destroying a
   // communicator is not a failure, so no notice and no trace dump.
-  backend_->Abort("communicator destroyed");
+  if (orderly) {
+    backend_->Close(kCloseTimeout);
+  } else {
+    backend_->Abort("communicator destroyed");
+  }
   {
     // Waits for threads running an op inline (the abort above ends it).
     absl::MutexLock lock(&runner_handle_->mu);

@@ -53,6 +53,9 @@ namespace tcp = ::gloo::transport::tcp;
 // Slot prefixes for the algorithms written here; Gloo's own use small values.
 constexpr uint8_t kReduceScatterSlotPrefix = 0xa1;
 constexpr uint8_t kP2PSlotPrefix = 0xa2;
+// The slot of the message a rank sends each peer when it closes the group in
+// an orderly way (Close).
+const uint64_t kGoodbyeSlot = ::gloo::Slot::build(0xa3, 0);
 
 std::chrono::milliseconds ToChrono(absl::Duration d) {
   return std::chrono::milliseconds(
@@ -66,6 +69,11 @@ std::chrono::milliseconds ToChrono(absl::Duration d) {
 struct UnboundBufferAccess : tcp::UnboundBuffer {
   static void Signal(tcp::UnboundBuffer* buf, std::exception_ptr ex) {
     (buf->*(&UnboundBufferAccess::signalException))(std::move(ex));
+  }
+  // Whether a receive posted on `buf` has completed, without waiting.
+  static bool Received(tcp::UnboundBuffer* buf) {
+    std::lock_guard<std::mutex> lock(buf->*(&UnboundBufferAccess::m_));
+    return buf->*(&UnboundBufferAccess::recvCompletions_) > 0;
   }
 };
 
@@ -327,11 +335,30 @@ class GlooBackend final : public Backend {
       auto* pair = dynamic_cast<tcp::Pair*>(context_->getPair(j).get());
       if (pair != nullptr) peer_addresses_[j] = PairAccess::PeerAddress(pair);
     }
+    // Every peer's goodbye (Close) has its receive posted from the start, so
+    // it lands whenever the peer sends it.
+    goodbye_words_.resize(options_.size);
+    goodbye_in_.resize(options_.size);
+    goodbye_out_.resize(options_.size);
+    for (int j = 0; j < options_.size; ++j) {
+      if (j == options_.rank) continue;
+      try {
+        auto buf =
+            context_->createUnboundBuffer(&goodbye_words_[j], sizeof(uint64_t));
+        buf->recv(j, kGoodbyeSlot);
+        goodbye_in_[j] = std::move(buf);
+      } catch (const std::exception&) {
+        // The pair has failed already: the first op will say so.
+      }
+    }
   }
 
   ~GlooBackend() override {
     Abort("communicator destroyed");
-    // Pairs must go before the device whose loop they are registered with.
+    // Buffers before the context they were made from; pairs before the
+    // device whose loop they are registered with.
+    goodbye_in_.clear();
+    goodbye_out_.clear();
     context_.reset();
     device_.reset();
   }
@@ -392,6 +419,31 @@ class GlooBackend final : public Backend {
     }
   }
 
+  void Close(absl::Duration timeout) override {
+    if (context_ && !aborted_.load(std::memory_order_acquire)) {
+      const absl::Time deadline = absl::Now() + timeout;
+      for (int j = 0; j < options_.size; ++j) {
+        if (j == options_.rank) continue;
+        try {
+          goodbye_out_[j] = context_->createUnboundBuffer(
+              &goodbye_words_[options_.rank], sizeof(uint64_t));
+          goodbye_out_[j]->send(j, kGoodbyeSlot);
+        } catch (const std::exception&) {
+          goodbye_out_[j].reset();  // that peer is gone already
+        }
+      }
+      for (auto& out : goodbye_out_) {
+        if (out == nullptr) continue;
+        try {
+          out->waitSend(ToChrono(deadline - absl::Now()));
+        } catch (const std::exception&) {
+          // Not sent in time, or the pair failed: that peer sees a loss.
+        }
+      }
+    }
+    Abort("communicator closed");
+  }
+
   absl::Status CheckPeers() override {
     if (!context_ || aborted_.load(std::memory_order_acquire)) {
       return absl::OkStatus();
@@ -401,7 +453,8 @@ class GlooBackend final : public Backend {
       auto* pair = dynamic_cast<tcp::Pair*>(context_->getPair(j).get());
       if (pair == nullptr) continue;
       std::exception_ptr ex = PairAccess::WakeStranded(pair);
-      if (ex == nullptr) continue;
+      // A peer that said goodbye left; ops that needed it failed above.
+      if (ex == nullptr || SaidGoodbye(j)) continue;
       try {
         std::rethrow_exception(ex);
       } catch (const std::exception& e) {
@@ -433,10 +486,23 @@ class GlooBackend final : public Backend {
           absl::StrCat("gloo connection lost: ", what));
     }
     absl::Status s = absl::UnavailableError(
-        absl::StrCat("lost connection to rank ", peer, " (",
-                     peer_addresses_[peer], "): ", what));
+        SaidGoodbye(peer)
+            ? absl::StrCat("rank ", peer, " (", peer_addresses_[peer],
+                           ") closed its communicator, but this op needs it "
+                           "(did the ranks issue different ops?): ",
+                           what)
+            : absl::StrCat("lost connection to rank ", peer, " (",
+                           peer_addresses_[peer], "): ", what));
     SetPeer(&s, peer);
     return s;
+  }
+
+  // Whether rank j closed the group in an orderly way (Close). Read after
+  // its pair failed, this is final: the goodbye is read before the close.
+  bool SaidGoodbye(int j) const {
+    return goodbye_in_[j] != nullptr &&
+           UnboundBufferAccess::Received(
+               static_cast<tcp::UnboundBuffer*>(goodbye_in_[j].get()));
   }
 
   int PeerInMessage(absl::string_view what) const {
@@ -603,6 +669,11 @@ class GlooBackend final : public Backend {
   std::shared_ptr<::gloo::rendezvous::Context> context_;
   std::shared_ptr<::gloo::transport::Device> device_;
   std::vector<std::string> peer_addresses_;  // by rank; "" for self
+  // Goodbyes (Close), by rank: received from each peer, and sent to it.
+  // Their contents are not read (this rank's own word is what it sends).
+  std::vector<uint64_t> goodbye_words_;
+  std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> goodbye_in_;
+  std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> goodbye_out_;
 
   absl::Mutex mu_;
   std::atomic<bool> aborted_{false};
