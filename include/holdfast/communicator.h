@@ -37,12 +37,13 @@ class Communicator {
       std::shared_ptr<Store> store, const CommunicatorOptions& options);
 
   // Destruction aborts anything still in flight and joins the internal
-  // threads; it never blocks on a peer. A rank with nothing in flight
-  // leaves in an orderly way (Gloo: a few bytes to each peer, waited for
-  // at most 500 ms): its peers' ops that no longer need it go on, where a
-  // crashed rank fails every peer's op in flight (Unavailable). A peer's op
-  // that does need it fails at once with Unavailable, "rank R ... closed
-  // its communicator".
+  // threads; it never waits for a peer to act. A rank with nothing in
+  // flight leaves in an orderly way (Gloo: a few bytes written to each
+  // peer's connection, for at most 500 ms in all, which only a peer that
+  // stopped reading can make it take): its peers' ops that no longer need
+  // it go on, where a crashed rank fails every peer's op in flight
+  // (Unavailable). A peer's op that does need it fails at once with
+  // Unavailable, "rank R ... closed its communicator".
   virtual ~Communicator() = default;
 
   virtual int rank() const = 0;
