@@ -339,7 +339,6 @@ class GlooBackend final : public Backend {
     // it lands whenever the peer sends it.
     goodbye_words_.resize(options_.size);
     goodbye_in_.resize(options_.size);
-    goodbye_out_.resize(options_.size);
     for (int j = 0; j < options_.size; ++j) {
       if (j == options_.rank) continue;
       try {
@@ -358,7 +357,6 @@ class GlooBackend final : public Backend {
     // Buffers before the context they were made from; pairs before the
     // device whose loop they are registered with.
     goodbye_in_.clear();
-    goodbye_out_.clear();
     context_.reset();
     device_.reset();
   }
@@ -420,20 +418,23 @@ class GlooBackend final : public Backend {
   }
 
   void Close(absl::Duration timeout) override {
+    // One buffer per peer (a failed send poisons its buffer for waits),
+    // kept until the pairs are closed below.
+    std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> sent;
     if (context_ && !aborted_.load(std::memory_order_acquire)) {
       const absl::Time deadline = absl::Now() + timeout;
       for (int j = 0; j < options_.size; ++j) {
         if (j == options_.rank) continue;
         try {
-          goodbye_out_[j] = context_->createUnboundBuffer(
+          auto out = context_->createUnboundBuffer(
               &goodbye_words_[options_.rank], sizeof(uint64_t));
-          goodbye_out_[j]->send(j, kGoodbyeSlot);
+          out->send(j, kGoodbyeSlot);
+          sent.push_back(std::move(out));
         } catch (const std::exception&) {
-          goodbye_out_[j].reset();  // that peer is gone already
+          // That peer is gone already.
         }
       }
-      for (auto& out : goodbye_out_) {
-        if (out == nullptr) continue;
+      for (auto& out : sent) {
         try {
           out->waitSend(ToChrono(deadline - absl::Now()));
         } catch (const std::exception&) {
@@ -669,11 +670,11 @@ class GlooBackend final : public Backend {
   std::shared_ptr<::gloo::rendezvous::Context> context_;
   std::shared_ptr<::gloo::transport::Device> device_;
   std::vector<std::string> peer_addresses_;  // by rank; "" for self
-  // Goodbyes (Close), by rank: received from each peer, and sent to it.
-  // Their contents are not read (this rank's own word is what it sends).
+  // Goodbyes (Close), by rank: the word each peer's lands in, and the
+  // receive posted for it. The contents are not read (this rank's own word
+  // is what it sends).
   std::vector<uint64_t> goodbye_words_;
   std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> goodbye_in_;
-  std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> goodbye_out_;
 
   absl::Mutex mu_;
   std::atomic<bool> aborted_{false};
