@@ -465,4 +465,14 @@ TEST_CASE("recovery: the launcher refuses bad input with a clear error") {
   CHECK(rc8 != 0);
   CHECK(err8.find("--verify-backups: later not in {arrival,restore}") !=
         std::string::npos);
+  // A fault on a slot the job never has would never fire.
+  auto [rc9, err9] = run(absl::StrCat("-n 2 --inject kill:slot=2:step=3 -- ",
+                                      HOLDFAST_DP_TRAINER_BIN));
+  CHECK(rc9 == 2);
+  CHECK(err9.find("'kill:slot=2:step=3' names slot 2, but -n 2 has slots "
+                  "0..1") != std::string::npos);
+  auto [rc10, err10] =
+      run(absl::StrCat("-n 2 --hosts 3 -- ", HOLDFAST_DP_TRAINER_BIN));
+  CHECK(rc10 == 2);
+  CHECK(err10.find("--hosts 3 is more than -n 2") != std::string::npos);
 }

@@ -515,8 +515,24 @@ int Launcher::Main(int argc, char** argv) {
                               " is out of range [1, ", n, "]"));
   }
   const std::string faults = absl::StrJoin(inject, ",");
-  if (auto parsed = holdfast::fault::Parse(faults); !parsed.ok()) {
+  absl::StatusOr<std::vector<holdfast::fault::FaultSpec>> parsed =
+      holdfast::fault::Parse(faults);
+  if (!parsed.ok()) {
     return usage(absl::StrCat("--inject: ", parsed.status().message()));
+  }
+  // Slots are 0..n-1 in every generation (a standby takes a lost slot's
+  // number, a shrink renumbers below it): a fault on slot n or above would
+  // never fire.
+  for (const holdfast::fault::FaultSpec& f : *parsed) {
+    if (f.slot >= n) {
+      return usage(absl::StrCat(
+          "--inject: fault spec '", f.text, "' names slot ", f.slot,
+          ", but -n ", n, " has slots 0..", n - 1, ": it would never fire"));
+    }
+  }
+  if (hosts > n) {
+    return usage(absl::StrCat("--hosts ", hosts, " is more than -n ", n,
+                              ": a host would have no worker"));
   }
   if (!Resolves(cmd_[0])) {
     return usage(
