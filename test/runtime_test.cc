@@ -260,7 +260,12 @@ TEST_CASE(
   // 0 scribbles over its state and fails the step: all roll back to step
   // s - 1. The others' live state is that step's, so they receive nothing;
   // slot 0's is not, so it receives the piece it lacks. All end with the
-  // state a fault-free run computes.
+  // state a fault-free run computes. Slot 0 reads that piece straight
+  // from the holder's memory (HOLDFAST_SAME_HOST_RESTORE on, the default),
+  // or receives it over the communicator (off).
+  const std::string same_host = GENERATE("on", "off");
+  INFO("HOLDFAST_SAME_HOST_RESTORE=" << same_host);
+  setenv("HOLDFAST_SAME_HOST_RESTORE", same_host.c_str(), 1);
   constexpr int kSlots = 3;
   Controller c(kSlots);
   std::atomic<int64_t> failed_at{0};
@@ -303,6 +308,7 @@ TEST_CASE(
     return absl::OkStatus();
   };
   std::vector<std::string> errors = RunSlots(c, kSlots, nullptr, body);
+  unsetenv("HOLDFAST_SAME_HOST_RESTORE");
   // 1 + 2 + ... + 20 = 210 in every byte.
   const std::vector<uint8_t> want(1 << 16, uint8_t{210});
   INFO("slot 0 failed step " << failed_at.load());
@@ -316,8 +322,11 @@ TEST_CASE(
     CHECK(rec.restored_step == failed_at.load() - 1);
     if (slot == 0) {
       CHECK(rec.bytes_received > 0);
+      CHECK(rec.bytes_read_in_place ==
+            (same_host == "on" ? rec.bytes_received : 0));
     } else {
       CHECK(rec.bytes_received == 0);
+      CHECK(rec.bytes_read_in_place == 0);
     }
   }
 }

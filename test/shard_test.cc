@@ -3,6 +3,9 @@
 // with the example trainer in ZeRO-1 mode (sharded momentum, replicated
 // parameters), real faults (SIGKILL, a corrupted copy, an exit), and the
 // survivors' final parameter hashes compared with a fault-free run.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #include <algorithm>
@@ -16,6 +19,7 @@
 
 #include "src/common/process_group.h"
 #include "src/fault/fault.h"
+#include "src/runtime/peer_memory.h"
 #include "src/runtime/shards.h"
 #include "src/runtime/xxh3_variants.h"
 #include "test/job_run.h"
@@ -213,6 +217,51 @@ TEST_CASE("shards: one failure domain still gets buddies and a warning") {
 
 // ---- Checksums
 // ---------------------------------------------------------------
+
+TEST_CASE(
+    "shards: a process on this host is read in place, and a gone one is "
+    "named") {
+  CHECK(holdfast::peer_memory::HostKey() != 0);
+  // The child's copy of `word` sits at the same address as the parent's.
+  static uint64_t word = 0x5eedf00dcafe1234;
+  int gate[2];
+  REQUIRE(pipe(gate) == 0);
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    word = 0x0123456789abcdef;  // the child's own value from here on
+    char c;
+    (void)!read(gate[0], &c, 1);
+    _exit(0);
+  }
+  const auto address =
+      static_cast<uint64_t>(reinterpret_cast<uintptr_t>(&word));
+  // The child may not have written its value yet: wait for it.
+  uint64_t got = 0;
+  for (int i = 0; i < 2000 && got != 0x0123456789abcdef; ++i) {
+    REQUIRE(
+        holdfast::peer_memory::Read(child, address, &got, sizeof(got)).ok());
+    if (got != 0x0123456789abcdef) usleep(1000);
+  }
+  CHECK(got == 0x0123456789abcdef);
+  CHECK(holdfast::peer_memory::Probe(child, address, 0x0123456789abcdef));
+  CHECK(!holdfast::peer_memory::Probe(child, address, word));
+  CHECK(!holdfast::peer_memory::Probe(child, 0, 0x0123456789abcdef));
+  // An address the child does not map.
+  absl::Status unmapped =
+      holdfast::peer_memory::Read(child, 8, &got, sizeof(got));
+  CHECK(unmapped.code() == absl::StatusCode::kUnavailable);
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  close(gate[0]);
+  close(gate[1]);
+  absl::Status gone =
+      holdfast::peer_memory::Read(child, address, &got, sizeof(got));
+  CHECK(gone.code() == absl::StatusCode::kUnavailable);
+  CHECK(gone.message().find(absl::StrCat("process ", child)) !=
+        std::string::npos);
+  CHECK(!holdfast::peer_memory::Probe(child, address, 0x0123456789abcdef));
+}
 
 TEST_CASE("shards: every checksum variant gives libxxhash's XXH3 value") {
   std::vector<const HfXxh3Variant*> variants = {&hf_xxh3_baseline};
@@ -440,16 +489,37 @@ TEST_CASE(
   // already holds) and one of them is damaged as it lands. It is refused
   // and received again from the piece's other holder; the run ends with
   // the fault-free hash. Steps of 20 ms let every round finish within its
-  // step (see kRoundsKeepUp).
-  JobRun r = ExpectFaultFreeHash(
-      {"-n", "4", "--standby", "1", "--replicas", "2", "--inject",
-       "kill:slot=1:step=10:committed=5", "--inject", "corrupt-restore:slot=1"},
-      kRoundsKeepUp);
-  static const std::regex kRefused(
-      R"(the piece of slot \d \(world 4, step ([5-9])\) received from slot )"
-      R"(\d failed its checksum; receiving it from its next holder)");
-  CHECK(std::regex_search(r.err, kRefused));
-  CHECK(r.err.find("DATA_LOSS") == std::string::npos);
+  // step (see kRoundsKeepUp). Every member is on this host: by default
+  // the standby reads the pieces straight from the holders' memory (the
+  // second try from the second holder's); with HOLDFAST_SAME_HOST_RESTORE
+  // off they come over the communicator.
+  for (const char* same_host : {"on", "off"}) {
+    INFO("HOLDFAST_SAME_HOST_RESTORE=" << same_host);
+    setenv("HOLDFAST_SAME_HOST_RESTORE", same_host, 1);
+    JobRun r =
+        ExpectFaultFreeHash({"-n", "4", "--standby", "1", "--replicas", "2",
+                             "--inject", "kill:slot=1:step=10:committed=5",
+                             "--inject", "corrupt-restore:slot=1"},
+                            kRoundsKeepUp);
+    unsetenv("HOLDFAST_SAME_HOST_RESTORE");
+    static const std::regex kRefused(
+        R"(the piece of slot \d \(world 4, step ([5-9])\) received from )"
+        R"(slot \d failed its checksum; receiving it from its next holder)");
+    CHECK(std::regex_search(r.err, kRefused));
+    CHECK(r.err.find("DATA_LOSS") == std::string::npos);
+    // The standby's restore: every byte it received read in place, or none.
+    static const std::regex kJoined(
+        R"(slot 1 of 4 joined at generation \d+: step \d+ restored \((\d+) )"
+        R"(bytes received(, (\d+) of them read in place on this host)?\))");
+    std::smatch m;
+    REQUIRE(std::regex_search(r.err, m, kJoined));
+    CHECK(std::stoll(m[1]) > 0);
+    if (std::string(same_host) == "on") {
+      CHECK(m[3] == m[1]);
+    } else {
+      CHECK(!m[2].matched);
+    }
+  }
 }
 
 TEST_CASE(

@@ -192,6 +192,9 @@ struct RecoveryRecord {
   bool received_state = false;    // pieces came from other members
   bool from_disk = false;         // no memory copy was left: disk tier
   int64_t bytes_received = 0;     // by this member
+  // Of those, read straight from the memory of a member on this host
+  // (HOLDFAST_SAME_HOST_RESTORE), not over the communicator.
+  int64_t bytes_read_in_place = 0;
 };
 
 struct RunResult {

@@ -91,6 +91,13 @@ const std::vector<Entry>& Registry() {
         "(the round only moves bytes; a damaged copy is found when needed)"},
        Kind::kString,
        {"arrival", "restore"}},
+      {{"HOLDFAST_SAME_HOST_RESTORE", "on",
+        "on: a restore reads the pieces a member on the same host holds "
+        "straight from its memory (process_vm_readv), where the kernel "
+        "allows it, instead of over the communicator; off: always the "
+        "communicator"},
+       Kind::kString,
+       {"on", "off"}},
       {{"HOLDFAST_MAX_STEP_RETRIES", "10",
         "recoveries in a row with no new step done in between after which "
         "Runtime::Run gives up (0: no limit)"},

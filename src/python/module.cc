@@ -330,6 +330,7 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("received_state", &RecoveryRecord::received_state)
       .def_readonly("from_disk", &RecoveryRecord::from_disk)
       .def_readonly("bytes_received", &RecoveryRecord::bytes_received)
+      .def_readonly("bytes_read_in_place", &RecoveryRecord::bytes_read_in_place)
       .def_property_readonly("recovery_ms", [](const RecoveryRecord& r) {
         return r.restored_ms - r.seen_ms;
       });

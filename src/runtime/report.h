@@ -33,7 +33,8 @@ inline nlohmann::json ToJson(const RecoveryRecord& r) {
           {"lost_steps", r.lost_steps},
           {"received_state", r.received_state},
           {"from_disk", r.from_disk},
-          {"bytes_received", r.bytes_received}};
+          {"bytes_received", r.bytes_received},
+          {"bytes_read_in_place", r.bytes_read_in_place}};
 }
 
 }  // namespace holdfast

@@ -9,6 +9,7 @@
 #include <deque>
 #include <map>
 #include <optional>
+#include <random>
 #include <set>
 #include <system_error>
 #include <thread>
@@ -34,6 +35,7 @@
 #include "src/control/member.h"
 #include "src/fault/fault.h"
 #include "src/runtime/bulk.h"
+#include "src/runtime/peer_memory.h"
 #include "src/runtime/report.h"
 #include "src/runtime/shards.h"
 #include "src/store/store_util.h"
@@ -45,6 +47,25 @@ using control::JobEnd;
 using control::MembershipUpdate;
 
 int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
+
+// What a restore received, for its log line.
+std::string Received(const RecoveryRecord& rec) {
+  if (rec.from_disk) {
+    return absl::StrCat(rec.bytes_received,
+                        " bytes received, from the disk tier");
+  }
+  return absl::StrCat(rec.bytes_received, " bytes received",
+                      rec.bytes_read_in_place > 0
+                          ? absl::StrCat(", ", rec.bytes_read_in_place,
+                                         " of them read in place on this host")
+                          : "");
+}
+
+// A random word that is never 0.
+uint64_t ProbeWord() {
+  std::random_device rd;
+  return (uint64_t{rd()} << 32 | rd()) | uint64_t{1} << 63;
+}
 
 // Point-to-point transfers of the state go in chunks, so one op stays well
 // inside its deadline and the receiver's progress is visible in the trace.
@@ -121,6 +142,8 @@ class RuntimeImpl final : public Runtime {
     if (options_.verify_backups.empty()) {
       options_.verify_backups = config::StringParam("HOLDFAST_VERIFY_BACKUPS");
     }
+    same_host_restore_ =
+        config::StringParam("HOLDFAST_SAME_HOST_RESTORE") == "on";
     if (options_.verify_backups != "arrival" &&
         options_.verify_backups != "restore") {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -565,9 +588,8 @@ class RuntimeImpl final : public Runtime {
           pending_record_ = rec;
           HOLDFAST_LOG_INFO(
               "runtime: slot {} of {} recovered at generation {}: step {} "
-              "restored ({} bytes received{}) in {} ms",
-              v.slot, v.world, v.generation, *restored, rec.bytes_received,
-              rec.from_disk ? ", from the disk tier" : "",
+              "restored ({}) in {} ms",
+              v.slot, v.world, v.generation, *restored, Received(rec),
               rec.restored_ms - rec.seen_ms);
           return *restored;
         }
@@ -1410,9 +1432,8 @@ class RuntimeImpl final : public Runtime {
       HOLDFAST_ASSIGN_OR_RETURN(at, Restore(&rec));
       HOLDFAST_LOG_INFO(
           "runtime: slot {} of {} joined at generation {}: step {} restored "
-          "({} bytes received{}) in {} ms",
-          v.slot, v.world, v.generation, at, rec.bytes_received,
-          rec.from_disk ? ", from the disk tier" : "",
+          "({}) in {} ms",
+          v.slot, v.world, v.generation, at, Received(rec),
           absl::ToInt64Milliseconds(absl::Now() - t0));
       return at;
     }
@@ -1463,9 +1484,11 @@ class RuntimeImpl final : public Runtime {
   }
 
   // Of one cut of the restore's target: per piece, the members holding a
-  // good copy (in member order) and the checksum they report.
+  // good copy (in member order), where each holds it (an address in the
+  // holder's memory, for a read in place) and the checksum they report.
   struct Holders {
     std::vector<std::vector<int>> by_slot;
+    std::vector<std::vector<uint64_t>> address_by_slot;
     std::vector<uint64_t> checksum;
   };
 
@@ -1501,6 +1524,13 @@ class RuntimeImpl final : public Runtime {
     }
   };
 
+  // Who may read whose memory in place during a restore (bit r of member
+  // m's words: m reads member r's), and every member's pid.
+  struct InPlace {
+    PieceSets reach;
+    std::vector<int64_t> pids;
+  };
+
   // Rolls every member back to the newest committed step. Each member says
   // which pieces of that step it holds (after checking their checksums);
   // the pieces of the newest world cut that is complete are used, each
@@ -1518,12 +1548,25 @@ class RuntimeImpl final : public Runtime {
       absl::MutexLock lock(&bk_mu_);
       held = static_cast<int64_t>(pieces_.size());
     }
-    constexpr int kMine = 4;
-    const int64_t mine[kMine] = {committed_step(), high_step_,
-                                 static_cast<int64_t>(layout), held};
+    // With this member's host key, pid and probe word (zeros when reads in
+    // place are off), for InPlaceReach.
+    constexpr int kMine = 8;
+    const bool offer = same_host_restore_ && peer_memory::HostKey() != 0;
+    const int64_t mine[kMine] = {
+        committed_step(),
+        high_step_,
+        static_cast<int64_t>(layout),
+        held,
+        offer ? static_cast<int64_t>(peer_memory::HostKey()) : 0,
+        static_cast<int64_t>(getpid()),
+        offer ? static_cast<int64_t>(reinterpret_cast<uintptr_t>(&probe_word_))
+              : 0,
+        static_cast<int64_t>(probe_word_)};
     std::vector<int64_t> all(static_cast<size_t>(v.world) * kMine);
     HOLDFAST_RETURN_IF_ERROR(
         comm->AllGather(mine, all.data(), kMine, DataType::kInt64)->Wait());
+    HOLDFAST_ASSIGN_OR_RETURN(InPlace in_place,
+                              InPlaceReach(comm, v, all, kMine));
     int64_t target = 0, high = 0, kmax = 1;
     std::vector<int64_t> highs(static_cast<size_t>(v.world));
     for (int r = 0; r < v.world; ++r) {
@@ -1541,8 +1584,8 @@ class RuntimeImpl final : public Runtime {
     Evict([target](const Piece& p) { return p.step > target; });
 
     // What this member holds of the target: [layout generation, world,
-    // slot, checksum, good], padded with world = 0.
-    constexpr int kFields = 5;
+    // slot, checksum, good, address], padded with world = 0.
+    constexpr int kFields = 6;
     std::vector<int64_t> entries(static_cast<size_t>(kmax) * kFields, 0);
     std::vector<Piece*> at;
     {
@@ -1568,6 +1611,7 @@ class RuntimeImpl final : public Runtime {
       e[2] = p.slot;
       e[3] = static_cast<int64_t>(p.checksum);
       e[4] = good ? 1 : 0;
+      e[5] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(p.bytes.get()));
     }
     std::vector<int64_t> every(entries.size() * static_cast<size_t>(v.world));
     HOLDFAST_RETURN_IF_ERROR(comm->AllGather(entries.data(), every.data(),
@@ -1585,8 +1629,11 @@ class RuntimeImpl final : public Runtime {
         if (e[1] <= 0 || e[4] == 0 || e[2] < 0 || e[2] >= e[1]) continue;
         Holders& h = cuts[{e[0], static_cast<int>(e[1])}];
         h.by_slot.resize(static_cast<size_t>(e[1]));
+        h.address_by_slot.resize(static_cast<size_t>(e[1]));
         h.checksum.resize(static_cast<size_t>(e[1]));
         h.by_slot[static_cast<size_t>(e[2])].push_back(m);
+        h.address_by_slot[static_cast<size_t>(e[2])].push_back(
+            static_cast<uint64_t>(e[5]));
         h.checksum[static_cast<size_t>(e[2])] = static_cast<uint64_t>(e[3]);
       }
     }
@@ -1648,10 +1695,10 @@ class RuntimeImpl final : public Runtime {
         PieceSets live,
         LivePieces(comm, v, target, highs, old_world, use->checksum, local));
     std::map<int, std::unique_ptr<Piece>> received;
-    int64_t bytes_received = 0;
+    int64_t bytes_received = 0, bytes_in_place = 0;
     HOLDFAST_RETURN_IF_ERROR(ApplyTarget(comm, v, target, use_gen, old_world,
-                                         *use, local, live, &received,
-                                         &bytes_received));
+                                         *use, local, live, in_place, &received,
+                                         &bytes_received, &bytes_in_place));
     {
       // Received copies stay: they cover a second fault before the next
       // commit.
@@ -1660,16 +1707,55 @@ class RuntimeImpl final : public Runtime {
     }
     if (rec != nullptr) {
       rec->bytes_received = bytes_received;
+      rec->bytes_read_in_place = bytes_in_place;
       rec->received_state = bytes_received > 0;
     }
     high_step_ = std::max(high_step_, target);
     return target;
   }
 
+  // Which members may read which members' memory in place in this
+  // restore, from the first all-gather's entries (`stride` words per
+  // member: [4] host key, 0 when the member offers none, [5] pid, [6] the
+  // probe word's address, [7] its value). Each member reads the probe word
+  // of every other member with its own host key (one small
+  // process_vm_readv each) and the results are all-gathered, when any two
+  // members share a host key at all (every member knows whether they do,
+  // so all take part or none).
+  absl::StatusOr<InPlace> InPlaceReach(Communicator* comm, const View& v,
+                                       const std::vector<int64_t>& all,
+                                       int stride) {
+    InPlace in_place;
+    auto at = [&](int r, int field) {
+      return all[static_cast<size_t>(r) * static_cast<size_t>(stride) +
+                 static_cast<size_t>(field)];
+    };
+    std::map<int64_t, int> per_key;
+    bool shared = false;
+    for (int r = 0; r < v.world; ++r) {
+      in_place.pids.push_back(at(r, 5));
+      if (at(r, 4) != 0) shared |= ++per_key[at(r, 4)] > 1;
+    }
+    if (!shared) return in_place;
+    std::vector<int64_t> mine = PieceSets::Mine(v.world);
+    for (int r = 0; r < v.world; ++r) {
+      if (r != v.slot && at(v.slot, 4) != 0 && at(r, 4) == at(v.slot, 4) &&
+          peer_memory::Probe(at(r, 5), static_cast<uint64_t>(at(r, 6)),
+                             static_cast<uint64_t>(at(r, 7)))) {
+        PieceSets::Add(&mine, r);
+      }
+    }
+    HOLDFAST_ASSIGN_OR_RETURN(in_place.reach,
+                              PieceSets::Exchange(comm, v.world, mine));
+    return in_place;
+  }
+
   // The end of a restore: copies the target's pieces this member needs
   // into its live buffers, from its own copies or received ones. Every
   // piece some member needs and neither holds nor has live moves, in an
-  // order every member follows, from its first holder. A received piece
+  // order every member follows, from its first holder: read in place from
+  // the holder's memory where `in_place` says the member may (the holder
+  // sends nothing), else over the communicator. A received piece
   // is checked as it is copied (one pass over its bytes); one that fails
   // (damaged in transit) is received again from its next holder, in a
   // round every member takes part in: after each round with transfers the
@@ -1679,9 +1765,9 @@ class RuntimeImpl final : public Runtime {
   absl::Status ApplyTarget(Communicator* comm, const View& v, int64_t target,
                            int64_t use_gen, int old_world, const Holders& use,
                            const std::map<int, const Piece*>& local,
-                           const PieceSets& live,
+                           const PieceSets& live, const InPlace& in_place,
                            std::map<int, std::unique_ptr<Piece>>* received,
-                           int64_t* bytes_received) {
+                           int64_t* bytes_received, int64_t* bytes_in_place) {
     std::vector<std::pair<int, int>> todo;  // (piece, member)
     for (int p = 0; p < old_world; ++p) {
       const std::vector<int>& hs = use.by_slot[static_cast<size_t>(p)];
@@ -1709,19 +1795,47 @@ class RuntimeImpl final : public Runtime {
     for (size_t round = 0; !todo.empty(); ++round) {
       std::vector<std::shared_ptr<Work>> works;
       std::map<int, int> sender;  // piece -> who sends it to this member
+      std::vector<int> reads;     // pieces this member reads in place
       for (const auto& [p, m] : todo) {
         const int from = use.by_slot[static_cast<size_t>(p)][round];
         const size_t size = PieceSize(old_world, p);
-        if (v.slot == from) {
+        const uint64_t checksum = use.checksum[static_cast<size_t>(p)];
+        const bool direct = in_place.reach.Has(m, from);
+        if (v.slot == from && !direct) {
           PostSends(comm, local.at(p)->bytes.get(), size, m, oo, &works);
+        } else if (v.slot == m && direct) {
+          (*received)[p] = NewPiece(target, use_gen, old_world, p, checksum);
+          reads.push_back(p);
+          sender[p] = from;
         } else if (v.slot == m) {
           (*received)[p] = PostReceive(comm, target, use_gen, old_world, p,
-                                       use.checksum[static_cast<size_t>(p)],
-                                       from, oo, &works);
+                                       checksum, from, oo, &works);
           sender[p] = from;
         }
       }
+      // The holders stay in this round (its all-gather below) until every
+      // reader is done, so the pieces read are there; their checksums are
+      // checked below all the same. The works of the communicator go on
+      // meanwhile, and are waited for before any error is returned (their
+      // buffers are `received`'s).
+      absl::Status read_status;
+      for (int p : reads) {
+        const int from = sender.at(p);
+        Piece& piece = *received->at(p);
+        absl::Status s = peer_memory::Read(
+            in_place.pids[static_cast<size_t>(from)],
+            use.address_by_slot[static_cast<size_t>(p)][round],
+            piece.bytes.get(), piece.size);
+        if (!s.ok()) {
+          read_status = absl::UnavailableError(absl::StrCat(
+              "restore: the piece of slot ", p, " could not be read from slot ",
+              from, " on this host: ", s.message()));
+          break;
+        }
+        *bytes_in_place += static_cast<int64_t>(piece.size);
+      }
       for (auto& w : works) HOLDFAST_RETURN_IF_ERROR(w->Wait());
+      HOLDFAST_RETURN_IF_ERROR(read_status);
       if (!sender.empty() &&
           fault::Injector::Global().AtShard(fault::Kind::kCorruptRestore,
                                             v.slot, target)) {
@@ -2556,6 +2670,10 @@ class RuntimeImpl final : public Runtime {
   int recoveries_ = 0;
   int64_t high_step_ = 0;
   int64_t lost_steps_ = 0;
+  // HOLDFAST_SAME_HOST_RESTORE; and the word a peer on this host reads to
+  // find out whether it may read this process's memory (see Restore).
+  bool same_host_restore_ = true;
+  const uint64_t probe_word_ = ProbeWord();
   int64_t snapshots_ = 0;
   int64_t snapshots_skipped_ = 0;
   std::optional<RecoveryRecord> pending_record_;
