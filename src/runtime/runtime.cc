@@ -1,5 +1,6 @@
 #include "holdfast/runtime.h"
 
+#include <sys/mman.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -59,6 +60,23 @@ std::string Received(const RecoveryRecord& rec) {
                           ? absl::StrCat(", ", rec.bytes_read_in_place,
                                          " of them read in place on this host")
                           : "");
+}
+
+// Asks for transparent huge pages under the 2 MiB-aligned part of a large
+// buffer not touched yet. Its first write (a snapshot, a received or read
+// piece) then takes a page fault per 2 MiB instead of per 4 KiB: a fresh
+// 256 MiB buffer filled by process_vm_readv took 102-123 ms with them
+// against 175-210 ms without, on the 2-core VM. A no-op where the kernel
+// has them off ("never"); with "always" the kernel does this by itself.
+void AdviseHugePages(void* p, size_t size) {
+  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
+  if (size < 2 * kHuge) return;
+  const auto begin = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t first = (begin + kHuge - 1) & ~(kHuge - 1);
+  const uintptr_t last = (begin + size) & ~(kHuge - 1);
+  if (last > first) {
+    (void)madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
+  }
 }
 
 // A random word that is never 0.
@@ -1113,7 +1131,9 @@ class RuntimeImpl final : public Runtime {
         return b;
       }
     }
-    return std::unique_ptr<uint8_t[]>(new uint8_t[std::max<size_t>(1, size)]);
+    std::unique_ptr<uint8_t[]> b(new uint8_t[std::max<size_t>(1, size)]);
+    AdviseHugePages(b.get(), size);
+    return b;
   }
 
   // Removes pieces matching `drop` from the store (their memory goes back
