@@ -4,6 +4,7 @@
 // parameters), real faults (SIGKILL, a corrupted copy, an exit), and the
 // survivors' final parameter hashes compared with a fault-free run.
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -261,6 +262,59 @@ TEST_CASE(
   CHECK(gone.message().find(absl::StrCat("process ", child)) !=
         std::string::npos);
   CHECK(!holdfast::peer_memory::Probe(child, address, 0x0123456789abcdef));
+}
+
+TEST_CASE(
+    "shards: a process the kernel does not let this one read fails the "
+    "probe") {
+  // The probe is what sends a restore over the communicator where reads
+  // in place are not allowed. Root may read any process, so as root a
+  // child that dropped to another user tries to read this process; as
+  // another user, this process tries to read a child that made itself
+  // non-dumpable.
+  static uint64_t word = 0x1122334455667788;
+  const auto address =
+      static_cast<uint64_t>(reinterpret_cast<uintptr_t>(&word));
+  auto refused = [&](pid_t pid) {
+    uint64_t got = 0;
+    const absl::Status s =
+        holdfast::peer_memory::Read(pid, address, &got, sizeof(got));
+    return !holdfast::peer_memory::Probe(pid, address, word) &&
+           s.code() == absl::StatusCode::kUnavailable &&
+           s.message().find("not permitted") != std::string::npos;
+  };
+  if (getuid() == 0) {
+    const pid_t parent = getpid();
+    const pid_t child = fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      if (setgid(65534) != 0 || setuid(65534) != 0) _exit(3);
+      _exit(refused(parent) ? 0 : 1);
+    }
+    int status = 0;
+    REQUIRE(waitpid(child, &status, 0) == child);
+    REQUIRE(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+  } else {
+    int gate[2], ready[2];
+    REQUIRE(pipe(gate) == 0);
+    REQUIRE(pipe(ready) == 0);
+    const pid_t child = fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      (void)prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+      (void)!write(ready[1], "r", 1);
+      char c;
+      (void)!read(gate[0], &c, 1);
+      _exit(0);
+    }
+    char c;
+    REQUIRE(read(ready[0], &c, 1) == 1);
+    CHECK(refused(child));
+    (void)!write(gate[1], "x", 1);
+    waitpid(child, nullptr, 0);
+    for (int fd : {gate[0], gate[1], ready[0], ready[1]}) close(fd);
+  }
 }
 
 TEST_CASE("shards: every checksum variant gives libxxhash's XXH3 value") {
