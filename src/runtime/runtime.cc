@@ -1544,6 +1544,19 @@ class RuntimeImpl final : public Runtime {
     }
   };
 
+  // The words each member contributes to a restore's first all-gather.
+  enum RestoreWord {
+    kCommitted,
+    kHigh,
+    kLayout,
+    kHeld,
+    kHostKey,  // 0: this member offers no reads in place
+    kPid,
+    kProbeAddress,  // of probe_word_, 0 with kHostKey
+    kProbeValue,
+    kRestoreWords
+  };
+
   // Who may read whose memory in place during a restore (bit r of member
   // m's words: m reads member r's), and every member's pid.
   struct InPlace {
@@ -1570,34 +1583,35 @@ class RuntimeImpl final : public Runtime {
     }
     // With this member's host key, pid and probe word (zeros when reads in
     // place are off), for InPlaceReach.
-    constexpr int kMine = 8;
+    constexpr int kMine = kRestoreWords;
     const bool offer = same_host_restore_ && peer_memory::HostKey() != 0;
-    const int64_t mine[kMine] = {
-        committed_step(),
-        high_step_,
-        static_cast<int64_t>(layout),
-        held,
-        offer ? static_cast<int64_t>(peer_memory::HostKey()) : 0,
-        static_cast<int64_t>(getpid()),
+    int64_t mine[kMine];
+    mine[kCommitted] = committed_step();
+    mine[kHigh] = high_step_;
+    mine[kLayout] = static_cast<int64_t>(layout);
+    mine[kHeld] = held;
+    mine[kHostKey] = offer ? static_cast<int64_t>(peer_memory::HostKey()) : 0;
+    mine[kPid] = static_cast<int64_t>(getpid());
+    mine[kProbeAddress] =
         offer ? static_cast<int64_t>(reinterpret_cast<uintptr_t>(&probe_word_))
-              : 0,
-        static_cast<int64_t>(probe_word_)};
+              : 0;
+    mine[kProbeValue] = static_cast<int64_t>(probe_word_);
     std::vector<int64_t> all(static_cast<size_t>(v.world) * kMine);
     HOLDFAST_RETURN_IF_ERROR(
         comm->AllGather(mine, all.data(), kMine, DataType::kInt64)->Wait());
-    HOLDFAST_ASSIGN_OR_RETURN(InPlace in_place,
-                              InPlaceReach(comm, v, all, kMine));
+    HOLDFAST_ASSIGN_OR_RETURN(InPlace in_place, InPlaceReach(comm, v, all));
     int64_t target = 0, high = 0, kmax = 1;
     std::vector<int64_t> highs(static_cast<size_t>(v.world));
     for (int r = 0; r < v.world; ++r) {
       const int64_t* e = &all[static_cast<size_t>(r) * kMine];
-      highs[static_cast<size_t>(r)] = e[1];
-      if (e[2] != mine[2]) {
-        return LayoutMismatch(r, static_cast<uint64_t>(e[2]), v.slot, layout);
+      highs[static_cast<size_t>(r)] = e[kHigh];
+      if (e[kLayout] != mine[kLayout]) {
+        return LayoutMismatch(r, static_cast<uint64_t>(e[kLayout]), v.slot,
+                              layout);
       }
-      target = std::max(target, e[0]);
-      high = std::max(high, e[1]);
-      kmax = std::max(kmax, e[3]);
+      target = std::max(target, e[kCommitted]);
+      high = std::max(high, e[kHigh]);
+      kmax = std::max(kmax, e[kHeld]);
     }
     lost_steps_ = std::max<int64_t>(0, high - target);
     // Snapshots past the target belong to a timeline that was abandoned.
@@ -1735,33 +1749,33 @@ class RuntimeImpl final : public Runtime {
   }
 
   // Which members may read which members' memory in place in this
-  // restore, from the first all-gather's entries (`stride` words per
-  // member: [4] host key, 0 when the member offers none, [5] pid, [6] the
-  // probe word's address, [7] its value). Each member reads the probe word
+  // restore, from the first all-gather's entries (RestoreWord: the host
+  // key, the pid, the probe word's address and value). Each member reads
+  // the probe word
   // of every other member with its own host key (one small
   // process_vm_readv each) and the results are all-gathered, when any two
   // members share a host key at all (every member knows whether they do,
   // so all take part or none).
   absl::StatusOr<InPlace> InPlaceReach(Communicator* comm, const View& v,
-                                       const std::vector<int64_t>& all,
-                                       int stride) {
+                                       const std::vector<int64_t>& all) {
     InPlace in_place;
-    auto at = [&](int r, int field) {
-      return all[static_cast<size_t>(r) * static_cast<size_t>(stride) +
-                 static_cast<size_t>(field)];
+    auto at = [&](int r, RestoreWord word) {
+      return all[static_cast<size_t>(r) * kRestoreWords + word];
     };
-    std::map<int64_t, int> per_key;
+    std::set<int64_t> keys;
     bool shared = false;
     for (int r = 0; r < v.world; ++r) {
-      in_place.pids.push_back(at(r, 5));
-      if (at(r, 4) != 0) shared |= ++per_key[at(r, 4)] > 1;
+      in_place.pids.push_back(at(r, kPid));
+      if (at(r, kHostKey) != 0) shared |= !keys.insert(at(r, kHostKey)).second;
     }
     if (!shared) return in_place;
+    const int64_t key = at(v.slot, kHostKey);
     std::vector<int64_t> mine = PieceSets::Mine(v.world);
     for (int r = 0; r < v.world; ++r) {
-      if (r != v.slot && at(v.slot, 4) != 0 && at(r, 4) == at(v.slot, 4) &&
-          peer_memory::Probe(at(r, 5), static_cast<uint64_t>(at(r, 6)),
-                             static_cast<uint64_t>(at(r, 7)))) {
+      if (r != v.slot && key != 0 && at(r, kHostKey) == key &&
+          peer_memory::Probe(at(r, kPid),
+                             static_cast<uint64_t>(at(r, kProbeAddress)),
+                             static_cast<uint64_t>(at(r, kProbeValue)))) {
         PieceSets::Add(&mine, r);
       }
     }
@@ -1823,13 +1837,12 @@ class RuntimeImpl final : public Runtime {
         const bool direct = in_place.reach.Has(m, from);
         if (v.slot == from && !direct) {
           PostSends(comm, local.at(p)->bytes.get(), size, m, oo, &works);
-        } else if (v.slot == m && direct) {
-          (*received)[p] = NewPiece(target, use_gen, old_world, p, checksum);
-          reads.push_back(p);
-          sender[p] = from;
         } else if (v.slot == m) {
-          (*received)[p] = PostReceive(comm, target, use_gen, old_world, p,
-                                       checksum, from, oo, &works);
+          if (direct) reads.push_back(p);
+          (*received)[p] =
+              direct ? NewPiece(target, use_gen, old_world, p, checksum)
+                     : PostReceive(comm, target, use_gen, old_world, p,
+                                   checksum, from, oo, &works);
           sender[p] = from;
         }
       }
