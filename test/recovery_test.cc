@@ -61,9 +61,9 @@ TEST_CASE("recovery: fault specs parse and bad ones are refused by name") {
       "kill:slot=2:step=30, hang:slot=1:step=50;exit:slot=0:step=10:code=7,"
       "slow:slot=3:ms=300,fail-op:slot=2:seq=120,kill:slot=1:recovery=1,"
       "stall:slot=2:recovery=1,kill:slot=1:step=8:ms=250,"
-      "hang:slot=0:step=9:committed=3");
+      "hang:slot=0:step=9:committed=3,kill:slot=2:restore=2");
   REQUIRE(ok.ok());
-  REQUIRE(ok->size() == 9);
+  REQUIRE(ok->size() == 10);
   CHECK((*ok)[2].code == 7);
   CHECK((*ok)[3].ms == 300);
   CHECK((*ok)[4].seq == 120);
@@ -73,12 +73,18 @@ TEST_CASE("recovery: fault specs parse and bad ones are refused by name") {
   CHECK((*ok)[7].step == 8);
   CHECK((*ok)[7].ms == 250);
   CHECK((*ok)[8].committed == 3);
+  CHECK((*ok)[9].restore == 2);
+  CHECK((*ok)[9].recovery == -1);
+  CHECK((*ok)[9].step == -1);
   for (const char* bad :
        {"boom:slot=1:step=2", "kill:step=3", "kill:slot=1", "stall:slot=1",
         "kill:slot=x:step=1", "slow:slot=1", "fail-op:slot=1:step=3",
         "kill:slot=1:step=2:recovery=1", "exit:slot=0:step=1:code=300",
         "kill:slot=1:recovery=1:ms=5", "fail-op:slot=1:seq=3:ms=5",
-        "kill:slot=1:recovery=1:committed=2", "slow:slot=1:ms=5:committed=2"}) {
+        "kill:slot=1:recovery=1:committed=2", "slow:slot=1:ms=5:committed=2",
+        "kill:slot=1:restore=0", "kill:slot=1:step=2:restore=1",
+        "kill:slot=1:recovery=1:restore=1", "kill:slot=1:restore=1:ms=5",
+        "corrupt-restore:slot=1:restore=1", "slow:slot=1:ms=5:restore=1"}) {
     auto r = holdfast::fault::Parse(bad);
     INFO(bad);
     CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);

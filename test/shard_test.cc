@@ -577,6 +577,44 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "shards: a holder that dies while a restore moves its copies is "
+    "replaced, and the next restore uses the other copies") {
+  // Three copies of every piece. Slot 1 dies; in the restore that follows
+  // (generation 1) slot 2 kills itself as the pieces begin to move, after
+  // telling the others where its copies lie: a member reading one of them
+  // in place finds the process gone, one receiving it over the
+  // communicator loses the connection. Either way generation 1 fails, the
+  // second standby takes slot 2, and generation 2 restores from the
+  // copies that remain (slot 1's and slot 2's pieces each keep one). Both
+  // with reads in place (the default) and over the communicator.
+  for (const char* same_host : {"on", "off"}) {
+    INFO("HOLDFAST_SAME_HOST_RESTORE=" << same_host);
+    setenv("HOLDFAST_SAME_HOST_RESTORE", same_host, 1);
+    JobRun r =
+        ExpectFaultFreeHash({"-n", "4", "--standby", "2", "--replicas", "2",
+                             "--inject", "kill:slot=1:step=10:committed=5",
+                             "--inject", "kill:slot=2:restore=1"},
+                            kRoundsKeepUp);
+    unsetenv("HOLDFAST_SAME_HOST_RESTORE");
+    CHECK(r.err.find("injecting fault 'kill:slot=2:restore=1' in restore 1") !=
+          std::string::npos);
+    CHECK(r.err.find("recovering from generation 1") != std::string::npos);
+    CHECK(r.err.find("DATA_LOSS") == std::string::npos);
+    // The controller saw both deaths, the second in generation 1.
+    INFO("summary: " << r.summary.dump(1));
+    std::vector<std::pair<int, int64_t>> crashed;  // (slot, generation)
+    for (const auto& i : r.summary["incidents"]) {
+      if (i.value("kind", "") == "crashed") {
+        crashed.emplace_back(i.value("slot", -1),
+                             i.value("generation", int64_t{-1}));
+      }
+    }
+    CHECK(crashed == std::vector<std::pair<int, int64_t>>{{1, int64_t{0}},
+                                                          {2, int64_t{1}}});
+  }
+}
+
+TEST_CASE(
     "shards: a piece damaged in a restore's transfer with no other holder "
     "is refused, never loaded") {
   // One copy of every piece: the damaged one (slot 0's, whose buddy was

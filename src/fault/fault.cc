@@ -27,7 +27,7 @@ absl::Status Bad(absl::string_view spec, absl::string_view why) {
   return absl::InvalidArgumentError(
       absl::StrCat("fault spec '", spec, "': ", why,
                    " (expected e.g. kill:slot=2:step=30, hang:slot=1:step=50, "
-                   "stall:slot=1:recovery=1, "
+                   "stall:slot=1:recovery=1, kill:slot=2:restore=1, "
                    "exit:slot=0:step=10, slow:slot=3:ms=300 or "
                    "fail-op:slot=2:seq=120, corrupt-shard:slot=1:step=20, "
                    "corrupt-backup:slot=1:step=10 or corrupt-restore:slot=1)"));
@@ -86,6 +86,9 @@ absl::StatusOr<FaultSpec> ParseOne(absl::string_view text, int index) {
     } else if (key == "recovery" && IsProcessFault(f.kind)) {
       if (v < 1 || v > (1 << 20)) return Bad(text, "recovery counts from 1");
       f.recovery = static_cast<int>(v);
+    } else if (key == "restore" && IsProcessFault(f.kind)) {
+      if (v < 1 || v > (1 << 20)) return Bad(text, "restore counts from 1");
+      f.restore = static_cast<int>(v);
     } else if (key == "committed" && IsProcessFault(f.kind)) {
       f.committed = v;
     } else if (key == "code" && f.kind == Kind::kExit) {
@@ -102,8 +105,9 @@ absl::StatusOr<FaultSpec> ParseOne(absl::string_view text, int index) {
     case Kind::kHang:
     case Kind::kStall:
     case Kind::kExit:
-      if ((f.step < 0) == (f.recovery < 0)) {
-        return Bad(text, "give exactly one of step=N and recovery=N");
+      if ((f.step >= 0) + (f.recovery >= 0) + (f.restore >= 0) != 1) {
+        return Bad(text,
+                   "give exactly one of step=N, recovery=N and restore=N");
       }
       if (f.ms > 0 && f.step < 0) {
         return Bad(text, "ms=N (into the step) applies with step=N only");
@@ -317,20 +321,28 @@ void Injector::AtStep(int slot, int64_t step) {
 }
 
 void Injector::AtRecovery(int slot, int recovery) {
+  AtCount(slot, &FaultSpec::recovery, recovery, "recovery");
+}
+
+void Injector::AtRestore(int slot, int restore) {
+  AtCount(slot, &FaultSpec::restore, restore, "restore");
+}
+
+void Injector::AtCount(int slot, int FaultSpec::*count, int n,
+                       absl::string_view what) {
   FaultSpec copy;
   bool fire = false;
   {
     absl::MutexLock lock(&mu_);
     for (const FaultSpec& f : faults_) {
-      if (f.slot == slot && f.recovery >= 0 && f.recovery == recovery &&
-          ClaimLocked(f)) {
+      if (f.slot == slot && f.*count >= 1 && f.*count == n && ClaimLocked(f)) {
         copy = f;
         fire = true;
         break;
       }
     }
   }
-  if (fire) Fire(copy, absl::StrCat("in recovery ", recovery));
+  if (fire) Fire(copy, absl::StrCat("in ", what, " ", n));
 }
 
 absl::Status Injector::AtCollective(int slot, int64_t seq) {

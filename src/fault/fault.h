@@ -22,6 +22,10 @@
 //   fail-op:slot=2:seq=120   collective number 120 of the communicator fails
 //   kill:slot=1:recovery=1   SIGKILL itself inside its first recovery,
 //                            before rendezvous (also hang, stall and exit)
+//   kill:slot=2:restore=1    SIGKILL itself inside its first restore, as
+//                            the pieces begin to move: the others know
+//                            where its copies lie and may be reading them
+//                            (also hang, stall and exit)
 //   corrupt-shard:slot=1:step=20
 //                            once step 20 is committed, flip a byte of
 //                            slot 1's own copy of its checkpoint piece (a
@@ -81,6 +85,7 @@ struct FaultSpec {
   int64_t step = -1;       // at this step (slow: from this step)
   int64_t seq = -1;        // fail-op: the collective number
   int recovery = -1;       // at the start of this recovery (1 = the first)
+  int restore = -1;        // as the pieces of this restore move (1 = first)
   int64_t ms = 0;          // slow: delay per step; kill etc.: into the step
   int64_t committed = -1;  // kill etc.: first wait for this step's commit
   int code = 1;            // exit: the exit code
@@ -89,8 +94,8 @@ struct FaultSpec {
 
 // Parses a list. InvalidArgument naming the spec and what is wrong: an
 // unknown kind or key, a missing slot, a value out of range, or a kind
-// without its trigger (kill/hang/stall/exit need step or recovery, fail-op seq,
-// slow ms).
+// without its trigger (kill/hang/stall/exit need step, recovery or restore,
+// fail-op seq, slow ms).
 absl::StatusOr<std::vector<FaultSpec>> Parse(absl::string_view list);
 
 const char* KindName(Kind kind);
@@ -121,6 +126,7 @@ class Injector {
   // the process is continued, stall when it is released.
   void AtStep(int slot, int64_t step);
   void AtRecovery(int slot, int recovery);
+  void AtRestore(int slot, int restore);
   // Non-OK (Internal, "injected fault ...") when fail-op fires.
   absl::Status AtCollective(int slot, int64_t seq);
   // True once when a corrupt-shard, corrupt-backup or corrupt-restore
@@ -136,6 +142,9 @@ class Injector {
   // Waits (bounded) until step f.committed is committed.
   void AwaitCommitted(const FaultSpec& f);
   bool ClaimLocked(const FaultSpec& f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fires the first fault for `slot` whose `count` field (recovery or
+  // restore) is `n`.
+  void AtCount(int slot, int FaultSpec::*count, int n, absl::string_view what);
 
   mutable absl::Mutex mu_;
   std::vector<FaultSpec> faults_ ABSL_GUARDED_BY(mu_);

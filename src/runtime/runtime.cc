@@ -1575,6 +1575,7 @@ class RuntimeImpl final : public Runtime {
     Communicator* comm = CurrentComm();
     const View v = CurrentView();
     QuiesceBackups();
+    ++restores_;
     const uint64_t layout = LayoutHash();
     int64_t held;
     {
@@ -1802,6 +1803,8 @@ class RuntimeImpl final : public Runtime {
                            const PieceSets& live, const InPlace& in_place,
                            std::map<int, std::unique_ptr<Piece>>* received,
                            int64_t* bytes_received, int64_t* bytes_in_place) {
+    // Every member knows where the others' copies lie now.
+    fault::Injector::Global().AtRestore(v.slot, restores_);
     std::vector<std::pair<int, int>> todo;  // (piece, member)
     for (int p = 0; p < old_world; ++p) {
       const std::vector<int>& hs = use.by_slot[static_cast<size_t>(p)];
@@ -2701,6 +2704,7 @@ class RuntimeImpl final : public Runtime {
   bool finished_ = false;
   bool left_ = false;
   int recoveries_ = 0;
+  int restores_ = 0;  // Restore calls, for the restore=N fault point
   int64_t high_step_ = 0;
   int64_t lost_steps_ = 0;
   // HOLDFAST_SAME_HOST_RESTORE; and the word a peer on this host reads to
