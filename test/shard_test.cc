@@ -577,6 +577,70 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "shards: a piece read in place straight into the live state and damaged "
+    "there comes again from its next holder") {
+  // The plain trainer (all its state replicated: every byte of every
+  // piece is needed by every member). Slot 3 dies; its piece and slot 2's
+  // each keep one copy, so the standby taking slot 3 keeps its copies of
+  // those two and reads the others (slot 0's and slot 1's, with two
+  // holders each) from the holders' memory straight into its live
+  // buffers. The first of them, slot 0's, is damaged there; the standby
+  // refuses it, reads it again from its other holder, and the run ends
+  // with the fault-free hash.
+  const std::string ref = Reference(4, /*zero1=*/false);
+  JobRun r = Launch(
+      {"-n", "4", "--standby", "1", "--inject",
+       "kill:slot=3:step=10:committed=5", "--inject", "corrupt-restore:slot=3"},
+      {"--steps", std::to_string(kSteps), "--step-ms", "20"});
+  CheckFinished(r, 4);
+  CHECK(r.hashes[0] == ref);
+  INFO("stderr: " << r.err);
+  static const std::regex kDamaged(
+      R"(corrupted the piece of slot 0 that slot 3 received for step )"
+      R"(([5-9]), read into its live state \(injected\))");
+  std::smatch m;
+  REQUIRE(std::regex_search(r.err, m, kDamaged));
+  CHECK(r.err.find(absl::StrCat(
+            "the piece of slot 0 (world 4, step ", m[1].str(),
+            ") received from slot 0 failed its checksum; "
+            "receiving it from its next holder")) != std::string::npos);
+  CHECK(r.err.find("DATA_LOSS") == std::string::npos);
+}
+
+TEST_CASE(
+    "shards: after a restore every piece has replicas + 1 copies again, so a "
+    "second loss before the next commit loses nothing") {
+  // One copy of each piece besides its owner's; snapshots every 10 steps.
+  // Slot 1 dies at step 15: step 10 is restored, and the pieces slot 1
+  // held (its own, and its copy of slot 0's) are left with one holder
+  // each, so one member receiving each keeps its copy. Slot 2, the other
+  // holder of slot 1's piece, dies at step 17, before step 20 is
+  // committed: step 10 is restored again, slot 1's piece from the kept
+  // copy, and the run ends with the fault-free hash. (Without the kept
+  // copy that piece would be gone: DataLoss.)
+  // The plain trainer, whose pieces are read straight into the live state
+  // unless their copies are kept.
+  const std::string ref = Reference(4, /*zero1=*/false);
+  JobRun r = Launch(
+      {"-n", "4", "--standby", "2", "--inject",
+       "kill:slot=1:step=15:committed=10", "--inject", "kill:slot=2:step=17"},
+      {"--steps", std::to_string(kSteps), "--snapshot-every", "10", "--step-ms",
+       "20"});
+  INFO("stderr: " << r.err);
+  CheckFinished(r, 4);
+  CHECK(r.hashes[0] == ref);
+  CHECK(r.err.find("DATA_LOSS") == std::string::npos);
+  static const std::regex kRestored(
+      R"(slot \d of 4 joined at generation (\d+): step 10 restored)");
+  std::set<std::string> generations;
+  for (auto it = std::sregex_iterator(r.err.begin(), r.err.end(), kRestored);
+       it != std::sregex_iterator(); ++it) {
+    generations.insert((*it)[1].str());
+  }
+  CHECK(generations == std::set<std::string>{"1", "2"});
+}
+
+TEST_CASE(
     "shards: a holder that dies while a restore moves its copies is "
     "replaced, and the next restore uses the other copies") {
   // Three copies of every piece. Slot 1 dies; in the restore that follows

@@ -992,6 +992,25 @@ class RuntimeImpl final : public Runtime {
     }
   }
 
+  // Where the bytes of piece `p` (cut for `old_world`) go in the live state
+  // of the member at (world, slot), in the piece's order, when every one
+  // of them does (replicated state, or a sharded part that is wholly this
+  // member's); else empty.
+  std::vector<std::pair<uint8_t*, size_t>> Landing(int old_world, int p,
+                                                   int world, int slot) {
+    std::vector<std::pair<uint8_t*, size_t>> out;
+    for (StateBuffer& b : buffers_) {
+      const shards::Range r = Part(b, old_world, p);
+      if (r.bytes == 0) continue;
+      const shards::Range need = Needed(b, world, slot);
+      if (shards::Intersect(need, r).bytes != r.bytes) return {};
+      out.emplace_back(b.sharded ? b.storage.data() + (r.offset - need.offset)
+                                 : b.data + r.offset,
+                       r.bytes);
+    }
+    return out;
+  }
+
   // Posts the chunked sends of a piece's bytes to `peer`.
   static void PostSends(Communicator* c, const uint8_t* data, size_t size,
                         int peer, const OpOptions& oo,
@@ -1735,8 +1754,8 @@ class RuntimeImpl final : public Runtime {
                                          *use, local, live, in_place, &received,
                                          &bytes_received, &bytes_in_place));
     {
-      // Received copies stay: they cover a second fault before the next
-      // commit.
+      // The received copies ApplyTarget kept stay: they cover a second
+      // fault before the next commit.
       absl::MutexLock lock(&bk_mu_);
       for (auto& [p, piece] : received) pieces_.push_back(std::move(piece));
     }
@@ -1790,8 +1809,10 @@ class RuntimeImpl final : public Runtime {
   // piece some member needs and neither holds nor has live moves, in an
   // order every member follows, from its first holder: read in place from
   // the holder's memory where `in_place` says the member may (the holder
-  // sends nothing), else over the communicator. A received piece
-  // is checked as it is copied (one pass over its bytes); one that fails
+  // sends nothing), else over the communicator. A piece read in place
+  // whose copy is not kept (see `keep`) is read straight into the live
+  // buffers and checked there; any other received piece is checked as it
+  // is copied into them (one pass over its bytes); one that fails
   // (damaged in transit) is received again from its next holder, in a
   // round every member takes part in: after each round with transfers the
   // members exchange which pieces failed (one all-gather). DataLoss, naming
@@ -1821,6 +1842,22 @@ class RuntimeImpl final : public Runtime {
         Apply(l->second->bytes.get(), old_world, p, v.world, v.slot);
       }
     }
+    // A received copy is kept (it covers a second fault before the next
+    // commit) where the piece has fewer holders than a commit leaves it
+    // (replicas + 1): by its first receivers, as many as are missing. A
+    // piece read in place and not kept goes straight into the live state.
+    std::set<int> keep;
+    {
+      std::map<int, int> missing;
+      for (int p = 0; p < old_world; ++p) {
+        missing[p] =
+            options_.replicas + 1 -
+            static_cast<int>(use.by_slot[static_cast<size_t>(p)].size());
+      }
+      for (const auto& [p, m] : todo) {
+        if (missing[p]-- > 0 && m == v.slot) keep.insert(p);
+      }
+    }
     std::set<int> arrived;  // received pieces that passed their check
     OpOptions oo;
     oo.tag = kRestoreTag;
@@ -1833,6 +1870,9 @@ class RuntimeImpl final : public Runtime {
       std::vector<std::shared_ptr<Work>> works;
       std::map<int, int> sender;  // piece -> who sends it to this member
       std::vector<int> reads;     // pieces this member reads in place
+      // Of those, the ones read straight into the live state: piece ->
+      // where its bytes go.
+      std::map<int, std::vector<std::pair<uint8_t*, size_t>>> into_live;
       for (const auto& [p, m] : todo) {
         const int from = use.by_slot[static_cast<size_t>(p)][round];
         const size_t size = PieceSize(old_world, p);
@@ -1841,12 +1881,20 @@ class RuntimeImpl final : public Runtime {
         if (v.slot == from && !direct) {
           PostSends(comm, local.at(p)->bytes.get(), size, m, oo, &works);
         } else if (v.slot == m) {
+          sender[p] = from;
+          if (direct && keep.count(p) == 0) {
+            into_live[p] = Landing(old_world, p, v.world, v.slot);
+            if (into_live[p].empty()) into_live.erase(p);
+          }
           if (direct) reads.push_back(p);
+          if (into_live.count(p) > 0) {
+            received->erase(p);  // a copy that failed in an earlier round
+            continue;
+          }
           (*received)[p] =
               direct ? NewPiece(target, use_gen, old_world, p, checksum)
                      : PostReceive(comm, target, use_gen, old_world, p,
                                    checksum, from, oo, &works);
-          sender[p] = from;
         }
       }
       // The holders stay in this round (its all-gather below) until every
@@ -1857,38 +1905,60 @@ class RuntimeImpl final : public Runtime {
       absl::Status read_status;
       for (int p : reads) {
         const int from = sender.at(p);
-        Piece& piece = *received->at(p);
-        absl::Status s = peer_memory::Read(
-            in_place.pids[static_cast<size_t>(from)],
-            use.address_by_slot[static_cast<size_t>(p)][round],
-            piece.bytes.get(), piece.size);
+        const int64_t pid = in_place.pids[static_cast<size_t>(from)];
+        uint64_t address = use.address_by_slot[static_cast<size_t>(p)][round];
+        auto live_at = into_live.find(p);
+        absl::Status s;
+        if (live_at == into_live.end()) {
+          Piece& piece = *received->at(p);
+          s = peer_memory::Read(pid, address, piece.bytes.get(), piece.size);
+        } else {
+          for (const auto& [dst, bytes] : live_at->second) {
+            s = peer_memory::Read(pid, address, dst, bytes);
+            if (!s.ok()) break;
+            address += bytes;
+          }
+        }
         if (!s.ok()) {
           read_status = absl::UnavailableError(absl::StrCat(
               "restore: the piece of slot ", p, " could not be read from slot ",
               from, " on this host: ", s.message()));
           break;
         }
-        *bytes_in_place += static_cast<int64_t>(piece.size);
+        *bytes_in_place += static_cast<int64_t>(PieceSize(old_world, p));
       }
       for (auto& w : works) HOLDFAST_RETURN_IF_ERROR(w->Wait());
       HOLDFAST_RETURN_IF_ERROR(read_status);
       if (!sender.empty() &&
           fault::Injector::Global().AtShard(fault::Kind::kCorruptRestore,
                                             v.slot, target)) {
-        Piece& hit = *received->at(sender.begin()->first);
-        hit.bytes[hit.size / 2] ^= 0x5a;
+        const int hit = sender.begin()->first;
+        auto live_at = into_live.find(hit);
+        if (live_at == into_live.end()) {
+          Piece& piece = *received->at(hit);
+          piece.bytes[piece.size / 2] ^= 0x5a;
+        } else {
+          const auto& [dst, bytes] = live_at->second.front();
+          dst[bytes / 2] ^= 0x5a;
+        }
         HOLDFAST_LOG_WARN(
             "runtime: corrupted the piece of slot {} that slot {} received "
-            "for step {} (injected)",
-            hit.slot, v.slot, target);
+            "for step {}{} (injected)",
+            hit, v.slot, target,
+            live_at == into_live.end() ? "" : ", read into its live state");
       }
       std::vector<int64_t> bad = PieceSets::Mine(old_world);
       for (const auto& [p, from] : sender) {
-        const Piece& piece = *received->at(p);
-        *bytes_received += static_cast<int64_t>(piece.size);
+        *bytes_received += static_cast<int64_t>(PieceSize(old_world, p));
         shards::CopyHasher h;
-        Apply(piece.bytes.get(), old_world, p, v.world, v.slot, &h);
-        if (h.Digest() == piece.checksum) {
+        auto live_at = into_live.find(p);
+        if (live_at == into_live.end()) {
+          Apply(received->at(p)->bytes.get(), old_world, p, v.world, v.slot,
+                &h);
+        } else {
+          for (const auto& [dst, bytes] : live_at->second) h.Update(dst, bytes);
+        }
+        if (h.Digest() == use.checksum[static_cast<size_t>(p)]) {
           arrived.insert(p);
           continue;
         }
