@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "src/common/process_group.h"
 #include "src/fault/fault.h"
 #include "src/runtime/peer_memory.h"
@@ -108,6 +109,16 @@ JobRun ExpectFaultFreeHash(const std::vector<std::string>& args,
   CheckFinished(r, 4);
   CHECK(r.hashes[0] == ref);
   return r;
+}
+
+// ExpectFaultFreeHash with HOLDFAST_SAME_HOST_RESTORE=`same_host` ("on" or
+// "off") for the job.
+JobRun ExpectFaultFreeHashSameHost(const char* same_host,
+                                   const std::vector<std::string>& args,
+                                   const std::vector<std::string>& extra) {
+  setenv("HOLDFAST_SAME_HOST_RESTORE", same_host, 1);
+  absl::Cleanup unset = [] { unsetenv("HOLDFAST_SAME_HOST_RESTORE"); };
+  return ExpectFaultFreeHash(args, extra);
 }
 
 // Lost steps of the kill's incident, -1 if none (a loaded machine may
@@ -549,13 +560,12 @@ TEST_CASE(
   // off they come over the communicator.
   for (const char* same_host : {"on", "off"}) {
     INFO("HOLDFAST_SAME_HOST_RESTORE=" << same_host);
-    setenv("HOLDFAST_SAME_HOST_RESTORE", same_host, 1);
-    JobRun r =
-        ExpectFaultFreeHash({"-n", "4", "--standby", "1", "--replicas", "2",
-                             "--inject", "kill:slot=1:step=10:committed=5",
-                             "--inject", "corrupt-restore:slot=1"},
-                            kRoundsKeepUp);
-    unsetenv("HOLDFAST_SAME_HOST_RESTORE");
+    JobRun r = ExpectFaultFreeHashSameHost(
+        same_host,
+        {"-n", "4", "--standby", "1", "--replicas", "2", "--inject",
+         "kill:slot=1:step=10:committed=5", "--inject",
+         "corrupt-restore:slot=1"},
+        kRoundsKeepUp);
     static const std::regex kRefused(
         R"(the piece of slot \d \(world 4, step ([5-9])\) received from )"
         R"(slot \d failed its checksum; receiving it from its next holder)");
@@ -653,13 +663,12 @@ TEST_CASE(
   // with reads in place (the default) and over the communicator.
   for (const char* same_host : {"on", "off"}) {
     INFO("HOLDFAST_SAME_HOST_RESTORE=" << same_host);
-    setenv("HOLDFAST_SAME_HOST_RESTORE", same_host, 1);
-    JobRun r =
-        ExpectFaultFreeHash({"-n", "4", "--standby", "2", "--replicas", "2",
-                             "--inject", "kill:slot=1:step=10:committed=5",
-                             "--inject", "kill:slot=2:restore=1"},
-                            kRoundsKeepUp);
-    unsetenv("HOLDFAST_SAME_HOST_RESTORE");
+    JobRun r = ExpectFaultFreeHashSameHost(
+        same_host,
+        {"-n", "4", "--standby", "2", "--replicas", "2", "--inject",
+         "kill:slot=1:step=10:committed=5", "--inject",
+         "kill:slot=2:restore=1"},
+        kRoundsKeepUp);
     CHECK(r.err.find("injecting fault 'kill:slot=2:restore=1' in restore 1") !=
           std::string::npos);
     CHECK(r.err.find("recovering from generation 1") != std::string::npos);
