@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "holdfast/runtime.h"
@@ -266,6 +267,7 @@ TEST_CASE(
   const std::string same_host = GENERATE("on", "off");
   INFO("HOLDFAST_SAME_HOST_RESTORE=" << same_host);
   setenv("HOLDFAST_SAME_HOST_RESTORE", same_host.c_str(), 1);
+  absl::Cleanup unset = [] { unsetenv("HOLDFAST_SAME_HOST_RESTORE"); };
   constexpr int kSlots = 3;
   Controller c(kSlots);
   std::atomic<int64_t> failed_at{0};
@@ -308,7 +310,6 @@ TEST_CASE(
     return absl::OkStatus();
   };
   std::vector<std::string> errors = RunSlots(c, kSlots, nullptr, body);
-  unsetenv("HOLDFAST_SAME_HOST_RESTORE");
   // 1 + 2 + ... + 20 = 210 in every byte.
   const std::vector<uint8_t> want(1 << 16, uint8_t{210});
   INFO("slot 0 failed step " << failed_at.load());

@@ -975,8 +975,7 @@ class RuntimeImpl final : public Runtime {
       const shards::Range x = shards::Intersect(need, r);
       const uint8_t* from = piece + off;
       if (x.bytes > 0) {
-        uint8_t* dst = b.sharded ? b.storage.data() + (x.offset - need.offset)
-                                 : b.data + x.offset;
+        uint8_t* dst = LiveAt(b, need, x.offset);
         const size_t before = x.offset - r.offset;
         if (hash == nullptr) {
           std::memcpy(dst, from + before, x.bytes);
@@ -992,21 +991,29 @@ class RuntimeImpl final : public Runtime {
     }
   }
 
+  // Where byte `offset` of buffer `b` (of its global bytes) lies in the
+  // live state of a member that holds `need` of it.
+  static uint8_t* LiveAt(StateBuffer& b, const shards::Range& need,
+                         size_t offset) {
+    return b.sharded ? b.storage.data() + (offset - need.offset)
+                     : b.data + offset;
+  }
+
+  // Places in memory that a piece's bytes fill, in the piece's order.
+  using Segments = std::vector<std::pair<uint8_t*, size_t>>;
+
   // Where the bytes of piece `p` (cut for `old_world`) go in the live state
-  // of the member at (world, slot), in the piece's order, when every one
-  // of them does (replicated state, or a sharded part that is wholly this
-  // member's); else empty.
-  std::vector<std::pair<uint8_t*, size_t>> Landing(int old_world, int p,
-                                                   int world, int slot) {
-    std::vector<std::pair<uint8_t*, size_t>> out;
+  // of the member at (world, slot), when every one of them does
+  // (replicated state, or a sharded part that is wholly this member's);
+  // else empty.
+  Segments Landing(int old_world, int p, int world, int slot) {
+    Segments out;
     for (StateBuffer& b : buffers_) {
       const shards::Range r = Part(b, old_world, p);
       if (r.bytes == 0) continue;
       const shards::Range need = Needed(b, world, slot);
       if (shards::Intersect(need, r).bytes != r.bytes) return {};
-      out.emplace_back(b.sharded ? b.storage.data() + (r.offset - need.offset)
-                                 : b.data + r.offset,
-                       r.bytes);
+      out.emplace_back(LiveAt(b, need, r.offset), r.bytes);
     }
     return out;
   }
@@ -1848,14 +1855,16 @@ class RuntimeImpl final : public Runtime {
     // piece read in place and not kept goes straight into the live state.
     std::set<int> keep;
     {
-      std::map<int, int> missing;
+      std::vector<int> missing(static_cast<size_t>(old_world));
       for (int p = 0; p < old_world; ++p) {
-        missing[p] =
+        missing[static_cast<size_t>(p)] =
             options_.replicas + 1 -
             static_cast<int>(use.by_slot[static_cast<size_t>(p)].size());
       }
       for (const auto& [p, m] : todo) {
-        if (missing[p]-- > 0 && m == v.slot) keep.insert(p);
+        if (missing[static_cast<size_t>(p)]-- > 0 && m == v.slot) {
+          keep.insert(p);
+        }
       }
     }
     std::set<int> arrived;  // received pieces that passed their check
@@ -1870,9 +1879,11 @@ class RuntimeImpl final : public Runtime {
       std::vector<std::shared_ptr<Work>> works;
       std::map<int, int> sender;  // piece -> who sends it to this member
       std::vector<int> reads;     // pieces this member reads in place
-      // Of those, the ones read straight into the live state: piece ->
-      // where its bytes go.
-      std::map<int, std::vector<std::pair<uint8_t*, size_t>>> into_live;
+      // Where each piece this member takes lands: its live buffers (the
+      // pieces in `into_live`, read in place) or a piece buffer in
+      // `received`.
+      std::map<int, Segments> lands;
+      std::set<int> into_live;
       for (const auto& [p, m] : todo) {
         const int from = use.by_slot[static_cast<size_t>(p)][round];
         const size_t size = PieceSize(old_world, p);
@@ -1882,19 +1893,21 @@ class RuntimeImpl final : public Runtime {
           PostSends(comm, local.at(p)->bytes.get(), size, m, oo, &works);
         } else if (v.slot == m) {
           sender[p] = from;
-          if (direct && keep.count(p) == 0) {
-            into_live[p] = Landing(old_world, p, v.world, v.slot);
-            if (into_live[p].empty()) into_live.erase(p);
-          }
           if (direct) reads.push_back(p);
-          if (into_live.count(p) > 0) {
+          Segments live_at = direct && keep.count(p) == 0
+                                 ? Landing(old_world, p, v.world, v.slot)
+                                 : Segments{};
+          if (!live_at.empty()) {
+            into_live.insert(p);
+            lands[p] = std::move(live_at);
             received->erase(p);  // a copy that failed in an earlier round
             continue;
           }
-          (*received)[p] =
-              direct ? NewPiece(target, use_gen, old_world, p, checksum)
-                     : PostReceive(comm, target, use_gen, old_world, p,
-                                   checksum, from, oo, &works);
+          std::unique_ptr<Piece>& piece = (*received)[p];
+          piece = direct ? NewPiece(target, use_gen, old_world, p, checksum)
+                         : PostReceive(comm, target, use_gen, old_world, p,
+                                       checksum, from, oo, &works);
+          lands[p] = {{piece->bytes.get(), piece->size}};
         }
       }
       // The holders stay in this round (its all-gather below) until every
@@ -1907,17 +1920,11 @@ class RuntimeImpl final : public Runtime {
         const int from = sender.at(p);
         const int64_t pid = in_place.pids[static_cast<size_t>(from)];
         uint64_t address = use.address_by_slot[static_cast<size_t>(p)][round];
-        auto live_at = into_live.find(p);
         absl::Status s;
-        if (live_at == into_live.end()) {
-          Piece& piece = *received->at(p);
-          s = peer_memory::Read(pid, address, piece.bytes.get(), piece.size);
-        } else {
-          for (const auto& [dst, bytes] : live_at->second) {
-            s = peer_memory::Read(pid, address, dst, bytes);
-            if (!s.ok()) break;
-            address += bytes;
-          }
+        for (const auto& [dst, bytes] : lands.at(p)) {
+          s = peer_memory::Read(pid, address, dst, bytes);
+          if (!s.ok()) break;
+          address += bytes;
         }
         if (!s.ok()) {
           read_status = absl::UnavailableError(absl::StrCat(
@@ -1933,30 +1940,23 @@ class RuntimeImpl final : public Runtime {
           fault::Injector::Global().AtShard(fault::Kind::kCorruptRestore,
                                             v.slot, target)) {
         const int hit = sender.begin()->first;
-        auto live_at = into_live.find(hit);
-        if (live_at == into_live.end()) {
-          Piece& piece = *received->at(hit);
-          piece.bytes[piece.size / 2] ^= 0x5a;
-        } else {
-          const auto& [dst, bytes] = live_at->second.front();
-          dst[bytes / 2] ^= 0x5a;
-        }
+        const auto& [dst, bytes] = lands.at(hit).front();
+        dst[bytes / 2] ^= 0x5a;
         HOLDFAST_LOG_WARN(
             "runtime: corrupted the piece of slot {} that slot {} received "
             "for step {}{} (injected)",
             hit, v.slot, target,
-            live_at == into_live.end() ? "" : ", read into its live state");
+            into_live.count(hit) > 0 ? ", read into its live state" : "");
       }
       std::vector<int64_t> bad = PieceSets::Mine(old_world);
       for (const auto& [p, from] : sender) {
         *bytes_received += static_cast<int64_t>(PieceSize(old_world, p));
         shards::CopyHasher h;
-        auto live_at = into_live.find(p);
-        if (live_at == into_live.end()) {
+        if (into_live.count(p) > 0) {
+          for (const auto& [dst, bytes] : lands.at(p)) h.Update(dst, bytes);
+        } else {
           Apply(received->at(p)->bytes.get(), old_world, p, v.world, v.slot,
                 &h);
-        } else {
-          for (const auto& [dst, bytes] : live_at->second) h.Update(dst, bytes);
         }
         if (h.Digest() == use.checksum[static_cast<size_t>(p)]) {
           arrived.insert(p);
