@@ -2,13 +2,16 @@
 // for it fails at once with an error naming the missing device. With one:
 // init, every op, abort, a group whose second rank never arrives (timeout,
 // abort, then a clean one-rank group), device snapshots, and with two
-// GPUs ncclCommShrink after a lost rank.
+// GPUs ncclCommShrink after a lost rank. [gpu-sticky] breaks the
+// process's CUDA context on purpose, so it runs in a process of its own.
 //
-// Tags: [gpu] needs one CUDA device, [gpu2] two. Run with a tag filter
-// that names them and no such device, the program exits 77, which CTest
-// reports as skipped.
+// Tags: [gpu] and [gpu-sticky] need one CUDA device, [gpu2] two. Run with
+// a tag filter that names them and no such device, the program exits 77,
+// which CTest reports as skipped.
 #define CATCH_CONFIG_RUNNER
+#include <cuda.h>
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 
 #include <catch2/catch.hpp>
 #include <cstring>
@@ -62,6 +65,37 @@ struct DeviceFloats {
   void* ptr = nullptr;
   size_t n;
 };
+
+// Runs a kernel that stores to address 16, so the device faults with
+// cudaErrorIllegalAddress, a sticky error. The kernel is PTX loaded
+// through the driver API, opened with dlopen so that this program needs
+// no libcuda where there is no GPU.
+bool LaunchBadStore() {
+  static const char kPtx[] =
+      ".version 7.8\n.target sm_75\n.address_size 64\n"
+      ".visible .entry holdfast_bad_store()\n{\n"
+      "  .reg .b32 %r<2>;\n  .reg .b64 %rd<2>;\n"
+      "  mov.u64 %rd1, 16;\n  mov.u32 %r1, 1;\n"
+      "  st.global.u32 [%rd1], %r1;\n  ret;\n}\n";
+  void* lib = dlopen("libcuda.so.1", RTLD_NOW);
+  if (lib == nullptr) return false;
+  using Load = CUresult (*)(CUmodule*, const void*);
+  using Get = CUresult (*)(CUfunction*, CUmodule, const char*);
+  using Launch =
+      CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                   unsigned, unsigned, CUstream, void**, void**);
+  auto load = reinterpret_cast<Load>(dlsym(lib, "cuModuleLoadData"));
+  auto get = reinterpret_cast<Get>(dlsym(lib, "cuModuleGetFunction"));
+  auto launch = reinterpret_cast<Launch>(dlsym(lib, "cuLaunchKernel"));
+  CUmodule module;
+  CUfunction f;
+  return load != nullptr && get != nullptr && launch != nullptr &&
+         cudaSetDevice(0) == cudaSuccess && cudaFree(nullptr) == cudaSuccess &&
+         load(&module, kPtx) == CUDA_SUCCESS &&
+         get(&f, module, "holdfast_bad_store") == CUDA_SUCCESS &&
+         launch(f, 1, 1, 1, 1, 1, 1, 0, nullptr, nullptr, nullptr) ==
+             CUDA_SUCCESS;
+}
 
 }  // namespace
 
@@ -198,14 +232,34 @@ TEST_CASE("nccl: survivors shrink with ncclCommShrink after a lost rank",
   CHECK(a.Get() == std::vector<float>{1, 2, 3, 4});
 }
 
+TEST_CASE(
+    "nccl: after a sticky CUDA error the process builds no communicator "
+    "again and says why",
+    "[gpu-sticky]") {
+  auto store = holdfast::NewMemoryStore();
+  auto c = holdfast::Communicator::Create(store, Options(0, 1, 0, 0));
+  REQUIRE(c.ok());
+  REQUIRE(LaunchBadStore());
+  CHECK(cudaDeviceSynchronize() == cudaErrorIllegalAddress);
+  // Without the check, NCCL's init fails with "unhandled cuda error" at
+  // every generation, and a job cycles through generations for ever.
+  auto again = holdfast::Communicator::Create(store, Options(0, 1, 1, 0));
+  REQUIRE_FALSE(again.ok());
+  CHECK(again.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(Mentions(again.status(), "sticky CUDA error"));
+  CHECK(Mentions(again.status(), "cudaErrorIllegalAddress"));
+}
+
 int main(int argc, char** argv) {
   std::string filter;
   for (int i = 1; i < argc; ++i) filter += argv[i];
   const int devices = holdfast::nccl::DeviceCount();
   const bool wants_two = filter.find("[gpu2]") != std::string::npos &&
                          filter.find("~[gpu2]") == std::string::npos;
-  const bool wants_one = filter.find("[gpu]") != std::string::npos &&
-                         filter.find("~[gpu]") == std::string::npos;
+  const bool wants_one = (filter.find("[gpu]") != std::string::npos &&
+                          filter.find("~[gpu]") == std::string::npos) ||
+                         (filter.find("[gpu-sticky]") != std::string::npos &&
+                          filter.find("~[gpu-sticky]") == std::string::npos);
   if ((wants_two && devices < 2) || (wants_one && devices < 1)) {
     std::printf("nccl_test: %d CUDA device(s): skipping %s\n", devices,
                 filter.c_str());

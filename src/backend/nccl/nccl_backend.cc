@@ -337,6 +337,7 @@ class NcclBackend final : public Backend {
           const cudaError_t e = cudaEventQuery(event);
           if (e == cudaSuccess) return absl::OkStatus();
           if (e != cudaErrorNotReady) {
+            NoteCudaError(e, "nccl: waiting for an operation");
             return absl::InternalError(
                 absl::StrCat("nccl: waiting for an operation: ", CudaError(e)));
           }
@@ -382,6 +383,7 @@ absl::Status CheckDevice(int device) {
 absl::StatusOr<ncclComm_t> InitComm(Store& store,
                                     const BackendOptions& options) {
   HOLDFAST_RETURN_IF_ERROR(CheckDevice(options.device));
+  HOLDFAST_RETURN_IF_ERROR(BrokenContext());
   cudaError_t ce = cudaSetDevice(options.device);
   if (ce != cudaSuccess) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -417,12 +419,14 @@ absl::StatusOr<ncclComm_t> InitComm(Store& store,
       ncclCommInitRankConfig(&comm, options.size, id, options.rank, &config);
   if (r != ncclSuccess && r != ncclInProgress) {
     if (comm != nullptr) ncclCommAbort(comm);
+    HOLDFAST_RETURN_IF_ERROR(BrokenContext());
     return absl::UnavailableError(
         absl::StrCat("nccl: ncclCommInitRankConfig: ", ncclGetErrorString(r)));
   }
   absl::Status s = AwaitReady(comm, deadline, "init");
   if (!s.ok()) {
     ncclCommAbort(comm);
+    HOLDFAST_RETURN_IF_ERROR(BrokenContext());
     if (absl::IsDeadlineExceeded(s)) {
       return absl::DeadlineExceededError(absl::StrCat(
           "nccl: rank ", options.rank, " of ", options.size, " (generation ",
