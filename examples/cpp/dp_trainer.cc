@@ -16,8 +16,15 @@
 // Each rank prints one line to stdout at the end:
 //   final step=<N> world=<W> params_sha256=<hex>
 // (the hash covers every parameter byte: the MLP and the --state-mb table),
-// and `final_loss=<x>` on stderr. Exit codes: 0 done (also a standby that
-// was never needed), 3 fenced, 4 the job stopped, 1 any other error.
+// and `final_loss=<x>` on stderr.
+//
+// Built as holdfast-dp-trainer-nccl (when CUDA and NCCL are found), it
+// runs its collectives on the GPU when the communicator is an NCCL one
+// (HOLDFAST_BACKEND=nccl): the gradients and the gathered parameters go
+// through a device buffer. The model still computes on the CPU; what runs
+// on the GPU is the communicator, with its deadlines, aborts and rebuilds. Exit
+// codes: 0 done (also a standby that was never needed), 3 fenced, 4 the job
+// stopped, 1 any other error.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -26,6 +33,9 @@
 #include <vector>
 
 #include <CLI/CLI.hpp>
+#ifdef HOLDFAST_DP_TRAINER_NCCL
+#include <cuda_runtime_api.h>
+#endif
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -100,6 +110,65 @@ float Backprop(const float* w, const Sample& s, float* grad) {
   }
   return 0.5f * err * err;
 }
+
+// Runs `op` on the collective's buffers: `in` (count_in floats, also the
+// result when `out` is null) and `out` (count_out floats). On an NCCL
+// communicator the buffers are staged through device memory.
+class Collectives {
+ public:
+  template <typename Op>
+  absl::Status Run(holdfast::Communicator& comm, float* in, size_t count_in,
+                   float* out, size_t count_out, Op op) {
+#ifdef HOLDFAST_DP_TRAINER_NCCL
+    if (comm.backend_name() == "nccl") {
+      const size_t bytes = (count_in + count_out) * sizeof(float);
+      if (bytes > device_bytes_) {
+        if (device_ != nullptr) cudaFree(device_);
+        device_ = nullptr;
+        device_bytes_ = 0;
+        if (cudaError_t e = cudaMalloc(&device_, bytes); e != cudaSuccess) {
+          return absl::ResourceExhaustedError(
+              absl::StrCat("dp-trainer: cudaMalloc: ", cudaGetErrorString(e)));
+        }
+        device_bytes_ = bytes;
+      }
+      float* d_in = static_cast<float*>(device_);
+      float* d_out = out == nullptr ? nullptr : d_in + count_in;
+      if (cudaError_t e = cudaMemcpy(d_in, in, count_in * sizeof(float),
+                                     cudaMemcpyHostToDevice);
+          e != cudaSuccess) {
+        return absl::InternalError(
+            absl::StrCat("dp-trainer: cudaMemcpy: ", cudaGetErrorString(e)));
+      }
+      absl::Status s = op(d_in, d_out);
+      if (!s.ok()) return s;
+      float* host = out == nullptr ? in : out;
+      float* dev = out == nullptr ? d_in : d_out;
+      const size_t n = out == nullptr ? count_in : count_out;
+      if (cudaError_t e =
+              cudaMemcpy(host, dev, n * sizeof(float), cudaMemcpyDeviceToHost);
+          e != cudaSuccess) {
+        return absl::InternalError(
+            absl::StrCat("dp-trainer: cudaMemcpy: ", cudaGetErrorString(e)));
+      }
+      return absl::OkStatus();
+    }
+#endif
+    (void)comm;
+    (void)count_in;
+    (void)count_out;
+    return op(in, out);
+  }
+  ~Collectives() {
+#ifdef HOLDFAST_DP_TRAINER_NCCL
+    if (device_ != nullptr) cudaFree(device_);
+#endif
+  }
+
+ private:
+  void* device_ = nullptr;
+  size_t device_bytes_ = 0;
+};
 
 }  // namespace
 
@@ -198,6 +267,7 @@ int main(int argc, char** argv) {
 
   std::vector<float> grad(kParams);
   float last_loss = 0;
+  Collectives collectives;
   auto step_fn = [&](const holdfast::StepContext& ctx) -> absl::Status {
     std::fill(grad.begin(), grad.end(), 0.0f);
     const int64_t begin = batch * ctx.rank / ctx.world_size;
@@ -209,11 +279,14 @@ int main(int argc, char** argv) {
     if (step_ms > 0) absl::SleepFor(absl::Milliseconds(step_ms));
     // The loss rides along as the last element, so one all-reduce does it.
     grad.push_back(loss);
-    absl::Status s =
-        ctx.comm
-            ->AllReduce(grad.data(), grad.size(), holdfast::DataType::kFloat32,
-                        holdfast::ReduceOp::kSum)
-            ->Wait();
+    absl::Status s = collectives.Run(
+        *ctx.comm, grad.data(), grad.size(), nullptr, 0,
+        [&](float* in, float*) {
+          return ctx.comm
+              ->AllReduce(in, grad.size(), holdfast::DataType::kFloat32,
+                          holdfast::ReduceOp::kSum)
+              ->Wait();
+        });
     last_loss = grad.back() / static_cast<float>(batch);
     grad.pop_back();
     if (!s.ok()) return s;
@@ -245,10 +318,13 @@ int main(int argc, char** argv) {
       std::vector<float> send(chunk, 0.0f), recv(chunk * w);
       std::copy(params.begin() + first, params.begin() + first + count,
                 send.begin());
-      s = ctx.comm
-              ->AllGather(send.data(), recv.data(), chunk,
-                          holdfast::DataType::kFloat32)
-              ->Wait();
+      s = collectives.Run(*ctx.comm, send.data(), chunk, recv.data(),
+                          recv.size(), [&](float* in, float* out) {
+                            return ctx.comm
+                                ->AllGather(in, out, chunk,
+                                            holdfast::DataType::kFloat32)
+                                ->Wait();
+                          });
       if (!s.ok()) return s;
       const size_t base = kParams / w, extra = kParams % w;
       for (int r = 0; r < w; ++r) {

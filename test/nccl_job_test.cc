@@ -1,0 +1,144 @@
+// Whole jobs on the NCCL backend: holdfast-run with the example trainer
+// built as holdfast-dp-trainer-nccl and HOLDFAST_BACKEND=nccl, so the
+// training communicator of every generation is an NCCL one on the GPU.
+// Real faults (SIGKILL, SIGSTOP) on real processes; the survivors must
+// rebuild the NCCL communicator and end with the fault-free run's hash.
+//
+// Every process uses device 0, so one GPU is enough. NCCL refuses two
+// ranks of one communicator on the same device of the same host, so each
+// process names its own host (NCCL_HOSTID, set per process by a wrapper
+// script) and the ranks talk over NCCL's socket transport on loopback.
+//
+// Without a CUDA device the program exits 77, which CTest reports as
+// skipped.
+#define CATCH_CONFIG_RUNNER
+#include <sys/stat.h>
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "holdfast/nccl.h"
+#include "src/common/process_group.h"
+
+namespace {
+
+// The trainer, started through a script that gives each process its own
+// NCCL host id.
+std::string Trainer() {
+  static const std::string path = [] {
+    const std::string p = holdfast::proc::MakeTempDir() + "/dp-trainer-nccl.sh";
+    std::ofstream out(p);
+    out << "#!/bin/sh\nNCCL_HOSTID=holdfast-$$ exec "
+        << HOLDFAST_DP_TRAINER_NCCL_BIN << " \"$@\"\n";
+    out.close();
+    chmod(p.c_str(), 0755);
+    return p;
+  }();
+  return path;
+}
+
+}  // namespace
+
+#define HOLDFAST_DP_TRAINER_BIN Trainer()
+#include "test/job_run.h"
+
+namespace {
+
+using holdfast::test::JobRun;
+using holdfast::test::Launch;
+
+const std::vector<std::string> kTrainer = {"--steps", "30"};
+
+void CheckFinished(const JobRun& r, int world, int64_t steps) {
+  INFO("stdout: " << r.out);
+  REQUIRE(r.hashes.size() == static_cast<size_t>(world));
+  for (size_t i = 0; i < r.hashes.size(); ++i) {
+    CHECK(r.hashes[i] == r.hashes[0]);
+    CHECK(r.worlds[i] == world);
+    CHECK(r.steps[i] == steps);
+  }
+  CHECK(r.summary.value("outcome", "") == "finished");
+}
+
+std::string Reference(const std::vector<std::string>& trainer) {
+  JobRun r = Launch({"-n", "2"}, trainer);
+  REQUIRE(r.rc == 0);
+  CheckFinished(r, 2, 30);
+  CHECK(r.summary["incidents"].empty());
+  return r.hashes[0];
+}
+
+}  // namespace
+
+TEST_CASE(
+    "nccl job: a killed rank is replaced and the NCCL run ends with "
+    "its fault-free hash",
+    "[gpu]") {
+  const std::string ref = Reference(kTrainer);
+  JobRun r =
+      Launch({"-n", "2", "--standby", "1", "--inject", "kill:slot=1:step=10"},
+             kTrainer);
+  CHECK(r.rc == 0);
+  CheckFinished(r, 2, 30);
+  CHECK(r.hashes[0] == ref);
+  CHECK_KINDS(r, {"crashed"});
+}
+
+TEST_CASE(
+    "nccl job: a frozen rank 0 is declared silent, replaced, and the "
+    "NCCL run ends with its fault-free hash",
+    "[gpu]") {
+  const std::string ref = Reference(kTrainer);
+  JobRun r = Launch({"-n", "2", "--standby", "1", "--silent-after-ms", "1500",
+                     "--inject", "hang:slot=0:step=10"},
+                    kTrainer);
+  CHECK(r.rc == 0);
+  CheckFinished(r, 2, 30);
+  CHECK(r.hashes[0] == ref);
+  CHECK_KINDS(r, {"silent"});
+}
+
+TEST_CASE(
+    "nccl job: ZeRO-1 with a killed rank all-gathers over NCCL and ends "
+    "with its fault-free hash",
+    "[gpu]") {
+  std::vector<std::string> trainer = kTrainer;
+  trainer.push_back("--zero1");
+  const std::string ref = Reference(trainer);
+  JobRun r = Launch({"-n", "2", "--standby", "1", "--replicas", "1", "--inject",
+                     "kill:slot=0:step=12"},
+                    trainer);
+  CHECK(r.rc == 0);
+  CheckFinished(r, 2, 30);
+  CHECK(r.hashes[0] == ref);
+  CHECK_KINDS(r, {"crashed"});
+}
+
+TEST_CASE(
+    "nccl job: in shrink mode the survivors finish on a fresh NCCL "
+    "communicator",
+    "[gpu]") {
+  JobRun r = Launch({"-n", "3", "--mode", "shrink", "--min-world", "1",
+                     "--inject", "kill:slot=2:step=10"},
+                    kTrainer);
+  CHECK(r.rc == 0);
+  CheckFinished(r, 2, 30);
+  CHECK_KINDS(r, {"crashed"});
+}
+
+int main(int argc, char** argv) {
+  if (holdfast::nccl::DeviceCount() < 1) {
+    std::printf("nccl_job_test: no CUDA device: skipping\n");
+    return 77;
+  }
+  // Every process on device 0, over NCCL's socket transport on loopback
+  // (see the top of this file).
+  setenv("HOLDFAST_BACKEND", "nccl", 1);
+  setenv("HOLDFAST_DEVICE", "0", 1);
+  setenv("NCCL_SOCKET_IFNAME", "lo", 1);
+  setenv("NCCL_IB_DISABLE", "1", 1);
+  return Catch::Session().run(argc, argv);
+}
