@@ -71,34 +71,38 @@ std::string Reference(const std::vector<std::string>& trainer) {
   return r.hashes[0];
 }
 
+// A run of holdfast-run `args` (2 slots, 1 standby, one fault) ends with
+// both slots at step 30, the fault-free run's hash and one incident of
+// `kind`.
+void ExpectFaultFreeHash(const std::vector<std::string>& args,
+                         const std::vector<std::string>& trainer,
+                         const std::string& kind) {
+  const std::string ref = Reference(trainer);
+  JobRun r = Launch(args, trainer);
+  CHECK(r.rc == 0);
+  CheckFinished(r, 2, 30);
+  CHECK(r.hashes[0] == ref);
+  CHECK_KINDS(r, {kind});
+}
+
 }  // namespace
 
 TEST_CASE(
     "nccl job: a killed rank is replaced and the NCCL run ends with "
     "its fault-free hash",
     "[gpu]") {
-  const std::string ref = Reference(kTrainer);
-  JobRun r =
-      Launch({"-n", "2", "--standby", "1", "--inject", "kill:slot=1:step=10"},
-             kTrainer);
-  CHECK(r.rc == 0);
-  CheckFinished(r, 2, 30);
-  CHECK(r.hashes[0] == ref);
-  CHECK_KINDS(r, {"crashed"});
+  ExpectFaultFreeHash(
+      {"-n", "2", "--standby", "1", "--inject", "kill:slot=1:step=10"},
+      kTrainer, "crashed");
 }
 
 TEST_CASE(
     "nccl job: a frozen rank 0 is declared silent, replaced, and the "
     "NCCL run ends with its fault-free hash",
     "[gpu]") {
-  const std::string ref = Reference(kTrainer);
-  JobRun r = Launch({"-n", "2", "--standby", "1", "--silent-after-ms", "1500",
-                     "--inject", "hang:slot=0:step=10"},
-                    kTrainer);
-  CHECK(r.rc == 0);
-  CheckFinished(r, 2, 30);
-  CHECK(r.hashes[0] == ref);
-  CHECK_KINDS(r, {"silent"});
+  ExpectFaultFreeHash({"-n", "2", "--standby", "1", "--silent-after-ms", "1500",
+                       "--inject", "hang:slot=0:step=10"},
+                      kTrainer, "silent");
 }
 
 TEST_CASE(
@@ -107,14 +111,9 @@ TEST_CASE(
     "[gpu]") {
   std::vector<std::string> trainer = kTrainer;
   trainer.push_back("--zero1");
-  const std::string ref = Reference(trainer);
-  JobRun r = Launch({"-n", "2", "--standby", "1", "--replicas", "1", "--inject",
-                     "kill:slot=0:step=12"},
-                    trainer);
-  CHECK(r.rc == 0);
-  CheckFinished(r, 2, 30);
-  CHECK(r.hashes[0] == ref);
-  CHECK_KINDS(r, {"crashed"});
+  ExpectFaultFreeHash({"-n", "2", "--standby", "1", "--replicas", "1",
+                       "--inject", "kill:slot=0:step=12"},
+                      trainer, "crashed");
 }
 
 TEST_CASE(
