@@ -567,7 +567,7 @@ TEST_CASE(
          "corrupt-restore:slot=1"},
         kRoundsKeepUp);
     static const std::regex kRefused(
-        R"(the piece of slot \d \(world 4, step ([5-9])\) received from )"
+        R"(the piece of slot \d \(world 4, step (\d+)\) received from )"
         R"(slot \d failed its checksum; receiving it from its next holder)");
     CHECK(std::regex_search(r.err, kRefused));
     CHECK(r.err.find("DATA_LOSS") == std::string::npos);
@@ -607,7 +607,7 @@ TEST_CASE(
   INFO("stderr: " << r.err);
   static const std::regex kDamaged(
       R"(corrupted the piece of slot 0 that slot 3 received for step )"
-      R"(([5-9]), read into its live state \(injected\))");
+      R"((\d+), read into its live state \(injected\))");
   std::smatch m;
   REQUIRE(std::regex_search(r.err, m, kDamaged));
   CHECK(r.err.find(absl::StrCat(
@@ -703,7 +703,7 @@ TEST_CASE(
         std::string::npos);
   CHECK(r.err.find("no other member holds a good copy") != std::string::npos);
   static const std::regex kRefused(
-      R"(DATA_LOSS: the piece of slot \d \(world 3, step ([5-9])\) received )"
+      R"(DATA_LOSS: the piece of slot \d \(world 3, step (\d+)\) received )"
       R"(from slot \d failed its checksum)");
   CHECK(std::regex_search(r.err, kRefused));
   REQUIRE(r.hashes.size() == 2);
