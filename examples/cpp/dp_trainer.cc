@@ -16,15 +16,14 @@
 // Each rank prints one line to stdout at the end:
 //   final step=<N> world=<W> params_sha256=<hex>
 // (the hash covers every parameter byte: the MLP and the --state-mb table),
-// and `final_loss=<x>` on stderr.
+// and `final_loss=<x>` on stderr. Exit codes: 0 done (also a standby that
+// was never needed), 3 fenced, 4 the job stopped, 1 any other error.
 //
 // Built as holdfast-dp-trainer-nccl (when CUDA and NCCL are found), it
 // runs its collectives on the GPU when the communicator is an NCCL one
 // (HOLDFAST_BACKEND=nccl): the gradients and the gathered parameters go
 // through a device buffer. The model still computes on the CPU; what runs
-// on the GPU is the communicator, with its deadlines, aborts and rebuilds. Exit
-// codes: 0 done (also a standby that was never needed), 3 fenced, 4 the job
-// stopped, 1 any other error.
+// on the GPU is the communicator, with its deadlines, aborts and rebuilds.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -116,6 +115,10 @@ float Backprop(const float* w, const Sample& s, float* grad) {
 // communicator the buffers are staged through device memory.
 class Collectives {
  public:
+  Collectives() = default;
+  Collectives(const Collectives&) = delete;
+  Collectives& operator=(const Collectives&) = delete;
+
   template <typename Op>
   absl::Status Run(holdfast::Communicator& comm, float* in, size_t count_in,
                    float* out, size_t count_out, Op op) {
