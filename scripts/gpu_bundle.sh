@@ -24,7 +24,7 @@ bins=(build/test/nccl_test build/test/nccl_job_test build/nccl_bench
 for b in "${bins[@]}"; do
   [[ -x "$b" ]] || { echo "gpu_bundle: $b is missing: build with CUDA and NCCL found" >&2; exit 1; }
 done
-rm -rf "$dir/bin" "$dir/lib"
+rm -rf "${dir:?}/bin" "${dir:?}/lib"
 mkdir -p "$dir/bin" "$dir/lib"
 cp "${bins[@]}" "$dir/bin/"
 for b in "${bins[@]}"; do ldd "$b" | awk '/=>/ {print $3}'; done | sort -u |
@@ -33,9 +33,10 @@ for b in "${bins[@]}"; do ldd "$b" | awk '/=>/ {print $3}'; done | sort -u |
 cat > "$dir/run.sh" <<EOF
 #!/bin/bash
 # Runs the bundled GPU tests and benchmarks (see scripts/gpu_bundle.sh).
-cd "\$(dirname "\$0")/.."
+cd "\$(dirname "\$0")/.." || exit 1
 nccl=\$(ldconfig -p | awk '/libnccl.so.2 / {print \$NF; exit}')
-export LD_LIBRARY_PATH=\$PWD/$dir/lib:\$(dirname "\${nccl:-/usr/lib/x86_64-linux-gnu/libnccl.so.2}")
+LD_LIBRARY_PATH=\$PWD/$dir/lib:\$(dirname "\${nccl:-/usr/lib/x86_64-linux-gnu/libnccl.so.2}")
+export LD_LIBRARY_PATH
 mkdir -p build
 # Links, unless a real build is there.
 for b in holdfast-run holdfast-dp-trainer-nccl; do
