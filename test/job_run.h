@@ -89,6 +89,19 @@ inline JobRun Launch(const std::vector<std::string>& args,
     CHECK(::holdfast::test::CountExits(r, how) == (n)); \
   } while (0)
 
+// Every survivor printed its final line: `world` of them, at step
+// `steps`, in a world of `world`, with one hash; the job finished.
+inline void CheckFinished(const JobRun& r, int world, int64_t steps) {
+  INFO("stdout: " << r.out);
+  REQUIRE(r.hashes.size() == static_cast<size_t>(world));
+  for (size_t i = 0; i < r.hashes.size(); ++i) {
+    CHECK(r.hashes[i] == r.hashes[0]);
+    CHECK(r.worlds[i] == world);
+    CHECK(r.steps[i] == steps);
+  }
+  CHECK(r.summary.value("outcome", "") == "finished");
+}
+
 inline std::vector<std::string> Kinds(const JobRun& r) {
   std::vector<std::string> kinds;
   for (const json& i : r.summary["incidents"])

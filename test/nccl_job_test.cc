@@ -47,21 +47,11 @@ std::string Trainer() {
 
 namespace {
 
+using holdfast::test::CheckFinished;
 using holdfast::test::JobRun;
 using holdfast::test::Launch;
 
 const std::vector<std::string> kTrainer = {"--steps", "30"};
-
-void CheckFinished(const JobRun& r, int world, int64_t steps) {
-  INFO("stdout: " << r.out);
-  REQUIRE(r.hashes.size() == static_cast<size_t>(world));
-  for (size_t i = 0; i < r.hashes.size(); ++i) {
-    CHECK(r.hashes[i] == r.hashes[0]);
-    CHECK(r.worlds[i] == world);
-    CHECK(r.steps[i] == steps);
-  }
-  CHECK(r.summary.value("outcome", "") == "finished");
-}
 
 std::string Reference(const std::vector<std::string>& trainer) {
   JobRun r = Launch({"-n", "2"}, trainer);

@@ -43,14 +43,7 @@ std::string Reference(int n) {
 
 // Every survivor finished all steps in a world of `world` with one hash.
 void CheckConsistent(const JobRun& r, int world) {
-  INFO("stdout: " << r.out);
-  REQUIRE(r.hashes.size() == static_cast<size_t>(world));
-  for (size_t i = 0; i < r.hashes.size(); ++i) {
-    CHECK(r.hashes[i] == r.hashes[0]);
-    CHECK(r.worlds[i] == world);
-    CHECK(r.steps[i] == 40);
-  }
-  CHECK(r.summary.value("outcome", "") == "finished");
+  holdfast::test::CheckFinished(r, world, 40);
   CHECK(r.summary.value("steps", 0) == 40);
 }
 

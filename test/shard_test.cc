@@ -53,16 +53,9 @@ std::string Reference(int n, bool zero1 = true) {
 }
 
 void CheckFinished(const JobRun& r, int world) {
-  INFO("stdout: " << r.out);
   INFO("summary: " << r.summary.dump(1));
   CHECK(r.rc == 0);
-  REQUIRE(r.hashes.size() == static_cast<size_t>(world));
-  for (size_t i = 0; i < r.hashes.size(); ++i) {
-    CHECK(r.hashes[i] == r.hashes[0]);
-    CHECK(r.worlds[i] == world);
-    CHECK(r.steps[i] == kSteps);
-  }
-  CHECK(r.summary.value("outcome", "") == "finished");
+  holdfast::test::CheckFinished(r, world, kSteps);
 }
 
 // The newest step directory of `dir` holding all `world` pieces (-1: none).
