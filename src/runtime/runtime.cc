@@ -1628,9 +1628,8 @@ class RuntimeImpl final : public Runtime {
     }
     // With this member's host key, pid and probe word (zeros when reads in
     // place are off), for InPlaceReach.
-    constexpr int kMine = kRestoreWords;
     const bool offer = same_host_restore_ && peer_memory::HostKey() != 0;
-    int64_t mine[kMine];
+    int64_t mine[kRestoreWords];
     mine[kCommitted] = committed_step();
     mine[kHigh] = high_step_;
     mine[kLayout] = static_cast<int64_t>(layout);
@@ -1641,14 +1640,15 @@ class RuntimeImpl final : public Runtime {
         offer ? static_cast<int64_t>(reinterpret_cast<uintptr_t>(&probe_word_))
               : 0;
     mine[kProbeValue] = static_cast<int64_t>(probe_word_);
-    std::vector<int64_t> all(static_cast<size_t>(v.world) * kMine);
+    std::vector<int64_t> all(static_cast<size_t>(v.world) * kRestoreWords);
     HOLDFAST_RETURN_IF_ERROR(
-        comm->AllGather(mine, all.data(), kMine, DataType::kInt64)->Wait());
+        comm->AllGather(mine, all.data(), kRestoreWords, DataType::kInt64)
+            ->Wait());
     HOLDFAST_ASSIGN_OR_RETURN(InPlace in_place, InPlaceReach(comm, v, all));
     int64_t target = 0, high = 0, kmax = 1;
     std::vector<int64_t> highs(static_cast<size_t>(v.world));
     for (int r = 0; r < v.world; ++r) {
-      const int64_t* e = &all[static_cast<size_t>(r) * kMine];
+      const int64_t* e = &all[static_cast<size_t>(r) * kRestoreWords];
       highs[static_cast<size_t>(r)] = e[kHigh];
       if (e[kLayout] != mine[kLayout]) {
         return LayoutMismatch(r, static_cast<uint64_t>(e[kLayout]), v.slot,
@@ -1796,8 +1796,7 @@ class RuntimeImpl final : public Runtime {
   // Which members may read which members' memory in place in this
   // restore, from the first all-gather's entries (RestoreWord: the host
   // key, the pid, the probe word's address and value). Each member reads
-  // the probe word
-  // of every other member with its own host key (one small
+  // the probe word of every other member with its own host key (one small
   // process_vm_readv each) and the results are all-gathered, when any two
   // members share a host key at all (every member knows whether they do,
   // so all take part or none).
