@@ -88,6 +88,15 @@ uint64_t ProbeWord() {
 // Point-to-point transfers of the state go in chunks, so one op stays well
 // inside its deadline and the receiver's progress is visible in the trace.
 constexpr size_t kChunkBytes = size_t{64} << 20;
+
+// A restore reads pieces in place on up to kReadThreads threads (no more
+// than the machine has cores), a piece at a time each; a piece read into
+// the live state goes in chunks of kReadChunk, each hashed while it is in
+// the cache (one pass over memory instead of two). On the 2-core VM, a
+// standby reading 1 GiB of state from three holders took 569-775 ms
+// against 674-780 ms on one thread with a separate hashing pass.
+constexpr size_t kReadChunk = size_t{1} << 20;
+constexpr size_t kReadThreads = 4;
 constexpr uint32_t kRestoreTag = 0x5e570;
 
 // Backups wait for every slot to reach the same snapshot; that may take
@@ -1927,55 +1936,88 @@ class RuntimeImpl final : public Runtime {
           lands[p] = {{piece->bytes.get(), piece->size}};
         }
       }
-      // The holders stay in this round (its all-gather below) until every
-      // reader is done, so the pieces read are there; their checksums are
-      // checked below all the same. The works of the communicator go on
-      // meanwhile, and are waited for before any error is returned (their
-      // buffers are `received`'s).
-      absl::Status read_status;
-      for (int p : reads) {
-        const int from = sender.at(p);
-        const int64_t pid = in_place.pids[static_cast<size_t>(from)];
-        uint64_t address = use.address_by_slot[static_cast<size_t>(p)][round];
-        absl::Status s;
-        for (const auto& [dst, bytes] : lands.at(p)) {
-          s = peer_memory::Read(pid, address, dst, bytes);
-          if (!s.ok()) break;
-          address += bytes;
-        }
-        if (!s.ok()) {
-          read_status = absl::UnavailableError(absl::StrCat(
-              "restore: the piece of slot ", p, " could not be read from slot ",
-              from, " on this host: ", s.message()));
-          break;
-        }
-        *bytes_in_place += static_cast<int64_t>(PieceSize(old_world, p));
-      }
-      for (auto& w : works) HOLDFAST_RETURN_IF_ERROR(w->Wait());
-      HOLDFAST_RETURN_IF_ERROR(read_status);
-      if (!sender.empty() &&
-          fault::Injector::Global().AtShard(fault::Kind::kCorruptRestore,
-                                            v.slot, target)) {
-        const int hit = sender.begin()->first;
-        const auto& [dst, bytes] = lands.at(hit).front();
-        dst[bytes / 2] ^= 0x5a;
+      // An injected `corrupt-restore` damages the first piece this member
+      // takes, in the middle of its first landing segment: as it lands
+      // (before it is hashed) when read into the live state, else once
+      // every piece is in.
+      const int hit =
+          !sender.empty() && fault::Injector::Global().AtShard(
+                                 fault::Kind::kCorruptRestore, v.slot, target)
+              ? sender.begin()->first
+              : -1;
+      uint8_t* const damage_at = hit >= 0 ? lands.at(hit).front().first +
+                                                lands.at(hit).front().second / 2
+                                          : nullptr;
+      auto damage = [&] {
+        *damage_at ^= 0x5a;
         HOLDFAST_LOG_WARN(
             "runtime: corrupted the piece of slot {} that slot {} received "
             "for step {}{} (injected)",
             hit, v.slot, target,
             into_live.count(hit) > 0 ? ", read into its live state" : "");
+      };
+      // The holders stay in this round (its all-gather below) until every
+      // reader is done, so the pieces read are there; their checksums are
+      // checked below all the same: a piece read into the live state chunk
+      // by chunk, each hashed while it is in the cache (`live_hashes`).
+      // The works of the communicator go on meanwhile, and are waited for
+      // before any error is returned (their buffers are `received`'s).
+      std::map<int, shards::CopyHasher> live_hashes;
+      for (int p : reads) {
+        if (into_live.count(p) > 0) live_hashes[p];
       }
+      auto read_piece = [&](int p) -> absl::Status {
+        const int from = sender.at(p);
+        const int64_t pid = in_place.pids[static_cast<size_t>(from)];
+        uint64_t address = use.address_by_slot[static_cast<size_t>(p)][round];
+        shards::CopyHasher* h =
+            into_live.count(p) > 0 ? &live_hashes.at(p) : nullptr;
+        absl::Status s;
+        for (const auto& [dst, bytes] : lands.at(p)) {
+          for (size_t off = 0; s.ok() && off < bytes; off += kReadChunk) {
+            const size_t n = std::min(kReadChunk, bytes - off);
+            s = peer_memory::Read(pid, address + off, dst + off, n);
+            if (h == nullptr || !s.ok()) continue;
+            if (damage_at >= dst + off && damage_at < dst + off + n) damage();
+            h->Update(dst + off, n);
+          }
+          if (!s.ok()) break;
+          address += bytes;
+        }
+        if (!s.ok()) {
+          return absl::UnavailableError(absl::StrCat(
+              "restore: the piece of slot ", p, " could not be read from slot ",
+              from, " on this host: ", s.message()));
+        }
+        return absl::OkStatus();
+      };
+      std::vector<absl::Status> read_out(reads.size());
+      ForEachOnThreads(reads.size(), kReadThreads,
+                       [&](size_t i) { read_out[i] = read_piece(reads[i]); });
+      absl::Status read_status;
+      for (size_t i = 0; i < reads.size(); ++i) {
+        if (!read_out[i].ok()) {
+          read_status = read_out[i];
+          break;
+        }
+        *bytes_in_place += static_cast<int64_t>(PieceSize(old_world, reads[i]));
+      }
+      for (auto& w : works) HOLDFAST_RETURN_IF_ERROR(w->Wait());
+      HOLDFAST_RETURN_IF_ERROR(read_status);
+      if (hit >= 0 && into_live.count(hit) == 0) damage();
       std::vector<int64_t> bad = PieceSets::Mine(old_world);
       for (const auto& [p, from] : sender) {
         *bytes_received += static_cast<int64_t>(PieceSize(old_world, p));
-        shards::CopyHasher h;
+        uint64_t digest;
         if (into_live.count(p) > 0) {
-          for (const auto& [dst, bytes] : lands.at(p)) h.Update(dst, bytes);
+          digest = live_hashes.at(p).Digest();
         } else {
+          shards::CopyHasher h;
           Apply(received->at(p)->bytes.get(), old_world, p, v.world, v.slot,
                 &h);
+          digest = h.Digest();
         }
-        if (h.Digest() == use.checksum[static_cast<size_t>(p)]) {
+        if (digest == use.checksum[static_cast<size_t>(p)]) {
           arrived.insert(p);
           continue;
         }
@@ -2474,6 +2516,27 @@ class RuntimeImpl final : public Runtime {
       if (!s.ok()) return s;
     }
     return absl::OkStatus();
+  }
+
+  // Calls `fn(i)` for every i < count, on up to `most` threads (no more
+  // than the machine's cores; the calling thread is one of them), each
+  // taking the next i as it finishes one. Where a thread cannot start (a
+  // pids limit), the others do its part.
+  static void ForEachOnThreads(size_t count, size_t most,
+                               const std::function<void(size_t)>& fn) {
+    std::atomic<size_t> next{0};
+    auto worker = [&] {
+      for (size_t i; (i = next.fetch_add(1)) < count;) fn(i);
+    };
+    const size_t n = std::min<size_t>(
+        {count, most, std::max(1u, std::thread::hardware_concurrency())});
+    std::vector<std::thread> threads;
+    try {
+      for (size_t t = 1; t < n; ++t) threads.emplace_back(worker);
+    } catch (const std::system_error&) {
+    }
+    worker();
+    for (std::thread& t : threads) t.join();
   }
 
   // Backs up one snapshot: every slot agrees on the step, sends its piece
