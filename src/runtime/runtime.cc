@@ -89,14 +89,15 @@ uint64_t ProbeWord() {
 // inside its deadline and the receiver's progress is visible in the trace.
 constexpr size_t kChunkBytes = size_t{64} << 20;
 
-// A restore reads pieces in place on up to kReadThreads threads (no more
-// than the machine has cores), a piece at a time each; a piece read into
+// A restore checks the copies a member holds, and reads pieces in place,
+// on up to kRestoreThreads threads (no more than the machine has cores), a
+// piece at a time each; a piece read into
 // the live state goes in chunks of kReadChunk, each hashed while it is in
 // the cache (one pass over memory instead of two). On the 2-core VM, a
 // standby reading 1 GiB of state from three holders took 569-775 ms
 // against 674-780 ms on one thread with a separate hashing pass.
 constexpr size_t kReadChunk = size_t{1} << 20;
-constexpr size_t kReadThreads = 4;
+constexpr size_t kRestoreThreads = 4;
 constexpr uint32_t kRestoreTag = 0x5e570;
 
 // Backups wait for every slot to reach the same snapshot; that may take
@@ -1683,9 +1684,14 @@ class RuntimeImpl final : public Runtime {
       }
     }
     std::vector<bool> good_at(at.size());
-    for (size_t i = 0; i < at.size() && i < static_cast<size_t>(kmax); ++i) {
+    const size_t offered = std::min(at.size(), static_cast<size_t>(kmax));
+    std::vector<uint64_t> sums(offered);
+    ForEachOnThreads(offered, kRestoreThreads, [&](size_t i) {
+      sums[i] = shards::Checksum(at[i]->bytes.get(), at[i]->size);
+    });
+    for (size_t i = 0; i < offered; ++i) {
       const Piece& p = *at[i];
-      const bool good = shards::Checksum(p.bytes.get(), p.size) == p.checksum;
+      const bool good = sums[i] == p.checksum;
       good_at[i] = good;
       if (!good) {
         HOLDFAST_LOG_ERROR(
@@ -1992,7 +1998,7 @@ class RuntimeImpl final : public Runtime {
         return absl::OkStatus();
       };
       std::vector<absl::Status> read_out(reads.size());
-      ForEachOnThreads(reads.size(), kReadThreads,
+      ForEachOnThreads(reads.size(), kRestoreThreads,
                        [&](size_t i) { read_out[i] = read_piece(reads[i]); });
       absl::Status read_status;
       for (size_t i = 0; i < reads.size(); ++i) {
