@@ -1029,6 +1029,24 @@ class RuntimeImpl final : public Runtime {
   // Places in memory that a piece's bytes fill, in the piece's order.
   using Segments = std::vector<std::pair<uint8_t*, size_t>>;
 
+  // Copies `n` bytes, bytes [from, from + n) of a piece, to where they go
+  // in `to` (the piece's segments), hashing them.
+  static void CopyInto(const Segments& to, size_t from, const uint8_t* src,
+                       size_t n, shards::CopyHasher* h) {
+    size_t base = 0;  // of the piece, where the segment starts
+    for (const auto& [dst, bytes] : to) {
+      if (n == 0) break;
+      if (from < base + bytes) {
+        const size_t k = std::min(n, base + bytes - from);
+        h->Copy(dst + (from - base), src, k);
+        src += k;
+        from += k;
+        n -= k;
+      }
+      base += bytes;
+    }
+  }
+
   // Where the bytes of piece `p` (cut for `old_world`) go in the live state
   // of the member at (world, slot), when every one of them does
   // (replicated state, or a sharded part that is wholly this member's);
@@ -1916,6 +1934,9 @@ class RuntimeImpl final : public Runtime {
       // `received`.
       std::map<int, Segments> lands;
       std::set<int> into_live;
+      // Kept pieces read in place whose bytes all go into the live state:
+      // where, each chunk copied there from the cache as it lands.
+      std::map<int, Segments> also_live;
       for (const auto& [p, m] : todo) {
         const int from = use.by_slot[static_cast<size_t>(p)][round];
         const size_t size = PieceSize(old_world, p);
@@ -1926,10 +1947,9 @@ class RuntimeImpl final : public Runtime {
         } else if (v.slot == m) {
           sender[p] = from;
           if (direct) reads.push_back(p);
-          Segments live_at = direct && keep.count(p) == 0
-                                 ? Landing(old_world, p, v.world, v.slot)
-                                 : Segments{};
-          if (!live_at.empty()) {
+          Segments live_at =
+              direct ? Landing(old_world, p, v.world, v.slot) : Segments{};
+          if (!live_at.empty() && keep.count(p) == 0) {
             into_live.insert(p);
             lands[p] = std::move(live_at);
             received->erase(p);  // a copy that failed in an earlier round
@@ -1940,6 +1960,7 @@ class RuntimeImpl final : public Runtime {
                          : PostReceive(comm, target, use_gen, old_world, p,
                                        checksum, from, oo, &works);
           lands[p] = {{piece->bytes.get(), piece->size}};
+          if (!live_at.empty()) also_live[p] = std::move(live_at);
         }
       }
       // An injected `corrupt-restore` damages the first piece this member
@@ -1964,31 +1985,42 @@ class RuntimeImpl final : public Runtime {
       };
       // The holders stay in this round (its all-gather below) until every
       // reader is done, so the pieces read are there; their checksums are
-      // checked below all the same: a piece read into the live state chunk
-      // by chunk, each hashed while it is in the cache (`live_hashes`).
+      // checked below all the same: a piece read into the live state, or
+      // copied there as it lands, chunk by chunk, each hashed while it is
+      // in the cache (`live_hashes`).
       // The works of the communicator go on meanwhile, and are waited for
       // before any error is returned (their buffers are `received`'s).
       std::map<int, shards::CopyHasher> live_hashes;
       for (int p : reads) {
-        if (into_live.count(p) > 0) live_hashes[p];
+        if (into_live.count(p) > 0 || also_live.count(p) > 0) live_hashes[p];
       }
       auto read_piece = [&](int p) -> absl::Status {
         const int from = sender.at(p);
         const int64_t pid = in_place.pids[static_cast<size_t>(from)];
         uint64_t address = use.address_by_slot[static_cast<size_t>(p)][round];
+        auto hashed = live_hashes.find(p);
         shards::CopyHasher* h =
-            into_live.count(p) > 0 ? &live_hashes.at(p) : nullptr;
+            hashed != live_hashes.end() ? &hashed->second : nullptr;
+        auto copied = also_live.find(p);
+        const Segments* out =
+            copied != also_live.end() ? &copied->second : nullptr;
         absl::Status s;
+        size_t done = 0;  // of the piece's bytes
         for (const auto& [dst, bytes] : lands.at(p)) {
           for (size_t off = 0; s.ok() && off < bytes; off += kReadChunk) {
             const size_t n = std::min(kReadChunk, bytes - off);
             s = peer_memory::Read(pid, address + off, dst + off, n);
             if (h == nullptr || !s.ok()) continue;
             if (damage_at >= dst + off && damage_at < dst + off + n) damage();
-            h->Update(dst + off, n);
+            if (out != nullptr) {
+              CopyInto(*out, done + off, dst + off, n, h);
+            } else {
+              h->Update(dst + off, n);
+            }
           }
           if (!s.ok()) break;
           address += bytes;
+          done += bytes;
         }
         if (!s.ok()) {
           return absl::UnavailableError(absl::StrCat(
@@ -2010,12 +2042,12 @@ class RuntimeImpl final : public Runtime {
       }
       for (auto& w : works) HOLDFAST_RETURN_IF_ERROR(w->Wait());
       HOLDFAST_RETURN_IF_ERROR(read_status);
-      if (hit >= 0 && into_live.count(hit) == 0) damage();
+      if (hit >= 0 && live_hashes.count(hit) == 0) damage();
       std::vector<int64_t> bad = PieceSets::Mine(old_world);
       for (const auto& [p, from] : sender) {
         *bytes_received += static_cast<int64_t>(PieceSize(old_world, p));
         uint64_t digest;
-        if (into_live.count(p) > 0) {
+        if (live_hashes.count(p) > 0) {
           digest = live_hashes.at(p).Digest();
         } else {
           shards::CopyHasher h;
