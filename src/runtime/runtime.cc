@@ -1964,9 +1964,9 @@ class RuntimeImpl final : public Runtime {
         }
       }
       // An injected `corrupt-restore` damages the first piece this member
-      // takes, in the middle of its first landing segment: as it lands
-      // (before it is hashed) when read into the live state, else once
-      // every piece is in.
+      // takes, in the middle of its first landing segment: for a piece
+      // read in place and hashed as it lands, in its chunk before the
+      // chunk is hashed; else once every piece is in.
       const int hit =
           !sender.empty() && fault::Injector::Global().AtShard(
                                  fault::Kind::kCorruptRestore, v.slot, target)
