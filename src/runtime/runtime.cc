@@ -927,16 +927,19 @@ class RuntimeImpl final : public Runtime {
   // backend takes device memory only (NCCL). Then it is the side
   // communicator that BuildComm built with it for the same generation, on
   // the same ranks; the backups that also use it are quiesced or not yet
-  // started while these run. Null when there is none.
-  Communicator* HostComm() {
+  // started while these run. Aborted when there is none.
+  absl::StatusOr<Communicator*> HostComm() {
     absl::MutexLock lock(&mu_);
-    if (comm_ == nullptr || comm_->backend_name() != "nccl") return comm_.get();
-    return side_generation_ == comm_generation_ ? side_.get() : nullptr;
-  }
-  static absl::Status NoHostComm() {
-    return absl::AbortedError(
-        "runtime: no communicator of this generation for the runtime's own "
-        "exchanges");
+    Communicator* c = comm_.get();
+    if (c != nullptr && c->backend_name() == "nccl") {
+      c = side_generation_ == comm_generation_ ? side_.get() : nullptr;
+    }
+    if (c == nullptr) {
+      return absl::AbortedError(
+          "runtime: no communicator of this generation for the runtime's own "
+          "exchanges");
+    }
+    return c;
   }
   static shards::Range Part(const StateBuffer& b, int world, int slot) {
     return shards::Partition(b.global, b.unit, world, slot);
@@ -1124,7 +1127,6 @@ class RuntimeImpl final : public Runtime {
   // and warns, naming the first buffer that differs; a layout that
   // differs is an error, as at a restore.
   absl::Status CheckReplicatedEqual(Communicator* comm, const View& v) {
-    if (comm == nullptr) return NoHostComm();
     std::vector<int64_t> hashes;
     for (const StateBuffer& b : buffers_) {
       if (b.sharded || IsLedger(b)) {
@@ -1542,7 +1544,10 @@ class RuntimeImpl final : public Runtime {
       }
     }
     RepartitionAll(v.world, v.slot);  // a no-op after a disk restore
-    if (at == 0) HOLDFAST_RETURN_IF_ERROR(CheckReplicatedEqual(HostComm(), v));
+    if (at == 0) {
+      HOLDFAST_ASSIGN_OR_RETURN(Communicator * host, HostComm());
+      HOLDFAST_RETURN_IF_ERROR(CheckReplicatedEqual(host, v));
+    }
     high_step_ = std::max(high_step_, at);
     HOLDFAST_ASSIGN_OR_RETURN(bool taken, Snapshot(at));
     if (!taken ||
@@ -1643,8 +1648,7 @@ class RuntimeImpl final : public Runtime {
   // next, see ApplyTarget). With a piece lost everywhere, the disk tier,
   // else DataLoss naming it. `rec` (optional) gets what was received.
   absl::StatusOr<int64_t> Restore(RecoveryRecord* rec) {
-    Communicator* comm = HostComm();
-    if (comm == nullptr) return NoHostComm();
+    HOLDFAST_ASSIGN_OR_RETURN(Communicator * comm, HostComm());
     const View v = CurrentView();
     QuiesceBackups();
     ++restores_;
@@ -2221,8 +2225,7 @@ class RuntimeImpl final : public Runtime {
   // there is none and it is not `required` (else DataLoss).
   absl::StatusOr<std::optional<int64_t>> RestoreFromDisk(RecoveryRecord* rec,
                                                          bool required) {
-    Communicator* comm = HostComm();
-    if (comm == nullptr) return NoHostComm();
+    HOLDFAST_ASSIGN_OR_RETURN(Communicator * comm, HostComm());
     const View v = CurrentView();
     const std::string& dir = options_.checkpoint_dir;
     const uint64_t layout = LayoutHash();
