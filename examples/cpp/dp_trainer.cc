@@ -137,24 +137,19 @@ class Collectives {
       }
       float* d_in = static_cast<float*>(device_);
       float* d_out = out == nullptr ? nullptr : d_in + count_in;
-      if (cudaError_t e = cudaMemcpy(d_in, in, count_in * sizeof(float),
-                                     cudaMemcpyHostToDevice);
-          e != cudaSuccess) {
+      auto copy = [](float* to, const float* from, size_t n,
+                     cudaMemcpyKind kind) -> absl::Status {
+        const cudaError_t e = cudaMemcpy(to, from, n * sizeof(float), kind);
+        if (e == cudaSuccess) return absl::OkStatus();
         return absl::InternalError(
             absl::StrCat("dp-trainer: cudaMemcpy: ", cudaGetErrorString(e)));
-      }
-      absl::Status s = op(d_in, d_out);
+      };
+      absl::Status s = copy(d_in, in, count_in, cudaMemcpyHostToDevice);
+      if (s.ok()) s = op(d_in, d_out);
       if (!s.ok()) return s;
-      float* host = out == nullptr ? in : out;
-      float* dev = out == nullptr ? d_in : d_out;
-      const size_t n = out == nullptr ? count_in : count_out;
-      if (cudaError_t e =
-              cudaMemcpy(host, dev, n * sizeof(float), cudaMemcpyDeviceToHost);
-          e != cudaSuccess) {
-        return absl::InternalError(
-            absl::StrCat("dp-trainer: cudaMemcpy: ", cudaGetErrorString(e)));
-      }
-      return absl::OkStatus();
+      return out == nullptr
+                 ? copy(in, d_in, count_in, cudaMemcpyDeviceToHost)
+                 : copy(out, d_out, count_out, cudaMemcpyDeviceToHost);
     }
 #endif
     (void)comm;
