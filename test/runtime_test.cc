@@ -170,10 +170,7 @@ TEST_CASE(
       state[static_cast<size_t>(step)] ^= 1;
       absl::StatusOr<bool> taken = rt.Snapshot(step);
       if (!taken.ok()) s = taken.status();
-      const absl::Time deadline = absl::Now() + absl::Seconds(20);
-      while (s.ok() && rt.committed_step() < step && absl::Now() < deadline) {
-        absl::SleepFor(absl::Milliseconds(5));
-      }
+      if (s.ok()) s = rt.AwaitCommit(step, absl::Seconds(20));
     }
     committed[slot] = rt.committed_step();
     return s;
@@ -189,6 +186,49 @@ TEST_CASE(
   CHECK(errors[1].empty());
   CHECK(committed[0] == 3);
   CHECK(committed[1] == 3);
+}
+
+TEST_CASE(
+    "runtime: AwaitCommit returns at the commit, and says why one will not "
+    "come") {
+  Controller c(2);
+  absl::Status late[2], after_abort;
+  int64_t committed[2] = {-1, -1};
+  auto body = [&](int slot, holdfast::Runtime& rt) -> absl::Status {
+    std::vector<uint8_t> state(1 << 16, 7);
+    HOLDFAST_RETURN_IF_ERROR(
+        rt.RegisterState("state", state.data(), state.size()));
+    HOLDFAST_ASSIGN_OR_RETURN(holdfast::Communicator * comm, rt.communicator());
+    HOLDFAST_ASSIGN_OR_RETURN(bool taken, rt.Snapshot(1));
+    if (!taken) return absl::InternalError("step 1 was skipped");
+    HOLDFAST_RETURN_IF_ERROR(rt.AwaitCommit(1, absl::Seconds(20)));
+    committed[slot] = rt.committed_step();
+    // Step 5 was never snapshotted.
+    late[slot] = rt.AwaitCommit(5, absl::Milliseconds(100));
+    HOLDFAST_RETURN_IF_ERROR(comm->Barrier()->Wait());
+    if (slot == 0) {
+      comm->Abort("aborted by the test");
+      // Returns when the communicator fails, not at the timeout
+      // (DeadlineExceeded).
+      after_abort = rt.AwaitCommit(6, absl::Seconds(60));
+    }
+    return absl::OkStatus();
+  };
+  std::vector<std::string> errors = RunSlots(c, 2, nullptr, body);
+  INFO(errors[0] << " / " << errors[1]);
+  CHECK(errors[0].empty());
+  CHECK(errors[1].empty());
+  for (int slot = 0; slot < 2; ++slot) {
+    CHECK(committed[slot] == 1);
+    INFO(late[slot].message());
+    CHECK(late[slot].code() == absl::StatusCode::kDeadlineExceeded);
+    CHECK(Mentions(late[slot], "step 5 was not committed within 100ms"));
+    CHECK(Mentions(late[slot], "(committed: 1)"));
+  }
+  INFO(after_abort.message());
+  CHECK(after_abort.code() == absl::StatusCode::kAborted);
+  CHECK(Mentions(after_abort, "step 6 cannot commit in this generation"));
+  CHECK(Mentions(after_abort, "aborted by the test"));
 }
 
 TEST_CASE(

@@ -279,6 +279,14 @@ class Runtime {
   // still being backed up (training never waits for a backup), or `step`
   // is not newer than the committed step.
   virtual absl::StatusOr<bool> Snapshot(int64_t step) = 0;
+  // Waits until the committed step is at least `step` (after Snapshot(step)
+  // returned true: until its backup round commits), without polling. OK
+  // once it is. DeadlineExceeded after `timeout`: a snapshot that no round
+  // backed up (another slot offered another step) commits only when a
+  // later one does. Aborted when the communicator fails, a newer
+  // generation opens (a recovery rolls the state back first) or the job
+  // ended; FailedPrecondition when this member was fenced.
+  virtual absl::Status AwaitCommit(int64_t step, absl::Duration timeout) = 0;
   // With RunOptions::overlap_snapshot_copy: the step function calls this
   // before it writes registered state. It waits for the background copy of
   // the previous step's snapshot if one is under way (a memory copy), and

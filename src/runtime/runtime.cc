@@ -353,6 +353,22 @@ class RuntimeImpl final : public Runtime {
     return committed_;
   }
 
+  absl::Status AwaitCommit(int64_t step, absl::Duration timeout) override {
+    if (AwaitCommitted(step, absl::Now() + timeout)) return absl::OkStatus();
+    HOLDFAST_RETURN_IF_ERROR(Terminal());
+    const absl::Status health = CommHealth();
+    if (GenerationMoved() || !health.ok()) {
+      return absl::AbortedError(absl::StrCat(
+          "AwaitCommit: step ", step, " cannot commit in this generation (",
+          GenerationMoved() ? "a newer generation opened"
+                            : std::string(health.message()),
+          "); a recovery rolls the state back first"));
+    }
+    return absl::DeadlineExceededError(absl::StrCat(
+        "AwaitCommit: step ", step, " was not committed within ",
+        absl::FormatDuration(timeout), " (committed: ", committed_step(), ")"));
+  }
+
   absl::StatusOr<Communicator*> communicator() override {
     {
       absl::MutexLock lock(&mu_);
