@@ -15,7 +15,12 @@
 //                receiving its S/2 over the side communicator, the check,
 //                the ack. Against a raw loopback exchange of the same bytes
 //                (two threads, one TCP socket pair, both directions at
-//                once). Goal: >= 80 %. Also the runtime's own time inside
+//                once), run after each round, between the rounds, from the
+//                cache state a round starts with (the bytes to send just
+//                written, the receive buffers out of the cache); the ratio
+//                is the median of the per-round ratios, so the VM's drift
+//                from minute to minute falls on both sides of each one.
+//                Goal: >= 80 %. Also the runtime's own time inside
 //                the sends and receives ("transfer"), to tell the wire from
 //                the protocol around it. Twice: with the buddy checking
 //                what it received as it lands (verify_backups "arrival",
@@ -100,62 +105,94 @@ double MemcpySeconds(size_t bytes, int reps) {
   return Median(t);
 }
 
-// Median seconds for two threads to exchange `bytes` each way over one
-// loopback TCP connection.
-double RawExchangeSeconds(size_t bytes, int reps) {
-  const int lfd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  listen(lfd, 1);
-  getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len);
-  const int c = socket(AF_INET, SOCK_STREAM, 0);
-  connect(c, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  const int s = accept(lfd, nullptr, nullptr);
-  close(lfd);
-  int one = 1;
-  setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  std::vector<uint8_t> out_a(bytes, 3), in_a(bytes), out_b(bytes, 4),
-      in_b(bytes);
-  auto pump = [bytes](int fd, const uint8_t* out, uint8_t* in) {
-    // Send and receive at once, as the backup does.
-    std::thread sender([&] {
-      size_t done = 0;
-      while (done < bytes) {
-        const ssize_t n = write(fd, out + done, bytes - done);
-        if (n <= 0) return;
-        done += static_cast<size_t>(n);
-      }
-    });
-    size_t got = 0;
-    while (got < bytes) {
-      const ssize_t n = read(fd, in + got, bytes - got);
-      if (n <= 0) break;
-      got += static_cast<size_t>(n);
-    }
-    sender.join();
-  };
-  std::vector<double> t;
-  for (int i = 0; i < reps + 1; ++i) {
-    const absl::Time t0 = absl::Now();
-    std::thread peer([&] { pump(s, out_b.data(), in_b.data()); });
-    pump(c, out_a.data(), in_a.data());
-    peer.join();
-    t.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
+// Two threads exchanging `bytes` each way over one loopback TCP
+// connection: the raw transfer a backup round is compared with.
+class RawExchange {
+ public:
+  explicit RawExchange(size_t bytes)
+      : bytes_(bytes),
+        out_a_(bytes, 3),
+        in_a_(bytes),
+        out_b_(bytes, 4),
+        in_b_(bytes) {
+    const int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+    listen(lfd, 1);
+    getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len);
+    c_ = socket(AF_INET, SOCK_STREAM, 0);
+    connect(c_, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+    s_ = accept(lfd, nullptr, nullptr);
+    close(lfd);
+    int one = 1;
+    setsockopt(c_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    setsockopt(s_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   }
-  close(c);
-  close(s);
-  t.erase(t.begin());
-  return Median(t);
-}
+  ~RawExchange() {
+    close(c_);
+    close(s_);
+  }
+  RawExchange(const RawExchange&) = delete;
+  RawExchange& operator=(const RawExchange&) = delete;
+
+  // Seconds of one exchange; 0 if a socket failed. It starts from the
+  // cache state of a backup round: the caches evicted, then the bytes to
+  // send written (as Snapshot() writes a piece just before its round),
+  // the receive buffers out of the cache (as a buddy's pooled buffers).
+  double Once() {
+    EvictCaches();
+    std::memset(out_a_.data(), ++fill_, bytes_);
+    std::memset(out_b_.data(), ++fill_, bytes_);
+    auto pump = [&](int fd, const uint8_t* out, uint8_t* in) {
+      // Send and receive at once, as the backup does.
+      bool sent = true;
+      std::thread sender([&] {
+        size_t done = 0;
+        while (done < bytes_) {
+          const ssize_t n = write(fd, out + done, bytes_ - done);
+          if (n <= 0) {
+            sent = false;
+            return;
+          }
+          done += static_cast<size_t>(n);
+        }
+      });
+      size_t got = 0;
+      while (got < bytes_) {
+        const ssize_t n = read(fd, in + got, bytes_ - got);
+        if (n <= 0) break;
+        got += static_cast<size_t>(n);
+      }
+      sender.join();
+      return sent && got == bytes_;
+    };
+    const absl::Time t0 = absl::Now();
+    bool peer_ok = false;
+    std::thread peer([&] { peer_ok = pump(s_, out_b_.data(), in_b_.data()); });
+    const bool ok = pump(c_, out_a_.data(), in_a_.data());
+    peer.join();
+    const double t = absl::ToDoubleSeconds(absl::Now() - t0);
+    return ok && peer_ok ? t : 0;
+  }
+
+ private:
+  const size_t bytes_;
+  std::vector<uint8_t> out_a_, in_a_, out_b_, in_b_;
+  int c_ = -1, s_ = -1;
+  uint8_t fill_ = 0;
+};
 
 struct Pair {
   double snapshot_s = 0;
   double replicate_s = 0;  // from Snapshot() returning to the commit
   double transfer_s = 0;   // the runtime's own send+receive time, per round
+  double raw_s = 0;        // the raw exchange run after each round
+  // Medians of the per-round ratios raw / round and raw / transfer.
+  double replicate_vs_raw = 0;
+  double transfer_vs_raw = 0;
   size_t piece_bytes = 0;
   std::string error;
 };
@@ -201,18 +238,20 @@ std::string RunPair(size_t bytes, const char* verify, const SlotBody& body) {
 }
 
 // `reps` timed snapshots of each slot, each waited for until committed;
-// buddies verify at `verify`.
+// buddies verify at `verify`. After each round, once both slots saw the
+// commit, slot 0 runs the raw exchange of a piece's bytes.
 Pair MeasureRuntime(size_t bytes, int reps, const char* verify) {
   Pair out;
   std::vector<double> snap[2];
   // Per timed round and slot: Snapshot() returned, the commit was seen.
   std::vector<absl::Time> taken_at[2], committed_at[2];
-  double transfer_s = 0;
+  // Per timed round: slot 0's transfer time, the raw exchange after it.
+  std::vector<double> transfer, raw;
+  RawExchange exchange(bytes / 2);
   // The first two rounds are not timed: each allocates a receive buffer
   // and faults its pages in (a buddy holds the last committed copy while
   // the next one arrives; from the third round on, buffers are reused).
   constexpr int kWarmup = 2;
-  holdfast::BackupStats first;  // slot 0's, after the warm-up rounds
   // Slot 1 snapshots after slot 0's copy is done, so the timed copy (slot
   // 0's) has the memory bus to itself, as the memcpy baseline does.
   absl::Mutex mu;
@@ -220,10 +259,9 @@ Pair MeasureRuntime(size_t bytes, int reps, const char* verify) {
   auto body = [&](int want, holdfast::Runtime& rt,
                   std::vector<uint8_t>& state) -> absl::Status {
     HOLDFAST_RETURN_IF_ERROR(rt.communicator().status());
+    holdfast::BackupStats before = rt.backup_stats();
     for (int i = 0; i < kWarmup + reps; ++i) {
       const int64_t step = i + 1;
-      // (The warm-up rounds' stats are complete: 20 ms passed since.)
-      if (i == kWarmup && want == 0) first = rt.backup_stats();
       state[static_cast<size_t>(i) % bytes] ^= 1;
       if (want == 1) {
         absl::MutexLock lock(&mu);
@@ -240,27 +278,29 @@ Pair MeasureRuntime(size_t bytes, int reps, const char* verify) {
       }
       if (!taken.ok()) return taken.status();
       if (!*taken) return absl::InternalError("snapshot skipped");
-      while (rt.committed_step() < step &&
-             absl::Now() - t1 < absl::Seconds(60)) {
-        absl::SleepFor(absl::Microseconds(100));
-      }
+      HOLDFAST_RETURN_IF_ERROR(rt.AwaitCommit(step, absl::Seconds(60)));
       const absl::Time t2 = absl::Now();
-      if (rt.committed_step() < step) {
-        return absl::DeadlineExceededError("no commit in 60 s");
-      }
       if (i >= kWarmup) {
         snap[want].push_back(absl::ToDoubleSeconds(t1 - t0));
         taken_at[want].push_back(t1);
         committed_at[want].push_back(t2);
       }
-      // Let the other slot see the commit too before the next round.
+      // Let the other slot see the commit too before the next round (and
+      // the round's stats be complete).
       absl::SleepFor(absl::Milliseconds(20));
-    }
-    if (want == 0) {
-      const holdfast::BackupStats b = rt.backup_stats();
-      const int64_t rounds = b.rounds - first.rounds;
-      transfer_s =
-          rounds > 0 ? (b.transfer_us - first.transfer_us) / 1e6 / rounds : 0;
+      if (want == 1) continue;
+      // Slot 1 waits for slot 0's next copy meanwhile.
+      const holdfast::BackupStats after = rt.backup_stats();
+      const double raw_s = exchange.Once();
+      if (raw_s <= 0) return absl::InternalError("the raw exchange failed");
+      if (i >= kWarmup) {
+        // (Uncounted, -1, if the round's stats came late.)
+        transfer.push_back(after.rounds == before.rounds + 1
+                               ? (after.transfer_us - before.transfer_us) / 1e6
+                               : -1);
+        raw.push_back(raw_s);
+      }
+      before = after;
     }
     return absl::OkStatus();
   };
@@ -268,16 +308,25 @@ Pair MeasureRuntime(size_t bytes, int reps, const char* verify) {
   out.snapshot_s = Median(snap[0]);
   // Slot 1 copies after slot 0 (see above), so a round starts when the
   // later copy is done, and ends when both slots saw the commit.
-  std::vector<double> repl;
+  std::vector<double> repl, repl_ratio, transfer_ratio;
   for (size_t i = 0;
        i < taken_at[0].size() && i < taken_at[1].size() && out.error.empty();
        ++i) {
     repl.push_back(
         absl::ToDoubleSeconds(std::max(committed_at[0][i], committed_at[1][i]) -
                               std::max(taken_at[0][i], taken_at[1][i])));
+    if (i < raw.size()) repl_ratio.push_back(raw[i] / repl.back());
+    if (i < raw.size() && transfer[i] > 0) {
+      transfer_ratio.push_back(raw[i] / transfer[i]);
+    }
   }
+  transfer.erase(std::remove(transfer.begin(), transfer.end(), -1.0),
+                 transfer.end());
   out.replicate_s = Median(repl);
-  out.transfer_s = transfer_s;
+  out.transfer_s = Median(transfer);
+  out.raw_s = Median(raw);
+  out.replicate_vs_raw = Median(repl_ratio);
+  out.transfer_vs_raw = Median(transfer_ratio);
   out.piece_bytes = bytes / 2;
   return out;
 }
@@ -408,7 +457,9 @@ int main(int argc, char** argv) {
       }
       if (!error.empty()) break;
       const double mem_s = MemcpySeconds(p.piece_bytes, reps);
-      const double raw_s = RawExchangeSeconds(p.piece_bytes, reps);
+      // The raw exchanges of both runs (the overlapped round has none of
+      // its own: it is compared with their median).
+      const double raw_s = (p.raw_s + q.raw_s) / 2;
       const double gb = static_cast<double>(p.piece_bytes) / 1e9;
       r["piece_mb"] = static_cast<double>(p.piece_bytes) / (1 << 20);
       fig["snapshot_gbps"].push_back(gb / p.snapshot_s);
@@ -416,15 +467,13 @@ int main(int argc, char** argv) {
       fig["snapshot_vs_memcpy"].push_back(mem_s / p.snapshot_s);
       fig["replication_gbps"].push_back(gb / p.replicate_s);
       fig["raw_exchange_gbps"].push_back(gb / raw_s);
-      fig["replication_vs_raw"].push_back(raw_s / p.replicate_s);
+      fig["replication_vs_raw"].push_back(p.replicate_vs_raw);
       fig["replication_verify_at_restore_gbps"].push_back(gb / q.replicate_s);
-      fig["replication_verify_at_restore_vs_raw"].push_back(raw_s /
-                                                            q.replicate_s);
+      fig["replication_verify_at_restore_vs_raw"].push_back(q.replicate_vs_raw);
       fig["replication_overlapped_gbps"].push_back(gb / overlapped_s);
       fig["replication_overlapped_vs_raw"].push_back(raw_s / overlapped_s);
       fig["transfer_gbps"].push_back(p.transfer_s > 0 ? gb / p.transfer_s : 0);
-      fig["transfer_vs_raw"].push_back(p.transfer_s > 0 ? raw_s / p.transfer_s
-                                                        : 0);
+      fig["transfer_vs_raw"].push_back(p.transfer_vs_raw);
     }
     if (!error.empty()) {
       r["error"] = error;
