@@ -356,12 +356,12 @@ class RuntimeImpl final : public Runtime {
   absl::Status AwaitCommit(int64_t step, absl::Duration timeout) override {
     if (AwaitCommitted(step, absl::Now() + timeout)) return absl::OkStatus();
     HOLDFAST_RETURN_IF_ERROR(Terminal());
+    const bool moved = GenerationMoved();
     const absl::Status health = CommHealth();
-    if (GenerationMoved() || !health.ok()) {
+    if (moved || !health.ok()) {
       return absl::AbortedError(absl::StrCat(
           "AwaitCommit: step ", step, " cannot commit in this generation (",
-          GenerationMoved() ? "a newer generation opened"
-                            : std::string(health.message()),
+          moved ? "a newer generation opened" : std::string(health.message()),
           "); a recovery rolls the state back first"));
     }
     return absl::DeadlineExceededError(absl::StrCat(
