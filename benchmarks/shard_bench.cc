@@ -457,8 +457,8 @@ int main(int argc, char** argv) {
       }
       if (!error.empty()) break;
       const double mem_s = MemcpySeconds(p.piece_bytes, reps);
-      // The raw exchanges of both runs (the overlapped round has none of
-      // its own: it is compared with their median).
+      // The raw exchanges of both runs: the mean of their medians (the
+      // overlapped round has none of its own and is compared with it).
       const double raw_s = (p.raw_s + q.raw_s) / 2;
       const double gb = static_cast<double>(p.piece_bytes) / 1e9;
       r["piece_mb"] = static_cast<double>(p.piece_bytes) / (1 << 20);
