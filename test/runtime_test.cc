@@ -232,6 +232,54 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "runtime: a copy damaged on arrival keeps its step from committing, and "
+    "the next step commits") {
+  // Slot 1 damages the copy of slot 0's piece of step 1 as it lands. Slot
+  // 0's own part of the round succeeds and it acks step 1 at once; only
+  // the verdict the slots share tells it that the step cannot commit. A
+  // slot left waiting for that commit would never back up step 2.
+  Controller c(2);
+  absl::Status first[2];
+  int64_t committed[2] = {-1, -1};
+  auto configure = [](int, holdfast::RuntimeOptions& o) {
+    o.faults = "corrupt-backup:slot=1:step=1";
+  };
+  auto body = [&](int slot, holdfast::Runtime& rt) -> absl::Status {
+    std::vector<uint8_t> state(1 << 20, 5);
+    HOLDFAST_RETURN_IF_ERROR(
+        rt.RegisterState("state", state.data(), state.size()));
+    HOLDFAST_RETURN_IF_ERROR(rt.communicator().status());
+    HOLDFAST_ASSIGN_OR_RETURN(bool taken, rt.Snapshot(1));
+    if (!taken) return absl::InternalError("step 1 was skipped");
+    first[slot] = rt.AwaitCommit(1, absl::Milliseconds(500));
+    state[0] = 6;
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    for (;;) {
+      // Skipped while this slot's round of step 1 is still under way.
+      HOLDFAST_ASSIGN_OR_RETURN(taken, rt.Snapshot(2));
+      if (taken) break;
+      if (absl::Now() > deadline) {
+        return absl::DeadlineExceededError("step 2 was skipped for 20s");
+      }
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    HOLDFAST_RETURN_IF_ERROR(rt.AwaitCommit(2, absl::Seconds(20)));
+    committed[slot] = rt.committed_step();
+    return absl::OkStatus();
+  };
+  std::vector<std::string> errors = RunSlots(c, 2, configure, body);
+  INFO(errors[0] << " / " << errors[1]);
+  CHECK(errors[0].empty());
+  CHECK(errors[1].empty());
+  for (int slot = 0; slot < 2; ++slot) {
+    INFO("slot " << slot << ": " << first[slot].message());
+    CHECK(first[slot].code() == absl::StatusCode::kDeadlineExceeded);
+    CHECK(Mentions(first[slot], "(committed: -1)"));
+    CHECK(committed[slot] == 2);
+  }
+}
+
+TEST_CASE(
     "runtime: a snapshot taken as soon as the step before committed is "
     "backed up, even while that round still writes to the disk tier") {
   // A round's step commits before the round is over: it still evicts

@@ -2598,8 +2598,11 @@ class RuntimeImpl final : public Runtime {
 
   // Backs up one snapshot: every slot agrees on the step, sends its piece
   // to its buddies and receives the pieces it is a buddy for, checks them,
-  // and acks the step once every slot succeeded. True once it commits.
-  // An error is a failure of the side communicator.
+  // and acks the step if its own part succeeded (the controller commits a
+  // step every slot acked); with checks on arrival the slots then share
+  // their verdicts, so none waits for a commit that a damaged copy
+  // elsewhere stopped. True once it commits. An error is a failure of the
+  // side communicator.
   absl::StatusOr<bool> BackupRound(Piece* own, Communicator* c,
                                    bulk::Links* links) {
     const int64_t s = own->step;
@@ -2618,9 +2621,9 @@ class RuntimeImpl final : public Runtime {
     }
     // Until it is acked (and may commit), a piece whose round failed is
     // dropped: no step can commit without it.
-    bool acked = false;
-    absl::Cleanup drop_unless_acked = [&] {
-      if (!acked) Drop(own);
+    bool may_commit = false;
+    absl::Cleanup drop_unless_may_commit = [&] {
+      if (!may_commit) Drop(own);
     };
     OpOptions agree;
     agree.timeout = kAgreeTimeout;
@@ -2730,29 +2733,45 @@ class RuntimeImpl final : public Runtime {
     const int64_t transfer_us =
         absl::ToInt64Microseconds(absl::Now() - transfer_start);
     if (!st.ok()) return st;
+    // A deferred piece is acked only if the trainer fenced its copy.
+    if (good == 1 && own->deferred && !AwaitValidated(own, gen)) good = 0;
+    if (good == 1) {
+      // This slot holds its piece and good copies of its owners' pieces:
+      // it acks now, and the verdict below travels while the ack does.
+      // The copies are kept first: once every slot acked, the step can
+      // commit even if this round fails from here on.
+      {
+        absl::MutexLock lock(&bk_mu_);
+        for (auto& in : got) pieces_.push_back(std::move(in->piece));
+      }
+      may_commit = true;
+      member_->SendCheckpointAck(s, gen);
+    }
     if (verify) {
-      // Everyone drops a step whose copy arrived damaged anywhere (else
-      // the others would ack it and wait for a commit that never comes).
+      // A slot that found a damaged copy (or whose deferred copy was not
+      // fenced) did not ack, so the step never commits: everyone learns
+      // it here and drops the step, instead of waiting for that commit.
       // Unchecked copies have no verdict to share.
       std::vector<int64_t> goods(static_cast<size_t>(world));
       st =
           c->AllGather(&good, goods.data(), 1, DataType::kInt64, agree)->Wait();
       if (!st.ok()) return st;
       if (std::find(goods.begin(), goods.end(), 0) != goods.end()) {
+        // The copies of this round, if kept (the cleanup drops own).
+        may_commit = false;
+        Evict([s, gen, own](const Piece& p) {
+          return p.step == s && p.layout_generation == gen && &p != own;
+        });
         return false;
       }
+    } else if (good == 0) {
+      return false;
     }
     {
       absl::MutexLock lock(&bk_mu_);
-      for (auto& in : got) pieces_.push_back(std::move(in->piece));
       backup_bytes_ += moved;
       transfer_us_ += transfer_us;
     }
-    // A deferred piece is acked only if the trainer fenced its copy.
-    if (own->deferred && !AwaitValidated(own, gen)) return false;
-    // Every slot holds its piece and its buddies' copies: ack.
-    acked = true;
-    member_->SendCheckpointAck(s, gen);
     for (;;) {
       absl::MutexLock lock(&mu_);
       auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
