@@ -79,6 +79,23 @@ bool Mentions(const absl::Status& s, const std::string& text) {
   return std::string(s.message()).find(text) != std::string::npos;
 }
 
+// Snapshot(step), taken again every 5 ms while it is skipped (this slot's
+// previous round is still under way), until `deadline`; each skip is
+// counted in `skips` if given.
+absl::Status SnapshotUntilTaken(holdfast::Runtime& rt, int64_t step,
+                                absl::Time deadline, int* skips = nullptr) {
+  for (;;) {
+    HOLDFAST_ASSIGN_OR_RETURN(bool taken, rt.Snapshot(step));
+    if (taken) return absl::OkStatus();
+    if (skips != nullptr) ++*skips;
+    absl::SleepFor(absl::Milliseconds(5));
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("step ", step, " was never taken"));
+    }
+  }
+}
+
 }  // namespace
 
 TEST_CASE("runtime: bad registrations are refused by name") {
@@ -253,16 +270,9 @@ TEST_CASE(
     if (!taken) return absl::InternalError("step 1 was skipped");
     first[slot] = rt.AwaitCommit(1, absl::Milliseconds(500));
     state[0] = 6;
-    const absl::Time deadline = absl::Now() + absl::Seconds(20);
-    for (;;) {
-      // Skipped while this slot's round of step 1 is still under way.
-      HOLDFAST_ASSIGN_OR_RETURN(taken, rt.Snapshot(2));
-      if (taken) break;
-      if (absl::Now() > deadline) {
-        return absl::DeadlineExceededError("step 2 was skipped for 20s");
-      }
-      absl::SleepFor(absl::Milliseconds(5));
-    }
+    // Skipped while this slot's round of step 1 is still under way.
+    HOLDFAST_RETURN_IF_ERROR(
+        SnapshotUntilTaken(rt, 2, absl::Now() + absl::Seconds(20)));
     HOLDFAST_RETURN_IF_ERROR(rt.AwaitCommit(2, absl::Seconds(20)));
     committed[slot] = rt.committed_step();
     return absl::OkStatus();
@@ -300,17 +310,9 @@ TEST_CASE(
     for (int64_t step = 1; step <= kSteps; ++step) {
       state[static_cast<size_t>(step)] ^= 1;
       const absl::Time deadline = absl::Now() + absl::Seconds(20);
-      for (;;) {
-        HOLDFAST_ASSIGN_OR_RETURN(bool taken, rt.Snapshot(step));
-        if (taken) break;
-        // Taken the next time, so the test ends either way.
-        ++skipped[slot];
-        absl::SleepFor(absl::Milliseconds(5));
-        if (absl::Now() > deadline) {
-          return absl::DeadlineExceededError(
-              absl::StrCat("step ", step, " was never taken"));
-        }
-      }
+      // Taken the next time, so the test ends either way.
+      HOLDFAST_RETURN_IF_ERROR(
+          SnapshotUntilTaken(rt, step, deadline, &skipped[slot]));
       while (rt.committed_step() < step) {
         if (absl::Now() > deadline) {
           return absl::DeadlineExceededError(
