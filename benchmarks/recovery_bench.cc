@@ -39,7 +39,14 @@
 //
 //   recovery_bench [--ranks 2,4,8] [--state-mb 1,16,256,1024] [--json]
 //                  [--step-ms 20] [--committed 1] [--kill-ms 0]
-//                  [--run BIN] [--trainer BIN]
+//                  [--run BIN] [--trainer BIN] [--trainer-args "..."]
+//
+// The trainer fences its writes (BeginStateUpdate()), so by default its
+// snapshots are copied during the next step, and one commits only once the
+// step after it fenced: at a kill in a step's all-reduce the survivors'
+// live state is a step past the committed one. --trainer-args
+// "--snapshot-copy between-steps" copies them between the steps instead
+// (the default before 2026-11-23).
 #include <sys/sysinfo.h>
 #include <sys/wait.h>
 
@@ -104,8 +111,8 @@ struct Result {
 };
 
 Result Measure(const std::string& run, const std::string& trainer, int n,
-               int64_t mb, int64_t step_ms, int64_t committed,
-               int64_t kill_ms) {
+               const std::string& extra_args, int64_t mb, int64_t step_ms,
+               int64_t committed, int64_t kill_ms) {
   Result r;
   r.ranks = n;
   r.state_mb = mb;
@@ -114,7 +121,8 @@ Result Measure(const std::string& run, const std::string& trainer, int n,
   // Enough steps that the kill lands after a few committed snapshots.
   const int steps = 8, kill_at = 5;
   const std::string trainer_args =
-      absl::StrCat(" --state-mb ", mb, " --step-ms ", step_ms, " --steps ");
+      absl::StrCat(extra_args.empty() ? "" : " ", extra_args, " --state-mb ",
+                   mb, " --step-ms ", step_ms, " --steps ");
   const std::string inject = absl::StrCat(
       " --inject kill:slot=1:step=", kill_at, ":committed=", committed,
       kill_ms > 0 ? absl::StrCat(":ms=", kill_ms) : "");
@@ -210,12 +218,15 @@ int main(int argc, char** argv) {
   std::vector<int> ranks = {2, 4, 8};
   std::vector<int64_t> sizes = {1, 16, 256, 1024};
   std::string run = HOLDFAST_RUN_BIN, trainer = HOLDFAST_DP_TRAINER_BIN;
+  std::string trainer_args;
   bool as_json = false;
   int64_t step_ms = 20, committed = 1, kill_ms = 0;
   app.add_option("--ranks", ranks, "world sizes")->delimiter(',');
   app.add_option("--state-mb", sizes, "state sizes in MiB")->delimiter(',');
   app.add_option("--run", run, "holdfast-run binary");
   app.add_option("--trainer", trainer, "trainer binary");
+  app.add_option("--trainer-args", trainer_args,
+                 "more arguments for the trainer (every run of it)");
   app.add_option("--step-ms", step_ms,
                  "the trainer's compute time per step (--step-ms)")
       ->check(CLI::Range(int64_t{0}, int64_t{60000}));
@@ -255,7 +266,8 @@ int main(int argc, char** argv) {
         out.push_back({{"ranks", n}, {"state_mb", mb}, {"skipped", "memory"}});
         continue;
       }
-      Result r = Measure(run, trainer, n, mb, step_ms, committed, kill_ms);
+      Result r = Measure(run, trainer, n, trainer_args, mb, step_ms, committed,
+                         kill_ms);
       const double ratio =
           r.ok && r.recovery_ms > 0
               ? static_cast<double>(r.baseline_ms) / r.recovery_ms
@@ -274,6 +286,7 @@ int main(int argc, char** argv) {
                 {"step_ms", step_ms},
                 {"committed", committed},
                 {"kill_ms", kill_ms},
+                {"trainer_args", trainer_args},
                 {"restored_step", r.restored_step},
                 {"recovery_ms", r.recovery_ms},
                 {"restart_baseline_ms", r.baseline_ms},

@@ -26,9 +26,9 @@
 //                what it received as it lands (verify_backups "arrival",
 //                the default), and leaving that to a restore ("restore").
 //                A third time with the copy during the next step
-//                (overlap_snapshot_copy, which hashes the piece as it
-//                copies it) and the check at restore, timed by the runtime
-//                (MeasureOverlappedRound).
+//                (RunOptions::SnapshotCopy::kDuringNextStep, which hashes
+//                the piece as it copies it) and the check at restore, timed by
+//                the runtime (MeasureOverlappedRound).
 // Both slots live in this process (two Runtimes, two threads) with an
 // embedded controller, so the two measurements share one machine. All of
 // a size's measurements run --trials times in turn; each figure is the
@@ -39,8 +39,9 @@
 // --state-mb of state): training time from the first step to the last with
 // a snapshot every step, against one snapshot at the end; the median of
 // --trials alternating runs of each. Twice: with the copy on the training
-// thread between the steps, and with it overlapped with the next step
-// (RunOptions::overlap_snapshot_copy, the trainer's --overlap-snapshot).
+// thread between the steps (the trainer's --snapshot-copy between-steps),
+// and with it overlapped with the next step (its default, auto: the
+// trainer fences its writes with BeginStateUpdate()).
 // Goal: <= 3 % when the backup fits in the step's idle time.
 //
 //   shard_bench [--sizes-mb 16,64,256] [--reps 5] [--overhead-mb 64]
@@ -332,11 +333,11 @@ Pair MeasureRuntime(size_t bytes, int reps, const char* verify) {
 }
 
 // Mean round, in seconds, of snapshots copied during the next step
-// (RunOptions::overlap_snapshot_copy) and checked at restore: the owner
-// hashes its piece as it copies it, so the round itself moves bytes only.
-// Two slots run the step loop; each step fences at once (so the copy
-// waits for no compute and nothing is skipped for lack of time), then
-// idles long enough for the round. Timed by the runtime
+// (RunOptions::SnapshotCopy::kDuringNextStep) and checked at restore: the
+// owner hashes its piece as it copies it, so the round itself moves bytes
+// only. Two slots run the step loop; each step fences after 2 ms (by then
+// the backup thread has the copy under way, so the copy waits for no
+// compute), then idles long enough for the round. Timed by the runtime
 // (BackupStats::round_us: from the end of the copy to the commit), over
 // the rounds between the third step and the last (the first rounds fault
 // pages in; the last step's snapshot is copied between the steps); of the
@@ -351,7 +352,7 @@ double MeasureOverlappedRound(size_t bytes, int reps, std::string* error) {
     holdfast::BackupStats first, last;
     holdfast::RunOptions ro;
     ro.steps = steps;
-    ro.overlap_snapshot_copy = true;
+    ro.snapshot_copy = holdfast::RunOptions::SnapshotCopy::kDuringNextStep;
     auto r = rt.Run(
         [&](const holdfast::StepContext& ctx) -> absl::Status {
           if (ctx.step == 3) first = rt.backup_stats();
@@ -390,13 +391,13 @@ json ReadJson(const std::string& path) {
 // Training wall time of the example trainer (first step start to last step
 // end), in ms; -1 on failure.
 double TrainerWallMs(int64_t steps, int64_t step_ms, int64_t state_mb,
-                     int64_t snapshot_every, bool overlap) {
+                     int64_t snapshot_every, const char* snapshot_copy) {
   const std::string dir = holdfast::proc::MakeTempDir();
   const std::string cmd = absl::StrCat(
       HOLDFAST_RUN_BIN, " -n 2 --log-dir ", dir, " -- ",
       HOLDFAST_DP_TRAINER_BIN, " --steps ", steps, " --step-ms ", step_ms,
       " --state-mb ", state_mb, " --snapshot-every ", snapshot_every,
-      overlap ? " --overlap-snapshot" : "", " > /dev/null 2>&1");
+      " --snapshot-copy ", snapshot_copy, " > /dev/null 2>&1");
   const int st = std::system(cmd.c_str());
   if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) return -1;
   json j = ReadJson(dir + "/summary.json");
@@ -490,10 +491,12 @@ int main(int argc, char** argv) {
     // Alternating runs, medians: a shared VM drifts by a few percent.
     std::vector<double> withs, overlapped, withouts;
     for (int t = 0; t < trials; ++t) {
-      withs.push_back(TrainerWallMs(steps, step_ms, overhead_mb, 1, false));
-      overlapped.push_back(TrainerWallMs(steps, step_ms, overhead_mb, 1, true));
+      withs.push_back(
+          TrainerWallMs(steps, step_ms, overhead_mb, 1, "between-steps"));
+      overlapped.push_back(
+          TrainerWallMs(steps, step_ms, overhead_mb, 1, "auto"));
       withouts.push_back(
-          TrainerWallMs(steps, step_ms, overhead_mb, steps + 1, false));
+          TrainerWallMs(steps, step_ms, overhead_mb, steps + 1, "auto"));
     }
     auto median_or_fail = [](const std::vector<double>& v) {
       return std::find(v.begin(), v.end(), -1.0) != v.end() ? -1 : Median(v);
@@ -553,8 +556,10 @@ int main(int argc, char** argv) {
     std::printf(
         "every-step snapshots, %lld MiB state, %lld steps of %lld ms, %.0f ms "
         "without snapshots:\n"
-        "  copied between the steps:       %.0f ms, overhead %.1f %%\n"
-        "  copied during the next step:    %.0f ms, overhead %.1f %%\n",
+        "  copied between the steps:               %.0f ms, overhead %.1f "
+        "%%\n"
+        "  copied during the next step (default):  %.0f ms, overhead %.1f "
+        "%%\n",
         static_cast<long long>(o.value("state_mb", 0)),
         static_cast<long long>(o.value("steps", 0)),
         static_cast<long long>(o.value("step_ms", 0)),

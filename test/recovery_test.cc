@@ -112,10 +112,13 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "recovery: with snapshots copied during the next step a killed rank is "
+    "recovery: with snapshots copied between the steps a killed rank is "
     "replaced and the hash equals the fault-free run") {
+  // The trainer fences its writes, so by default its snapshots are copied
+  // during the next step; this is the other way.
   std::vector<std::string> trainer = kTrainer;
-  trainer.insert(trainer.end(), {"--overlap-snapshot", "--step-ms", "5"});
+  trainer.insert(trainer.end(),
+                 {"--snapshot-copy", "between-steps", "--step-ms", "5"});
   KilledRankIsReplaced(trainer);
 }
 
@@ -253,12 +256,16 @@ LiveRestore ParseLiveRestore(const std::string& err, int world) {
 
 // Three workers with 100 ms steps (each step's backup commits within the
 // next step) and `args`: the run ends with the fault-free hash after one
-// incident of `kind`.
+// incident of `kind`. Snapshots are copied between the steps: one copied
+// during the next step commits only once that step has passed its
+// all-reduce and fenced its writes, so a failure in the all-reduce finds
+// the live state a step past the committed one.
 JobRun RunWithCommittedSteps(const std::vector<std::string>& args,
                              const std::string& kind) {
   const std::string ref = Reference(3);
   std::vector<std::string> trainer = kTrainer;
-  trainer.insert(trainer.end(), {"--step-ms", "100"});
+  trainer.insert(trainer.end(),
+                 {"--step-ms", "100", "--snapshot-copy", "between-steps"});
   std::vector<std::string> all = {"-n", "3"};
   all.insert(all.end(), args.begin(), args.end());
   JobRun r = Launch(all, trainer);

@@ -469,13 +469,14 @@ TEST_CASE("shards: ZeRO-1 with a killed rank equals the fault-free run") {
 }
 
 TEST_CASE(
-    "shards: ZeRO-1 with snapshots copied during the next step and a killed "
-    "rank equals the fault-free run") {
+    "shards: ZeRO-1 with snapshots copied during the next step (required) "
+    "and a killed rank equals the fault-free run") {
   // The kill waits for a commit past step 0 (a loaded machine may slow
   // the first rounds).
-  JobRun r = ExpectFaultFreeHash({"-n", "4", "--standby", "1", "--inject",
-                                  "kill:slot=2:step=20:committed=1"},
-                                 {"--overlap-snapshot", "--step-ms", "5"});
+  JobRun r = ExpectFaultFreeHash(
+      {"-n", "4", "--standby", "1", "--inject",
+       "kill:slot=2:step=20:committed=1"},
+      {"--snapshot-copy", "during-next-step", "--step-ms", "5"});
   // The survivors were at step 19: a deferred snapshot past step 0 was
   // committed and restored.
   REQUIRE(r.summary["incidents"].size() == 1);

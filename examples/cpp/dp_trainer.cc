@@ -180,13 +180,16 @@ int main(int argc, char** argv) {
   float lr = 0.05f;
   std::string save, load;
   bool zero1 = false;
-  bool overlap = false;
+  std::string snapshot_copy = "auto";
   app.add_flag("--zero1", zero1,
                "shard the momentum over the slots (ZeRO-1) and all-gather "
                "the parameters");
-  app.add_flag("--overlap-snapshot", overlap,
-               "copy each snapshot in the background during the next step "
-               "(RunOptions::overlap_snapshot_copy)");
+  app.add_option("--snapshot-copy", snapshot_copy,
+                 "where each snapshot is copied (RunOptions::snapshot_copy): "
+                 "auto (during the next step, as every step fences its "
+                 "writes with BeginStateUpdate()), between-steps, or "
+                 "during-next-step")
+      ->check(CLI::IsMember({"auto", "between-steps", "during-next-step"}));
   app.add_option("--save", save,
                  "slot 0 writes the final state to this file (the restart "
                  "baseline of benchmarks/recovery_bench)");
@@ -349,7 +352,11 @@ int main(int argc, char** argv) {
   holdfast::RunOptions ro;
   ro.steps = steps;
   ro.snapshot_every = snapshot_every;
-  ro.overlap_snapshot_copy = overlap;
+  ro.snapshot_copy = snapshot_copy == "between-steps"
+                         ? holdfast::RunOptions::SnapshotCopy::kBetweenSteps
+                     : snapshot_copy == "during-next-step"
+                         ? holdfast::RunOptions::SnapshotCopy::kDuringNextStep
+                         : holdfast::RunOptions::SnapshotCopy::kAuto;
   ro.metrics = [&] {
     return std::map<std::string, double>{{"loss", last_loss}};
   };

@@ -165,15 +165,26 @@ struct RunOptions {
   // registers pinned host copies (nccl::DeviceSnapshot) and copies them
   // back to the device here. An error ends Run with it.
   std::function<absl::Status(int64_t restored_step)> on_restore;
-  // Copy each snapshot out of the registered buffers on the background
-  // thread while the next step computes, instead of on the training thread
-  // between the steps (as CheckFreq does: a step reads the state long
-  // before it writes it). The step function must then call
-  // ctx.runtime->BeginStateUpdate() in every step, before its first write
-  // to registered state. A step that returns without the call fails Run
-  // with FailedPrecondition (its snapshot is dropped). The last step's
-  // snapshot is always copied between the steps.
-  bool overlap_snapshot_copy = false;
+  // Where each snapshot is copied out of the registered buffers: on the
+  // training thread between the steps, or on the background thread while
+  // the next step computes (as CheckFreq does: a step reads the state long
+  // before it writes it), which needs the step function to call
+  // ctx.runtime->BeginStateUpdate() before its first write to registered
+  // state. The last step's snapshot is always copied between the steps.
+  enum class SnapshotCopy {
+    // During the next step when the step just snapshotted called
+    // BeginStateUpdate() (the trainer fences its writes), else between the
+    // steps. If a step then returns without the call, the snapshot it may
+    // have written under is dropped (RunResult::snapshots_unfenced, with a
+    // warning) and the next one is copied between the steps.
+    kAuto,
+    // Always between the steps (BeginStateUpdate() returns at once).
+    kBetweenSteps,
+    // Always during the next step: a step that returns without calling
+    // BeginStateUpdate() fails Run with FailedPrecondition.
+    kDuringNextStep,
+  };
+  SnapshotCopy snapshot_copy = SnapshotCopy::kAuto;
 };
 
 // One recovery, as this process saw it. Times are Unix milliseconds.
@@ -205,6 +216,11 @@ struct RunResult {
   std::vector<RecoveryRecord> recoveries;
   int64_t snapshots = 0;
   int64_t snapshots_skipped = 0;  // the previous one was not committed yet
+  // Of the snapshots, those copied during the next step that called
+  // BeginStateUpdate() first, and those dropped because the next step
+  // did not call it (kAuto).
+  int64_t snapshots_overlapped = 0;
+  int64_t snapshots_unfenced = 0;
   // Step time of the steps that count (those rolled back are dropped),
   // carried across recoveries, and the wall time from the first step's
   // start to the last step's end.
@@ -212,7 +228,7 @@ struct RunResult {
   int64_t wall_ms = 0;
   // Backups: rounds committed, bytes this member sent and received for
   // them, and the time its background thread spent in them (the rounds;
-  // not the copies of overlap_snapshot_copy).
+  // not the copies made during a step).
   int64_t backups = 0;
   int64_t backup_bytes = 0;
   int64_t backup_ms = 0;
@@ -287,11 +303,12 @@ class Runtime {
   // generation opens (a recovery rolls the state back first) or the job
   // ended; FailedPrecondition when this member was fenced.
   virtual absl::Status AwaitCommit(int64_t step, absl::Duration timeout) = 0;
-  // With RunOptions::overlap_snapshot_copy: the step function calls this
-  // before it writes registered state. It waits for the background copy of
-  // the previous step's snapshot if one is under way (a memory copy), and
-  // lets that snapshot commit; one not yet started is skipped rather than
-  // waited for. Without a deferred snapshot it returns at once.
+  // The step function calls this before it writes registered state, so
+  // that its snapshot can be copied during the next step (see
+  // RunOptions::snapshot_copy). It waits for the background copy of the
+  // previous step's snapshot if one is under way (a memory copy), and lets
+  // that snapshot commit; one not yet started is skipped rather than
+  // waited for. Without such a snapshot it returns at once.
   virtual void BeginStateUpdate() = 0;
   // Full recovery after `cause`; returns the restored step (the loop goes
   // on at restored + 1).

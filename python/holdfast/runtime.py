@@ -251,7 +251,7 @@ class Runtime:
 
     # ---- the step loop -----------------------------------------------------
     def run(self, step_fn, steps, snapshot_every=1, metrics=None,
-            on_restore=None, overlap_snapshot_copy=False):
+            on_restore=None, snapshot_copy="auto"):
         """Runs steps committed+1 .. `steps` with automatic recovery.
 
         `step_fn(ctx)` gets a StepContext. A holdfast error it raises (or
@@ -262,12 +262,19 @@ class Runtime:
         `on_restore(step)` runs whenever the registered tensors were restored
         (at the start and after each recovery), before the next step.
 
-        With `overlap_snapshot_copy`, each snapshot is copied out of the
-        registered tensors on the backup thread while the next step
-        computes, instead of between the steps. Every step must then call
-        `ctx.runtime.begin_state_update()` before it writes registered
-        state (before `optimizer.step()`); a step that does not ends the
-        run with FencedError (FailedPrecondition) naming the call.
+        `snapshot_copy` says where each snapshot is copied out of the
+        registered tensors:
+        - "auto" (the default): on the backup thread while the next step
+          computes when the step just snapshotted called
+          `ctx.runtime.begin_state_update()` before it wrote registered
+          state (before `optimizer.step()`), else between the steps. If a
+          step then skips the call, the snapshot it may have written under
+          is dropped (`RunResult.snapshots_unfenced`, and a warning).
+        - "between_steps": always between the steps.
+        - "during_next_step": always during the next step; a step that
+          does not call `begin_state_update()` ends the run with
+          FencedError (FailedPrecondition) naming the call.
+        A bad value raises ValueError.
         """
 
         def step(ctx):
@@ -282,13 +289,14 @@ class Runtime:
                 group._end_step()
 
         return self._rt.run(step, int(steps), int(snapshot_every), metrics,
-                            on_restore, bool(overlap_snapshot_copy))
+                            on_restore, str(snapshot_copy))
 
     def begin_state_update(self):
-        """With run(overlap_snapshot_copy=True): call in every step before
-        the first write to registered state. Waits for the copy of the
-        previous step's snapshot if one is under way (a memory copy, never
-        the network); one not yet started is skipped instead."""
+        """Call in every step before the first write to registered state,
+        so that the step's snapshot is copied while the next step computes
+        (see run's `snapshot_copy`). Waits for the copy of the previous
+        step's snapshot if one is under way (a memory copy, never the
+        network); one not yet started is skipped instead."""
         self._rt.begin_state_update()
 
     def leave(self, finished=False):

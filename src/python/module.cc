@@ -343,6 +343,8 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("recoveries", &RunResult::recoveries)
       .def_readonly("snapshots", &RunResult::snapshots)
       .def_readonly("snapshots_skipped", &RunResult::snapshots_skipped)
+      .def_readonly("snapshots_overlapped", &RunResult::snapshots_overlapped)
+      .def_readonly("snapshots_unfenced", &RunResult::snapshots_unfenced)
       .def_readonly("productive_ms", &RunResult::productive_ms)
       .def_readonly("wall_ms", &RunResult::wall_ms)
       .def_readonly("backups", &RunResult::backups)
@@ -401,7 +403,19 @@ PYBIND11_MODULE(_C, m) {
           "run",
           [](Runtime& rt, py::function step_fn, int64_t steps,
              int64_t snapshot_every, py::object metrics, py::object on_restore,
-             bool overlap_snapshot_copy) {
+             const std::string& snapshot_copy) {
+            RunOptions ro;
+            if (snapshot_copy == "auto") {
+              ro.snapshot_copy = RunOptions::SnapshotCopy::kAuto;
+            } else if (snapshot_copy == "between_steps") {
+              ro.snapshot_copy = RunOptions::SnapshotCopy::kBetweenSteps;
+            } else if (snapshot_copy == "during_next_step") {
+              ro.snapshot_copy = RunOptions::SnapshotCopy::kDuringNextStep;
+            } else {
+              throw py::value_error(
+                  "run: snapshot_copy is '" + snapshot_copy +
+                  "'; it is 'auto', 'between_steps' or 'during_next_step'");
+            }
             // An exception of the step function that is not a holdfast
             // error: Run stops, and it is raised again here.
             std::optional<py::error_already_set> raised;
@@ -430,10 +444,8 @@ PYBIND11_MODULE(_C, m) {
                     "the step function raised a Python exception");
               }
             };
-            RunOptions ro;
             ro.steps = steps;
             ro.snapshot_every = snapshot_every;
-            ro.overlap_snapshot_copy = overlap_snapshot_copy;
             if (!metrics.is_none()) {
               ro.metrics = [&metrics]() {
                 py::gil_scoped_acquire gil;
@@ -464,7 +476,7 @@ PYBIND11_MODULE(_C, m) {
           },
           py::arg("step_fn"), py::arg("steps"), py::arg("snapshot_every") = 1,
           py::arg("metrics") = py::none(), py::arg("on_restore") = py::none(),
-          py::arg("overlap_snapshot_copy") = false)
+          py::arg("snapshot_copy") = "auto")
       .def("begin_state_update",
            [](Runtime& rt) {
              // It may wait for a memory copy on the backup thread.

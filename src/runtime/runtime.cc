@@ -111,6 +111,8 @@ constexpr char kSidePrefix[] = "holdfast/side/";
 // step's duration (us). Each slot times its own steps.
 constexpr int kLedger = 3;
 
+using SnapshotCopy = RunOptions::SnapshotCopy;
+
 struct StateBuffer {
   std::string name;
   bool sharded = false;
@@ -432,29 +434,57 @@ class RuntimeImpl final : public Runtime {
     return TakeSnapshot(step, /*defer=*/false);
   }
 
-  // Called by the step function before it writes registered state, when
-  // the snapshot of the previous step is copied in the background
-  // (RunOptions::overlap_snapshot_copy). Waits for a copy under way (a
-  // memcpy, never the network); a copy not yet started, because the
-  // backup thread is still acking the round before, is dropped instead, so
-  // training never waits for a backup.
+  // Called by the step function before it writes registered state, so the
+  // step's own snapshot may be copied during the next step
+  // (RunOptions::snapshot_copy). When the snapshot of the previous step is
+  // copied in the background, waits for a copy under way (a memcpy, never
+  // the network). A copy not yet started, because the backup thread is
+  // still acking the round before, is made here instead, as it would have
+  // been between the steps: training never waits for a backup, and no
+  // snapshot is lost for want of time.
   void BeginStateUpdate() override {
-    absl::MutexLock lock(&bk_mu_);
-    Piece* p = deferred_;
-    if (p == nullptr) return;
-    if (pending_ == p) {
-      ++snapshots_skipped_;
-      DropLocked(p);  // clears deferred_
-      return;
+    Piece* p;
+    {
+      absl::MutexLock lock(&bk_mu_);
+      fence_seen_ = true;
+      p = deferred_;
+      if (p == nullptr) return;
+      if (pending_ != p) {
+        // The backup thread took it and copies it; a piece that is
+        // dropped meanwhile clears deferred_ (EvictLocked), so p is only
+        // read alive.
+        auto copied = [this, p]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(bk_mu_) {
+          return deferred_ != p || p->copied;
+        };
+        bk_mu_.Await(absl::Condition(&copied));
+        if (deferred_ == p) {
+          p->validated = true;
+          ++snapshots_overlapped_;
+        }
+        deferred_ = nullptr;
+        return;
+      }
+      // Not started: taken back while this thread copies it. Only this
+      // thread drops a pending piece, and a round evicts other steps than
+      // this newest one, so it stays listed.
+      pending_ = nullptr;
+      deferred_ = nullptr;
     }
-    // The backup thread took it and copies it; a piece that is dropped
-    // meanwhile clears deferred_ (EvictLocked), so p is only read alive.
-    auto copied = [this, p]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(bk_mu_) {
-      return deferred_ != p || p->copied;
-    };
-    bk_mu_.Await(absl::Condition(&copied));
-    if (deferred_ == p) p->validated = true;
-    deferred_ = nullptr;
+    p->deferred = false;
+    CopyOut(p);
+    absl::MutexLock lock(&bk_mu_);
+    pending_ = p;
+  }
+
+  // Copies this member's part of the registered state into `p` (on the
+  // training thread: between the steps, or at the fence).
+  void CopyOut(Piece* p) {
+    uint8_t* out = p->bytes.get();
+    for (const StateBuffer& b : buffers_) {
+      const shards::Range r = Part(b, p->world, p->slot);
+      if (r.bytes > 0) std::memcpy(out, Source(b, r), r.bytes);
+      out += r.bytes;
+    }
   }
 
   // Snapshot(step); with `defer`, the backup thread copies the bytes in
@@ -512,14 +542,7 @@ class RuntimeImpl final : public Runtime {
     p->size = PieceSize(v.world, v.slot);
     p->bytes = Acquire(p->size);
     p->deferred = defer;
-    if (!defer) {
-      uint8_t* out = p->bytes.get();
-      for (const StateBuffer& b : buffers_) {
-        const shards::Range r = Part(b, v.world, v.slot);
-        if (r.bytes > 0) std::memcpy(out, Source(b, r), r.bytes);
-        out += r.bytes;
-      }
-    }
+    if (!defer) CopyOut(p.get());
     ++snapshots_;
     absl::MutexLock lock(&bk_mu_);
     pending_ = p.get();
@@ -546,9 +569,16 @@ class RuntimeImpl final : public Runtime {
     p->copied = true;
   }
 
-  // At the end of a step of a loop with overlap_snapshot_copy: a deferred
-  // snapshot still waiting for BeginStateUpdate() may have been written
-  // under; it is dropped. Whether there was one.
+  // Before a step: forgets an earlier BeginStateUpdate(). After it: whether
+  // the step called it.
+  bool TakeFenceSeen() {
+    absl::MutexLock lock(&bk_mu_);
+    return std::exchange(fence_seen_, false);
+  }
+
+  // At the end of a step: a deferred snapshot still waiting for
+  // BeginStateUpdate() may have been written under; it is dropped. Whether
+  // there was one.
   bool DropUnfenced() {
     absl::MutexLock lock(&bk_mu_);
     Piece* p = deferred_;
@@ -770,6 +800,7 @@ class RuntimeImpl final : public Runtime {
         member_->SetPhase(control::PHASE_COMPUTING, 0);
         const absl::Time t0 = absl::Now();
         absl::Status s;
+        bool fenced = false;  // the step called BeginStateUpdate()
         Communicator* comm = CurrentComm();
         if (comm == nullptr) {
           s = absl::AbortedError("no communicator");
@@ -781,15 +812,34 @@ class RuntimeImpl final : public Runtime {
           ctx.generation = v.generation;
           ctx.comm = comm;
           ctx.runtime = this;
+          TakeFenceSeen();
           s = step_fn(ctx);
-          if (options.overlap_snapshot_copy && DropUnfenced() && s.ok()) {
-            return absl::FailedPreconditionError(absl::StrCat(
-                "RunOptions::overlap_snapshot_copy: step ", step,
-                " returned without calling Runtime::BeginStateUpdate() "
-                "(Python: runtime.begin_state_update()), which every step "
-                "must call before it writes registered state; the snapshot "
-                "of step ",
-                step - 1, " may be torn and was dropped"));
+          fenced = TakeFenceSeen();
+          if (DropUnfenced() && s.ok()) {
+            if (options.snapshot_copy == SnapshotCopy::kDuringNextStep) {
+              return absl::FailedPreconditionError(absl::StrCat(
+                  "RunOptions::snapshot_copy is kDuringNextStep and step ",
+                  step,
+                  " returned without calling Runtime::BeginStateUpdate() "
+                  "(Python: runtime.begin_state_update()), which every step "
+                  "must call before it writes registered state; the "
+                  "snapshot of step ",
+                  step - 1, " may be torn and was dropped"));
+            }
+            // kAuto: the step before fenced its writes and this one did
+            // not. Its snapshot was dropped; the next is copied between
+            // the steps (fenced is false).
+            if (snapshots_unfenced_++ == 0) {
+              HOLDFAST_LOG_WARN(
+                  "runtime: slot {}: step {} returned without calling "
+                  "BeginStateUpdate() although step {} called it, so step "
+                  "{}'s snapshot, copied during step {}, may be torn and was "
+                  "dropped (once per run: RunResult::snapshots_unfenced "
+                  "counts them); call it in every step that writes "
+                  "registered state, or set RunOptions::snapshot_copy to "
+                  "kBetweenSteps",
+                  v.slot, step, step - 1, step - 1, step);
+            }
           }
         }
         // A step that finished while its generation was being replaced may
@@ -827,8 +877,11 @@ class RuntimeImpl final : public Runtime {
             // and commits: nobody leaves while a peer waits for it in one.
             AwaitBackupIdle(absl::Now() + options_.commit_wait);
           }
-          absl::StatusOr<bool> snapped = TakeSnapshot(
-              step, options.overlap_snapshot_copy && step < options.steps);
+          const bool defer =
+              step < options.steps &&
+              (options.snapshot_copy == SnapshotCopy::kDuringNextStep ||
+               (options.snapshot_copy == SnapshotCopy::kAuto && fenced));
+          absl::StatusOr<bool> snapped = TakeSnapshot(step, defer);
           if (!snapped.ok()) {
             if (!IsRecoverable(snapped.status())) return snapped.status();
             HOLDFAST_RETURN_IF_ERROR(recover(snapped.status()));
@@ -867,10 +920,12 @@ class RuntimeImpl final : public Runtime {
     result.recoveries = recovery_records_;
     result.snapshots = snapshots_;
     result.snapshots_skipped = snapshots_skipped_;
+    result.snapshots_unfenced = snapshots_unfenced_;
     result.productive_ms = ledger_[1] / 1000;
     result.wall_ms = options.steps > 0 ? NowMs() - ledger_[0] : 0;
     {
       absl::MutexLock lock(&bk_mu_);
+      result.snapshots_overlapped = snapshots_overlapped_;
       result.backups = backups_;
       result.backup_bytes = backup_bytes_;
       result.backup_ms = backup_us_ / 1000;
@@ -2627,18 +2682,24 @@ class RuntimeImpl final : public Runtime {
     };
     OpOptions agree;
     agree.timeout = kAgreeTimeout;
-    std::vector<int64_t> all(static_cast<size_t>(world));
+    // Each slot's step, and whether its piece is copied during a step
+    // (then it acks only if the trainer fenced the copy, so every slot
+    // needs the verdicts below even without checks on arrival).
+    const int64_t offer[2] = {s, own->deferred ? 1 : 0};
+    std::vector<int64_t> all(static_cast<size_t>(world) * 2);
     absl::Status st =
-        c->AllGather(&s, all.data(), 1, DataType::kInt64, agree)->Wait();
+        c->AllGather(offer, all.data(), 2, DataType::kInt64, agree)->Wait();
     if (!st.ok()) return st;
+    bool verdicts = verify;
     for (int r = 0; r < world; ++r) {
-      if (all[static_cast<size_t>(r)] != s) {
+      verdicts = verdicts || all[static_cast<size_t>(r) * 2 + 1] != 0;
+      if (all[static_cast<size_t>(r) * 2] != s) {
         // Another slot snapshotted another step (its previous backup was
         // still running): nobody backs this one up.
         HOLDFAST_LOG_DEBUG(
             "runtime: slot {} offered step {} to a backup round and slot {} "
             "step {}: nothing is backed up",
-            me, s, r, all[static_cast<size_t>(r)]);
+            me, s, r, all[static_cast<size_t>(r) * 2]);
         return false;
       }
     }
@@ -2747,11 +2808,12 @@ class RuntimeImpl final : public Runtime {
       may_commit = true;
       member_->SendCheckpointAck(s, gen);
     }
-    if (verify) {
+    if (verdicts) {
       // A slot that found a damaged copy (or whose deferred copy was not
       // fenced) did not ack, so the step never commits: everyone learns
       // it here and drops the step, instead of waiting for that commit.
-      // Unchecked copies have no verdict to share.
+      // Unchecked copies of pieces copied between the steps have no
+      // verdict to share.
       std::vector<int64_t> goods(static_cast<size_t>(world));
       st =
           c->AllGather(&good, goods.data(), 1, DataType::kInt64, agree)->Wait();
@@ -2940,6 +3002,7 @@ class RuntimeImpl final : public Runtime {
   const uint64_t probe_word_ = ProbeWord();
   int64_t snapshots_ = 0;
   int64_t snapshots_skipped_ = 0;
+  int64_t snapshots_unfenced_ = 0;  // copied during a step: no fence
   std::optional<RecoveryRecord> pending_record_;
   std::vector<RecoveryRecord> recovery_records_;
 
@@ -2957,6 +3020,10 @@ class RuntimeImpl final : public Runtime {
   // round waits at its gate for it (see Piece::deferred).
   Piece* deferred_ ABSL_GUARDED_BY(bk_mu_) = nullptr;
   Piece* gate_ ABSL_GUARDED_BY(bk_mu_) = nullptr;
+  // BeginStateUpdate() was called (in the step under way).
+  bool fence_seen_ ABSL_GUARDED_BY(bk_mu_) = false;
+  // Snapshots copied during the next step, and fenced.
+  int64_t snapshots_overlapped_ ABSL_GUARDED_BY(bk_mu_) = 0;
   bool busy_ ABSL_GUARDED_BY(bk_mu_) = false;
   // The step of the round under way (while busy_).
   int64_t round_step_ ABSL_GUARDED_BY(bk_mu_) = -1;

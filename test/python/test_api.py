@@ -98,9 +98,10 @@ def test_step_loop_restores_nothing_and_runs(controller):
                        torch.full((10,), 5.0, dtype=torch.float64))
 
 
-def test_overlapped_snapshot_copies_commit_and_need_the_fence(controller):
-    """run(overlap_snapshot_copy=True): snapshots are copied while the next
-    step runs and commit once the step calls begin_state_update()."""
+def test_overlapped_snapshot_copies_commit_once_fenced(controller):
+    """run()'s default snapshot_copy="auto": a step that calls
+    begin_state_update() has its snapshot copied while the next step runs,
+    and it commits once that step calls it too."""
     address, token = controller
     rt = holdfast.Runtime(controller=address, token=token,
                           verify_backups="restore")
@@ -113,11 +114,60 @@ def test_overlapped_snapshot_copies_commit_and_need_the_fence(controller):
         ctx.runtime.begin_state_update()
         counter.fill_(ctx.step)
 
-    result = rt.run(step, 20, overlap_snapshot_copy=True)
+    result = rt.run(step, 20)
     assert result.final_step == 20
     assert rt.committed_step == 20
     # Deferred snapshots committed, not only the first and the last.
     assert result.backups > 2
+    assert result.snapshots_overlapped > 2
+    assert result.snapshots_unfenced == 0
+
+
+def test_auto_snapshot_copy_drops_a_snapshot_the_next_step_did_not_fence(
+        controller):
+    """A step function that fences only on even steps: each odd step's
+    snapshot (copied during it) is dropped, never committed, and the run
+    goes on; between_steps never copies during a step."""
+    address, token = controller
+    rt = holdfast.Runtime(controller=address, token=token)
+    counter = torch.zeros(64, dtype=torch.int64)
+    rt.register_tensor("counter", counter)
+    committed_at_start = []
+
+    def step(ctx):
+        committed_at_start.append(rt.committed_step)
+        time.sleep(0.01)
+        if ctx.step % 2 == 0:
+            ctx.runtime.begin_state_update()
+        counter.fill_(ctx.step)
+
+    result = rt.run(step, 20)
+    assert result.final_step == 20
+    assert rt.committed_step == 20
+    assert result.snapshots_unfenced > 0
+    # Even steps' snapshots were copied during the odd step after them and
+    # dropped; none of them ever committed (the last, 20, was copied
+    # between the steps).
+    assert all(c % 2 == 1 or c == 0 for c in committed_at_start)
+
+
+def test_between_steps_snapshot_copy_never_defers(controller):
+    address, token = controller
+    rt = holdfast.Runtime(controller=address, token=token)
+    counter = torch.zeros(64, dtype=torch.int64)
+    rt.register_tensor("counter", counter)
+
+    def step(ctx):
+        time.sleep(0.005)
+        ctx.runtime.begin_state_update()  # returns at once
+        counter.fill_(ctx.step)
+
+    result = rt.run(step, 10, snapshot_copy="between_steps")
+    assert rt.committed_step == 10
+    assert result.snapshots_overlapped == 0
+    assert result.backups > 2
+    with pytest.raises(ValueError, match="'sometimes'"):
+        rt.run(step, 10, snapshot_copy="sometimes")
 
 
 def test_an_overlapped_step_without_the_fence_ends_the_run(controller):
@@ -131,7 +181,7 @@ def test_an_overlapped_step_without_the_fence_ends_the_run(controller):
         counter[0] = ctx.step
 
     with pytest.raises(holdfast.FencedError, match="begin_state_update"):
-        rt.run(unfenced, 20, overlap_snapshot_copy=True)
+        rt.run(unfenced, 20, snapshot_copy="during_next_step")
 
 
 def test_a_bad_verify_backups_is_refused(controller):
