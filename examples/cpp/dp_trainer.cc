@@ -373,12 +373,18 @@ int main(int argc, char** argv) {
   float eval = 0;
   for (int i = 0; i < 256; ++i)
     eval += Backprop(params.data(), MakeSample(0, 1000000 + i), nullptr);
-  std::fprintf(
-      stderr,
-      "final_loss=%.6f recoveries=%zu productive_ms=%lld wall_ms=%lld\n",
-      eval / 256, result->recoveries.size(),
-      static_cast<long long>(result->productive_ms),
-      static_cast<long long>(result->wall_ms));
+  std::fprintf(stderr,
+               "final_loss=%.6f recoveries=%zu productive_ms=%lld wall_ms=%lld "
+               "snapshots=%lld skipped=%lld overlapped=%lld unfenced=%lld "
+               "backups=%lld\n",
+               eval / 256, result->recoveries.size(),
+               static_cast<long long>(result->productive_ms),
+               static_cast<long long>(result->wall_ms),
+               static_cast<long long>(result->snapshots),
+               static_cast<long long>(result->snapshots_skipped),
+               static_cast<long long>(result->snapshots_overlapped),
+               static_cast<long long>(result->snapshots_unfenced),
+               static_cast<long long>(result->backups));
   if (!save.empty() && result->slot == 0) {
     const std::string tmp = save + ".tmp";
     std::FILE* f = std::fopen(tmp.c_str(), "wb");
