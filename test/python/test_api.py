@@ -98,15 +98,21 @@ def test_step_loop_restores_nothing_and_runs(controller):
                        torch.full((10,), 5.0, dtype=torch.float64))
 
 
+def counter_runtime(controller, n, **options):
+    """A runtime of the `controller` fixture's job with an int64 tensor of
+    `n` zeros registered as "counter"."""
+    address, token = controller
+    rt = holdfast.Runtime(controller=address, token=token, **options)
+    counter = torch.zeros(n, dtype=torch.int64)
+    rt.register_tensor("counter", counter)
+    return rt, counter
+
+
 def test_overlapped_snapshot_copies_commit_once_fenced(controller):
     """run()'s default snapshot_copy="auto": a step that calls
     begin_state_update() has its snapshot copied while the next step runs,
     and it commits once that step calls it too."""
-    address, token = controller
-    rt = holdfast.Runtime(controller=address, token=token,
-                          verify_backups="restore")
-    counter = torch.zeros(1024, dtype=torch.int64)
-    rt.register_tensor("counter", counter)
+    rt, counter = counter_runtime(controller, 1024, verify_backups="restore")
 
     def step(ctx):
         assert int(counter[0]) == ctx.step - 1  # reads may overlap the copy
@@ -125,13 +131,10 @@ def test_overlapped_snapshot_copies_commit_once_fenced(controller):
 
 def test_auto_snapshot_copy_drops_a_snapshot_the_next_step_did_not_fence(
         controller):
-    """A step function that fences only on even steps: each odd step's
-    snapshot (copied during it) is dropped, never committed, and the run
-    goes on; between_steps never copies during a step."""
-    address, token = controller
-    rt = holdfast.Runtime(controller=address, token=token)
-    counter = torch.zeros(64, dtype=torch.int64)
-    rt.register_tensor("counter", counter)
+    """A step function that fences only on even steps: each even step's
+    snapshot, copied during the odd step after it, is dropped and never
+    commits, and the run goes on."""
+    rt, counter = counter_runtime(controller, 64)
     committed_at_start = []
 
     def step(ctx):
@@ -152,10 +155,7 @@ def test_auto_snapshot_copy_drops_a_snapshot_the_next_step_did_not_fence(
 
 
 def test_between_steps_snapshot_copy_never_defers(controller):
-    address, token = controller
-    rt = holdfast.Runtime(controller=address, token=token)
-    counter = torch.zeros(64, dtype=torch.int64)
-    rt.register_tensor("counter", counter)
+    rt, counter = counter_runtime(controller, 64)
 
     def step(ctx):
         time.sleep(0.005)
@@ -171,10 +171,7 @@ def test_between_steps_snapshot_copy_never_defers(controller):
 
 
 def test_an_overlapped_step_without_the_fence_ends_the_run(controller):
-    address, token = controller
-    rt = holdfast.Runtime(controller=address, token=token)
-    counter = torch.zeros(4, dtype=torch.int64)
-    rt.register_tensor("counter", counter)
+    rt, counter = counter_runtime(controller, 4)
 
     def unfenced(ctx):
         time.sleep(0.02)
