@@ -307,8 +307,9 @@ class Runtime {
   // that its snapshot can be copied during the next step (see
   // RunOptions::snapshot_copy). It waits for the background copy of the
   // previous step's snapshot if one is under way (a memory copy), and lets
-  // that snapshot commit; one not yet started is skipped rather than
-  // waited for. Without such a snapshot it returns at once.
+  // that snapshot commit; one the background thread has not started is
+  // copied here instead, as between the steps. Without such a snapshot it
+  // returns at once.
   virtual void BeginStateUpdate() = 0;
   // Full recovery after `cause`; returns the restored step (the loop goes
   // on at restored + 1).
