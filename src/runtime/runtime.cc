@@ -134,10 +134,11 @@ struct Piece {
   bool own = false;
   size_t size = 0;
   std::unique_ptr<uint8_t[]> bytes;
-  // A deferred snapshot (RunOptions::overlap_snapshot_copy): the backup
-  // thread copies the bytes in while the next step computes, and the round
-  // acks only once the trainer called BeginStateUpdate() after the copy.
-  // The flags are guarded by the runtime's bk_mu_.
+  // A deferred snapshot (copied during the next step, see
+  // RunOptions::snapshot_copy): the backup thread copies the bytes in while
+  // the next step computes, and the round acks only once the trainer
+  // called BeginStateUpdate() after the copy. The flags are guarded by the
+  // runtime's bk_mu_.
   bool deferred = false;
   bool copied = false;
   bool validated = false;  // BeginStateUpdate() came after the copy
@@ -2654,10 +2655,11 @@ class RuntimeImpl final : public Runtime {
   // Backs up one snapshot: every slot agrees on the step, sends its piece
   // to its buddies and receives the pieces it is a buddy for, checks them,
   // and acks the step if its own part succeeded (the controller commits a
-  // step every slot acked); with checks on arrival the slots then share
-  // their verdicts, so none waits for a commit that a damaged copy
-  // elsewhere stopped. True once it commits. An error is a failure of the
-  // side communicator.
+  // step every slot acked); with checks on arrival, or when any slot's
+  // piece was copied during a step, the slots then share their verdicts, so
+  // none waits for a commit that a damaged or unfenced copy elsewhere
+  // stopped. True once it commits. An error is a failure of the side
+  // communicator.
   absl::StatusOr<bool> BackupRound(Piece* own, Communicator* c,
                                    bulk::Links* links) {
     const int64_t s = own->step;
