@@ -336,6 +336,12 @@ absl::StatusOr<Membership::Member*> Membership::LiveMemberLocked(uint64_t id) {
 absl::Status Membership::Heartbeat(const HeartbeatRequest& req,
                                    MemberSink* sink, absl::Time now) {
   if (absl::Status s = CheckReport(req.report()); !s.ok()) return s;
+  // A malformed ack is named before the stream binds, so it does not
+  // supersede the member's live stream.
+  if (req.has_checkpoint_ack() && req.checkpoint_ack().step() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint ack step ", req.checkpoint_ack().step(), " is negative"));
+  }
   absl::MutexLock lock(&mu_);
   auto m = LiveMemberLocked(req.member_id());
   if (!m.ok()) return m.status();
