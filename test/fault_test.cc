@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <fstream>
 #include <thread>
 
 #include "holdfast/communicator.h"
@@ -368,19 +369,33 @@ namespace {
 // Three ranks meet in a Barrier; then rank 0 leaves, either closing its
 // communicator (orderly) or by SIGKILL, while rank 1 waits for a Recv from
 // rank 2 that rank 2 sends 300 ms later, and then issues an AllReduce that
-// needs rank 0. Returns what rank 1 reported.
+// needs rank 0. Rank 2 keeps its communicator open until rank 1 is done,
+// so the AllReduce can fail only for rank 0. Returns what rank 1 reported.
 std::map<std::string, std::string> PeerLeavesDuringOtherOp(bool orderly) {
   const std::string dir = holdfast::proc::MakeTempDir();
+  const std::string done_file = dir + "/rank1-done";
   ProcessGroup group(3, [&](int rank) {
     auto comm = Connect(dir, rank, 3, absl::Seconds(20));
     if (!comm) return 3;
     if (!comm->Barrier()->Wait().ok()) return 4;
+    // Rank 0 leaves only once the others are out of the Barrier too (its
+    // own return does not say theirs did).
+    const auto passed = [&](int r) {
+      return dir + "/passed-" + std::to_string(r);
+    };
     if (rank == 0) {
+      const absl::Time deadline = absl::Now() + absl::Seconds(30);
+      while ((access(passed(1).c_str(), F_OK) != 0 ||
+              access(passed(2).c_str(), F_OK) != 0) &&
+             absl::Now() < deadline) {
+        absl::SleepFor(absl::Milliseconds(5));
+      }
       if (!orderly) raise(SIGKILL);
       comm.reset();
       Report("event=left");
       return 0;
     }
+    std::ofstream(passed(rank)) << "passed\n";
     std::vector<int32_t> v(64, rank == 2 ? 7 : 0);
     OpOptions tagged;
     tagged.tag = 3;
@@ -389,6 +404,10 @@ std::map<std::string, std::string> PeerLeavesDuringOtherOp(bool orderly) {
       absl::Status s =
           comm->Send(v.data(), v.size(), DataType::kInt32, 1, tagged)->Wait();
       Report("event=sent code=" + CodeName(s));
+      const absl::Time deadline = absl::Now() + absl::Seconds(30);
+      while (access(done_file.c_str(), F_OK) != 0 && absl::Now() < deadline) {
+        absl::SleepFor(absl::Milliseconds(10));
+      }
       return 0;
     }
     absl::Status recv =
@@ -400,6 +419,7 @@ std::map<std::string, std::string> PeerLeavesDuringOtherOp(bool orderly) {
     Report("event=done recv=" + CodeName(recv) + " got=" + (got ? "1" : "0") +
            " more=" + CodeName(more) + " msg=" + std::string(recv.message()) +
            " | " + std::string(more.message()));
+    std::ofstream(done_file) << "done\n";
     return 0;
   });
   auto done = group.WaitEvent(1, "done", absl::Seconds(60));
