@@ -29,6 +29,12 @@
 //                (RunOptions::SnapshotCopy::kDuringNextStep, which hashes
 //                the piece as it copies it) and the check at restore, timed by
 //                the runtime (MeasureOverlappedRound).
+// Before the sizes, two latencies that a round pays at every size and the
+// raw exchange (which keeps streaming) does not: a byte's round trip
+// between two threads after 5 ms asleep (two wake-ups of idle threads),
+// and two members' acks to an embedded controller until both heard the
+// commit. They are the round's fixed part, which decides the ratio at
+// small pieces; the text output prints their p50 and p90.
 // Both slots live in this process (two Runtimes, two threads) with an
 // embedded controller, so the two measurements share one machine. All of
 // a size's measurements run --trials times in turn; each figure is the
@@ -72,6 +78,7 @@
 #include "holdfast/runtime.h"
 #include "holdfast/status.h"
 #include "src/common/process_group.h"
+#include "src/control/member.h"
 #include "src/control/server.h"
 
 using nlohmann::json;
@@ -185,6 +192,101 @@ class RawExchange {
   int c_ = -1, s_ = -1;
   uint8_t fill_ = 0;
 };
+
+// The p-th percentile (0..1) of `v`.
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(p * v.size()))];
+}
+
+// Microseconds of `n` round trips of a byte between two threads over
+// pipes, each after 5 ms asleep: two wake-ups of idle threads, the unit a
+// backup round's protocol pays for at every hop (agreement, checksum,
+// ack, commit), which a raw exchange that keeps streaming does not.
+std::vector<double> WakeupRoundTripsUs(int n) {
+  int there[2], back[2];
+  std::vector<double> us;
+  if (pipe(there) != 0) return us;
+  if (pipe(back) != 0) {
+    close(there[0]);
+    close(there[1]);
+    return us;
+  }
+  std::thread echo([&] {
+    char c;
+    while (read(there[0], &c, 1) == 1 && c != 'q') {
+      if (write(back[1], &c, 1) != 1) return;
+    }
+  });
+  for (int i = 0; i < n; ++i) {
+    absl::SleepFor(absl::Milliseconds(5));
+    char c = 'x';
+    const absl::Time t0 = absl::Now();
+    if (write(there[1], &c, 1) != 1 || read(back[0], &c, 1) != 1) break;
+    us.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
+  }
+  const char q = 'q';
+  if (write(there[1], &q, 1) != 1) close(there[1]);
+  echo.join();
+  for (int fd : {there[0], there[1], back[0], back[1]}) close(fd);
+  return us;
+}
+
+// Microseconds from two members acking a step on their heartbeat streams
+// to both hearing it committed, `n` times, 5 ms apart: the controller's
+// part of a backup round (an embedded controller, as the rounds use).
+// Empty (and `error` set) on failure.
+std::vector<double> AckCommitUs(int n, std::string* error) {
+  using namespace holdfast::control;
+  std::vector<double> us;
+  ControllerOptions co;
+  co.token = "shard-bench-token";
+  co.world_size = 2;
+  auto server = ControllerServer::Start(co);
+  if (!server.ok()) {
+    *error = std::string(server.status().message());
+    return us;
+  }
+  absl::Mutex mu;
+  int64_t heard[2] = {-1, -1};
+  std::unique_ptr<MemberClient> members[2];
+  for (int i = 0; i < 2; ++i) {
+    MemberOptions m;
+    m.client = {(*server)->address(), co.token};
+    m.host = absl::StrCat("bench-host-", i);
+    m.preferred_slot = i;
+    MemberCallbacks cb;
+    cb.on_committed = [&mu, &heard, i](int64_t s) {
+      absl::MutexLock lock(&mu);
+      heard[i] = std::max(heard[i], s);
+    };
+    auto c = MemberClient::Join(m, cb);
+    if (!c.ok()) {
+      *error = std::string(c.status().message());
+      break;
+    }
+    members[i] = std::move(*c);
+  }
+  for (int64_t s = 1; s <= n && error->empty(); ++s) {
+    absl::SleepFor(absl::Milliseconds(5));
+    const absl::Time t0 = absl::Now();
+    for (auto& m : members) m->SendCheckpointAck(s, 0);
+    absl::MutexLock lock(&mu);
+    auto both = [&] { return heard[0] >= s && heard[1] >= s; };
+    if (!mu.AwaitWithTimeout(absl::Condition(&both), absl::Seconds(10))) {
+      *error = absl::StrCat("step ", s, " was not committed within 10 s");
+      break;
+    }
+    us.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
+  }
+  for (auto& m : members) {
+    if (m != nullptr) m->Leave(true);
+  }
+  (*server)->Shutdown();
+  if (!error->empty()) us.clear();
+  return us;
+}
 
 struct Pair {
   double snapshot_s = 0;
@@ -431,6 +533,23 @@ int main(int argc, char** argv) {
   setenv("HOLDFAST_LOG_LEVEL", "warn", 0);
 
   json out;
+  {
+    // This machine's latencies that a backup round pays and a raw
+    // exchange does not (see WakeupRoundTripsUs and AckCommitUs).
+    json m;
+    const std::vector<double> wake = WakeupRoundTripsUs(200);
+    m["wakeup_round_trip_us_p50"] = Percentile(wake, 0.5);
+    m["wakeup_round_trip_us_p90"] = Percentile(wake, 0.9);
+    std::string error;
+    const std::vector<double> ack = AckCommitUs(200, &error);
+    if (!error.empty()) {
+      m["ack_commit_error"] = error;
+    } else {
+      m["ack_commit_us_p50"] = Percentile(ack, 0.5);
+      m["ack_commit_us_p90"] = Percentile(ack, 0.9);
+    }
+    out["latency"] = m;
+  }
   out["sizes"] = json::array();
   for (absl::string_view tok : absl::StrSplit(sizes, ',')) {
     int64_t mb = 0;
@@ -550,6 +669,22 @@ int main(int argc, char** argv) {
         r.value("transfer_vs_raw", 0.0),
         r.value("replication_verify_at_restore_vs_raw", 0.0),
         r.value("replication_overlapped_vs_raw", 0.0));
+  }
+  {
+    const json& m = out["latency"];
+    std::printf(
+        "latencies a round pays and a raw exchange does not: thread wake-up "
+        "round trip p50 %.0f us, p90 %.0f us; ",
+        m.value("wakeup_round_trip_us_p50", 0.0),
+        m.value("wakeup_round_trip_us_p90", 0.0));
+    if (m.contains("ack_commit_error")) {
+      std::printf("ack to commit: %s\n",
+                  m.value("ack_commit_error", "").c_str());
+    } else {
+      std::printf("ack to commit p50 %.0f us, p90 %.0f us\n",
+                  m.value("ack_commit_us_p50", 0.0),
+                  m.value("ack_commit_us_p90", 0.0));
+    }
   }
   if (out.contains("overhead")) {
     const json& o = out["overhead"];
