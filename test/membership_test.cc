@@ -22,6 +22,7 @@ struct FakeSink : MemberSink {
     closed = s;
     is_closed = true;
   }
+  bool Closed() const override { return is_closed; }
   // The last membership update pushed, or nullptr.
   const MembershipUpdate* LastUpdate() const {
     for (auto it = pushed.rbegin(); it != pushed.rend(); ++it) {
@@ -269,6 +270,46 @@ TEST_CASE("membership: a broken stream is a crash and a goodbye is not") {
   FakeSink old;
   job.m.Detach(job.ids[0], &old, false, false, "old stream", kT0);
   CHECK(job.m.Status({}, kT0).alive() == 1);
+}
+
+TEST_CASE(
+    "membership: a newer stream supersedes the old one, and a heartbeat the "
+    "old one read late does not take the member back") {
+  Job job(2);
+  job.Join("a", kT0);
+  job.Join("b", kT0);
+  // Member 0 reconnects: its new stream binds, the old one is closed.
+  std::unique_ptr<FakeSink> old = std::move(job.sinks[0]);
+  job.sinks[0] = std::make_unique<FakeSink>();
+  REQUIRE(job.Beat(0, 1, kT0 + absl::Milliseconds(1)).ok());
+  CHECK(old->is_closed);
+  CHECK(old->closed.code() == absl::StatusCode::kAborted);
+  CHECK(!job.sinks[0]->is_closed);
+  // A heartbeat the old stream had read before its close arrives now.
+  HeartbeatRequest late;
+  late.set_member_id(job.ids[0]);
+  late.set_generation(0);
+  late.mutable_report()->set_step(1);
+  absl::Status s =
+      job.m.Heartbeat(late, old.get(), kT0 + absl::Milliseconds(2));
+  CHECK(s.code() == absl::StatusCode::kAborted);
+  CHECK(std::string(s.message()).find("superseded") != std::string::npos);
+  // The new stream stays bound: it is not closed and the commit reaches it.
+  CHECK(!job.sinks[0]->is_closed);
+  const size_t before = job.sinks[0]->pushed.size();
+  for (size_t i = 0; i < 2; ++i) {
+    AckCheckpointRequest a;
+    a.set_member_id(job.ids[i]);
+    a.set_generation(0);
+    a.set_step(1);
+    REQUIRE(job.m.AckCheckpoint(a, kT0 + absl::Milliseconds(3)).ok());
+  }
+  bool committed = false;
+  for (size_t k = before; k < job.sinks[0]->pushed.size(); ++k) {
+    committed = committed || job.sinks[0]->pushed[k].committed_step() == 1;
+  }
+  CHECK(committed);
+  CHECK(job.m.Status({}, kT0 + absl::Milliseconds(3)).alive() == 2);
 }
 
 TEST_CASE(

@@ -352,6 +352,11 @@ absl::Status Membership::Heartbeat(const HeartbeatRequest& req,
         " is not one this controller opened (current ", generation_, ")"));
   }
   if (mem.sink != sink) {
+    // A heartbeat that a superseded stream read before it was closed must
+    // not take the member back from the newer stream.
+    if (sink->Closed()) {
+      return absl::AbortedError("this stream was superseded by a newer one");
+    }
     if (mem.sink != nullptr) {
       mem.sink->Close(absl::AbortedError("superseded by a newer stream"));
     }

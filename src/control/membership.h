@@ -76,6 +76,9 @@ class MemberSink {
   virtual void Push(const HeartbeatResponse& msg) = 0;
   // Ends the stream with `status` (fenced, superseded).
   virtual void Close(const absl::Status& status) = 0;
+  // Whether Close was called: a message the stream read before it closed
+  // must not bind it again.
+  virtual bool Closed() const = 0;
 };
 
 // Metrics hooks; called with the Membership mutex held.

@@ -164,6 +164,11 @@ class HeartbeatReactor final
   // after a Close no detach is needed.
   void Close(const absl::Status& status) override { CloseStream(status); }
 
+  bool Closed() const override {
+    absl::MutexLock lock(&mu_);
+    return closed_;
+  }
+
  private:
   void CloseStream(const absl::Status& status) {
     {
@@ -213,7 +218,7 @@ class HeartbeatReactor final
   std::atomic<bool> leaving_{false};
   std::atomic<bool> finished_{false};
 
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   HeartbeatResponse pending_ ABSL_GUARDED_BY(mu_);
   bool has_pending_ ABSL_GUARDED_BY(mu_) = false;
   HeartbeatResponse out_;  // owned by the one write in flight
