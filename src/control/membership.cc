@@ -27,6 +27,15 @@ absl::Status CheckLength(absl::string_view what, const std::string& value,
   return absl::OkStatus();
 }
 
+// A checkpoint ack's step, on the heartbeat stream or in its own call.
+absl::Status CheckAckStep(int64_t step) {
+  if (step < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint ack step ", step, " is negative"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 const char* IncidentKindName(IncidentKind kind) {
@@ -338,9 +347,10 @@ absl::Status Membership::Heartbeat(const HeartbeatRequest& req,
   if (absl::Status s = CheckReport(req.report()); !s.ok()) return s;
   // A malformed ack is named before the stream binds, so it does not
   // supersede the member's live stream.
-  if (req.has_checkpoint_ack() && req.checkpoint_ack().step() < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "checkpoint ack step ", req.checkpoint_ack().step(), " is negative"));
+  if (req.has_checkpoint_ack()) {
+    if (absl::Status s = CheckAckStep(req.checkpoint_ack().step()); !s.ok()) {
+      return s;
+    }
   }
   absl::MutexLock lock(&mu_);
   auto m = LiveMemberLocked(req.member_id());
@@ -479,10 +489,7 @@ absl::StatusOr<bool> Membership::ReportFailure(const ReportFailureRequest& req,
 absl::StatusOr<int64_t> Membership::AckCheckpoint(
     const AckCheckpointRequest& req, absl::Time now, MemberSink* stream) {
   (void)now;
-  if (req.step() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("step ", req.step(), " is negative"));
-  }
+  if (absl::Status s = CheckAckStep(req.step()); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   auto m = LiveMemberLocked(req.member_id());
   if (!m.ok()) return m.status();
