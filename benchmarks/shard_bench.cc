@@ -69,6 +69,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -85,10 +86,14 @@ using nlohmann::json;
 
 namespace {
 
-double Median(std::vector<double> v) {
+// The p-th percentile (0..1) of `v`; 0 if empty.
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
+  return v[std::min(v.size() - 1, static_cast<size_t>(p * v.size()))];
 }
+
+double Median(std::vector<double> v) { return Percentile(std::move(v), 0.5); }
 
 // Writes a buffer larger than the last-level cache, so what was cached
 // before is out of it.
@@ -192,13 +197,6 @@ class RawExchange {
   int c_ = -1, s_ = -1;
   uint8_t fill_ = 0;
 };
-
-// The p-th percentile (0..1) of `v`.
-double Percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<size_t>(p * v.size()))];
-}
 
 // Microseconds of `n` round trips of a byte between two threads over
 // pipes, each after 5 ms asleep: two wake-ups of idle threads, the unit a
