@@ -366,6 +366,21 @@ TEST_CASE(
 
 namespace {
 
+// Waits (up to 30 s) until every one of `paths` exists: how the ranks of a
+// test tell each other they are past a point.
+void AwaitFiles(const std::vector<std::string>& paths) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  auto all = [&] {
+    for (const std::string& p : paths) {
+      if (access(p.c_str(), F_OK) != 0) return false;
+    }
+    return true;
+  };
+  while (!all() && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+}
+
 // Three ranks meet in a Barrier; then rank 0 leaves, either closing its
 // communicator (orderly) or by SIGKILL, while rank 1 waits for a Recv from
 // rank 2 that rank 2 sends 300 ms later, and then issues an AllReduce that
@@ -384,12 +399,7 @@ std::map<std::string, std::string> PeerLeavesDuringOtherOp(bool orderly) {
       return dir + "/passed-" + std::to_string(r);
     };
     if (rank == 0) {
-      const absl::Time deadline = absl::Now() + absl::Seconds(30);
-      while ((access(passed(1).c_str(), F_OK) != 0 ||
-              access(passed(2).c_str(), F_OK) != 0) &&
-             absl::Now() < deadline) {
-        absl::SleepFor(absl::Milliseconds(5));
-      }
+      AwaitFiles({passed(1), passed(2)});
       if (!orderly) raise(SIGKILL);
       comm.reset();
       Report("event=left");
@@ -404,10 +414,7 @@ std::map<std::string, std::string> PeerLeavesDuringOtherOp(bool orderly) {
       absl::Status s =
           comm->Send(v.data(), v.size(), DataType::kInt32, 1, tagged)->Wait();
       Report("event=sent code=" + CodeName(s));
-      const absl::Time deadline = absl::Now() + absl::Seconds(30);
-      while (access(done_file.c_str(), F_OK) != 0 && absl::Now() < deadline) {
-        absl::SleepFor(absl::Milliseconds(10));
-      }
+      AwaitFiles({done_file});
       return 0;
     }
     absl::Status recv =
