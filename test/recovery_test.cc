@@ -254,18 +254,23 @@ LiveRestore ParseLiveRestore(const std::string& err, int world) {
   return out;
 }
 
-// Three workers with 100 ms steps (each step's backup commits within the
-// next step) and `args`: the run ends with the fault-free hash after one
-// incident of `kind`. Snapshots are copied between the steps: one copied
-// during the next step commits only once that step has passed its
+// Three workers and `args`: the run ends with the fault-free hash after
+// one incident of `kind`. Snapshots are copied between the steps (one
+// copied during the next step commits only once that step has passed its
 // all-reduce and fenced its writes, so a failure in the all-reduce finds
-// the live state a step past the committed one.
+// the live state a step past the committed one), and each step waits for
+// the previous step's commit before its all-reduce (--await-commit), so
+// no snapshot is skipped. These tests used 100 ms steps instead and
+// assumed a round commits within one; on a loaded machine one did not,
+// the next snapshot was skipped, and a failure found the live state past
+// the committed step. With the wait they pass at 0 ms steps, where
+// without it both fail.
 JobRun RunWithCommittedSteps(const std::vector<std::string>& args,
                              const std::string& kind) {
   const std::string ref = Reference(3);
   std::vector<std::string> trainer = kTrainer;
   trainer.insert(trainer.end(),
-                 {"--step-ms", "100", "--snapshot-copy", "between-steps"});
+                 {"--snapshot-copy", "between-steps", "--await-commit"});
   std::vector<std::string> all = {"-n", "3"};
   all.insert(all.end(), args.begin(), args.end());
   JobRun r = Launch(all, trainer);
@@ -279,8 +284,8 @@ JobRun RunWithCommittedSteps(const std::vector<std::string>& args,
 TEST_CASE(
     "recovery: members whose live state is the committed step receive "
     "nothing") {
-  // Each step computes for 100 ms before its all-reduce, so the previous
-  // step's backup has committed when an all-reduce fails: every member is
+  // Each step waits for the previous step's commit before its all-reduce,
+  // so that backup has committed when an all-reduce fails: every member is
   // still at the committed step, finds that the live bytes of each piece
   // it lacks hash to the piece's checksum, and receives nothing. The run
   // ends with the fault-free hash all the same.

@@ -181,6 +181,7 @@ int main(int argc, char** argv) {
   std::string save, load;
   bool zero1 = false;
   std::string snapshot_copy = "auto";
+  bool await_commit = false;
   app.add_flag("--zero1", zero1,
                "shard the momentum over the slots (ZeRO-1) and all-gather "
                "the parameters");
@@ -190,6 +191,12 @@ int main(int argc, char** argv) {
                  "writes with BeginStateUpdate()), between-steps, or "
                  "during-next-step")
       ->check(CLI::IsMember({"auto", "between-steps", "during-next-step"}));
+  app.add_flag("--await-commit", await_commit,
+               "for tests: each step waits (up to 60 s) for the previous "
+               "snapshot to commit before its all-reduce, so that no "
+               "snapshot is skipped and a failure in the all-reduce finds "
+               "the live state at the committed step; needs --snapshot-copy "
+               "between-steps");
   app.add_option("--save", save,
                  "slot 0 writes the final state to this file (the restart "
                  "baseline of benchmarks/recovery_bench)");
@@ -209,6 +216,15 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   app.add_option("--lr", lr, "learning rate");
   CLI11_PARSE(app, argc, argv);
+  if (await_commit && snapshot_copy != "between-steps") {
+    // A snapshot copied during the next step commits only once that step
+    // calls BeginStateUpdate(), after its all-reduce: waiting for it before
+    // the all-reduce would wait for nothing.
+    std::fprintf(stderr,
+                 "dp-trainer: --await-commit needs --snapshot-copy "
+                 "between-steps\n");
+    return 2;
+  }
   if (zero1 && (!save.empty() || !load.empty())) {
     std::fprintf(stderr, "dp-trainer: --save/--load need the plain mode\n");
     return 2;
@@ -284,6 +300,13 @@ int main(int argc, char** argv) {
       loss += Backprop(params.data(), MakeSample(ctx.step, i), grad.data());
     }
     if (step_ms > 0) absl::SleepFor(absl::Milliseconds(step_ms));
+    // The last step snapshotted before this one (none before step 1, or
+    // after a restore to step 0).
+    const int64_t prev = (ctx.step - 1) / snapshot_every * snapshot_every;
+    if (await_commit && prev >= 1) {
+      absl::Status c = ctx.runtime->AwaitCommit(prev, absl::Seconds(60));
+      if (!c.ok()) return c;
+    }
     // The loss rides along as the last element, so one all-reduce does it.
     grad.push_back(loss);
     absl::Status s = collectives.Run(
