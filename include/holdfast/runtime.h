@@ -135,8 +135,10 @@ struct BackupStats {
   int64_t rounds = 0;       // rounds that committed
   int64_t bytes = 0;        // sent to buddies plus received from owners
   int64_t transfer_us = 0;  // inside the sends and receives
-  int64_t round_us = 0;     // whole rounds, checks and commit included
-                            // (after a deferred copy: not the copy)
+  int64_t round_us = 0;     // from a round's start until this member saw
+                            // its commit (after a deferred copy: not the
+                            // copy; nor the verdict, eviction or disk
+                            // write after the commit)
   int64_t disk_writes = 0;
 };
 

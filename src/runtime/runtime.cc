@@ -2417,16 +2417,18 @@ class RuntimeImpl final : public Runtime {
       }
       if (side.ok() && own->deferred) CopyIn(own);
       const absl::Time t0 = absl::Now();  // the round proper, after any copy
+      absl::Time seen = absl::InfinitePast();  // the commit, once seen
       absl::StatusOr<bool> committed =
-          side.ok() ? BackupRound(own, side->comm.get(), side->links.get())
-                    : side.status();
+          side.ok()
+              ? BackupRound(own, side->comm.get(), side->links.get(), &seen)
+              : side.status();
       {
         absl::MutexLock lock(&bk_mu_);
         busy_ = false;
         gate_ = nullptr;
         if (committed.ok() && *committed) {
           ++backups_;
-          backup_us_ += absl::ToInt64Microseconds(absl::Now() - t0);
+          backup_us_ += absl::ToInt64Microseconds(seen - t0);
         }
       }
       if (!committed.ok()) SideFailed(committed.status(), gen);
@@ -2669,10 +2671,11 @@ class RuntimeImpl final : public Runtime {
   // step every slot acked); with checks on arrival, or when any slot's
   // piece was copied during a step, the slots then share their verdicts, so
   // none waits for a commit that a damaged or unfenced copy elsewhere
-  // stopped. True once it commits. An error is a failure of the side
-  // communicator.
+  // stopped. True once it commits, with `*seen` set to when this member
+  // first saw the commit (the verdict and the work after the commit come
+  // after it). An error is a failure of the side communicator.
   absl::StatusOr<bool> BackupRound(Piece* own, Communicator* c,
-                                   bulk::Links* links) {
+                                   bulk::Links* links, absl::Time* seen) {
     const int64_t s = own->step;
     const int64_t gen = own->layout_generation;
     const int world = own->world;
@@ -2830,7 +2833,10 @@ class RuntimeImpl final : public Runtime {
       // commit, which then comes before this all-gather rather than
       // during it: the all-gather's wake-ups no longer compete with the
       // commit's on a busy host (see kVerdictAfter).
-      if (good == 1) AwaitRoundEnd(s, gen, absl::Now() + kVerdictAfter);
+      if (good == 1 && AwaitRoundEnd(s, gen, absl::Now() + kVerdictAfter) &&
+          committed_step() >= s) {
+        *seen = absl::Now();
+      }
       std::vector<int64_t> goods(static_cast<size_t>(world));
       st =
           c->AllGather(&good, goods.data(), 1, DataType::kInt64, agree)->Wait();
@@ -2856,6 +2862,7 @@ class RuntimeImpl final : public Runtime {
     while (!AwaitRoundEnd(s, gen, absl::Now() + absl::Milliseconds(100))) {
     }
     if (committed_step() < s) return false;
+    if (*seen == absl::InfinitePast()) *seen = absl::Now();
     // Older steps are superseded everywhere.
     Evict([s](const Piece& p) { return p.step < s; });
     if (own->size > 0 &&
