@@ -263,8 +263,9 @@ LiveRestore ParseLiveRestore(const std::string& err, int world) {
 // no snapshot is skipped. These tests used 100 ms steps instead and
 // assumed a round commits within one; on a loaded machine one did not,
 // the next snapshot was skipped, and a failure found the live state past
-// the committed step. With the wait they pass at 0 ms steps, where
-// without it both fail.
+// the committed step. With the wait they pass at 0 ms steps; without it,
+// at 0 ms steps, one of the two failed in each of three runs (each of
+// them at least once).
 JobRun RunWithCommittedSteps(const std::vector<std::string>& args,
                              const std::string& kind) {
   const std::string ref = Reference(3);
