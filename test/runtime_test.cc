@@ -571,6 +571,52 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "runtime: a step that reports an early write counts as unfenced, and "
+    "the error of kDuringNextStep names what it wrote") {
+  std::vector<int64_t> counter(1024, 0);
+  holdfast::RunOptions ro;
+  ro.steps = 20;  // kAuto
+  // Every step writes before its fence and says so (from step 2 on: step
+  // 1 has nothing to compare with, as in the Python package); its
+  // BeginStateUpdate() after the report is ignored.
+  auto early = [&](const holdfast::StepContext& ctx) -> absl::Status {
+    absl::SleepFor(absl::Milliseconds(5));
+    for (int64_t& v : counter) v = ctx.step;
+    if (ctx.step > 1) ctx.runtime->ReportEarlyWrite("the counter");
+    ctx.runtime->BeginStateUpdate();
+    return absl::OkStatus();
+  };
+  {
+    Controller c(1);
+    auto rt = holdfast::Runtime::Create(c.Options());
+    REQUIRE(rt.ok());
+    REQUIRE((*rt)
+                ->RegisterState("counter", counter.data(), counter.size() * 8)
+                .ok());
+    auto result = (*rt)->Run(early, ro);
+    REQUIRE(result.ok());
+    CHECK(result->final_step == 20);
+    CHECK((*rt)->committed_step() == 20);
+    // Step 1's snapshot, copied during step 2, was dropped; no step after
+    // it counted as fenced, so none was copied during a step again.
+    CHECK(result->snapshots_unfenced == 1);
+    CHECK(result->snapshots_overlapped == 0);
+    CHECK(result->backups > 2);
+  }
+  Controller c(1);
+  auto rt = holdfast::Runtime::Create(c.Options());
+  REQUIRE(rt.ok());
+  REQUIRE((*rt)->RegisterState("counter", counter.data(), 8).ok());
+  ro.snapshot_copy = holdfast::RunOptions::SnapshotCopy::kDuringNextStep;
+  auto failed = (*rt)->Run(early, ro);
+  CHECK(failed.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(Mentions(failed.status(),
+                 "step 2 wrote registered state (the counter) before it "
+                 "called Runtime::BeginStateUpdate()"));
+  CHECK((*rt)->committed_step() < 1);
+}
+
+TEST_CASE(
     "runtime: with kAuto, a snapshot copied during a step that skips the "
     "fence is dropped on every slot, also without checks on arrival") {
   // Slot 0 fences every step, slot 1 only the even ones: slot 1's

@@ -50,6 +50,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "holdfast/communicator.h"
 #include "holdfast/options.h"
@@ -313,6 +314,16 @@ class Runtime {
   // copied here instead, as between the steps. Without such a snapshot it
   // returns at once.
   virtual void BeginStateUpdate() = 0;
+  // For a step function that finds it wrote registered state before it
+  // called BeginStateUpdate() (`what` names that state), instead of the
+  // call: the step does not count as fenced. A snapshot copied during it
+  // may be torn, so it is dropped at the step's end (RunResult::
+  // snapshots_unfenced; with kDuringNextStep, Run fails with
+  // FailedPrecondition naming `what`), and the next snapshot is copied
+  // between the steps. A BeginStateUpdate() later in the same step is
+  // ignored. The Python package calls it when a registered tensor's
+  // version counter moved between the snapshot and the fence.
+  virtual void ReportEarlyWrite(absl::string_view what) = 0;
   // Full recovery after `cause`; returns the restored step (the loop goes
   // on at restored + 1).
   virtual absl::StatusOr<int64_t> Recover(const absl::Status& cause) = 0;

@@ -145,6 +145,13 @@ class Runtime:
         self._keep = []  # registered tensors stay alive with the runtime
         self._groups = []  # process groups that defer errors to step ends
         self._in_step = False
+        # Registered tensors as given (name, tensor), whose version counters
+        # tell an in-place write before the fence; their versions after the
+        # last step that ended (None: nothing to compare with); whether this
+        # step's first begin_state_update() came.
+        self._watched = []
+        self._versions = None
+        self._fence_checked = False
         _current = self
 
     # ---- where this process stands ---------------------------------------
@@ -188,6 +195,9 @@ class Runtime:
         ptr, n, _ = host_buffer(data, f"state '{name}'")
         self._rt.register_state(name, ptr, n * data.element_size())
         self._keep.append(data)
+        # The tensor itself: .data of a Parameter has a version counter of
+        # its own, which the optimizer's in-place updates do not move.
+        self._watched.append((name, tensor))
 
     def register_state_dict(self, state_dict, prefix):
         """Registers every tensor of a state_dict, as `prefix.key`."""
@@ -275,28 +285,63 @@ class Runtime:
           does not call `begin_state_update()` ends the run with
           FencedError (FailedPrecondition) naming the call.
         A bad value raises ValueError.
+        With the copy during the next step, `begin_state_update()` checks
+        that no tensor given to `register_tensor` (or through
+        register_module, register_state_dict, register_optimizer) was
+        written in place since the step before ended: a step that wrote
+        one first counts as not fenced, as if it had not called it, and
+        the warning or error names the tensor. The check reads the
+        tensors' version counters, which torch ops that write in place
+        move; writes through `.data`, numpy views or raw pointers do not,
+        and go unseen.
         """
+        watch = str(snapshot_copy) != "between_steps"
 
         def step(ctx):
             for group in self._groups:
                 group._begin_step()
             self._in_step = True
+            self._fence_checked = False
             try:
                 step_fn(StepContext(ctx, self))
+            except BaseException:
+                self._versions = None
+                raise
             finally:
                 self._in_step = False
             for group in self._groups:
                 group._end_step()
+            if watch:
+                self._versions = [t._version for _, t in self._watched]
+
+        def restored(step):
+            # No snapshot copied during a step survives a restore, and the
+            # step that failed may have moved versions: nothing to compare.
+            self._versions = None
+            if on_restore is not None:
+                on_restore(step)
 
         return self._rt.run(step, int(steps), int(snapshot_every), metrics,
-                            on_restore, str(snapshot_copy))
+                            restored, str(snapshot_copy))
 
     def begin_state_update(self):
         """Call in every step before the first write to registered state,
         so that the step's snapshot is copied while the next step computes
         (see run's `snapshot_copy`). Waits for the copy of the previous
         step's snapshot if one is under way (a memory copy, never the
-        network); one not yet started is skipped instead."""
+        network); one not yet started is copied here instead, as between
+        the steps.
+
+        A registered tensor written in place since the step before ended
+        makes the call too late: it reports that instead (see run), and
+        this step's later calls return at once."""
+        if self._in_step and not self._fence_checked:
+            self._fence_checked = True
+            if self._versions is not None:
+                for (name, t), v in zip(self._watched, self._versions):
+                    if t._version != v:
+                        self._rt.report_early_write(f"tensor '{name}'")
+                        return
         self._rt.begin_state_update()
 
     def leave(self, finished=False):

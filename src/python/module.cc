@@ -483,6 +483,10 @@ PYBIND11_MODULE(_C, m) {
              py::gil_scoped_release release;
              rt.BeginStateUpdate();
            })
+      .def("report_early_write",
+           [](Runtime& rt, const std::string& what) {
+             rt.ReportEarlyWrite(what);
+           })
       .def(
           "leave",
           [](Runtime& rt, bool finished) {

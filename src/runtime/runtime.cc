@@ -458,6 +458,7 @@ class RuntimeImpl final : public Runtime {
     Piece* p;
     {
       absl::MutexLock lock(&bk_mu_);
+      if (early_write_.has_value()) return;  // this step is not fenced
       fence_seen_ = true;
       p = deferred_;
       if (p == nullptr) return;
@@ -581,10 +582,19 @@ class RuntimeImpl final : public Runtime {
     p->copied = true;
   }
 
-  // Before a step: forgets an earlier BeginStateUpdate(). After it: whether
-  // the step called it.
-  bool TakeFenceSeen() {
+  void ReportEarlyWrite(absl::string_view what) override {
     absl::MutexLock lock(&bk_mu_);
+    if (!early_write_.has_value()) early_write_ = std::string(what);
+    fence_seen_ = false;
+  }
+
+  // Before a step: forgets an earlier BeginStateUpdate() or
+  // ReportEarlyWrite(). After it: whether the step called the first, and
+  // what it reported with the second (in `early`; empty if nothing).
+  bool TakeFenceSeen(std::string* early = nullptr) {
+    absl::MutexLock lock(&bk_mu_);
+    std::optional<std::string> e = std::exchange(early_write_, std::nullopt);
+    if (early != nullptr) *early = e.value_or("");
     return std::exchange(fence_seen_, false);
   }
 
@@ -826,31 +836,37 @@ class RuntimeImpl final : public Runtime {
           ctx.runtime = this;
           TakeFenceSeen();
           s = step_fn(ctx);
-          fenced = TakeFenceSeen();
+          std::string early;  // what the step wrote before its fence
+          fenced = TakeFenceSeen(&early);
           if (DropUnfenced() && s.ok()) {
+            const std::string what =
+                early.empty() ? std::string(
+                                    " returned without calling "
+                                    "Runtime::BeginStateUpdate()")
+                              : absl::StrCat(" wrote registered state (", early,
+                                             ") before it called "
+                                             "Runtime::BeginStateUpdate()");
             if (options.snapshot_copy == SnapshotCopy::kDuringNextStep) {
               return absl::FailedPreconditionError(absl::StrCat(
                   "RunOptions::snapshot_copy is kDuringNextStep and step ",
-                  step,
-                  " returned without calling Runtime::BeginStateUpdate() "
-                  "(Python: runtime.begin_state_update()), which every step "
-                  "must call before it writes registered state; the "
+                  step, what,
+                  " (Python: runtime.begin_state_update()), which every "
+                  "step must call before it writes registered state; the "
                   "snapshot of step ",
                   step - 1, " may be torn and was dropped"));
             }
             // kAuto: the step before fenced its writes and this one did
-            // not. Its snapshot was dropped; the next is copied between
-            // the steps (fenced is false).
+            // not, or too late. Its snapshot was dropped; the next is
+            // copied between the steps (fenced is false).
             if (snapshots_unfenced_++ == 0) {
               HOLDFAST_LOG_WARN(
-                  "runtime: slot {}: step {} returned without calling "
-                  "BeginStateUpdate() although step {} called it, so step "
-                  "{}'s snapshot, copied during step {}, may be torn and was "
-                  "dropped (once per run: RunResult::snapshots_unfenced "
-                  "counts them); call it in every step that writes "
-                  "registered state, or set RunOptions::snapshot_copy to "
-                  "kBetweenSteps",
-                  v.slot, step, step - 1, step - 1, step);
+                  "runtime: slot {}: step {}{}; step {} had called it, so "
+                  "its snapshot was copied during step {}, may be torn, and "
+                  "was dropped (once per run: RunResult::snapshots_unfenced "
+                  "counts them); call it in every step before its first "
+                  "write to registered state, or set "
+                  "RunOptions::snapshot_copy to kBetweenSteps",
+                  v.slot, step, what, step - 1, step);
             }
           }
         }
@@ -3051,6 +3067,8 @@ class RuntimeImpl final : public Runtime {
   Piece* gate_ ABSL_GUARDED_BY(bk_mu_) = nullptr;
   // BeginStateUpdate() was called (in the step under way).
   bool fence_seen_ ABSL_GUARDED_BY(bk_mu_) = false;
+  // ReportEarlyWrite() in this step: what was written before the fence.
+  std::optional<std::string> early_write_ ABSL_GUARDED_BY(bk_mu_);
   // Snapshots copied during the next step, and fenced.
   int64_t snapshots_overlapped_ ABSL_GUARDED_BY(bk_mu_) = 0;
   bool busy_ ABSL_GUARDED_BY(bk_mu_) = false;

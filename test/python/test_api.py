@@ -181,6 +181,50 @@ def test_an_overlapped_step_without_the_fence_ends_the_run(controller):
         rt.run(unfenced, 20, snapshot_copy="during_next_step")
 
 
+def test_a_write_before_the_fence_counts_as_no_fence(controller):
+    """A step that writes a registered tensor in place and only then calls
+    begin_state_update(): the snapshot copied during it may be torn, so it
+    is dropped, and the ones after it are copied between the steps."""
+    rt, counter = counter_runtime(controller, 1024, verify_backups="restore")
+
+    def step(ctx):
+        time.sleep(0.01)  # compute: the backup thread copies meanwhile
+        counter.fill_(ctx.step)  # too early
+        ctx.runtime.begin_state_update()
+
+    result = rt.run(step, 20)
+    assert result.final_step == 20
+    assert rt.committed_step == 20
+    # Step 1 had nothing to compare with, so its snapshot was copied during
+    # step 2, which wrote first: that one was dropped. No step after it
+    # counted as fenced, so no snapshot was copied during a step again.
+    assert result.snapshots_unfenced == 1
+    assert result.snapshots_overlapped == 0
+    assert result.backups > 2
+
+
+def test_an_optimizer_step_before_the_fence_is_named(controller):
+    """With every snapshot copied during the next step, a write before the
+    fence ends the run, naming the first tensor written: a parameter that
+    the optimizer updated (registered through its state_dict)."""
+    address, token = controller
+    rt = holdfast.Runtime(controller=address, token=token)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    rt.register_module(model)
+
+    def step(ctx):
+        model(torch.ones(3, 4)).sum().backward()
+        opt.step()
+        ctx.runtime.begin_state_update()
+        opt.zero_grad()
+
+    with pytest.raises(holdfast.FencedError,
+                       match=r"step 2 wrote registered state \(tensor "
+                             r"'model.weight'\) before"):
+        rt.run(step, 10, snapshot_copy="during_next_step")
+
+
 def test_a_bad_verify_backups_is_refused(controller):
     address, token = controller
     with pytest.raises(holdfast.InvalidArgumentError, match="'sometimes'"):
