@@ -7,7 +7,9 @@ and split evenly over the slots, and DistributedDataParallel averages the
 gradients over the "holdfast" process group. The model and the optimizer's
 momentum are registered with the runtime, which snapshots them every step
 and restores them after a failure, so a run with a fault in replace mode
-ends with exactly the bytes of the fault-free run.
+ends with exactly the bytes of the fault-free run. Each step fences its
+writes (begin_state_update() before opt.step()), so the snapshot of the
+step before is copied while the forward and backward passes run.
 
     holdfast-run -n 2 --standby 1 --inject kill:slot=1:step=20 -- \\
         /usr/bin/python3 examples/python/ddp_train.py --steps 40
@@ -75,6 +77,7 @@ def main():
         opt.zero_grad(set_to_none=False)
         loss = torch.nn.functional.mse_loss(ddp(x[lo:hi]), y[lo:hi])
         loss.backward()
+        ctx.runtime.begin_state_update()  # the first write comes next
         opt.step()
         last_loss[0] = float(loss)
 
@@ -97,8 +100,9 @@ def main():
     digest = hashlib.sha256()
     for tensor in model.state_dict().values():
         digest.update(tensor.contiguous().numpy().tobytes())
-    print(f"recoveries={len(result.recoveries)} loss={last_loss[0]:.6f}",
-          file=sys.stderr)
+    print(f"recoveries={len(result.recoveries)} loss={last_loss[0]:.6f} "
+          f"snapshots_overlapped={result.snapshots_overlapped} "
+          f"snapshots_unfenced={result.snapshots_unfenced}", file=sys.stderr)
     print(f"final step={result.final_step} world={result.world_size} "
           f"params_sha256={digest.hexdigest()}", flush=True)
     return 0

@@ -839,20 +839,18 @@ class RuntimeImpl final : public Runtime {
           std::string early;  // what the step wrote before its fence
           fenced = TakeFenceSeen(&early);
           if (DropUnfenced() && s.ok()) {
-            const std::string what =
-                early.empty() ? std::string(
-                                    " returned without calling "
-                                    "Runtime::BeginStateUpdate()")
+            const std::string what = absl::StrCat(
+                early.empty() ? std::string(" returned without calling")
                               : absl::StrCat(" wrote registered state (", early,
-                                             ") before it called "
-                                             "Runtime::BeginStateUpdate()");
+                                             ") before it called"),
+                " Runtime::BeginStateUpdate() (Python: "
+                "runtime.begin_state_update())");
             if (options.snapshot_copy == SnapshotCopy::kDuringNextStep) {
               return absl::FailedPreconditionError(absl::StrCat(
                   "RunOptions::snapshot_copy is kDuringNextStep and step ",
                   step, what,
-                  " (Python: runtime.begin_state_update()), which every "
-                  "step must call before it writes registered state; the "
-                  "snapshot of step ",
+                  ", which every step must call before it writes registered "
+                  "state; the snapshot of step ",
                   step - 1, " may be torn and was dropped"));
             }
             // kAuto: the step before fenced its writes and this one did

@@ -27,6 +27,16 @@ def fault_free_hash():
     assert rc == 0, "\n".join(lines[-40:])
     assert len(finals) == 2 and len(set(finals)) == 1, finals
     assert finals[0].startswith("final step=30 world=2 params_sha256=")
+    # Its steps fence their writes before opt.step(), and nothing of DDP's
+    # (its reducer, the all-reduce hook) writes registered tensors before:
+    # snapshots were copied during the next step, and none was dropped.
+    counts = [line.split("] ", 1)[1].split()[2:] for line in lines
+              if "] recoveries=" in line]
+    assert len(counts) == 2, "\n".join(lines[-40:])
+    for overlapped, unfenced in counts:
+        assert overlapped.startswith("snapshots_overlapped=")
+        assert int(overlapped.split("=")[1]) > 0, counts
+        assert unfenced == "snapshots_unfenced=0", counts
     return finals[0]
 
 
