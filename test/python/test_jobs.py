@@ -29,14 +29,14 @@ def fault_free_hash():
     assert finals[0].startswith("final step=30 world=2 params_sha256=")
     # Its steps fence their writes before opt.step(), and nothing of DDP's
     # (its reducer, the all-reduce hook) writes registered tensors before:
-    # snapshots were copied during the next step, and none was dropped.
-    counts = [line.split("] ", 1)[1].split()[2:] for line in lines
-              if "] recoveries=" in line]
+    # none of the snapshots was dropped, and some were copied during the
+    # next step (not all: one whose copy had not started when the fence
+    # came is copied by the fence, as between the steps).
+    counts = [dict(kv.split("=") for kv in line.split("] ", 1)[1].split()[2:])
+              for line in lines if "] recoveries=" in line]
     assert len(counts) == 2, "\n".join(lines[-40:])
-    for overlapped, unfenced in counts:
-        assert overlapped.startswith("snapshots_overlapped=")
-        assert int(overlapped.split("=")[1]) > 0, counts
-        assert unfenced == "snapshots_unfenced=0", counts
+    assert all(c["snapshots_unfenced"] == "0" for c in counts), counts
+    assert sum(int(c["snapshots_overlapped"]) for c in counts) > 0, counts
     return finals[0]
 
 
