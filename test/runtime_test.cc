@@ -249,6 +249,61 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "runtime: when the slots offer different steps, the newest is offered "
+    "again and commits once the others snapshot it") {
+  // Slot 1 snapshots step 2 and slot 0 step 1 (as when slot 1's backup
+  // thread was busy at step 1): their round pairs two steps and backs up
+  // nothing. Slot 1 offers step 2 again and slot 0 drops step 1, so once
+  // slot 0 snapshots step 2 the next round commits it. Were slot 1's piece
+  // dropped too, slot 0's offer would wait for a snapshot slot 1 never
+  // takes (or, in a loop, pair each step with the one after it).
+  Controller c(2);
+  absl::Mutex mu;
+  bool slot1_offered = false;
+  int64_t committed[2] = {-1, -1};
+  int retries = 0;  // slot 0's skipped Snapshot(2) calls
+  auto body = [&](int slot, holdfast::Runtime& rt) -> absl::Status {
+    std::vector<uint8_t> state(1 << 16, 7);
+    HOLDFAST_RETURN_IF_ERROR(
+        rt.RegisterState("state", state.data(), state.size()));
+    HOLDFAST_ASSIGN_OR_RETURN(holdfast::Communicator * comm, rt.communicator());
+    HOLDFAST_RETURN_IF_ERROR(comm->Barrier()->Wait());
+    if (slot == 1) {
+      HOLDFAST_ASSIGN_OR_RETURN(bool taken, rt.Snapshot(2));
+      if (!taken) return absl::InternalError("slot 1's step 2 was skipped");
+      absl::MutexLock lock(&mu);
+      slot1_offered = true;
+    } else {
+      {
+        absl::MutexLock lock(&mu);
+        mu.Await(absl::Condition(&slot1_offered));
+      }
+      HOLDFAST_ASSIGN_OR_RETURN(bool taken, rt.Snapshot(1));
+      if (!taken) return absl::InternalError("slot 0's step 1 was skipped");
+      // Skipped only while step 1's piece still waits for the backup
+      // thread (it is taken at once): try again.
+      for (;;) {
+        HOLDFAST_ASSIGN_OR_RETURN(taken, rt.Snapshot(2));
+        if (taken) break;
+        if (++retries > 1000) {
+          return absl::InternalError("slot 0's step 2 was always skipped");
+        }
+        absl::SleepFor(absl::Milliseconds(1));
+      }
+    }
+    HOLDFAST_RETURN_IF_ERROR(rt.AwaitCommit(2, absl::Seconds(30)));
+    committed[slot] = rt.committed_step();
+    return comm->Barrier()->Wait();
+  };
+  std::vector<std::string> errors = RunSlots(c, 2, nullptr, body);
+  INFO(errors[0] << " / " << errors[1]);
+  CHECK(errors[0].empty());
+  CHECK(errors[1].empty());
+  CHECK(committed[0] == 2);
+  CHECK(committed[1] == 2);
+}
+
+TEST_CASE(
     "runtime: a copy damaged on arrival keeps its step from committing, and "
     "the next step commits") {
   // Slot 1 damages the copy of slot 0's piece of step 1 as it lands. Slot
@@ -624,9 +679,11 @@ TEST_CASE(
   // which writes without the fence, so slot 1 never acks it. Without
   // checks on arrival the round has no verdict of its own to share;
   // unless the slots learn of the unfenced copy, slot 0 waits for a
-  // commit that never comes and no later step is backed up.
+  // commit that never comes and no later step is backed up. The steps
+  // are long enough for a round to end within one under ASan on a loaded
+  // host; else the snapshots the assertions need are skipped.
   Controller c(2);
-  constexpr int64_t kSteps = 16;
+  constexpr int64_t kSteps = 24;
   holdfast::RunResult results[2];
   int64_t committed[2] = {-1, -1};
   std::vector<int64_t> seen[2];  // the committed step at each step's start
@@ -650,7 +707,7 @@ TEST_CASE(
                       ->AllReduce(&x, 1, holdfast::DataType::kInt64,
                                   holdfast::ReduceOp::kSum)
                       ->Wait());
-              absl::SleepFor(absl::Milliseconds(10));
+              absl::SleepFor(absl::Milliseconds(20));
               if (slot == 0 || ctx.step % 2 == 0) {
                 ctx.runtime->BeginStateUpdate();
               }
@@ -669,8 +726,12 @@ TEST_CASE(
     INFO("slot " << slot);
     CHECK(results[slot].final_step == kSteps);
     CHECK(committed[slot] == kSteps);
-    // Steps went on committing after the first dropped snapshot.
-    CHECK(results[slot].backups >= 4);
+    // Steps went on committing after the first dropped snapshot (step
+    // 2's): a step between it and the last committed. How many did
+    // depends on which snapshots a busy round made the slots skip (3-7 of
+    // the 24 in 46 runs, 2026-11-24).
+    CHECK(results[slot].backups >= 3);
+    CHECK(*std::max_element(seen[slot].begin(), seen[slot].end()) >= 3);
     // No even step before the last ever committed: its piece on slot 1
     // was dropped.
     for (int64_t at : seen[slot]) {

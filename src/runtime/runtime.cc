@@ -531,15 +531,19 @@ class RuntimeImpl final : public Runtime {
     }
     {
       absl::MutexLock lock(&bk_mu_);
-      // A deferred round that is validated and past its transfer has only
-      // its ack left, and a round whose step committed only local work
-      // (evicting older copies, the disk tier): the next snapshot may wait
-      // behind either. Were it skipped, a slot that saw the commit before
-      // its round ended would skip a step the others back up.
-      const bool acking = gate_ != nullptr && gate_->validated;
+      // The next snapshot may wait behind a round that moves no bytes any
+      // more: one at the gate of its deferred copy (past its transfer; the
+      // fence of this step, or its end without one, decided it), one that
+      // acked and waits for the commit or the verdict (idle_round_), one
+      // whose step committed (only local work left: evicting older copies,
+      // the disk tier), and one still in its agreement (idle_round_: it
+      // may wait for a slot that skipped a step). Were the snapshot
+      // skipped there, this slot would skip a step the others back up,
+      // and the rounds after would pair different steps (BackupRound).
+      const bool past_transfer = gate_ != nullptr;
       const bool settled = round_step_ <= committed;
       if (pending_ != nullptr || deferred_ != nullptr ||
-          (busy_ && !acking && !settled)) {
+          (busy_ && !past_transfer && !settled && !idle_round_)) {
         // The previous snapshot is still being backed up: skip this one
         // rather than stall training.
         ++snapshots_skipped_;
@@ -2429,20 +2433,33 @@ class RuntimeImpl final : public Runtime {
           round_step_ = own->step;
         }
       }
-      if (side.ok() && own->deferred) CopyIn(own);
+      // (A piece offered again was copied in its first round.)
+      if (side.ok() && own->deferred && !own->copied) CopyIn(own);
       const absl::Time t0 = absl::Now();  // the round proper, after any copy
       absl::Time seen = absl::InfinitePast();  // the commit, once seen
+      bool again = false;  // the newest step offered: offer it again
       absl::StatusOr<bool> committed =
-          side.ok()
-              ? BackupRound(own, side->comm.get(), side->links.get(), &seen)
-              : side.status();
+          side.ok() ? BackupRound(own, side->comm.get(), side->links.get(),
+                                  &seen, &again)
+                    : side.status();
       {
         absl::MutexLock lock(&bk_mu_);
         busy_ = false;
+        idle_round_ = false;
         gate_ = nullptr;
         if (committed.ok() && *committed) {
           ++backups_;
           backup_us_ += absl::ToInt64Microseconds(seen - t0);
+        }
+        // Offered again (unless a restore or an unfenced step dropped it
+        // meanwhile) before a snapshot taken during the agreement: the
+        // other slots offer this step next, and that one is dropped.
+        if (again && std::any_of(pieces_.begin(), pieces_.end(),
+                                 [own](const std::unique_ptr<Piece>& p) {
+                                   return p.get() == own;
+                                 })) {
+          if (pending_ != nullptr) DropLocked(pending_);
+          pending_ = own;
         }
       }
       if (!committed.ok()) SideFailed(committed.status(), gen);
@@ -2687,9 +2704,13 @@ class RuntimeImpl final : public Runtime {
   // none waits for a commit that a damaged or unfenced copy elsewhere
   // stopped. True once it commits, with `*seen` set to when this member
   // first saw the commit (the verdict and the work after the commit come
-  // after it). An error is a failure of the side communicator.
+  // after it). When the slots offered different steps nothing moves, and
+  // `*again` says this slot's step was the newest: its piece is kept, to
+  // be offered again (the others drop theirs and offer the snapshot of
+  // that step next). An error is a failure of the side communicator.
   absl::StatusOr<bool> BackupRound(Piece* own, Communicator* c,
-                                   bulk::Links* links, absl::Time* seen) {
+                                   bulk::Links* links, absl::Time* seen,
+                                   bool* again) {
     const int64_t s = own->step;
     const int64_t gen = own->layout_generation;
     const int world = own->world;
@@ -2708,7 +2729,7 @@ class RuntimeImpl final : public Runtime {
     // dropped: no step can commit without it.
     bool may_commit = false;
     absl::Cleanup drop_unless_may_commit = [&] {
-      if (!may_commit) Drop(own);
+      if (!may_commit && !*again) Drop(own);
     };
     OpOptions agree;
     agree.timeout = kAgreeTimeout;
@@ -2717,21 +2738,35 @@ class RuntimeImpl final : public Runtime {
     // needs the verdicts below even without checks on arrival).
     const int64_t offer[2] = {s, own->deferred ? 1 : 0};
     std::vector<int64_t> all(static_cast<size_t>(world) * 2);
+    SetIdleRound(true);
     absl::Status st =
         c->AllGather(offer, all.data(), 2, DataType::kInt64, agree)->Wait();
+    SetIdleRound(false);
     if (!st.ok()) return st;
     bool verdicts = verify;
+    int64_t newest = s;
+    int other = -1;  // a slot that offered another step
     for (int r = 0; r < world; ++r) {
       verdicts = verdicts || all[static_cast<size_t>(r) * 2 + 1] != 0;
-      if (all[static_cast<size_t>(r) * 2] != s) {
-        // Another slot snapshotted another step (its previous backup was
-        // still running): nobody backs this one up.
-        HOLDFAST_LOG_DEBUG(
-            "runtime: slot {} offered step {} to a backup round and slot {} "
-            "step {}: nothing is backed up",
-            me, s, r, all[static_cast<size_t>(r) * 2]);
-        return false;
-      }
+      const int64_t step = all[static_cast<size_t>(r) * 2];
+      newest = std::max(newest, step);
+      if (step != s) other = r;
+    }
+    if (other >= 0) {
+      // Another slot snapshotted another step (its previous backup was
+      // still running when one of them was offered): nobody backs this
+      // round up. The slots that offered the newest step offer it again
+      // and the others drop theirs, so the next round pairs the same
+      // step. (Were every piece dropped, a slot that always reaches its
+      // snapshot after the others end the round would offer the step
+      // before theirs in every round from then on.)
+      *again = newest == s;
+      HOLDFAST_LOG_DEBUG(
+          "runtime: slot {} offered step {} to a backup round and slot {} "
+          "step {}: nothing is backed up; {}",
+          me, s, other, all[static_cast<size_t>(other) * 2],
+          *again ? "step offered again" : "piece dropped");
+      return false;
     }
     // The bytes go first, on the backup links, a thread per link (this one
     // takes the last). The owner hashes each chunk of its piece just
@@ -2837,6 +2872,7 @@ class RuntimeImpl final : public Runtime {
       }
       may_commit = true;
       member_->SendCheckpointAck(s, gen);
+      SetIdleRound(true);
     }
     if (verdicts) {
       // A slot that found a damaged copy (or whose deferred copy was not
@@ -2896,6 +2932,11 @@ class RuntimeImpl final : public Runtime {
       last_disk_step_ = s;
     }
     return true;
+  }
+
+  void SetIdleRound(bool on) {
+    absl::MutexLock lock(&bk_mu_);
+    idle_round_ = on;
   }
 
   // Waits until step `s` of generation `gen` is committed, or cannot be
@@ -3070,6 +3111,10 @@ class RuntimeImpl final : public Runtime {
   // Snapshots copied during the next step, and fenced.
   int64_t snapshots_overlapped_ ABSL_GUARDED_BY(bk_mu_) = 0;
   bool busy_ ABSL_GUARDED_BY(bk_mu_) = false;
+  // The round under way moves no bytes now: it waits in its agreement
+  // (for the slots still to snapshot), or it acked and waits for the
+  // commit (or the verdict). A snapshot may wait behind it (TakeSnapshot).
+  bool idle_round_ ABSL_GUARDED_BY(bk_mu_) = false;
   // The step of the round under way (while busy_).
   int64_t round_step_ ABSL_GUARDED_BY(bk_mu_) = -1;
   bool bk_wake_ ABSL_GUARDED_BY(bk_mu_) = false;
