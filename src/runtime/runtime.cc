@@ -104,17 +104,20 @@ constexpr uint32_t kRestoreTag = 0x5e570;
 // as long as a training step, so their agreement has no deadline of its
 // own (a failure aborts the side communicator instead).
 constexpr absl::Duration kAgreeTimeout = absl::Hours(24);
-// How long a slot that acked a round waits for its commit before the
-// round's verdict all-gather (the commit comes first in the usual case, a
-// fraction of a millisecond after the last ack). A slot that did not ack
-// goes straight to the all-gather, so when one found a damaged copy the
-// others learn it this much later. On the 2-core VM, 2026-11-24
-// (`shard_bench --sizes-mb 16 --reps 30 --trials 1 --overhead-mb 0`, six
-// alternated runs of each binary), the 8 MiB arrival round reached
-// 0.70-0.80 of the raw exchange (median 0.78) with the all-gather before
-// the commit, 0.78-0.88 (median 0.815) after it, and 0.79-0.87 with no
-// verdict all-gather at all.
-constexpr absl::Duration kVerdictAfter = absl::Milliseconds(50);
+// How long a slot that acked a round waits for its commit before the round's
+// verdict all-gather (the commit comes first in the usual case, a fraction of a
+// millisecond after the last ack). A slot that did not ack goes straight to the
+// all-gather, so when one found a damaged copy (or did not fence its deferred
+// copy) the others learn it this much later, and their backup threads start no
+// round meanwhile (one snapshot waits, later ones are skipped). On the 2-core
+// VM, 2026-11-24 (`shard_bench --sizes-mb 16 --reps 30 --trials 1 --overhead-mb
+// 0`, six alternated runs of each binary), the 8 MiB arrival round reached
+// 0.70-0.80 of the raw exchange (median 0.78) with the all-gather before the
+// commit, 0.78-0.88 (median 0.815) after it, and 0.79-0.87 with no verdict
+// all-gather at all. It was 50 ms at first; the ack to the commit there takes
+// 0.2-0.5 ms (p50-p90), and a host where it takes longer only gets the
+// all-gather during the commit back.
+constexpr absl::Duration kVerdictAfter = absl::Milliseconds(5);
 constexpr absl::Duration kSideConnectTimeout = absl::Seconds(15);
 constexpr char kSidePrefix[] = "holdfast/side/";
 // The runtime's ledger, registered as replicated state: int64s of the
