@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -94,6 +95,56 @@ absl::Status SnapshotUntilTaken(holdfast::Runtime& rt, int64_t step,
           absl::StrCat("step ", step, " was never taken"));
     }
   }
+}
+
+// Snapshot(step), which must be taken (not skipped).
+absl::Status SnapshotOnce(holdfast::Runtime& rt, int64_t step) {
+  HOLDFAST_ASSIGN_OR_RETURN(bool taken, rt.Snapshot(step));
+  if (!taken) {
+    return absl::InternalError(absl::StrCat("step ", step, " was skipped"));
+  }
+  return absl::OkStatus();
+}
+
+// Two slots with 64 KiB of replicated state and their communicators up:
+// slot `first` runs `lead`, then the other runs `follow` (not at all if
+// `lead` failed: it reports that instead); then both wait up to 30 s for
+// step `last` to commit and note their committed step in `committed`.
+// Each slot's error ("" if none).
+using SnapshotTurn = std::function<absl::Status(holdfast::Runtime&)>;
+std::vector<std::string> RunInTurn(int first, const SnapshotTurn& lead,
+                                   const SnapshotTurn& follow, int64_t last,
+                                   int64_t committed[2]) {
+  Controller c(2);
+  absl::Mutex mu;
+  std::optional<absl::Status> led;  // lead's outcome, once it ran
+  auto body = [&](int slot, holdfast::Runtime& rt) -> absl::Status {
+    std::vector<uint8_t> state(1 << 16, 7);
+    HOLDFAST_RETURN_IF_ERROR(
+        rt.RegisterState("state", state.data(), state.size()));
+    HOLDFAST_ASSIGN_OR_RETURN(holdfast::Communicator * comm, rt.communicator());
+    HOLDFAST_RETURN_IF_ERROR(comm->Barrier()->Wait());
+    if (slot == first) {
+      absl::Status s = lead(rt);
+      {
+        absl::MutexLock lock(&mu);
+        led = s;
+      }
+      HOLDFAST_RETURN_IF_ERROR(s);
+    } else {
+      {
+        absl::MutexLock lock(&mu);
+        auto ran = [&]() { return led.has_value(); };
+        mu.Await(absl::Condition(&ran));
+        if (!led->ok()) return absl::AbortedError("the other slot failed");
+      }
+      HOLDFAST_RETURN_IF_ERROR(follow(rt));
+    }
+    HOLDFAST_RETURN_IF_ERROR(rt.AwaitCommit(last, absl::Seconds(30)));
+    committed[slot] = rt.committed_step();
+    return comm->Barrier()->Wait();
+  };
+  return RunSlots(c, 2, nullptr, body);
 }
 
 }  // namespace
@@ -257,51 +308,16 @@ TEST_CASE(
   // slot 0 snapshots step 2 the next round commits it. Were slot 1's piece
   // dropped too, slot 0's offer would wait for a snapshot slot 1 never
   // takes (or, in a loop, pair each step with the one after it).
-  Controller c(2);
-  // Slot 1's turn is over (offered: whether it snapshotted step 2).
-  absl::Mutex mu;
-  bool slot1_done = false, slot1_offered = false;
   int64_t committed[2] = {-1, -1};
-  int retries = 0;  // slot 0's skipped Snapshot(2) calls
-  auto body = [&](int slot, holdfast::Runtime& rt) -> absl::Status {
-    std::vector<uint8_t> state(1 << 16, 7);
-    HOLDFAST_RETURN_IF_ERROR(
-        rt.RegisterState("state", state.data(), state.size()));
-    HOLDFAST_ASSIGN_OR_RETURN(holdfast::Communicator * comm, rt.communicator());
-    HOLDFAST_RETURN_IF_ERROR(comm->Barrier()->Wait());
-    if (slot == 1) {
-      absl::Cleanup done = [&] {
-        absl::MutexLock lock(&mu);
-        slot1_done = true;
-      };
-      HOLDFAST_ASSIGN_OR_RETURN(bool taken, rt.Snapshot(2));
-      if (!taken) return absl::InternalError("slot 1's step 2 was skipped");
-      absl::MutexLock lock(&mu);
-      slot1_offered = true;
-    } else {
-      {
-        absl::MutexLock lock(&mu);
-        mu.Await(absl::Condition(&slot1_done));
-        if (!slot1_offered) return absl::AbortedError("slot 1 failed");
-      }
-      HOLDFAST_ASSIGN_OR_RETURN(bool taken, rt.Snapshot(1));
-      if (!taken) return absl::InternalError("slot 0's step 1 was skipped");
-      // Skipped only while step 1's piece still waits for the backup
-      // thread (it is taken at once): try again.
-      for (;;) {
-        HOLDFAST_ASSIGN_OR_RETURN(taken, rt.Snapshot(2));
-        if (taken) break;
-        if (++retries > 1000) {
-          return absl::InternalError("slot 0's step 2 was always skipped");
-        }
-        absl::SleepFor(absl::Milliseconds(1));
-      }
-    }
-    HOLDFAST_RETURN_IF_ERROR(rt.AwaitCommit(2, absl::Seconds(30)));
-    committed[slot] = rt.committed_step();
-    return comm->Barrier()->Wait();
-  };
-  std::vector<std::string> errors = RunSlots(c, 2, nullptr, body);
+  std::vector<std::string> errors = RunInTurn(
+      /*first=*/1, [](holdfast::Runtime& rt) { return SnapshotOnce(rt, 2); },
+      [](holdfast::Runtime& rt) -> absl::Status {
+        HOLDFAST_RETURN_IF_ERROR(SnapshotOnce(rt, 1));
+        // Skipped only while step 1's piece still waits for the backup
+        // thread (it is taken at once).
+        return SnapshotUntilTaken(rt, 2, absl::Now() + absl::Seconds(1));
+      },
+      /*last=*/2, committed);
   INFO(errors[0] << " / " << errors[1]);
   CHECK(errors[0].empty());
   CHECK(errors[1].empty());
@@ -316,58 +332,24 @@ TEST_CASE(
   // round of step 1 waits in the agreement and moves no bytes, so step 2
   // waits behind it instead of being skipped (were it skipped, slot 0
   // would offer step 3 next while slot 1 offers step 2).
-  Controller c(2);
-  // Slot 0's turn is over (took_both: whether it snapshotted both steps).
-  absl::Mutex mu;
-  bool slot0_done = false, slot0_took_both = false;
   int64_t committed[2] = {-1, -1};
-  auto body = [&](int slot, holdfast::Runtime& rt) -> absl::Status {
-    std::vector<uint8_t> state(1 << 16, 7);
-    HOLDFAST_RETURN_IF_ERROR(
-        rt.RegisterState("state", state.data(), state.size()));
-    HOLDFAST_ASSIGN_OR_RETURN(holdfast::Communicator * comm, rt.communicator());
-    HOLDFAST_RETURN_IF_ERROR(comm->Barrier()->Wait());
-    if (slot == 0) {
-      absl::Cleanup done = [&] {
-        absl::MutexLock lock(&mu);
-        slot0_done = true;
-      };
-      HOLDFAST_ASSIGN_OR_RETURN(bool taken, rt.Snapshot(1));
-      if (!taken) return absl::InternalError("slot 0's step 1 was skipped");
-      // Skipped while step 1's piece still waits for the backup thread (it
-      // is taken at once), and, without the rule, for as long as the round
-      // waits: try for up to 5 s.
-      for (int i = 0;; ++i) {
-        HOLDFAST_ASSIGN_OR_RETURN(taken, rt.Snapshot(2));
-        if (taken) break;
-        if (i == 5000) {
-          return absl::InternalError(
-              "slot 0's step 2 was skipped behind a round in its agreement");
+  std::vector<std::string> errors = RunInTurn(
+      /*first=*/0,
+      [](holdfast::Runtime& rt) -> absl::Status {
+        HOLDFAST_RETURN_IF_ERROR(SnapshotOnce(rt, 1));
+        // Skipped while step 1's piece still waits for the backup thread
+        // (it is taken at once), and, without the rule, for as long as the
+        // round waits.
+        return SnapshotUntilTaken(rt, 2, absl::Now() + absl::Seconds(5));
+      },
+      [](holdfast::Runtime& rt) -> absl::Status {
+        for (int64_t step : {1, 2}) {
+          HOLDFAST_RETURN_IF_ERROR(SnapshotOnce(rt, step));
+          HOLDFAST_RETURN_IF_ERROR(rt.AwaitCommit(step, absl::Seconds(30)));
         }
-        absl::SleepFor(absl::Milliseconds(1));
-      }
-      absl::MutexLock lock(&mu);
-      slot0_took_both = true;
-    } else {
-      {
-        absl::MutexLock lock(&mu);
-        mu.Await(absl::Condition(&slot0_done));
-        if (!slot0_took_both) return absl::AbortedError("slot 0 failed");
-      }
-      for (int64_t step : {1, 2}) {
-        HOLDFAST_ASSIGN_OR_RETURN(bool taken, rt.Snapshot(step));
-        if (!taken) {
-          return absl::InternalError(
-              absl::StrCat("slot 1's step ", step, " was skipped"));
-        }
-        HOLDFAST_RETURN_IF_ERROR(rt.AwaitCommit(step, absl::Seconds(30)));
-      }
-    }
-    HOLDFAST_RETURN_IF_ERROR(rt.AwaitCommit(2, absl::Seconds(30)));
-    committed[slot] = rt.committed_step();
-    return comm->Barrier()->Wait();
-  };
-  std::vector<std::string> errors = RunSlots(c, 2, nullptr, body);
+        return absl::OkStatus();
+      },
+      /*last=*/2, committed);
   INFO(errors[0] << " / " << errors[1]);
   CHECK(errors[0].empty());
   CHECK(errors[1].empty());
