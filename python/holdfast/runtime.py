@@ -142,13 +142,13 @@ class Runtime:
     def __init__(self, **options):
         global _current
         self._rt = _C.Runtime(**options)
-        self._keep = []  # registered tensors stay alive with the runtime
         self._groups = []  # process groups that defer errors to step ends
         self._in_step = False
-        # Registered tensors as given (name, tensor), whose version counters
-        # tell an in-place write before the fence; their versions after the
-        # last step that ended (None: nothing to compare with); whether this
-        # step's first begin_state_update() came.
+        # Registered tensors as given (name, tensor): they stay alive with
+        # the runtime, and their version counters tell an in-place write
+        # before the fence. Their versions after the last step that ended
+        # (None: nothing to compare with); whether this step's first
+        # begin_state_update() came.
         self._watched = []
         self._versions = None
         self._fence_checked = False
@@ -194,9 +194,9 @@ class Runtime:
         data = tensor.data if isinstance(tensor, torch.nn.Parameter) else tensor
         ptr, n, _ = host_buffer(data, f"state '{name}'")
         self._rt.register_state(name, ptr, n * data.element_size())
-        self._keep.append(data)
-        # The tensor itself: .data of a Parameter has a version counter of
-        # its own, which the optimizer's in-place updates do not move.
+        # The tensor itself (it keeps the storage alive too): .data of a
+        # Parameter has a version counter of its own, which the optimizer's
+        # in-place updates do not move.
         self._watched.append((name, tensor))
 
     def register_state_dict(self, state_dict, prefix):
