@@ -3,11 +3,14 @@
 // stable names and restored in place; collectives on tensors carry the
 // right bytes. Multi-process recovery of the libtorch trainer is in
 // test/python/test_jobs.py.
+//
+// libtorch first: it defines glog's CHECK, which would otherwise replace
+// Catch's (a failed check would then abort the binary, not report).
+#include <torch/torch.h>
+
 #include <catch2/catch.hpp>
 #include <memory>
 #include <string>
-
-#include <torch/torch.h>
 
 #include "holdfast/runtime.h"
 #include "holdfast/store.h"
