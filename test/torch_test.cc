@@ -9,9 +9,11 @@
 #include <torch/torch.h>
 
 #include <catch2/catch.hpp>
+#include <cstdint>
 #include <memory>
 #include <string>
 
+#include "absl/time/clock.h"
 #include "holdfast/runtime.h"
 #include "holdfast/store.h"
 #include "holdfast/torch.h"
@@ -151,4 +153,100 @@ TEST_CASE(
           .get());
   REQUIRE(state != nullptr);
   CHECK(state->step() == 4);  // one before registering, three in the loop
+}
+
+namespace {
+
+// A Linear model and SGD with momentum (its state created, as the
+// trainer example does), registered with `fence` watching.
+struct Fenced {
+  explicit Fenced(holdfast::Runtime& rt) : fence(rt) {
+    ::torch::manual_seed(3);
+    for (const at::Tensor& p : model->parameters()) {
+      auto state = std::make_unique<::torch::optim::SGDParamState>();
+      state->momentum_buffer(::torch::zeros_like(p));
+      opt.state()[holdfast::torch::OptimizerStateKey(opt.state(), p)] =
+          std::move(state);
+    }
+    REQUIRE(holdfast::torch::RegisterModule(rt, *model, "model", &fence).ok());
+    REQUIRE(holdfast::torch::RegisterOptimizer(rt, opt, "sgd", &fence).ok());
+  }
+  // One step's compute (the backup thread copies the snapshot meanwhile),
+  // the fence, and the update; with `early`, the update comes first.
+  absl::Status Step(bool early) {
+    opt.zero_grad();
+    model->forward(at::randn({8, 4})).pow(2).sum().backward();
+    absl::SleepFor(absl::Milliseconds(10));
+    if (early) opt.step();
+    fence.Begin();
+    if (!early) opt.step();
+    return absl::OkStatus();
+  }
+  ::torch::nn::Linear model{4, 2};
+  ::torch::optim::SGD opt{model->parameters(),
+                          ::torch::optim::SGDOptions(0.01).momentum(0.9)};
+  holdfast::torch::WriteFence fence;
+};
+
+}  // namespace
+
+TEST_CASE(
+    "torch: with the write fence before the optimizer step, snapshots are "
+    "copied during the next step and none is dropped") {
+  Job job;
+  Fenced f(*job.runtime);
+  // weight, bias, and a momentum buffer of each.
+  CHECK(f.fence.watched() == 4);
+  int restores = 0;
+  holdfast::RunOptions ro;
+  ro.steps = 12;
+  ro.on_restore = [&](int64_t) {
+    ++restores;
+    return absl::OkStatus();
+  };
+  auto result = f.fence.Run(
+      [&](const holdfast::StepContext&) { return f.Step(/*early=*/false); },
+      ro);
+  REQUIRE(result.ok());
+  CHECK(result->final_step == 12);
+  CHECK(result->snapshots_unfenced == 0);
+  CHECK(result->snapshots_overlapped > 0);
+  CHECK(restores == 1);  // the caller's on_restore still runs (at the start)
+}
+
+TEST_CASE(
+    "torch: an optimizer step before the write fence counts as no fence "
+    "(kAuto) and stops a kDuringNextStep run naming the tensor") {
+  SECTION("kAuto") {
+    Job job;
+    Fenced f(*job.runtime);
+    holdfast::RunOptions ro;
+    ro.steps = 12;
+    auto result = f.fence.Run(
+        [&](const holdfast::StepContext&) { return f.Step(/*early=*/true); },
+        ro);
+    REQUIRE(result.ok());
+    CHECK(result->final_step == 12);
+    // Step 1 had nothing to compare with, so its snapshot was copied
+    // during step 2, which wrote first: that one was dropped, and no step
+    // after it counted as fenced.
+    CHECK(result->snapshots_unfenced == 1);
+    CHECK(result->snapshots_overlapped == 0);
+  }
+  SECTION("kDuringNextStep") {
+    Job job;
+    Fenced f(*job.runtime);
+    holdfast::RunOptions ro;
+    ro.steps = 12;
+    ro.snapshot_copy = holdfast::RunOptions::SnapshotCopy::kDuringNextStep;
+    auto result = f.fence.Run(
+        [&](const holdfast::StepContext&) { return f.Step(/*early=*/true); },
+        ro);
+    REQUIRE_FALSE(result.ok());
+    CHECK(result.status().code() == absl::StatusCode::kFailedPrecondition);
+    // The first watched tensor the update wrote: libtorch's SGD writes
+    // the parameters through .data(), whose version counter is its own,
+    // so the momentum buffers are what show its step.
+    CHECK(Mentions(result.status(), "tensor 'sgd.0.0.momentum_buffer'"));
+  }
 }

@@ -4,7 +4,10 @@
 // generator seeded with s and is split evenly over the slots; gradients are
 // summed with holdfast::torch::AllReduce. The model and the optimizer state
 // are registered with holdfast_torch, so a run with a fault in replace mode
-// ends with exactly the bytes of the fault-free run.
+// ends with exactly the bytes of the fault-free run. Each step fences its
+// writes (holdfast::torch::WriteFence) before opt.step(), so each snapshot
+// is copied while the next step computes, and the fence checks that the
+// state it watches was not written before.
 //
 //   holdfast-run -n 2 --standby 1 --inject kill:slot=1:step=20
 //       -- holdfast-torch-trainer --steps 40
@@ -72,8 +75,12 @@ int main(int argc, char** argv) {
     return 1;
   }
   holdfast::Runtime& runtime = **rt;
-  absl::Status reg = holdfast::torch::RegisterModule(runtime, *model, "model");
-  if (reg.ok()) reg = holdfast::torch::RegisterOptimizer(runtime, opt, "sgd");
+  holdfast::torch::WriteFence fence(runtime);
+  absl::Status reg =
+      holdfast::torch::RegisterModule(runtime, *model, "model", &fence);
+  if (reg.ok()) {
+    reg = holdfast::torch::RegisterOptimizer(runtime, opt, "sgd", &fence);
+  }
   if (!reg.ok()) {
     std::fprintf(stderr, "torch-trainer: %s\n", reg.ToString().c_str());
     return 1;
@@ -103,6 +110,7 @@ int main(int argc, char** argv) {
     absl::Status s = holdfast::torch::AllReduce(*ctx.comm, total)->Wait();
     if (!s.ok()) return s;
     last_loss = total.item<double>();
+    fence.Begin();  // the first write to registered state follows
     opt.step();
     return absl::OkStatus();
   };
@@ -111,7 +119,7 @@ int main(int argc, char** argv) {
   ro.metrics = [&] {
     return std::map<std::string, double>{{"loss", last_loss}};
   };
-  absl::StatusOr<holdfast::RunResult> result = runtime.Run(step_fn, ro);
+  absl::StatusOr<holdfast::RunResult> result = fence.Run(step_fn, ro);
   if (!result.ok()) {
     const absl::Status& s = result.status();
     std::fprintf(stderr, "torch-trainer: %s\n", s.ToString().c_str());
@@ -120,8 +128,12 @@ int main(int argc, char** argv) {
     if (s.code() == absl::StatusCode::kAborted) return 4;
     return 1;
   }
-  std::fprintf(stderr, "loss=%.6f recoveries=%zu\n", last_loss,
-               result->recoveries.size());
+  std::fprintf(stderr,
+               "recoveries=%zu loss=%.6f snapshots_overlapped=%lld "
+               "snapshots_unfenced=%lld\n",
+               result->recoveries.size(), last_loss,
+               static_cast<long long>(result->snapshots_overlapped),
+               static_cast<long long>(result->snapshots_unfenced));
   std::printf("final step=%lld world=%d params_sha256=%s\n",
               static_cast<long long>(result->final_step), result->world_size,
               ParamsSha256(model->parameters()).c_str());

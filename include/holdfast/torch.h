@@ -13,10 +13,14 @@
 #ifndef HOLDFAST_TORCH_H_
 #define HOLDFAST_TORCH_H_
 
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <sstream>
 #include <string>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
@@ -59,13 +63,82 @@ std::shared_ptr<Work> Send(Communicator& comm, const at::Tensor& tensor,
 std::shared_ptr<Work> Recv(Communicator& comm, at::Tensor& tensor, int peer,
                            const OpOptions& options = {});
 
+// Catches a step's in-place writes to registered tensors made before it
+// called BeginStateUpdate(), as the Python package does. With
+// RunOptions::snapshot_copy other than kBetweenSteps, a snapshot is copied
+// while the next step computes, and that step must call
+// BeginStateUpdate() before its first write to registered state: a write
+// before it could tear the copy. The fence records the version counters
+// of the tensors it watches when a step returns, and Begin() compares
+// them: a tensor written since then makes the step report the early write
+// (Runtime::ReportEarlyWrite, naming the tensor) instead of fencing, so
+// the snapshot copied during it is dropped (kAuto, with a warning) or the
+// run stops with FailedPrecondition (kDuringNextStep).
+//
+//   holdfast::torch::WriteFence fence(runtime);
+//   RegisterModule(runtime, *model, "model", &fence);
+//   RegisterOptimizer(runtime, opt, "sgd", &fence);
+//   auto result = fence.Run([&](const holdfast::StepContext& ctx) {
+//     ...forward, backward, all-reduce of the gradients...
+//     fence.Begin();  // instead of ctx.runtime->BeginStateUpdate()
+//     opt.step();
+//     return absl::OkStatus();
+//   }, options);
+//
+// In-place torch ops move a tensor's version counter; writes through
+// data_ptr(), from_blob aliases or a `.data()` tensor (a counter of its
+// own) do not, and go unseen, as do state not registered as a tensor
+// (Adam's step counter, a plain integer) and state registered with
+// Runtime::RegisterState directly. libtorch 1.13's SGD writes the
+// parameters through .data(): its momentum buffers show its step (Adam
+// and AdamW move the parameters' counters too), and plain SGD without
+// momentum is not seen at all. The record is dropped when a step
+// fails and when the state is restored. Not thread-safe: Run() and, from
+// its step function, Begin() on one thread.
+class WriteFence {
+ public:
+  explicit WriteFence(Runtime& runtime) : runtime_(runtime) {}
+  WriteFence(const WriteFence&) = delete;
+  WriteFence& operator=(const WriteFence&) = delete;
+
+  // Watches `tensor` (the tensor itself, as registered) under `name`.
+  // RegisterModule and RegisterOptimizer call it for every tensor they
+  // register when given the fence.
+  void Watch(std::string name, const at::Tensor& tensor);
+  size_t watched() const { return watched_.size(); }
+
+  // runtime.Run(step_fn, options), with the record taken at each step's
+  // end and dropped at each restore (options.on_restore still runs).
+  absl::StatusOr<RunResult> Run(
+      std::function<absl::Status(const StepContext&)> step_fn,
+      RunOptions options);
+
+  // In a step run by Run(), before its first write to registered state:
+  // Runtime::BeginStateUpdate(), or ReportEarlyWrite() naming the first
+  // watched tensor written since the step before ended (once per step;
+  // later calls in the step pass BeginStateUpdate() on, which the runtime
+  // then ignores).
+  void Begin();
+
+ private:
+  Runtime& runtime_;
+  std::vector<std::pair<std::string, at::Tensor>> watched_;
+  // The version counters of watched_ when the last step returned; none
+  // after a failed step or a restore (nothing to compare with).
+  std::vector<int64_t> versions_;
+  bool recorded_ = false;
+  bool in_step_ = false;
+  bool checked_ = false;  // this step's Begin() compared the counters
+};
+
 // Registers every parameter and buffer of `module` (recursively, in
 // named_parameters / named_buffers order) as replicated state named
 // "<prefix>.<name>". They must be contiguous CPU tensors that keep their
 // storage (optimizers update them in place). InvalidArgument naming the
-// tensor otherwise.
+// tensor otherwise. Each one registered is watched by `fence`, if given.
 absl::Status RegisterModule(Runtime& runtime, const ::torch::nn::Module& module,
-                            const std::string& prefix = "model");
+                            const std::string& prefix = "model",
+                            WriteFence* fence = nullptr);
 
 // The key of `param` in optimizer.state(): a string in libtorch 1.x, the
 // TensorImpl pointer in 2.x. For filling the state before registering it.
@@ -86,10 +159,12 @@ typename Map::key_type OptimizerStateKey(const Map& /*state*/,
 // ("<prefix>.<group>.<param>.<field>"), including Adam's step counters.
 // The state must exist (optimizers create it at their first step; fill it
 // before registering): FailedPrecondition naming the parameter otherwise,
-// Unimplemented for another optimizer type.
+// Unimplemented for another optimizer type. Each tensor registered is
+// watched by `fence`, if given.
 absl::Status RegisterOptimizer(Runtime& runtime,
                                ::torch::optim::Optimizer& optimizer,
-                               const std::string& prefix = "optimizer");
+                               const std::string& prefix = "optimizer",
+                               WriteFence* fence = nullptr);
 
 }  // namespace holdfast::torch
 

@@ -9,6 +9,7 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 
 namespace holdfast::torch {
@@ -76,25 +77,30 @@ absl::Status HostState(const at::Tensor& t, const std::string& name) {
 }
 
 absl::Status RegisterTensor(Runtime& runtime, const std::string& name,
-                            const at::Tensor& t) {
+                            const at::Tensor& t, WriteFence* fence) {
   if (absl::Status s = HostState(t, name); !s.ok()) return s;
-  return runtime.RegisterState(name, t.data_ptr(), t.nbytes());
+  absl::Status s = runtime.RegisterState(name, t.data_ptr(), t.nbytes());
+  if (s.ok() && fence != nullptr) fence->Watch(name, t);
+  return s;
 }
 
 // Adam's and AdamW's per-parameter state (distinct types, same fields):
 // the step counter and the moments.
 template <typename State>
 absl::Status RegisterAdamState(Runtime& runtime, const std::string& base,
-                               State& state) {
+                               State& state, WriteFence* fence) {
   absl::Status s =
       runtime.RegisterState(base + ".step", &state.step(), sizeof(int64_t));
-  if (s.ok()) s = RegisterTensor(runtime, base + ".exp_avg", state.exp_avg());
   if (s.ok()) {
-    s = RegisterTensor(runtime, base + ".exp_avg_sq", state.exp_avg_sq());
+    s = RegisterTensor(runtime, base + ".exp_avg", state.exp_avg(), fence);
+  }
+  if (s.ok()) {
+    s = RegisterTensor(runtime, base + ".exp_avg_sq", state.exp_avg_sq(),
+                       fence);
   }
   if (s.ok() && state.max_exp_avg_sq().defined()) {
     s = RegisterTensor(runtime, base + ".max_exp_avg_sq",
-                       state.max_exp_avg_sq());
+                       state.max_exp_avg_sq(), fence);
   }
   return s;
 }
@@ -232,16 +238,73 @@ std::shared_ptr<Work> Recv(Communicator& comm, at::Tensor& tensor, int peer,
 
 #undef HOLDFAST_CHECK_OR_FAIL
 
+void WriteFence::Watch(std::string name, const at::Tensor& tensor) {
+  watched_.emplace_back(std::move(name), tensor);
+  recorded_ = false;  // the record has no counter for it
+}
+
+absl::StatusOr<RunResult> WriteFence::Run(
+    std::function<absl::Status(const StepContext&)> step_fn,
+    RunOptions options) {
+  const bool record =
+      options.snapshot_copy != RunOptions::SnapshotCopy::kBetweenSteps;
+  auto step = [this, record, fn = std::move(step_fn)](
+                  const StepContext& ctx) -> absl::Status {
+    in_step_ = true;
+    checked_ = false;
+    // A step that fails (or throws) may have moved counters that the
+    // restore after it does not move back: nothing to compare with then.
+    bool returned = false;
+    absl::Cleanup out = [this, &returned] {
+      in_step_ = false;
+      if (!returned) recorded_ = false;
+    };
+    absl::Status s = fn(ctx);
+    returned = true;
+    recorded_ = false;
+    if (s.ok() && record) {
+      versions_.clear();
+      for (const auto& [name, t] : watched_) versions_.push_back(t._version());
+      recorded_ = true;
+    }
+    return s;
+  };
+  // No snapshot copied during a step survives a restore, and the restore
+  // writes the tensors through their pointers: nothing to compare with.
+  options.on_restore = [this, user = std::move(options.on_restore)](
+                           int64_t restored) -> absl::Status {
+    recorded_ = false;
+    return user ? user(restored) : absl::OkStatus();
+  };
+  return runtime_.Run(std::move(step), options);
+}
+
+void WriteFence::Begin() {
+  if (in_step_ && !checked_) {
+    checked_ = true;
+    if (recorded_) {
+      for (size_t i = 0; i < watched_.size(); ++i) {
+        if (watched_[i].second._version() != versions_[i]) {
+          runtime_.ReportEarlyWrite(
+              absl::StrCat("tensor '", watched_[i].first, "'"));
+          return;
+        }
+      }
+    }
+  }
+  runtime_.BeginStateUpdate();
+}
+
 absl::Status RegisterModule(Runtime& runtime, const ::torch::nn::Module& module,
-                            const std::string& prefix) {
+                            const std::string& prefix, WriteFence* fence) {
   for (const auto& item : module.named_parameters(/*recurse=*/true)) {
     absl::Status s =
-        RegisterTensor(runtime, prefix + "." + item.key(), item.value());
+        RegisterTensor(runtime, prefix + "." + item.key(), item.value(), fence);
     if (!s.ok()) return s;
   }
   for (const auto& item : module.named_buffers(/*recurse=*/true)) {
     absl::Status s =
-        RegisterTensor(runtime, prefix + "." + item.key(), item.value());
+        RegisterTensor(runtime, prefix + "." + item.key(), item.value(), fence);
     if (!s.ok()) return s;
   }
   return absl::OkStatus();
@@ -249,7 +312,7 @@ absl::Status RegisterModule(Runtime& runtime, const ::torch::nn::Module& module,
 
 absl::Status RegisterOptimizer(Runtime& runtime,
                                ::torch::optim::Optimizer& optimizer,
-                               const std::string& prefix) {
+                               const std::string& prefix, WriteFence* fence) {
   auto& state = optimizer.state();
   const auto& groups = optimizer.param_groups();
   for (size_t g = 0; g < groups.size(); ++g) {
@@ -267,13 +330,13 @@ absl::Status RegisterOptimizer(Runtime& runtime,
       absl::Status s;
       if (auto* sgd = dynamic_cast<::torch::optim::SGDParamState*>(ps)) {
         s = RegisterTensor(runtime, base + ".momentum_buffer",
-                           sgd->momentum_buffer());
+                           sgd->momentum_buffer(), fence);
       } else if (auto* adam =
                      dynamic_cast<::torch::optim::AdamParamState*>(ps)) {
-        s = RegisterAdamState(runtime, base, *adam);
+        s = RegisterAdamState(runtime, base, *adam, fence);
       } else if (auto* adamw =
                      dynamic_cast<::torch::optim::AdamWParamState*>(ps)) {
-        s = RegisterAdamState(runtime, base, *adamw);
+        s = RegisterAdamState(runtime, base, *adamw, fence);
       } else {
         return absl::UnimplementedError(absl::StrCat(
             "optimizer state '", base,

@@ -28,16 +28,22 @@ def fault_free_hash():
     assert len(finals) == 2 and len(set(finals)) == 1, finals
     assert finals[0].startswith("final step=30 world=2 params_sha256=")
     # Its steps fence their writes before opt.step(), and nothing of DDP's
-    # (its reducer, the all-reduce hook) writes registered tensors before:
-    # none of the snapshots was dropped, and some were copied during the
-    # next step (not all: one whose copy had not started when the fence
-    # came is copied by the fence, as between the steps).
+    # (its reducer, the all-reduce hook) writes registered tensors before.
+    assert_fenced(lines)
+    return finals[0]
+
+
+def assert_fenced(lines):
+    """The trainers print their snapshot counts on a line of their own:
+    none of the two slots' snapshots was dropped for a write before the
+    fence, and some were copied during the next step (not all: one whose
+    copy had not started when the fence came is copied by the fence, as
+    between the steps)."""
     counts = [dict(kv.split("=") for kv in line.split("] ", 1)[1].split()[2:])
               for line in lines if "] recoveries=" in line]
     assert len(counts) == 2, "\n".join(lines[-40:])
     assert all(c["snapshots_unfenced"] == "0" for c in counts), counts
     assert sum(int(c["snapshots_overlapped"]) for c in counts) > 0, counts
-    return finals[0]
 
 
 @pytest.mark.parametrize("fault", ["kill:slot=1:step=12", "hang:slot=0:step=8",
@@ -67,6 +73,8 @@ def test_libtorch_trainer_survives_a_kill_with_the_fault_free_hash():
     rc, lines = run_job(["-n", "2", "--standby", "1"], trainer)
     clean = final_lines(lines)
     assert rc == 0 and len(clean) == 2 and len(set(clean)) == 1, lines[-30:]
+    # Its steps fence their writes (WriteFence) before opt.step().
+    assert_fenced(lines)
     rc, lines = run_job(["-n", "2", "--standby", "1", "--inject",
                          "kill:slot=1:step=12"], trainer)
     out = "\n".join(lines[-60:])
