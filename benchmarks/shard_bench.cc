@@ -30,8 +30,9 @@
 //                the default), and leaving that to a restore ("restore").
 //                A third time with the copy during the next step
 //                (RunOptions::SnapshotCopy::kDuringNextStep, which hashes
-//                the piece as it copies it) and the check at restore, timed by
-//                the runtime (MeasureOverlappedRound).
+//                the piece as it copies it) and the check at restore, each
+//                round timed by the runtime and followed by a raw exchange
+//                in the step's idle time (MeasureOverlappedRound).
 // Before the sizes, two latencies that a round pays at every size and the
 // raw exchange (which keeps streaming) does not: a byte's round trip
 // between two threads after 5 ms asleep (two wake-ups of idle threads),
@@ -460,31 +461,54 @@ Pair MeasureRuntime(size_t bytes, int reps, const char* verify) {
   return out;
 }
 
-// Mean round, in seconds, of snapshots copied during the next step
+// Rounds of snapshots copied during the next step
 // (RunOptions::SnapshotCopy::kDuringNextStep) and checked at restore: the
 // owner hashes its piece as it copies it, so the round itself moves bytes
 // only. Two slots run the step loop; each step fences after 2 ms (by then
 // the backup thread has the copy under way, so the copy waits for no
-// compute), then idles long enough for the round. Timed by the runtime
-// (BackupStats::round_us: from the end of the copy to the commit), over
-// the rounds between the third step and the last (the first rounds fault
-// pages in; the last step's snapshot is copied between the steps); of the
-// two slots, the one whose copy ended last (the smaller mean).
-double MeasureOverlappedRound(size_t bytes, int reps, std::string* error) {
-  const int64_t steps = reps + 3;
+// compute), then idles long enough for the round. Each round is timed by
+// the runtime (BackupStats::round_us: from the end of the copy to the
+// commit, less gate_us: the time it waited, with its bytes moved, for the
+// fence, which comes when the trainer calls it, not when the bytes have
+// moved), read at the next step's start when one round ended meanwhile;
+// of the two slots' times for a round, that of the slot whose copy ended
+// last (the smaller). After the round, at the end of the step's idle
+// time, slot 0 runs the raw exchange, as MeasureRuntime does after each
+// round. The rounds of the first three steps (they fault pages in) are
+// left out, and the last step's (its snapshot is copied between the
+// steps).
+struct Overlapped {
+  double round_s = 0;       // median
+  double round_vs_raw = 0;  // median of the per-round ratios raw / round
+  std::string error;
+};
+Overlapped MeasureOverlappedRound(size_t bytes, int reps) {
+  const int64_t steps = reps + 4;
   const absl::Duration idle = absl::Milliseconds(30) +
                               absl::Seconds(static_cast<double>(bytes) / 0.3e9);
-  double mean[2] = {0, 0};
+  RawExchange exchange(bytes / 2);
+  absl::Mutex mu;
+  // Keyed by the step during which the round ran.
+  std::map<int64_t, double> round_s[2], raw_s;
   auto body = [&](int want, holdfast::Runtime& rt,
                   std::vector<uint8_t>& state) -> absl::Status {
-    holdfast::BackupStats first, last;
+    holdfast::BackupStats prev;
     holdfast::RunOptions ro;
     ro.steps = steps;
     ro.snapshot_copy = holdfast::RunOptions::SnapshotCopy::kDuringNextStep;
     auto r = rt.Run(
         [&](const holdfast::StepContext& ctx) -> absl::Status {
-          if (ctx.step == 3) first = rt.backup_stats();
-          if (ctx.step == steps) last = rt.backup_stats();
+          const holdfast::BackupStats now = rt.backup_stats();
+          // The round of the step before: the snapshot of the step before
+          // it, copied and backed up during it.
+          if (ctx.step >= 5 && now.rounds == prev.rounds + 1) {
+            absl::MutexLock lock(&mu);
+            round_s[want][ctx.step - 1] =
+                static_cast<double>((now.round_us - prev.round_us) -
+                                    (now.gate_us - prev.gate_us)) /
+                1e6;
+          }
+          prev = now;
           int64_t x = ctx.step;
           HOLDFAST_RETURN_IF_ERROR(ctx.comm
                                        ->AllReduce(&x, 1,
@@ -495,18 +519,39 @@ double MeasureOverlappedRound(size_t bytes, int reps, std::string* error) {
           ctx.runtime->BeginStateUpdate();
           state[static_cast<size_t>(ctx.step) % bytes] ^= 1;
           absl::SleepFor(idle);
+          if (want == 0 && ctx.step >= 4 && ctx.step < steps) {
+            // This step's round (of the step before's snapshot) is over
+            // on both slots once they saw its commit (the sleep lets slot
+            // 1 see it too).
+            HOLDFAST_RETURN_IF_ERROR(
+                rt.AwaitCommit(ctx.step - 1, absl::Seconds(60)));
+            absl::SleepFor(absl::Milliseconds(20));
+            const double t = exchange.Once();
+            if (t <= 0) return absl::InternalError("the raw exchange failed");
+            absl::MutexLock lock(&mu);
+            raw_s[ctx.step] = t;
+          }
           return absl::OkStatus();
         },
         ro);
-    HOLDFAST_RETURN_IF_ERROR(r.status());
-    const int64_t rounds = last.rounds - first.rounds;
-    if (rounds <= 0) return absl::InternalError("no overlapped round");
-    mean[want] = static_cast<double>(last.round_us - first.round_us) / 1e6 /
-                 static_cast<double>(rounds);
-    return absl::OkStatus();
+    return r.status();
   };
-  *error = RunPair(bytes, "restore", body);
-  return std::min(mean[0], mean[1]);
+  Overlapped out;
+  out.error = RunPair(bytes, "restore", body);
+  std::vector<double> rounds, ratios;
+  for (const auto& [step, raw] : raw_s) {
+    auto a = round_s[0].find(step);
+    auto b = round_s[1].find(step);
+    if (a == round_s[0].end() || b == round_s[1].end()) continue;
+    rounds.push_back(std::min(a->second, b->second));
+    ratios.push_back(raw / rounds.back());
+  }
+  if (out.error.empty() && rounds.empty()) {
+    out.error = "no overlapped round was timed";
+  }
+  out.round_s = Median(rounds);
+  out.round_vs_raw = Median(ratios);
+  return out;
 }
 
 json ReadJson(const std::string& path) {
@@ -595,16 +640,13 @@ int main(int argc, char** argv) {
     for (int t = 0; t < trials && error.empty(); ++t) {
       Pair p = MeasureRuntime(bytes, reps, "arrival");
       Pair q = MeasureRuntime(bytes, reps, "restore");
-      std::string overlap_error;
-      const double overlapped_s =
-          MeasureOverlappedRound(bytes, reps, &overlap_error);
-      for (const std::string* e : {&p.error, &q.error, &overlap_error}) {
+      Overlapped o = MeasureOverlappedRound(bytes, reps);
+      for (const std::string* e : {&p.error, &q.error, &o.error}) {
         if (error.empty()) error = *e;
       }
       if (!error.empty()) break;
       const double mem_s = p.memcpy_s;
-      // The raw exchanges of both runs: the mean of their medians (the
-      // overlapped round has none of its own and is compared with it).
+      // The raw exchanges of both runs: the mean of their medians.
       const double raw_s = (p.raw_s + q.raw_s) / 2;
       const double gb = static_cast<double>(p.piece_bytes) / 1e9;
       r["piece_mb"] = static_cast<double>(p.piece_bytes) / (1 << 20);
@@ -616,8 +658,8 @@ int main(int argc, char** argv) {
       fig["replication_vs_raw"].push_back(p.replicate_vs_raw);
       fig["replication_verify_at_restore_gbps"].push_back(gb / q.replicate_s);
       fig["replication_verify_at_restore_vs_raw"].push_back(q.replicate_vs_raw);
-      fig["replication_overlapped_gbps"].push_back(gb / overlapped_s);
-      fig["replication_overlapped_vs_raw"].push_back(raw_s / overlapped_s);
+      fig["replication_overlapped_gbps"].push_back(gb / o.round_s);
+      fig["replication_overlapped_vs_raw"].push_back(o.round_vs_raw);
       fig["transfer_gbps"].push_back(p.transfer_s > 0 ? gb / p.transfer_s : 0);
       fig["transfer_vs_raw"].push_back(p.transfer_vs_raw);
     }

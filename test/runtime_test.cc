@@ -655,6 +655,11 @@ TEST_CASE(
   CHECK(result->backups > 2);
   CHECK(result->snapshots_overlapped > 2);
   CHECK(result->snapshots_unfenced == 0);
+  // Their rounds, done long before the fence 5 ms into the next step,
+  // waited for it, and say so apart from the rest of the round.
+  const holdfast::BackupStats stats = r.backup_stats();
+  CHECK(stats.gate_us > 0);
+  CHECK(stats.gate_us <= stats.round_us);
 
   // A step function that writes without the fence: the snapshot it may
   // have torn is dropped and the run stops, naming the call.

@@ -140,6 +140,10 @@ struct BackupStats {
                             // its commit (after a deferred copy: not the
                             // copy; nor the verdict, eviction or disk
                             // write after the commit)
+  // Of round_us, the time rounds of snapshots copied during a step spent
+  // waiting, with their bytes moved, for that step's BeginStateUpdate()
+  // (such a step commits only once fenced).
+  int64_t gate_us = 0;
   int64_t disk_writes = 0;
 };
 

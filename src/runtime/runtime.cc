@@ -406,6 +406,7 @@ class RuntimeImpl final : public Runtime {
     b.bytes = backup_bytes_;
     b.transfer_us = transfer_us_;
     b.round_us = backup_us_;
+    b.gate_us = gate_us_;
     b.disk_writes = disk_writes_;
     return b;
   }
@@ -2440,10 +2441,11 @@ class RuntimeImpl final : public Runtime {
       if (side.ok() && own->deferred && !own->copied) CopyIn(own);
       const absl::Time t0 = absl::Now();  // the round proper, after any copy
       absl::Time seen = absl::InfinitePast();  // the commit, once seen
-      bool again = false;  // the newest step offered: offer it again
+      bool again = false;    // the newest step offered: offer it again
+      absl::Duration gated;  // waiting for the step's fence
       absl::StatusOr<bool> committed =
           side.ok() ? BackupRound(own, side->comm.get(), side->links.get(),
-                                  &seen, &again)
+                                  &seen, &again, &gated)
                     : side.status();
       {
         absl::MutexLock lock(&bk_mu_);
@@ -2453,6 +2455,7 @@ class RuntimeImpl final : public Runtime {
         if (committed.ok() && *committed) {
           ++backups_;
           backup_us_ += absl::ToInt64Microseconds(seen - t0);
+          gate_us_ += absl::ToInt64Microseconds(gated);
         }
         // Offered again (unless a restore or an unfenced step dropped it
         // meanwhile) before a snapshot taken during the agreement: the
@@ -2710,10 +2713,12 @@ class RuntimeImpl final : public Runtime {
   // after it). When the slots offered different steps nothing moves, and
   // `*again` says this slot's step was the newest: its piece is kept, to
   // be offered again (the others drop theirs and offer the snapshot of
-  // that step next). An error is a failure of the side communicator.
+  // that step next). `*gated` is the time spent waiting for the fence of
+  // a piece copied during a step. An error is a failure of the side
+  // communicator.
   absl::StatusOr<bool> BackupRound(Piece* own, Communicator* c,
                                    bulk::Links* links, absl::Time* seen,
-                                   bool* again) {
+                                   bool* again, absl::Duration* gated) {
     const int64_t s = own->step;
     const int64_t gen = own->layout_generation;
     const int world = own->world;
@@ -2863,7 +2868,11 @@ class RuntimeImpl final : public Runtime {
         absl::ToInt64Microseconds(absl::Now() - transfer_start);
     if (!st.ok()) return st;
     // A deferred piece is acked only if the trainer fenced its copy.
-    if (good == 1 && own->deferred && !AwaitValidated(own, gen)) good = 0;
+    if (good == 1 && own->deferred) {
+      const absl::Time gate_start = absl::Now();
+      if (!AwaitValidated(own, gen)) good = 0;
+      *gated = absl::Now() - gate_start;
+    }
     if (good == 1) {
       // This slot holds its piece and good copies of its owners' pieces:
       // it acks now, and the verdict below travels while the ack does.
@@ -3124,6 +3133,7 @@ class RuntimeImpl final : public Runtime {
   int64_t backups_ ABSL_GUARDED_BY(bk_mu_) = 0;
   int64_t backup_bytes_ ABSL_GUARDED_BY(bk_mu_) = 0;
   int64_t backup_us_ ABSL_GUARDED_BY(bk_mu_) = 0;
+  int64_t gate_us_ ABSL_GUARDED_BY(bk_mu_) = 0;
   int64_t transfer_us_ ABSL_GUARDED_BY(bk_mu_) = 0;
   int64_t disk_writes_ ABSL_GUARDED_BY(bk_mu_) = 0;
   std::atomic<bool> bk_stop_{false};
