@@ -474,9 +474,10 @@ Pair MeasureRuntime(size_t bytes, int reps, const char* verify) {
 // of the two slots' times for a round, that of the slot whose copy ended
 // last (the smaller). After the round, at the end of the step's idle
 // time, slot 0 runs the raw exchange, as MeasureRuntime does after each
-// round. The rounds of the first three steps (they fault pages in) are
-// left out, and the last step's (its snapshot is copied between the
-// steps).
+// round, while slot 1 waits for it before it ends its step (else slot 1
+// would copy its next snapshot meanwhile and slow the exchange down). The
+// rounds of the first three steps (they fault pages in) are left out, and the
+// last step's (its snapshot is copied between the steps).
 struct Overlapped {
   double round_s = 0;       // median
   double round_vs_raw = 0;  // median of the per-round ratios raw / round
@@ -519,17 +520,31 @@ Overlapped MeasureOverlappedRound(size_t bytes, int reps) {
           ctx.runtime->BeginStateUpdate();
           state[static_cast<size_t>(ctx.step) % bytes] ^= 1;
           absl::SleepFor(idle);
-          if (want == 0 && ctx.step >= 4 && ctx.step < steps) {
-            // This step's round (of the step before's snapshot) is over
-            // on both slots once they saw its commit (the sleep lets slot
-            // 1 see it too).
-            HOLDFAST_RETURN_IF_ERROR(
-                rt.AwaitCommit(ctx.step - 1, absl::Seconds(60)));
-            absl::SleepFor(absl::Milliseconds(20));
+          if (ctx.step < 4 || ctx.step == steps) return absl::OkStatus();
+          // This step's round (of the step before's snapshot) is over on
+          // both slots once they saw its commit (the sleep lets the other
+          // slot see it too).
+          HOLDFAST_RETURN_IF_ERROR(
+              rt.AwaitCommit(ctx.step - 1, absl::Seconds(60)));
+          absl::SleepFor(absl::Milliseconds(20));
+          if (want == 0) {
             const double t = exchange.Once();
-            if (t <= 0) return absl::InternalError("the raw exchange failed");
             absl::MutexLock lock(&mu);
             raw_s[ctx.step] = t;
+          } else {
+            // Slot 1 ends its step (and starts copying its next snapshot)
+            // only after the raw exchange, which then has the machine to
+            // itself.
+            absl::MutexLock lock(&mu);
+            auto done = [&] { return raw_s.count(ctx.step) > 0; };
+            if (!mu.AwaitWithTimeout(absl::Condition(&done),
+                                     absl::Seconds(60))) {
+              return absl::InternalError("slot 0 ran no raw exchange");
+            }
+          }
+          absl::MutexLock lock(&mu);
+          if (raw_s[ctx.step] <= 0) {
+            return absl::InternalError("the raw exchange failed");
           }
           return absl::OkStatus();
         },
