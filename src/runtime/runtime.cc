@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "holdfast/status.h"
 #include "holdfast/store.h"
@@ -2779,12 +2780,15 @@ class RuntimeImpl final : public Runtime {
     // The bytes go first, on the backup links, a thread per link (this one
     // takes the last). The owner hashes each chunk of its piece just
     // before writing it (a deferred piece was hashed as it was copied) and
-    // sends the checksum after all of them; each receiver hashes the chunks
-    // as they land and compares (with verify_backups "arrival"; else a
-    // restore does).
+    // sends the checksum right after them, on the same thread; each
+    // receiver hashes the chunks as they land and, on its thread, reads
+    // the checksum and compares (with verify_backups "arrival"; else a
+    // restore does). So a link's check does not wait for the others'
+    // bytes.
     struct Incoming {
       std::unique_ptr<Piece> piece;
       shards::CopyHasher hasher;
+      bool damaged = false;  // arrived with another checksum than sent
     };
     std::vector<std::unique_ptr<Incoming>> got;
     std::vector<int> own_buddies;
@@ -2809,10 +2813,30 @@ class RuntimeImpl final : public Runtime {
     shards::CopyHasher own_hasher;
     const bool hash_own = !own->deferred && !own_buddies.empty();
     std::vector<std::function<absl::Status()>> jobs;
+    // The first link hashes the piece; the others wait for its digest.
+    absl::Notification digested;
+    bool digest_ok = false;  // written before `digested` is notified
     for (size_t i = 0; i < own_buddies.size(); ++i) {
-      jobs.push_back([&, i] {
-        return links->SendPiece(own_buddies[i], s, own->bytes.get(), own->size,
-                                i == 0 && hash_own ? &own_hasher : nullptr);
+      jobs.push_back([&, i]() -> absl::Status {
+        if (i == 0 && hash_own) {
+          absl::Cleanup notify = [&digested] { digested.Notify(); };
+          HOLDFAST_RETURN_IF_ERROR(links->SendPiece(
+              own_buddies[i], s, own->bytes.get(), own->size, &own_hasher));
+          own->checksum = own_hasher.Digest();
+          digest_ok = true;
+        } else {
+          HOLDFAST_RETURN_IF_ERROR(links->SendPiece(
+              own_buddies[i], s, own->bytes.get(), own->size, nullptr));
+          if (hash_own) {
+            digested.WaitForNotification();
+            if (!digest_ok) {
+              return absl::AbortedError(absl::StrCat(
+                  "the checksum of slot ", me, "'s piece of step ", s,
+                  " was not computed: its first backup link failed"));
+            }
+          }
+        }
+        return links->SendChecksum(own_buddies[i], own->checksum);
       });
     }
     // An injected `corrupt-backup` damages the copy from the lowest owner
@@ -2823,9 +2847,9 @@ class RuntimeImpl final : public Runtime {
             ? got.front().get()
             : nullptr;
     for (auto& in : got) {
-      jobs.push_back([&, p = in.get()] {
+      jobs.push_back([&, p = in.get()]() -> absl::Status {
         Piece& piece = *p->piece;
-        return links->RecvPiece(
+        HOLDFAST_RETURN_IF_ERROR(links->RecvPiece(
             piece.slot, s, piece.bytes.get(), piece.size,
             [&](size_t off, size_t n) {
               if (off == 0 && p == damaged) {
@@ -2836,33 +2860,26 @@ class RuntimeImpl final : public Runtime {
                     me, piece.slot, s);
               }
               if (verify) p->hasher.Update(piece.bytes.get() + off, n);
-            });
+            }));
+        absl::StatusOr<uint64_t> sent = links->RecvChecksum(piece.slot);
+        if (!sent.ok()) return sent.status();
+        piece.checksum = *sent;
+        p->damaged = verify && p->hasher.Digest() != *sent;
+        return absl::OkStatus();
       });
     }
     st = RunJobs(jobs, [links](absl::string_view why) { links->Abort(why); });
-    if (!own->deferred) {
-      own->checksum = hash_own ? own_hasher.Digest()
-                               : shards::Checksum(own->bytes.get(), own->size);
-    }
-    for (int b : own_buddies) {
-      if (st.ok()) st = links->SendChecksum(b, own->checksum);
+    if (!own->deferred && !hash_own) {
+      own->checksum = shards::Checksum(own->bytes.get(), own->size);
     }
     int64_t good = 1;
     for (auto& in : got) {
-      if (!st.ok()) break;
-      absl::StatusOr<uint64_t> sent = links->RecvChecksum(in->piece->slot);
-      if (!sent.ok()) {
-        st = sent.status();
-        break;
-      }
-      in->piece->checksum = *sent;
-      if (verify && in->hasher.Digest() != *sent) {
-        HOLDFAST_LOG_ERROR(
-            "runtime: the backup of slot {}'s piece of step {} arrived "
-            "corrupt; the step is not committed",
-            in->piece->slot, s);
-        good = 0;
-      }
+      if (!st.ok() || !in->damaged) continue;
+      HOLDFAST_LOG_ERROR(
+          "runtime: the backup of slot {}'s piece of step {} arrived "
+          "corrupt; the step is not committed",
+          in->piece->slot, s);
+      good = 0;
     }
     const int64_t transfer_us =
         absl::ToInt64Microseconds(absl::Now() - transfer_start);
