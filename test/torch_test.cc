@@ -171,16 +171,22 @@ struct Fenced {
     REQUIRE(holdfast::torch::RegisterModule(rt, *model, "model", &fence).ok());
     REQUIRE(holdfast::torch::RegisterOptimizer(rt, opt, "sgd", &fence).ok());
   }
-  // One step's compute (the backup thread copies the snapshot meanwhile),
-  // the fence, and the update; with `early`, the update comes first.
-  absl::Status Step(bool early) {
-    opt.zero_grad();
-    model->forward(at::randn({8, 4})).pow(2).sum().backward();
-    absl::SleepFor(absl::Milliseconds(10));
-    if (early) opt.step();
-    fence.Begin();
-    if (!early) opt.step();
-    return absl::OkStatus();
+  // 12 steps through the fence, each its compute (the backup thread
+  // copies the snapshot meanwhile), the fence and the update; with
+  // `early`, the update comes first.
+  absl::StatusOr<holdfast::RunResult> Run(bool early, holdfast::RunOptions ro) {
+    ro.steps = 12;
+    return fence.Run(
+        [this, early](const holdfast::StepContext&) -> absl::Status {
+          opt.zero_grad();
+          model->forward(at::randn({8, 4})).pow(2).sum().backward();
+          absl::SleepFor(absl::Milliseconds(10));
+          if (early) opt.step();
+          fence.Begin();
+          if (!early) opt.step();
+          return absl::OkStatus();
+        },
+        ro);
   }
   ::torch::nn::Linear model{4, 2};
   ::torch::optim::SGD opt{model->parameters(),
@@ -199,14 +205,11 @@ TEST_CASE(
   CHECK(f.fence.watched() == 4);
   int restores = 0;
   holdfast::RunOptions ro;
-  ro.steps = 12;
   ro.on_restore = [&](int64_t) {
     ++restores;
     return absl::OkStatus();
   };
-  auto result = f.fence.Run(
-      [&](const holdfast::StepContext&) { return f.Step(/*early=*/false); },
-      ro);
+  auto result = f.Run(/*early=*/false, ro);
   REQUIRE(result.ok());
   CHECK(result->final_step == 12);
   CHECK(result->snapshots_unfenced == 0);
@@ -220,11 +223,7 @@ TEST_CASE(
   SECTION("kAuto") {
     Job job;
     Fenced f(*job.runtime);
-    holdfast::RunOptions ro;
-    ro.steps = 12;
-    auto result = f.fence.Run(
-        [&](const holdfast::StepContext&) { return f.Step(/*early=*/true); },
-        ro);
+    auto result = f.Run(/*early=*/true, {});
     REQUIRE(result.ok());
     CHECK(result->final_step == 12);
     // Step 1 had nothing to compare with, so its snapshot was copied
@@ -237,11 +236,8 @@ TEST_CASE(
     Job job;
     Fenced f(*job.runtime);
     holdfast::RunOptions ro;
-    ro.steps = 12;
     ro.snapshot_copy = holdfast::RunOptions::SnapshotCopy::kDuringNextStep;
-    auto result = f.fence.Run(
-        [&](const holdfast::StepContext&) { return f.Step(/*early=*/true); },
-        ro);
+    auto result = f.Run(/*early=*/true, ro);
     REQUIRE_FALSE(result.ok());
     CHECK(result.status().code() == absl::StatusCode::kFailedPrecondition);
     // The first watched tensor the update wrote: libtorch's SGD writes
