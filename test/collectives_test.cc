@@ -1,5 +1,5 @@
-// Every op and dtype, checked against a straightforward reference, on 2, 3
-// and 4 real processes over loopback. Counts include ones that are not
+// Every op and dtype, checked against a straightforward reference, on 2, 3,
+// 4, 5, 6 and 8 real processes over loopback. Counts include ones that are not
 // multiples of the rank count. Each rank checks its own results and reports
 // the first mismatch.
 #include <catch2/catch.hpp>
@@ -273,4 +273,15 @@ TEST_CASE("every op and dtype matches the reference on 3 ranks") {
 }
 TEST_CASE("every op and dtype matches the reference on 4 ranks") {
   RunGroup(4);
+}
+// Small AllReduces on more than two ranks take Gloo's bcube algorithm,
+// which splits the world by its factors: a prime, 2 x 3, and 2 x 2 x 2.
+TEST_CASE("every op and dtype matches the reference on 5 ranks") {
+  RunGroup(5);
+}
+TEST_CASE("every op and dtype matches the reference on 6 ranks") {
+  RunGroup(6);
+}
+TEST_CASE("every op and dtype matches the reference on 8 ranks") {
+  RunGroup(8);
 }
