@@ -526,6 +526,22 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "shards: on four slots a damaged copy stops its step on every slot and "
+    "the snapshots after it commit") {
+  // Slot 1 damages the copy it receives of step 10 and does not ack it.
+  // The round's verdict (a maximum over the four slots) tells the other
+  // three, which drop the step instead of waiting for its commit; without
+  // it their backup threads would wait for that commit to the end, and no
+  // later snapshot would commit.
+  JobRun r = ExpectFaultFreeHash(
+      {"-n", "4", "--inject", "corrupt-backup:slot=1:step=10"},
+      {"--snapshot-every", "10", "--step-ms", "20"});
+  CHECK(r.err.find("piece of step 10 arrived corrupt; the step is not "
+                   "committed") != std::string::npos);
+  CHECK(r.summary.value("committed_step", int64_t{-1}) == kSteps);
+}
+
+TEST_CASE(
     "shards: with verify-backups restore a damaged copy commits and the "
     "restore refuses it") {
   // Two copies of each piece; slot 1 damages the copy of slot 0's piece

@@ -2657,6 +2657,26 @@ class RuntimeImpl final : public Runtime {
   // pids limit), `end_started` is given the reason (it must end the jobs
   // that did start: they may wait for a peer's part of the round), and the
   // result is ResourceExhausted.
+  // Sets v[0..n) to its element-wise maximum over the `world` slots of
+  // `c`. Two slots all-gather (one exchange each way; Gloo's ring
+  // all-reduce takes more there); more all-reduce, which the backend does
+  // in O(log world) steps for small messages where an all-gather's ring
+  // takes world - 1.
+  static absl::Status AgreeMax(Communicator* c, int world, int64_t* v, size_t n,
+                               const OpOptions& options) {
+    if (world > 2) {
+      return c->AllReduce(v, n, DataType::kInt64, ReduceOp::kMax, options)
+          ->Wait();
+    }
+    std::vector<int64_t> all(static_cast<size_t>(world) * n);
+    HOLDFAST_RETURN_IF_ERROR(
+        c->AllGather(v, all.data(), n, DataType::kInt64, options)->Wait());
+    for (size_t i = 0; i < all.size(); ++i) {
+      v[i % n] = std::max(v[i % n], all[i]);
+    }
+    return absl::OkStatus();
+  }
+
   static absl::Status RunJobs(
       const std::vector<std::function<absl::Status()>>& jobs,
       const std::function<void(absl::string_view)>& end_started) {
@@ -2744,36 +2764,30 @@ class RuntimeImpl final : public Runtime {
     agree.timeout = kAgreeTimeout;
     // Each slot's step, and whether its piece is copied during a step
     // (then it acks only if the trainer fenced the copy, so every slot
-    // needs the verdicts below even without checks on arrival).
-    const int64_t offer[2] = {s, own->deferred ? 1 : 0};
-    std::vector<int64_t> all(static_cast<size_t>(world) * 2);
+    // needs the verdicts below even without checks on arrival): the
+    // maximum of {step, -step, deferred} over the slots gives the newest
+    // and the oldest step offered and whether any piece was deferred.
+    int64_t agreed[3] = {s, -s, own->deferred ? 1 : 0};
     SetIdleRound(true);
-    absl::Status st =
-        c->AllGather(offer, all.data(), 2, DataType::kInt64, agree)->Wait();
+    absl::Status st = AgreeMax(c, world, agreed, 3, agree);
     SetIdleRound(false);
     if (!st.ok()) return st;
-    bool verdicts = verify;
-    int64_t newest = s;
-    int other = -1;  // a slot that offered another step
-    for (int r = 0; r < world; ++r) {
-      verdicts = verdicts || all[static_cast<size_t>(r) * 2 + 1] != 0;
-      const int64_t step = all[static_cast<size_t>(r) * 2];
-      newest = std::max(newest, step);
-      if (step != s) other = r;
-    }
-    if (other >= 0) {
-      // Another slot snapshotted another step (its previous backup was
-      // still running when one of them was offered): nobody backs this
-      // round up. The slots that offered the newest step offer it again
-      // and the others drop theirs, so the next round pairs the same
-      // step. (Were every piece dropped, a slot that always reaches its
-      // snapshot after the others end the round would offer the step
-      // before theirs in every round from then on.)
+    const bool verdicts = verify || agreed[2] != 0;
+    const int64_t newest = agreed[0];
+    const int64_t oldest = -agreed[1];
+    if (newest != oldest) {
+      // Some slot snapshotted another step (its previous backup was still
+      // running when one of them was offered): nobody backs this round
+      // up. The slots that offered the newest step offer it again and the
+      // others drop theirs, so the next round pairs the same step. (Were
+      // every piece dropped, a slot that always reaches its snapshot after
+      // the others end the round would offer the step before theirs in
+      // every round from then on.)
       *again = newest == s;
       HOLDFAST_LOG_DEBUG(
-          "runtime: slot {} offered step {} to a backup round and slot {} "
-          "step {}: nothing is backed up; {}",
-          me, s, other, all[static_cast<size_t>(other) * 2],
+          "runtime: slot {} offered step {} to a backup round where the "
+          "slots offered steps {} to {}: nothing is backed up; {}",
+          me, s, oldest, newest,
           *again ? "step offered again" : "piece dropped");
       return false;
     }
@@ -2916,11 +2930,10 @@ class RuntimeImpl final : public Runtime {
           committed_step() >= s) {
         *seen = absl::Now();
       }
-      std::vector<int64_t> goods(static_cast<size_t>(world));
-      st =
-          c->AllGather(&good, goods.data(), 1, DataType::kInt64, agree)->Wait();
+      int64_t bad = good == 1 ? 0 : 1;  // on any slot: the step is dropped
+      st = AgreeMax(c, world, &bad, 1, agree);
       if (!st.ok()) return st;
-      if (std::find(goods.begin(), goods.end(), 0) != goods.end()) {
+      if (bad != 0) {
         // The copies of this round, if kept (the cleanup drops own).
         may_commit = false;
         Evict([s, gen, own](const Piece& p) {
