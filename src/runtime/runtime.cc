@@ -2657,13 +2657,13 @@ class RuntimeImpl final : public Runtime {
   // pids limit), `end_started` is given the reason (it must end the jobs
   // that did start: they may wait for a peer's part of the round), and the
   // result is ResourceExhausted.
-  // Sets v[0..n) to its element-wise maximum over the `world` slots of
-  // `c`. Two slots all-gather (one exchange each way; Gloo's ring
-  // all-reduce takes more there); more all-reduce, which the backend does
-  // in O(log world) steps for small messages where an all-gather's ring
-  // takes world - 1.
-  static absl::Status AgreeMax(Communicator* c, int world, int64_t* v, size_t n,
+  // Sets v[0..n) to its element-wise maximum over the members of `c`. Two
+  // all-gather (one exchange each way; Gloo's ring all-reduce takes more
+  // there); more all-reduce, which the backend does in O(log size) steps
+  // for small messages where an all-gather's ring takes size - 1.
+  static absl::Status AgreeMax(Communicator* c, int64_t* v, size_t n,
                                const OpOptions& options) {
+    const int world = c->size();
     if (world > 2) {
       return c->AllReduce(v, n, DataType::kInt64, ReduceOp::kMax, options)
           ->Wait();
@@ -2769,7 +2769,7 @@ class RuntimeImpl final : public Runtime {
     // and the oldest step offered and whether any piece was deferred.
     int64_t agreed[3] = {s, -s, own->deferred ? 1 : 0};
     SetIdleRound(true);
-    absl::Status st = AgreeMax(c, world, agreed, 3, agree);
+    absl::Status st = AgreeMax(c, agreed, 3, agree);
     SetIdleRound(false);
     if (!st.ok()) return st;
     const bool verdicts = verify || agreed[2] != 0;
@@ -2931,7 +2931,7 @@ class RuntimeImpl final : public Runtime {
         *seen = absl::Now();
       }
       int64_t bad = good == 1 ? 0 : 1;  // on any slot: the step is dropped
-      st = AgreeMax(c, world, &bad, 1, agree);
+      st = AgreeMax(c, &bad, 1, agree);
       if (!st.ok()) return st;
       if (bad != 0) {
         // The copies of this round, if kept (the cleanup drops own).
