@@ -106,18 +106,19 @@ constexpr uint32_t kRestoreTag = 0x5e570;
 // own (a failure aborts the side communicator instead).
 constexpr absl::Duration kAgreeTimeout = absl::Hours(24);
 // How long a slot that acked a round waits for its commit before the round's
-// verdict all-gather (the commit comes first in the usual case, a fraction of a
-// millisecond after the last ack). A slot that did not ack goes straight to the
-// all-gather, so when one found a damaged copy (or did not fence its deferred
-// copy) the others learn it this much later, and their backup threads start no
-// round meanwhile (one snapshot waits, later ones are skipped). On the 2-core
-// VM, 2026-11-24 (`shard_bench --sizes-mb 16 --reps 30 --trials 1 --overhead-mb
-// 0`, six alternated runs of each binary), the 8 MiB arrival round reached
-// 0.70-0.80 of the raw exchange (median 0.78) with the all-gather before the
-// commit, 0.78-0.88 (median 0.815) after it, and 0.79-0.87 with no verdict
-// all-gather at all. It was 50 ms at first; the ack to the commit there takes
-// 0.2-0.5 ms (p50-p90), and a host where it takes longer only gets the
-// all-gather during the commit back.
+// verdict exchange (AgreeMax; the commit comes first in the usual case, a
+// fraction of a millisecond after the last ack). A slot that did not ack
+// goes straight to the exchange, so when one found a damaged copy (or did
+// not fence its deferred copy) the others learn it this much later, and
+// their backup threads start no round meanwhile (one snapshot waits, later
+// ones are skipped). On the 2-core VM, 2026-11-24 (`shard_bench --sizes-mb
+// 16 --reps 30 --trials 1 --overhead-mb 0`, six alternated runs of each
+// binary), the 8 MiB arrival round reached 0.70-0.80 of the raw exchange
+// (median 0.78) with the exchange (then an all-gather) before the commit,
+// 0.78-0.88 (median 0.815) after it, and 0.79-0.87 with no verdict at all.
+// It was 50 ms at first; the ack to the commit there takes 0.2-0.5 ms
+// (p50-p90), and a host where it takes longer only gets the exchange
+// during the commit back.
 constexpr absl::Duration kVerdictAfter = absl::Milliseconds(5);
 constexpr absl::Duration kSideConnectTimeout = absl::Seconds(15);
 constexpr char kSidePrefix[] = "holdfast/side/";
@@ -2652,11 +2653,6 @@ class RuntimeImpl final : public Runtime {
     ReportBroken(absl::StrCat("side communicator: ", why.message()), -1, gen);
   }
 
-  // Runs `jobs` at once, a thread each (the calling thread takes the
-  // last); the first error in their order. If a thread cannot start (a
-  // pids limit), `end_started` is given the reason (it must end the jobs
-  // that did start: they may wait for a peer's part of the round), and the
-  // result is ResourceExhausted.
   // Sets v[0..n) to its element-wise maximum over the members of `c`. Two
   // all-gather (one exchange each way; Gloo's ring all-reduce takes more
   // there); more all-reduce, which the backend does in O(log size) steps
@@ -2677,6 +2673,11 @@ class RuntimeImpl final : public Runtime {
     return absl::OkStatus();
   }
 
+  // Runs `jobs` at once, a thread each (the calling thread takes the
+  // last); the first error in their order. If a thread cannot start (a
+  // pids limit), `end_started` is given the reason (it must end the jobs
+  // that did start: they may wait for a peer's part of the round), and the
+  // result is ResourceExhausted.
   static absl::Status RunJobs(
       const std::vector<std::function<absl::Status()>>& jobs,
       const std::function<void(absl::string_view)>& end_started) {
@@ -2923,9 +2924,9 @@ class RuntimeImpl final : public Runtime {
       // it here and drops the step, instead of waiting for that commit.
       // Unchecked copies of pieces copied between the steps have no
       // verdict to share. A slot that acked first waits (bounded) for the
-      // commit, which then comes before this all-gather rather than
-      // during it: the all-gather's wake-ups no longer compete with the
-      // commit's on a busy host (see kVerdictAfter).
+      // commit, which then comes before this exchange rather than during
+      // it: the exchange's wake-ups no longer compete with the commit's on
+      // a busy host (see kVerdictAfter).
       if (good == 1 && AwaitRoundEnd(s, gen, absl::Now() + kVerdictAfter) &&
           committed_step() >= s) {
         *seen = absl::Now();
