@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -124,9 +125,8 @@ class WriteFence {
   Runtime& runtime_;
   std::vector<std::pair<std::string, at::Tensor>> watched_;
   // The version counters of watched_ when the last step returned; none
-  // after a failed step or a restore (nothing to compare with).
-  std::vector<int64_t> versions_;
-  bool recorded_ = false;
+  // after a failed step, a restore or a Watch() (nothing to compare with).
+  std::optional<std::vector<int64_t>> versions_;
   bool in_step_ = false;
   bool checked_ = false;  // this step's Begin() compared the counters
 };

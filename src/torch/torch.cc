@@ -240,7 +240,7 @@ std::shared_ptr<Work> Recv(Communicator& comm, at::Tensor& tensor, int peer,
 
 void WriteFence::Watch(std::string name, const at::Tensor& tensor) {
   watched_.emplace_back(std::move(name), tensor);
-  recorded_ = false;  // the record has no counter for it
+  versions_.reset();  // the record has no counter for it
 }
 
 absl::StatusOr<RunResult> WriteFence::Run(
@@ -252,20 +252,19 @@ absl::StatusOr<RunResult> WriteFence::Run(
                   const StepContext& ctx) -> absl::Status {
     in_step_ = true;
     checked_ = false;
-    // A step that fails (or throws) may have moved counters that the
-    // restore after it does not move back: nothing to compare with then.
-    bool returned = false;
-    absl::Cleanup out = [this, &returned] {
+    // The record is Begin()'s during the step and gone after it, also when
+    // the step throws; a step that fails may have moved counters that the
+    // restore after it does not move back, so only one that returned OK
+    // records them again.
+    absl::Cleanup out = [this] {
       in_step_ = false;
-      if (!returned) recorded_ = false;
+      versions_.reset();
     };
     absl::Status s = fn(ctx);
-    returned = true;
-    recorded_ = false;
+    std::move(out).Invoke();
     if (s.ok() && record) {
-      versions_.clear();
-      for (const auto& [name, t] : watched_) versions_.push_back(t._version());
-      recorded_ = true;
+      versions_.emplace();
+      for (const auto& [name, t] : watched_) versions_->push_back(t._version());
     }
     return s;
   };
@@ -273,7 +272,7 @@ absl::StatusOr<RunResult> WriteFence::Run(
   // writes the tensors through their pointers: nothing to compare with.
   options.on_restore = [this, user = std::move(options.on_restore)](
                            int64_t restored) -> absl::Status {
-    recorded_ = false;
+    versions_.reset();
     return user ? user(restored) : absl::OkStatus();
   };
   return runtime_.Run(std::move(step), options);
@@ -282,9 +281,9 @@ absl::StatusOr<RunResult> WriteFence::Run(
 void WriteFence::Begin() {
   if (in_step_ && !checked_) {
     checked_ = true;
-    if (recorded_) {
+    if (versions_.has_value()) {
       for (size_t i = 0; i < watched_.size(); ++i) {
-        if (watched_[i].second._version() != versions_[i]) {
+        if (watched_[i].second._version() != (*versions_)[i]) {
           runtime_.ReportEarlyWrite(
               absl::StrCat("tensor '", watched_[i].first, "'"));
           return;
