@@ -109,12 +109,12 @@ absl::Status SnapshotOnce(holdfast::Runtime& rt, int64_t step) {
 // Two slots with 64 KiB of replicated state and their communicators up:
 // slot `first` runs `lead`, then the other runs `follow` (not at all if
 // `lead` failed: it reports that instead); then both wait up to 30 s for
-// step `last` to commit and note their committed step in `committed`.
-// Each slot's error ("" if none).
+// step `last` to commit. Checks that neither slot failed and that both
+// committed exactly `last`.
 using SnapshotTurn = std::function<absl::Status(holdfast::Runtime&)>;
-std::vector<std::string> RunInTurn(int first, const SnapshotTurn& lead,
-                                   const SnapshotTurn& follow, int64_t last,
-                                   int64_t committed[2]) {
+void ExpectCommitInTurn(int first, const SnapshotTurn& lead,
+                        const SnapshotTurn& follow, int64_t last) {
+  int64_t committed[2] = {-1, -1};
   Controller c(2);
   absl::Mutex mu;
   std::optional<absl::Status> led;  // lead's outcome, once it ran
@@ -144,7 +144,12 @@ std::vector<std::string> RunInTurn(int first, const SnapshotTurn& lead,
     committed[slot] = rt.committed_step();
     return comm->Barrier()->Wait();
   };
-  return RunSlots(c, 2, nullptr, body);
+  std::vector<std::string> errors = RunSlots(c, 2, nullptr, body);
+  INFO(errors[0] << " / " << errors[1]);
+  CHECK(errors[0].empty());
+  CHECK(errors[1].empty());
+  CHECK(committed[0] == last);
+  CHECK(committed[1] == last);
 }
 
 }  // namespace
@@ -308,8 +313,7 @@ TEST_CASE(
   // slot 0 snapshots step 2 the next round commits it. Were slot 1's piece
   // dropped too, slot 0's offer would wait for a snapshot slot 1 never
   // takes (or, in a loop, pair each step with the one after it).
-  int64_t committed[2] = {-1, -1};
-  std::vector<std::string> errors = RunInTurn(
+  ExpectCommitInTurn(
       /*first=*/1, [](holdfast::Runtime& rt) { return SnapshotOnce(rt, 2); },
       [](holdfast::Runtime& rt) -> absl::Status {
         HOLDFAST_RETURN_IF_ERROR(SnapshotOnce(rt, 1));
@@ -317,12 +321,7 @@ TEST_CASE(
         // thread (it is taken at once).
         return SnapshotUntilTaken(rt, 2, absl::Now() + absl::Seconds(1));
       },
-      /*last=*/2, committed);
-  INFO(errors[0] << " / " << errors[1]);
-  CHECK(errors[0].empty());
-  CHECK(errors[1].empty());
-  CHECK(committed[0] == 2);
-  CHECK(committed[1] == 2);
+      /*last=*/2);
 }
 
 TEST_CASE(
@@ -332,8 +331,7 @@ TEST_CASE(
   // round of step 1 waits in the agreement and moves no bytes, so step 2
   // waits behind it instead of being skipped (were it skipped, slot 0
   // would offer step 3 next while slot 1 offers step 2).
-  int64_t committed[2] = {-1, -1};
-  std::vector<std::string> errors = RunInTurn(
+  ExpectCommitInTurn(
       /*first=*/0,
       [](holdfast::Runtime& rt) -> absl::Status {
         HOLDFAST_RETURN_IF_ERROR(SnapshotOnce(rt, 1));
@@ -349,12 +347,7 @@ TEST_CASE(
         }
         return absl::OkStatus();
       },
-      /*last=*/2, committed);
-  INFO(errors[0] << " / " << errors[1]);
-  CHECK(errors[0].empty());
-  CHECK(errors[1].empty());
-  CHECK(committed[0] == 2);
-  CHECK(committed[1] == 2);
+      /*last=*/2);
 }
 
 TEST_CASE(
