@@ -631,6 +631,7 @@ TEST_CASE(
   r.BeginStateUpdate();
   holdfast::RunOptions ro;
   ro.steps = 30;  // snapshot_copy: kAuto, the default
+  const absl::Time start = absl::Now();
   auto result = r.Run(
       [&](const holdfast::StepContext& ctx) -> absl::Status {
         // Reads of the state may overlap the copy; writes come after.
@@ -653,6 +654,12 @@ TEST_CASE(
   const holdfast::BackupStats stats = r.backup_stats();
   CHECK(stats.gate_us > 0);
   CHECK(stats.gate_us <= stats.round_us);
+  // The ack comes after the gate, and the wait for the commit after the
+  // ack (a trip through the controller: not instant).
+  CHECK(stats.commit_wait_us > 0);
+  CHECK(stats.gate_us + stats.commit_wait_us <= stats.round_us);
+  CHECK(stats.last_acked > start);
+  CHECK(stats.last_acked < absl::Now());
 
   // A step function that writes without the fence: the snapshot it may
   // have torn is dropped and the run stops, naming the call.

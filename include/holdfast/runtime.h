@@ -144,6 +144,13 @@ struct BackupStats {
   // waiting, with their bytes moved, for that step's BeginStateUpdate()
   // (such a step commits only once fenced).
   int64_t gate_us = 0;
+  // Of round_us, the time from this member's ack (its own piece sent, the
+  // copies it keeps for others received, and checked with verify_backups
+  // "arrival") until it saw the commit: the controller's part.
+  int64_t commit_wait_us = 0;
+  // When this member acked the newest round that committed (InfinitePast
+  // before the first).
+  absl::Time last_acked = absl::InfinitePast();
   int64_t disk_writes = 0;
 };
 

@@ -409,6 +409,8 @@ class RuntimeImpl final : public Runtime {
     b.transfer_us = transfer_us_;
     b.round_us = backup_us_;
     b.gate_us = gate_us_;
+    b.commit_wait_us = commit_wait_us_;
+    b.last_acked = last_acked_;
     b.disk_writes = disk_writes_;
     return b;
   }
@@ -2442,12 +2444,11 @@ class RuntimeImpl final : public Runtime {
       // (A piece offered again was copied in its first round.)
       if (side.ok() && own->deferred && !own->copied) CopyIn(own);
       const absl::Time t0 = absl::Now();  // the round proper, after any copy
-      absl::Time seen = absl::InfinitePast();  // the commit, once seen
-      bool again = false;    // the newest step offered: offer it again
-      absl::Duration gated;  // waiting for the step's fence
+      RoundClock clock;
+      bool again = false;  // the newest step offered: offer it again
       absl::StatusOr<bool> committed =
           side.ok() ? BackupRound(own, side->comm.get(), side->links.get(),
-                                  &seen, &again, &gated)
+                                  &clock, &again)
                     : side.status();
       {
         absl::MutexLock lock(&bk_mu_);
@@ -2456,8 +2457,11 @@ class RuntimeImpl final : public Runtime {
         gate_ = nullptr;
         if (committed.ok() && *committed) {
           ++backups_;
-          backup_us_ += absl::ToInt64Microseconds(seen - t0);
-          gate_us_ += absl::ToInt64Microseconds(gated);
+          backup_us_ += absl::ToInt64Microseconds(clock.seen - t0);
+          gate_us_ += absl::ToInt64Microseconds(clock.gated);
+          commit_wait_us_ +=
+              absl::ToInt64Microseconds(clock.seen - clock.acked);
+          last_acked_ = clock.acked;
         }
         // Offered again (unless a restore or an unfenced step dropped it
         // meanwhile) before a snapshot taken during the agreement: the
@@ -2724,23 +2728,30 @@ class RuntimeImpl final : public Runtime {
     for (std::thread& t : threads) t.join();
   }
 
+  // When a backup round's milestones came, for BackupStats.
+  struct RoundClock {
+    absl::Time acked = absl::InfinitePast();  // this member acked the step
+    absl::Time seen = absl::InfinitePast();   // it first saw the commit (the
+                                              // verdict and the work after
+                                              // the commit come after it)
+    absl::Duration gated;  // waiting for the fence of a piece copied during
+                           // a step
+  };
+
   // Backs up one snapshot: every slot agrees on the step, sends its piece
   // to its buddies and receives the pieces it is a buddy for, checks them,
   // and acks the step if its own part succeeded (the controller commits a
   // step every slot acked); with checks on arrival, or when any slot's
   // piece was copied during a step, the slots then share their verdicts, so
   // none waits for a commit that a damaged or unfenced copy elsewhere
-  // stopped. True once it commits, with `*seen` set to when this member
-  // first saw the commit (the verdict and the work after the commit come
-  // after it). When the slots offered different steps nothing moves, and
-  // `*again` says this slot's step was the newest: its piece is kept, to
-  // be offered again (the others drop theirs and offer the snapshot of
-  // that step next). `*gated` is the time spent waiting for the fence of
-  // a piece copied during a step. An error is a failure of the side
-  // communicator.
+  // stopped. True once it commits, with `*clock` filled in. When the slots
+  // offered different steps nothing moves, and `*again` says this slot's
+  // step was the newest: its piece is kept, to be offered again (the
+  // others drop theirs and offer the snapshot of that step next). An
+  // error is a failure of the side communicator.
   absl::StatusOr<bool> BackupRound(Piece* own, Communicator* c,
-                                   bulk::Links* links, absl::Time* seen,
-                                   bool* again, absl::Duration* gated) {
+                                   bulk::Links* links, RoundClock* clock,
+                                   bool* again) {
     const int64_t s = own->step;
     const int64_t gen = own->layout_generation;
     const int world = own->world;
@@ -2903,7 +2914,7 @@ class RuntimeImpl final : public Runtime {
     if (good == 1 && own->deferred) {
       const absl::Time gate_start = absl::Now();
       if (!AwaitValidated(own, gen)) good = 0;
-      *gated = absl::Now() - gate_start;
+      clock->gated = absl::Now() - gate_start;
     }
     if (good == 1) {
       // This slot holds its piece and good copies of its owners' pieces:
@@ -2915,6 +2926,7 @@ class RuntimeImpl final : public Runtime {
         for (auto& in : got) pieces_.push_back(std::move(in->piece));
       }
       may_commit = true;
+      clock->acked = absl::Now();
       member_->SendCheckpointAck(s, gen);
       SetIdleRound(true);
     }
@@ -2929,7 +2941,7 @@ class RuntimeImpl final : public Runtime {
       // a busy host (see kVerdictAfter).
       if (good == 1 && AwaitRoundEnd(s, gen, absl::Now() + kVerdictAfter) &&
           committed_step() >= s) {
-        *seen = absl::Now();
+        clock->seen = absl::Now();
       }
       int64_t bad = good == 1 ? 0 : 1;  // on any slot: the step is dropped
       st = AgreeMax(c, &bad, 1, agree);
@@ -2955,7 +2967,7 @@ class RuntimeImpl final : public Runtime {
     while (!AwaitRoundEnd(s, gen, absl::Now() + absl::Milliseconds(100))) {
     }
     if (committed_step() < s) return false;
-    if (*seen == absl::InfinitePast()) *seen = absl::Now();
+    if (clock->seen == absl::InfinitePast()) clock->seen = absl::Now();
     // Older steps are superseded everywhere.
     Evict([s](const Piece& p) { return p.step < s; });
     if (own->size > 0 &&
@@ -3165,6 +3177,8 @@ class RuntimeImpl final : public Runtime {
   int64_t backup_bytes_ ABSL_GUARDED_BY(bk_mu_) = 0;
   int64_t backup_us_ ABSL_GUARDED_BY(bk_mu_) = 0;
   int64_t gate_us_ ABSL_GUARDED_BY(bk_mu_) = 0;
+  int64_t commit_wait_us_ ABSL_GUARDED_BY(bk_mu_) = 0;
+  absl::Time last_acked_ ABSL_GUARDED_BY(bk_mu_) = absl::InfinitePast();
   int64_t transfer_us_ ABSL_GUARDED_BY(bk_mu_) = 0;
   int64_t disk_writes_ ABSL_GUARDED_BY(bk_mu_) = 0;
   std::atomic<bool> bk_stop_{false};
