@@ -23,7 +23,7 @@
 //                written, the receive buffers out of the cache); the ratio
 //                is the median of the per-round ratios, so the VM's drift
 //                from minute to minute falls on both sides of each one.
-//                Goal: >= 80 %. Also the runtime's own time inside
+//                Also the runtime's own time inside
 //                the sends and receives ("transfer"), to tell the wire from
 //                the protocol around it. Twice: with the buddy checking
 //                what it received as it lands (verify_backups "arrival",
@@ -33,6 +33,15 @@
 //                the piece as it copies it) and the check at restore, each
 //                round timed by the runtime and followed by a raw exchange
 //                in the step's idle time (MeasureOverlappedRound).
+//   held         the replication itself: the same rounds, from the later
+//                snapshot to the later of the two slots' acks
+//                (BackupStats::last_acked), when each slot holds its own
+//                piece and the other's (checked, with "arrival"), against
+//                the same raw exchanges. Goal: >= 80 %. The round goes on
+//                to the commit: the acks travel to the controller and the
+//                commit back, a size-independent latency of the control
+//                plane (the "ack to commit" below) that the commit adds to
+//                a replication of any size.
 // Before the sizes, two latencies that a round pays at every size and the
 // raw exchange (which keeps streaming) does not: a byte's round trip
 // between two threads after 5 ms asleep (two wake-ups of idle threads),
@@ -304,10 +313,13 @@ struct Pair {
   double memcpy_s = 0;            // the memcpy before each snapshot
   double snapshot_vs_memcpy = 0;  // median of the per-snapshot ratios
   double replicate_s = 0;         // from Snapshot() returning to the commit
+  double held_s = 0;              // from Snapshot() returning to the last ack
   double transfer_s = 0;  // the runtime's own send+receive time, per round
   double raw_s = 0;       // the raw exchange run after each round
-  // Medians of the per-round ratios raw / round and raw / transfer.
+  // Medians of the per-round ratios raw / round, raw / held and raw /
+  // transfer.
   double replicate_vs_raw = 0;
+  double held_vs_raw = 0;
   double transfer_vs_raw = 0;
   size_t piece_bytes = 0;
   std::string error;
@@ -360,8 +372,10 @@ Pair MeasureRuntime(size_t bytes, int reps, const char* verify) {
   Pair out;
   std::vector<double> snap[2];
   std::vector<double> copy;  // slot 0's memcpy before each timed snapshot
-  // Per timed round and slot: Snapshot() returned, the commit was seen.
-  std::vector<absl::Time> taken_at[2], committed_at[2];
+  // Per timed round and slot: Snapshot() returned, the slot acked (its
+  // BackupStats::last_acked; InfinitePast if its stats came late), the
+  // commit was seen.
+  std::vector<absl::Time> taken_at[2], acked_at[2], committed_at[2];
   // Per timed round: slot 0's transfer time, the raw exchange after it.
   std::vector<double> transfer, raw;
   RawExchange exchange(bytes / 2);
@@ -412,9 +426,16 @@ Pair MeasureRuntime(size_t bytes, int reps, const char* verify) {
       // Let the other slot see the commit too before the next round (and
       // the round's stats be complete).
       absl::SleepFor(absl::Milliseconds(20));
-      if (want == 1) continue;
-      // Slot 1 waits for slot 0's next copy meanwhile.
       const holdfast::BackupStats after = rt.backup_stats();
+      if (i >= kWarmup) {
+        acked_at[want].push_back(after.rounds == before.rounds + 1
+                                     ? after.last_acked
+                                     : absl::InfinitePast());
+      }
+      if (want == 1) {
+        before = after;
+        continue;  // slot 1 waits for slot 0's next copy meanwhile
+      }
       const double raw_s = exchange.Once();
       if (raw_s <= 0) return absl::InternalError("the raw exchange failed");
       if (i >= kWarmup) {
@@ -437,8 +458,9 @@ Pair MeasureRuntime(size_t bytes, int reps, const char* verify) {
   }
   out.snapshot_vs_memcpy = Median(copy_ratio);
   // Slot 1 copies after slot 0 (see above), so a round starts when the
-  // later copy is done, and ends when both slots saw the commit.
-  std::vector<double> repl, repl_ratio, transfer_ratio;
+  // later copy is done, and ends when both slots saw the commit; the
+  // copies are held (and checked, with "arrival") once both slots acked.
+  std::vector<double> repl, repl_ratio, held, held_ratio, transfer_ratio;
   for (size_t i = 0;
        i < taken_at[0].size() && i < taken_at[1].size() && out.error.empty();
        ++i) {
@@ -446,6 +468,14 @@ Pair MeasureRuntime(size_t bytes, int reps, const char* verify) {
         absl::ToDoubleSeconds(std::max(committed_at[0][i], committed_at[1][i]) -
                               std::max(taken_at[0][i], taken_at[1][i])));
     if (i < raw.size()) repl_ratio.push_back(raw[i] / repl.back());
+    if (i < acked_at[0].size() && i < acked_at[1].size() &&
+        acked_at[0][i] != absl::InfinitePast() &&
+        acked_at[1][i] != absl::InfinitePast()) {
+      held.push_back(
+          absl::ToDoubleSeconds(std::max(acked_at[0][i], acked_at[1][i]) -
+                                std::max(taken_at[0][i], taken_at[1][i])));
+      if (i < raw.size()) held_ratio.push_back(raw[i] / held.back());
+    }
     if (i < raw.size() && transfer[i] > 0) {
       transfer_ratio.push_back(raw[i] / transfer[i]);
     }
@@ -456,6 +486,8 @@ Pair MeasureRuntime(size_t bytes, int reps, const char* verify) {
   out.transfer_s = Median(transfer);
   out.raw_s = Median(raw);
   out.replicate_vs_raw = Median(repl_ratio);
+  out.held_s = Median(held);
+  out.held_vs_raw = Median(held_ratio);
   out.transfer_vs_raw = Median(transfer_ratio);
   out.piece_bytes = bytes / 2;
   return out;
@@ -472,15 +504,21 @@ Pair MeasureRuntime(size_t bytes, int reps, const char* verify) {
 // fence, which comes when the trainer calls it, not when the bytes have
 // moved), read at the next step's start when one round ended meanwhile;
 // of the two slots' times for a round, that of the slot whose copy ended
-// last (the smaller). After the round, at the end of the step's idle
-// time, slot 0 runs the raw exchange, as MeasureRuntime does after each
-// round, while slot 1 waits for it before it ends its step (else slot 1
-// would copy its next snapshot meanwhile and slow the exchange down). The
-// rounds of the first three steps (they fault pages in) are left out, and the
-// last step's (its snapshot is copied between the steps).
+// last (the smaller). The round's held time runs from the later of the
+// two starts (a slot's start: its BackupStats::last_acked less the part of
+// round_us before the ack, round_us - commit_wait_us) to the later of the
+// two acks, each less its slot's gate_us. After the round, at the end of
+// the step's idle time, slot 0 runs the raw exchange, as MeasureRuntime
+// does after each round, while slot 1 waits for it before it ends its
+// step (else slot 1 would copy its next snapshot meanwhile and slow the
+// exchange down). The rounds of the first three steps (they fault pages
+// in) are left out, and the last step's (its snapshot is copied between
+// the steps).
 struct Overlapped {
   double round_s = 0;       // median
   double round_vs_raw = 0;  // median of the per-round ratios raw / round
+  double held_s = 0;        // median, from the later copy to the later ack
+  double held_vs_raw = 0;   // median of the per-round ratios raw / held
   std::string error;
 };
 Overlapped MeasureOverlappedRound(size_t bytes, int reps) {
@@ -491,6 +529,9 @@ Overlapped MeasureOverlappedRound(size_t bytes, int reps) {
   absl::Mutex mu;
   // Keyed by the step during which the round ran.
   std::map<int64_t, double> round_s[2], raw_s;
+  // When each slot's round started (its copy done) and when it would have
+  // acked without the wait for the fence (its ack less gate_us).
+  std::map<int64_t, std::pair<absl::Time, absl::Time>> span[2];
   auto body = [&](int want, holdfast::Runtime& rt,
                   std::vector<uint8_t>& state) -> absl::Status {
     holdfast::BackupStats prev;
@@ -503,11 +544,17 @@ Overlapped MeasureOverlappedRound(size_t bytes, int reps) {
           // The round of the step before: the snapshot of the step before
           // it, copied and backed up during it.
           if (ctx.step >= 5 && now.rounds == prev.rounds + 1) {
+            const int64_t round_us = now.round_us - prev.round_us;
+            const int64_t gate_us = now.gate_us - prev.gate_us;
+            const int64_t wait_us = now.commit_wait_us - prev.commit_wait_us;
             absl::MutexLock lock(&mu);
             round_s[want][ctx.step - 1] =
-                static_cast<double>((now.round_us - prev.round_us) -
-                                    (now.gate_us - prev.gate_us)) /
-                1e6;
+                static_cast<double>(round_us - gate_us) / 1e6;
+            // round_us runs from the start to the commit seen, wait_us from
+            // the ack to it.
+            span[want][ctx.step - 1] = {
+                now.last_acked - absl::Microseconds(round_us - wait_us),
+                now.last_acked - absl::Microseconds(gate_us)};
           }
           prev = now;
           int64_t x = ctx.step;
@@ -553,19 +600,26 @@ Overlapped MeasureOverlappedRound(size_t bytes, int reps) {
   };
   Overlapped out;
   out.error = RunPair(bytes, "restore", body);
-  std::vector<double> rounds, ratios;
+  std::vector<double> rounds, ratios, held, held_ratios;
   for (const auto& [step, raw] : raw_s) {
     auto a = round_s[0].find(step);
     auto b = round_s[1].find(step);
     if (a == round_s[0].end() || b == round_s[1].end()) continue;
     rounds.push_back(std::min(a->second, b->second));
     ratios.push_back(raw / rounds.back());
+    const auto& [start0, ready0] = span[0][step];
+    const auto& [start1, ready1] = span[1][step];
+    held.push_back(absl::ToDoubleSeconds(std::max(ready0, ready1) -
+                                         std::max(start0, start1)));
+    held_ratios.push_back(raw / held.back());
   }
   if (out.error.empty() && rounds.empty()) {
     out.error = "no overlapped round was timed";
   }
   out.round_s = Median(rounds);
   out.round_vs_raw = Median(ratios);
+  out.held_s = Median(held);
+  out.held_vs_raw = Median(held_ratios);
   return out;
 }
 
@@ -675,6 +729,12 @@ int main(int argc, char** argv) {
       fig["replication_verify_at_restore_vs_raw"].push_back(q.replicate_vs_raw);
       fig["replication_overlapped_gbps"].push_back(gb / o.round_s);
       fig["replication_overlapped_vs_raw"].push_back(o.round_vs_raw);
+      fig["held_gbps"].push_back(gb / p.held_s);
+      fig["held_vs_raw"].push_back(p.held_vs_raw);
+      fig["held_verify_at_restore_gbps"].push_back(gb / q.held_s);
+      fig["held_verify_at_restore_vs_raw"].push_back(q.held_vs_raw);
+      fig["held_overlapped_gbps"].push_back(gb / o.held_s);
+      fig["held_overlapped_vs_raw"].push_back(o.held_vs_raw);
       fig["transfer_gbps"].push_back(p.transfer_s > 0 ? gb / p.transfer_s : 0);
       fig["transfer_vs_raw"].push_back(p.transfer_vs_raw);
     }
@@ -727,10 +787,10 @@ int main(int argc, char** argv) {
   }
   std::printf(
       "%-8s %-9s %-12s %-12s %-7s %-13s %-13s %-13s %-13s %-13s %-7s %-7s "
-      "%-7s %-7s\n",
+      "%-7s %-7s %-7s %-7s %-7s\n",
       "state", "piece", "snapshot", "memcpy", "ratio", "round", "transfer",
       "round@rest.", "round@ovl.", "raw exchange", "round", "xfer", "@rest.",
-      "@ovl.");
+      "@ovl.", "held", "@rest.", "@ovl.");
   for (const json& r : out["sizes"]) {
     if (r.contains("error")) {
       std::printf("%-6lld MiB: %s\n",
@@ -741,7 +801,7 @@ int main(int argc, char** argv) {
     std::printf(
         "%-4lld MiB %-5.0f MiB %6.2f GB/s  %6.2f GB/s  %5.2f   %6.2f GB/s   "
         "%6.2f GB/s   %6.2f GB/s   %6.2f GB/s   %6.2f GB/s   %5.2f   %5.2f   "
-        "%5.2f   %5.2f\n",
+        "%5.2f   %5.2f   %5.2f   %5.2f   %5.2f\n",
         static_cast<long long>(r.value("state_mb", 0)),
         r.value("piece_mb", 0.0), r.value("snapshot_gbps", 0.0),
         r.value("memcpy_gbps", 0.0), r.value("snapshot_vs_memcpy", 0.0),
@@ -751,7 +811,10 @@ int main(int argc, char** argv) {
         r.value("raw_exchange_gbps", 0.0), r.value("replication_vs_raw", 0.0),
         r.value("transfer_vs_raw", 0.0),
         r.value("replication_verify_at_restore_vs_raw", 0.0),
-        r.value("replication_overlapped_vs_raw", 0.0));
+        r.value("replication_overlapped_vs_raw", 0.0),
+        r.value("held_vs_raw", 0.0),
+        r.value("held_verify_at_restore_vs_raw", 0.0),
+        r.value("held_overlapped_vs_raw", 0.0));
   }
   {
     const json& m = out["latency"];
