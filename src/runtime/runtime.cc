@@ -2657,24 +2657,13 @@ class RuntimeImpl final : public Runtime {
     ReportBroken(absl::StrCat("side communicator: ", why.message()), -1, gen);
   }
 
-  // Sets v[0..n) to its element-wise maximum over the members of `c`. Two
-  // all-gather (one exchange each way; Gloo's ring all-reduce takes more
-  // there); more all-reduce, which the backend does in O(log size) steps
-  // for small messages where an all-gather's ring takes size - 1.
+  // Sets v[0..n) to its element-wise maximum over the members of `c` (the
+  // side communicator, Gloo: a small all-reduce takes one exchange on two
+  // members and O(log size) steps on more; see kSmallAllReduceBytes).
   static absl::Status AgreeMax(Communicator* c, int64_t* v, size_t n,
                                const OpOptions& options) {
-    const int world = c->size();
-    if (world > 2) {
-      return c->AllReduce(v, n, DataType::kInt64, ReduceOp::kMax, options)
-          ->Wait();
-    }
-    std::vector<int64_t> all(static_cast<size_t>(world) * n);
-    HOLDFAST_RETURN_IF_ERROR(
-        c->AllGather(v, all.data(), n, DataType::kInt64, options)->Wait());
-    for (size_t i = 0; i < all.size(); ++i) {
-      v[i % n] = std::max(v[i % n], all[i]);
-    }
-    return absl::OkStatus();
+    return c->AllReduce(v, n, DataType::kInt64, ReduceOp::kMax, options)
+        ->Wait();
   }
 
   // Runs `jobs` at once, a thread each (the calling thread takes the

@@ -56,13 +56,13 @@ constexpr uint8_t kP2PSlotPrefix = 0xa2;
 // The slot of the message a rank sends each peer when it closes the group in
 // an orderly way (Close).
 const uint64_t kGoodbyeSlot = ::gloo::Slot::build(0xa3, 0);
-// AllReduces up to this size, on more than two ranks, use Gloo's bcube
-// algorithm (recursive halving and doubling over the factors of the world
-// size: about 2 log2(n) steps when n is a power of 2) instead of its ring
-// (2 (n - 1) steps): small messages are bound by the steps' latency, not
-// by bandwidth. On two ranks both take one exchange each way, and the
-// ring measured faster in the backup round.
-constexpr size_t kBcubeMaxBytes = size_t{64} << 10;
+// AllReduces up to this size are bound by the latency of their steps, not
+// by bandwidth. On more than two ranks they use Gloo's bcube algorithm
+// (recursive halving and doubling over the factors of the world size:
+// about 2 log2(n) steps when n is a power of 2) instead of its ring (2 (n -
+// 1) steps). On two ranks each sends its input once and reduces both
+// locally, in rank order (one exchange; the ring and bcube take more).
+constexpr size_t kSmallAllReduceBytes = size_t{64} << 10;
 
 std::chrono::milliseconds ToChrono(absl::Duration d) {
   return std::chrono::milliseconds(
@@ -533,6 +533,19 @@ class GlooBackend final : public Backend {
 
   absl::Status AllReduce(const OpSpec& op) {
     gloo::ReduceFn fn = gloo::GetReduceFn(op.dtype, op.reduce);
+    const size_t bytes = op.count * DataTypeSize(op.dtype);
+    if (options_.size == 2 && bytes <= kSmallAllReduceBytes) {
+      std::vector<uint8_t> both(2 * bytes);
+      OpSpec gather = op;
+      gather.send = op.recv;
+      gather.recv = both.data();
+      HOLDFAST_RETURN_IF_ERROR(AllGather(gather));
+      fn(op.recv, both.data(), both.data() + bytes, op.count);
+      if (op.reduce == ReduceOp::kAverage) {
+        gloo::DivideInPlace(op.recv, op.count, op.dtype, options_.size);
+      }
+      return absl::OkStatus();
+    }
     ::gloo::AllreduceOptions opts(context_);
     WithStorage(op.dtype, [&](auto t) {
       using T = decltype(t);
@@ -541,8 +554,7 @@ class GlooBackend final : public Backend {
     opts.setReduceFunction(fn);
     opts.setTag(op.tag);
     opts.setTimeout(ToChrono(op.timeout));
-    if (options_.size > 2 &&
-        op.count * DataTypeSize(op.dtype) <= kBcubeMaxBytes) {
+    if (options_.size > 2 && bytes <= kSmallAllReduceBytes) {
       opts.setAlgorithm(::gloo::AllreduceOptions::Algorithm::BCUBE);
     }
     ::gloo::allreduce(opts);
