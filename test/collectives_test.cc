@@ -147,8 +147,8 @@ int RunAllOps(int rank, int n, const std::string& dir) {
   Communicator& comm = **made;
   Checker check;
   // 70001 elements are more than 64 KiB in every dtype: an AllReduce that
-  // large takes Gloo's ring, the smaller ones the backend's small-message
-  // paths (one exchange on two ranks, bcube on more).
+  // large is reduced block by block at each block's owner, the smaller ones
+  // by one exchange of whole inputs.
   const size_t counts[] = {1, 7, 1001, 70001};
   for (DataType dt : kTypes) {
     const std::string t(DataTypeName(dt));
@@ -233,7 +233,7 @@ int RunAllOps(int rank, int n, const std::string& dir) {
     }
   }
   check.Status(comm.Barrier()->Wait(), "Barrier");
-  // A larger AllReduce spans several ring segments.
+  // A larger AllReduce, of uneven blocks.
   {
     const size_t big = 1 << 20 | 3;
     auto buf = Input(DataType::kFloat32, rank, big, 0, false);
@@ -250,10 +250,97 @@ int RunAllOps(int rank, int n, const std::string& dir) {
   return 0;
 }
 
-void RunGroup(int n) {
+// Floats whose sum depends on the order of its terms: element i of rank r
+// is a large value on some ranks, a small one on others, with signs and
+// exponents that change along the buffer.
+float OrderValue(int rank, size_t i) {
+  const uint64_t h = (static_cast<uint64_t>(rank) + 1) * 0x9E3779B97F4A7C15ull ^
+                     (i + 1) * 0xC2B2AE3D27D4EB4Full;
+  const float mantissa = 1.0f + static_cast<float>(h >> 44) / (1 << 20);
+  const int exponent = static_cast<int>((h >> 8) % 40) - 20;
+  return ((h >> 3) & 1 ? -1.0f : 1.0f) * std::ldexp(mantissa, exponent);
+}
+
+// AllReduce and ReduceScatter fold the inputs in rank order, the same at any
+// count and wherever an element sits in the buffer, so a caller whose
+// layout changes (DDP's buckets after a recovery) gets the same bits.
+int RunOrderCheck(int rank, int n, const std::string& dir) {
+  auto store = NewFileStore(dir);
+  if (!store.ok()) return 10;
+  CommunicatorOptions o;
+  o.rank = rank;
+  o.size = n;
+  o.timeout = absl::Seconds(60);
+  auto made = Communicator::Create(*store, o);
+  if (!made.ok()) {
+    proc::Report("event=result failures=1 msg=" + made.status().ToString());
+    return 11;
+  }
+  Communicator& comm = **made;
+  Checker check;
+  int differs = 0;  // elements whose fold in another order differs
+  // Up to 64 KiB of every peer's input: one exchange; above: per-owner
+  // blocks. Each shift puts the same operands at other positions.
+  for (size_t count : {size_t{5}, size_t{3001}, size_t{70001}}) {
+    for (size_t shift : {size_t{0}, size_t{1}, count / 3 + 2}) {
+      const std::string c =
+          " x" + std::to_string(count) + " shift " + std::to_string(shift);
+      std::vector<float> buf(count + shift, 0.0f);
+      std::vector<float> want(count);
+      for (size_t i = 0; i < count; ++i) {
+        buf[shift + i] = OrderValue(rank, i);
+        float acc = OrderValue(0, i);
+        for (int r = 1; r < n; ++r) acc += OrderValue(r, i);
+        want[i] = acc;
+        float other = OrderValue(n - 1, i);
+        for (int r = n - 2; r >= 0; --r) other += OrderValue(r, i);
+        differs += other != acc;
+      }
+      check.Status(comm.AllReduce(buf.data(), count + shift, DataType::kFloat32,
+                                  ReduceOp::kSum)
+                       ->Wait(),
+                   "AllReduce" + c);
+      std::vector<float> got(buf.begin() + static_cast<ptrdiff_t>(shift),
+                             buf.end());
+      size_t bad = 0;
+      while (bad < count && got[bad] == want[bad]) ++bad;
+      if (bad < count) {
+        check.Fail("AllReduce" + c + ": element " + std::to_string(bad) +
+                   " is not the rank-order fold");
+      }
+    }
+    // ReduceScatter: rank r's block holds elements shifted by r blocks.
+    std::vector<float> send(count * n);
+    for (int j = 0; j < n; ++j) {
+      for (size_t i = 0; i < count; ++i) {
+        send[j * count + i] = OrderValue(rank, i + j);
+      }
+    }
+    std::vector<float> recv(count);
+    check.Status(comm.ReduceScatter(send.data(), recv.data(), count,
+                                    DataType::kFloat32, ReduceOp::kSum)
+                     ->Wait(),
+                 "ReduceScatter x" + std::to_string(count));
+    for (size_t i = 0; i < count; ++i) {
+      float acc = OrderValue(0, i + rank);
+      for (int r = 1; r < n; ++r) acc += OrderValue(r, i + rank);
+      if (recv[i] != acc) {
+        check.Fail("ReduceScatter x" + std::to_string(count) + ": element " +
+                   std::to_string(i) + " is not the rank-order fold");
+        break;
+      }
+    }
+  }
+  // The values must make the order visible, or the test shows nothing.
+  if (differs == 0) check.Fail("no element's sum depends on the order");
+  proc::Report("event=result failures=" + std::to_string(check.failures) +
+               " ops=0 msg=" + check.first);
+  return 0;
+}
+
+void RunGroup(int n, int (*body)(int, int, const std::string&) = RunAllOps) {
   const std::string dir = proc::MakeTempDir();
-  proc::ProcessGroup group(n,
-                           [&](int rank) { return RunAllOps(rank, n, dir); });
+  proc::ProcessGroup group(n, [&](int rank) { return body(rank, n, dir); });
   for (int r = 0; r < n; ++r) {
     auto result = group.WaitEvent(r, "result", absl::Seconds(240));
     REQUIRE(result.has_value());
@@ -277,8 +364,7 @@ TEST_CASE("every op and dtype matches the reference on 3 ranks") {
 TEST_CASE("every op and dtype matches the reference on 4 ranks") {
   RunGroup(4);
 }
-// Small AllReduces on more than two ranks take Gloo's bcube algorithm,
-// which splits the world by its factors: a prime, 2 x 3, and 2 x 2 x 2.
+// A prime, 2 x 3, and 2 x 2 x 2 ranks.
 TEST_CASE("every op and dtype matches the reference on 5 ranks") {
   RunGroup(5);
 }
@@ -287,4 +373,10 @@ TEST_CASE("every op and dtype matches the reference on 6 ranks") {
 }
 TEST_CASE("every op and dtype matches the reference on 8 ranks") {
   RunGroup(8);
+}
+TEST_CASE("AllReduce and ReduceScatter fold in rank order at any position") {
+  for (int n : {3, 4, 5}) {
+    INFO(n << " ranks");
+    RunGroup(n, RunOrderCheck);
+  }
 }

@@ -2658,8 +2658,8 @@ class RuntimeImpl final : public Runtime {
   }
 
   // Sets v[0..n) to its element-wise maximum over the members of `c` (the
-  // side communicator, Gloo: a small all-reduce takes one exchange on two
-  // members and O(log size) steps on more; see kSmallAllReduceBytes).
+  // side communicator; a small all-reduce is one exchange in the Gloo
+  // backend).
   static absl::Status AgreeMax(Communicator* c, int64_t* v, size_t n,
                                const OpOptions& options) {
     return c->AllReduce(v, n, DataType::kInt64, ReduceOp::kMax, options)

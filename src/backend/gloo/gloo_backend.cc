@@ -9,7 +9,6 @@
 //
 // Gloo reports errors by throwing; nothing thrown here leaves this file.
 #include <gloo/allgather.h>
-#include <gloo/allreduce.h>
 #include <gloo/alltoall.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
@@ -56,13 +55,15 @@ constexpr uint8_t kP2PSlotPrefix = 0xa2;
 // The slot of the message a rank sends each peer when it closes the group in
 // an orderly way (Close).
 const uint64_t kGoodbyeSlot = ::gloo::Slot::build(0xa3, 0);
-// AllReduces up to this size are bound by the latency of their steps, not
-// by bandwidth. On more than two ranks they use Gloo's bcube algorithm
-// (recursive halving and doubling over the factors of the world size:
-// about 2 log2(n) steps when n is a power of 2) instead of its ring (2 (n -
-// 1) steps). On two ranks each sends its input once and reduces both
-// locally, in rank order (one exchange; the ring and bcube take more).
-constexpr size_t kSmallAllReduceBytes = size_t{64} << 10;
+// AllReduce: the contributions to the owners, and the owners' results back.
+constexpr uint8_t kAllReduceInSlotPrefix = 0xa4;
+constexpr uint8_t kAllReduceOutSlotPrefix = 0xa5;
+// An AllReduce whose every peer's whole input fits in this many bytes is
+// one exchange of whole inputs with each peer and a local reduction (bound
+// by the latency of one step); larger ones reduce each block at its owner
+// and send it back (two steps, each rank moving 2 (n - 1) / n of the
+// bytes, as a ring does).
+constexpr size_t kExchangeAllReduceBytes = size_t{64} << 10;
 
 std::chrono::milliseconds ToChrono(absl::Duration d) {
   return std::chrono::milliseconds(
@@ -531,35 +532,125 @@ class GlooBackend final : public Backend {
     return -1;
   }
 
+  // Every element of the result is ((x_0 op x_1) op x_2) ... op x_{n-1},
+  // the inputs folded in rank order, whatever the count and wherever the
+  // element sits in the buffer: a caller whose layout or message sizes
+  // change (DDP's buckets after a recovery) gets the same bits for the same
+  // operands. (Gloo's ring and bcube start each block's fold at another
+  // rank.)
   absl::Status AllReduce(const OpSpec& op) {
+    const int n = options_.size;
+    const size_t elem = DataTypeSize(op.dtype);
+    const size_t bytes = op.count * elem;
+    if (n == 1 || op.count == 0) return absl::OkStatus();
     gloo::ReduceFn fn = gloo::GetReduceFn(op.dtype, op.reduce);
-    const size_t bytes = op.count * DataTypeSize(op.dtype);
-    if (options_.size == 2 && bytes <= kSmallAllReduceBytes) {
-      std::vector<uint8_t> both(2 * bytes);
-      OpSpec gather = op;
-      gather.send = op.recv;
-      gather.recv = both.data();
-      HOLDFAST_RETURN_IF_ERROR(AllGather(gather));
-      fn(op.recv, both.data(), both.data() + bytes, op.count);
+    const auto timeout = ToChrono(op.timeout);
+    const uint64_t in_slot =
+        ::gloo::Slot::build(kAllReduceInSlotPrefix, op.tag);
+    uint8_t* data = static_cast<uint8_t*>(op.recv);
+    if (bytes * static_cast<size_t>(n - 1) <= kExchangeAllReduceBytes) {
+      // Every rank gets every input and folds them all.
+      std::vector<uint8_t> all(bytes * static_cast<size_t>(n));
+      std::memcpy(all.data() + bytes * static_cast<size_t>(options_.rank), data,
+                  bytes);
+      HOLDFAST_RETURN_IF_ERROR(Exchange(
+          data, all.data(),
+          [&](int) {
+            return Part{0, bytes};
+          },
+          [&](int j) {
+            return Part{bytes * static_cast<size_t>(j), bytes};
+          },
+          in_slot, timeout));
+      Fold(fn, data, all.data(), bytes, op.count, n);
       if (op.reduce == ReduceOp::kAverage) {
-        gloo::DivideInPlace(op.recv, op.count, op.dtype, options_.size);
+        gloo::DivideInPlace(data, op.count, op.dtype, n);
       }
       return absl::OkStatus();
     }
-    ::gloo::AllreduceOptions opts(context_);
-    WithStorage(op.dtype, [&](auto t) {
-      using T = decltype(t);
-      opts.setOutput(static_cast<T*>(op.recv), op.count);
-    });
-    opts.setReduceFunction(fn);
-    opts.setTag(op.tag);
-    opts.setTimeout(ToChrono(op.timeout));
-    if (options_.size > 2 && bytes <= kSmallAllReduceBytes) {
-      opts.setAlgorithm(::gloo::AllreduceOptions::Algorithm::BCUBE);
-    }
-    ::gloo::allreduce(opts);
+    // Block j (an even split of the elements) is folded at rank j, then
+    // sent from there to every peer, into the same place.
+    auto block = [&](int j) {
+      const size_t lo = op.count * static_cast<size_t>(j) / n;
+      const size_t hi = op.count * static_cast<size_t>(j + 1) / n;
+      return Part{lo * elem, (hi - lo) * elem};
+    };
+    const Part mine = block(options_.rank);
+    std::vector<uint8_t> parts(mine.size * static_cast<size_t>(n));
+    std::memcpy(parts.data() + mine.size * static_cast<size_t>(options_.rank),
+                data + mine.at, mine.size);
+    HOLDFAST_RETURN_IF_ERROR(Exchange(
+        data, parts.data(), block,
+        [&](int j) {
+          return Part{mine.size * static_cast<size_t>(j), mine.size};
+        },
+        in_slot, timeout));
+    Fold(fn, data + mine.at, parts.data(), mine.size, mine.size / elem, n);
     if (op.reduce == ReduceOp::kAverage) {
-      gloo::DivideInPlace(op.recv, op.count, op.dtype, options_.size);
+      gloo::DivideInPlace(data + mine.at, mine.size / elem, op.dtype, n);
+    }
+    return Exchange(
+        data, data, [&](int) { return mine; }, block,
+        ::gloo::Slot::build(kAllReduceOutSlotPrefix, op.tag), timeout);
+  }
+
+  // A region of a buffer, in bytes.
+  struct Part {
+    size_t at = 0;
+    size_t size = 0;
+  };
+
+  // out = in[0] op in[1] op ... op in[n-1], folded in that order; `in` holds
+  // n parts of `part` bytes (`count` elements) each.
+  static void Fold(gloo::ReduceFn fn, uint8_t* out, const uint8_t* in,
+                   size_t part, size_t count, int n) {
+    if (count == 0) return;
+    fn(out, in, in + part, count);
+    for (int j = 2; j < n; ++j) {
+      fn(out, out, in + part * static_cast<size_t>(j), count);
+    }
+  }
+
+  // One message to and from every peer at once: to peer j the part
+  // to(j) of `send`, from peer j into the part from(j) of `recv` (empty
+  // parts are not sent). `send` and `recv` may be one buffer whose parts
+  // sent and received do not overlap. Returns when every message is done;
+  // Aborted when a wait is woken by Abort().
+  absl::Status Exchange(const uint8_t* send, uint8_t* recv,
+                        const std::function<Part(int)>& to,
+                        const std::function<Part(int)>& from, uint64_t slot,
+                        std::chrono::milliseconds timeout) {
+    const int n = options_.size;
+    size_t send_end = 1;  // Gloo's buffers span what they address
+    size_t recv_end = 1;
+    for (int j = 0; j < n; ++j) {
+      if (j == options_.rank) continue;
+      send_end = std::max(send_end, to(j).at + to(j).size);
+      recv_end = std::max(recv_end, from(j).at + from(j).size);
+    }
+    auto out =
+        context_->createUnboundBuffer(const_cast<uint8_t*>(send), send_end);
+    auto in = context_->createUnboundBuffer(recv, recv_end);
+    int sends = 0;
+    int recvs = 0;
+    // Each rank starts with the rank after it, so that they do not all
+    // send to rank 0 first.
+    for (int k = 1; k < n; ++k) {
+      const int j = (options_.rank + k) % n;
+      if (const Part p = to(j); p.size > 0) {
+        out->send(j, slot, p.at, p.size);
+        ++sends;
+      }
+      if (const Part p = from(j); p.size > 0) {
+        in->recv(j, slot, p.at, p.size);
+        ++recvs;
+      }
+    }
+    for (int i = 0; i < recvs; ++i) {
+      if (!in->waitRecv(timeout)) return AbortedStatus();
+    }
+    for (int i = 0; i < sends; ++i) {
+      if (!out->waitSend(timeout)) return AbortedStatus();
     }
     return absl::OkStatus();
   }
@@ -612,38 +703,29 @@ class GlooBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  // Ring reduce-scatter: N-1 steps; at step s rank r sends its partial block
-  // (r-s-1) to r+1 and folds the block (r-s-2) arriving from r-1 into its
-  // copy. After the last step block r holds every rank's contribution.
+  // Each rank gets block r of every rank's input and folds them in rank
+  // order, as AllReduce does: the result does not depend on which block an
+  // element is in.
   absl::Status ReduceScatter(const OpSpec& op) {
     const int n = options_.size;
-    const int r = options_.rank;
     const size_t block = op.count * DataTypeSize(op.dtype);
-    if (n == 1) {
-      std::memcpy(op.recv, op.send, block);
+    if (n == 1 || block == 0) {
+      if (block > 0) std::memcpy(op.recv, op.send, block);
       return absl::OkStatus();
     }
     gloo::ReduceFn fn = gloo::GetReduceFn(op.dtype, op.reduce);
-    std::vector<uint8_t> acc(static_cast<const uint8_t*>(op.send),
-                             static_cast<const uint8_t*>(op.send) + block * n);
-    std::vector<uint8_t> incoming(block);
-    auto acc_buf = context_->createUnboundBuffer(acc.data(), acc.size());
-    auto in_buf = context_->createUnboundBuffer(incoming.data(), block);
-    const uint64_t slot = ::gloo::Slot::build(kReduceScatterSlotPrefix, op.tag);
-    const auto timeout = ToChrono(op.timeout);
-    const int right = (r + 1) % n;
-    const int left = (r + n - 1) % n;
-    for (int s = 0; s < n - 1; ++s) {
-      const size_t send_block = static_cast<size_t>((r - s - 1 + 2 * n) % n);
-      const size_t recv_block = static_cast<size_t>((r - s - 2 + 2 * n) % n);
-      acc_buf->send(right, slot, send_block * block, block);
-      in_buf->recv(left, slot, 0, block);
-      if (!in_buf->waitRecv(timeout)) return AbortedStatus();
-      uint8_t* dst = acc.data() + recv_block * block;
-      fn(dst, dst, incoming.data(), op.count);
-      if (!acc_buf->waitSend(timeout)) return AbortedStatus();
-    }
-    std::memcpy(op.recv, acc.data() + static_cast<size_t>(r) * block, block);
+    const uint8_t* send = static_cast<const uint8_t*>(op.send);
+    std::vector<uint8_t> parts(block * static_cast<size_t>(n));
+    const size_t mine_at = block * static_cast<size_t>(options_.rank);
+    std::memcpy(parts.data() + mine_at, send + mine_at, block);
+    auto part = [&](int j) {
+      return Part{block * static_cast<size_t>(j), block};
+    };
+    HOLDFAST_RETURN_IF_ERROR(
+        Exchange(send, parts.data(), part, part,
+                 ::gloo::Slot::build(kReduceScatterSlotPrefix, op.tag),
+                 ToChrono(op.timeout)));
+    Fold(fn, static_cast<uint8_t*>(op.recv), parts.data(), block, op.count, n);
     if (op.reduce == ReduceOp::kAverage) {
       gloo::DivideInPlace(op.recv, op.count, op.dtype, n);
     }
