@@ -73,10 +73,12 @@ struct Job {
     return *resp;
   }
   absl::Status Beat(size_t i, int64_t step, absl::Time now, int64_t step_us = 0,
-                    Phase phase = PHASE_COMPUTING, int64_t coll = 0) {
+                    Phase phase = PHASE_COMPUTING, int64_t coll = 0,
+                    int64_t rendezvous = -1) {
     HeartbeatRequest h;
     h.set_member_id(ids[i]);
     h.set_generation(generation);
+    h.mutable_report()->set_rendezvous_generation(rendezvous);
     h.mutable_report()->set_step(step);
     h.mutable_report()->set_phase(phase);
     h.mutable_report()->set_collective_seq(coll);
@@ -663,4 +665,75 @@ TEST_CASE("membership: a resume after a restart adopts a shrunken world") {
   r.set_slot(2);
   CHECK(job.m.Register(r, kT0).status().code() ==
         absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE(
+    "membership: a member that does not come to a recovery's rendezvous is "
+    "left out once the others are there") {
+  DetectionOptions d = Job::Defaults();
+  d.silent_after = absl::Seconds(30);  // far beyond the bounds below
+  d.rendezvous_grace = absl::Seconds(1);
+  d.rendezvous_timeout = absl::Seconds(10);
+  Job job(4, d);
+  for (const char* h : {"a", "b", "c", "d", "e"}) job.Join(h, kT0);
+  // Slot 3 crashes: generation 1, the standby (member 4) takes slot 3.
+  job.m.Detach(job.ids[3], job.sinks[3].get(), false, false, "reset", kT0);
+  job.generation = 1;
+  absl::Time t = kT0 + absl::Milliseconds(10);
+  // Slot 2 froze before it heard of generation 1: no heartbeat after it.
+  // Slot 1 heard of it (its heartbeat carries generation 1) but its
+  // training thread has not reached the rendezvous.
+  for (size_t i : {0, 4})
+    REQUIRE(job.Beat(i, 9, t, 0, PHASE_RECOVERING, 0, 1).ok());
+  REQUIRE(job.Beat(1, 9, t, 0, PHASE_COMPUTING).ok());
+  // Not yet: the others became ready less than the grace ago.
+  job.m.Scan(t + absl::Milliseconds(900));
+  CHECK(job.Incidents(t).size() == 1);
+  // Slot 1 keeps heartbeating; slot 2 is silent. After the grace, only
+  // slot 2 is left out, long before its silent threshold.
+  REQUIRE(
+      job.Beat(1, 9, t + absl::Milliseconds(1000), 0, PHASE_COMPUTING).ok());
+  job.m.Scan(t + absl::Milliseconds(1100));
+  auto inc = job.Incidents(t + absl::Milliseconds(1100));
+  REQUIRE(inc.size() == 2);
+  CHECK(inc[1].kind() == INCIDENT_ABSENT);
+  CHECK(inc[1].slot() == 2);
+  CHECK(inc[1].member_id() == job.ids[2]);
+  CHECK(inc[1].evidence().find(
+            "did not come to the rendezvous of generation 1") !=
+        std::string::npos);
+  CHECK(job.sinks[0]->GotAbortFor(2));
+  CHECK(job.m.Status({}, t).world_size() == 3);  // no standby left: shrunk
+  // Generation 2: slot 2's member is gone. Slot 1 (now slot 1 of 3) still
+  // heartbeats but never comes: left out after the longer timeout only.
+  job.generation = 2;
+  const absl::Time t2 = t + absl::Milliseconds(1200);
+  for (size_t i : {0, 4})
+    REQUIRE(job.Beat(i, 9, t2, 0, PHASE_RECOVERING, 0, 2).ok());
+  for (int k = 1; k <= 11; ++k) {
+    const absl::Time now = t2 + absl::Seconds(k) - absl::Milliseconds(50);
+    REQUIRE(job.Beat(1, 9, now, 0, PHASE_COMPUTING).ok());
+    REQUIRE(job.Beat(0, 9, now, 0, PHASE_RECOVERING, 0, 2).ok());
+    REQUIRE(job.Beat(4, 9, now, 0, PHASE_RECOVERING, 0, 2).ok());
+    job.m.Scan(now);
+    CHECK(job.Incidents(now).size() == (k <= 10 ? 2u : 3u));
+  }
+  inc = job.Incidents(t2 + absl::Seconds(11));
+  REQUIRE(inc.size() == 3);
+  CHECK(inc[2].kind() == INCIDENT_ABSENT);
+  CHECK(inc[2].member_id() == job.ids[1]);
+}
+
+TEST_CASE("membership: the first generation's rendezvous has no bound") {
+  // Workers set up (load a model, compile) between registering and their
+  // first rendezvous, at their own pace: only recoveries are bounded.
+  DetectionOptions d = Job::Defaults();
+  d.silent_after = absl::Seconds(30);
+  d.rendezvous_grace = absl::Seconds(1);
+  Job job(3, d);
+  for (const char* h : {"a", "b", "c"}) job.Join(h, kT0);
+  for (size_t i : {0, 1})
+    REQUIRE(job.Beat(i, -1, kT0, 0, PHASE_IDLE, 0, 0).ok());
+  job.m.Scan(kT0 + absl::Seconds(20));
+  CHECK(job.Incidents(kT0 + absl::Seconds(20)).empty());
 }

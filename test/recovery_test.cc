@@ -203,6 +203,30 @@ TEST_CASE(
   CHECK_EXITS(r, "exited with code 3", 1);
 }
 
+TEST_CASE(
+    "recovery: a member frozen during a recovery is left out once the others "
+    "are at the rendezvous, long before it would be found silent") {
+  const std::string ref = Reference(3);
+  // Slot 2 SIGSTOPs itself in its first recovery, after it learned of the
+  // new generation and before its rendezvous. The silent threshold (60 s)
+  // and the connect timeout (60 s) are far away: the controller leaves it
+  // out because the others are at the rendezvous and it does not answer.
+  // Two replicas: slot 1's pieces are on slot 2.
+  JobRun r =
+      Launch({"-n", "3", "--standby", "2", "--replicas", "2",
+              "--silent-after-ms", "60000", "--inject", "kill:slot=1:step=10",
+              "--inject", "hang:slot=2:recovery=1"},
+             kTrainer);
+  CHECK(r.rc == 0);
+  CheckConsistent(r, 3);
+  CHECK(r.hashes[0] == ref);
+  CHECK_KINDS(r, {"crashed", "absent"});
+  CHECK(r.err.find("did not come to the rendezvous of generation 1") !=
+        std::string::npos);
+  // The launcher wakes it at the end: it finds itself fenced and exits 3.
+  CHECK_EXITS(r, "exited with code 3", 1);
+}
+
 TEST_CASE("recovery: two ranks killed at once") {
   const std::string ref = Reference(4);
   JobRun r = Launch({"-n", "4", "--standby", "2", "--inject",

@@ -58,6 +58,10 @@ int main(int argc, char** argv) {
   int64_t silent_ms = absl::ToInt64Milliseconds(detection.silent_after);
   int64_t stall_floor_ms = absl::ToInt64Milliseconds(detection.stall_floor);
   int64_t scan_ms = 100;
+  int64_t rendezvous_grace_ms =
+      absl::ToInt64Milliseconds(detection.rendezvous_grace);
+  int64_t rendezvous_timeout_ms =
+      absl::ToInt64Milliseconds(detection.rendezvous_timeout);
   app.add_option("--heartbeat-interval-ms", heartbeat_ms,
                  "periodic report interval told to members")
       ->check(CLI::Range(int64_t{10}, int64_t{600000}));
@@ -74,9 +78,19 @@ int main(int argc, char** argv) {
                  "... and at least this long")
       ->check(CLI::Range(int64_t{10}, int64_t{86400000}));
   app.add_option("--scan-interval-ms", scan_ms,
-                 "how often the silent and stall detectors run")
+                 "how often the silent, stall and absent detectors run")
       ->check(CLI::Range(int64_t{1}, int64_t{60000}));
+  app.add_option("--rendezvous-grace-ms", rendezvous_grace_ms,
+                 "leave out a member that does not come to a recovery's "
+                 "rendezvous and does not answer, this long after the others "
+                 "came")
+      ->check(CLI::Range(int64_t{10}, int64_t{3600000}));
+  app.add_option("--rendezvous-timeout-ms", rendezvous_timeout_ms,
+                 "... and one that still heartbeats, after this long")
+      ->check(CLI::Range(int64_t{10}, int64_t{86400000}));
   CLI11_PARSE(app, argc, argv);
+  detection.rendezvous_grace = absl::Milliseconds(rendezvous_grace_ms);
+  detection.rendezvous_timeout = absl::Milliseconds(rendezvous_timeout_ms);
   detection.heartbeat_interval = absl::Milliseconds(heartbeat_ms);
   detection.silent_after = absl::Milliseconds(silent_ms);
   detection.stall_floor = absl::Milliseconds(stall_floor_ms);

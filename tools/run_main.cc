@@ -3,7 +3,8 @@
 //   holdfast-run -n N [--standby K] [--mode replace|shrink] [--min-world M]
 //                [--inject SPEC]... [--log-dir DIR] [--hosts H]
 //                [--heartbeat-ms MS] [--silent-after-ms MS]
-//                [--join-timeout-s S] -- CMD ARGS...
+//                [--rendezvous-grace-ms MS] [--join-timeout-s S]
+//                -- CMD ARGS...
 //
 // Starts the embedded controller, then K standbys and, once they have
 // registered, N workers (all the same CMD), with HOLDFAST_CONTROLLER,
@@ -460,6 +461,7 @@ int Launcher::Main(int argc, char** argv) {
   std::string mode = "replace";
   std::vector<std::string> inject;
   int64_t heartbeat_ms = 500, silent_ms = 3000, join_timeout_s = 60;
+  int64_t rendezvous_grace_ms = 1000;
   app.add_option("-n,--nproc", n, "worker slots")->required();
   app.add_option("--standby", standby, "warm standbys")
       ->check(CLI::Range(0, 4096));
@@ -494,6 +496,11 @@ int Launcher::Main(int argc, char** argv) {
   app.add_option("--silent-after-ms", silent_ms,
                  "declare a member silent after this long")
       ->check(CLI::Range(int64_t{50}, int64_t{3600000}));
+  app.add_option("--rendezvous-grace-ms", rendezvous_grace_ms,
+                 "leave out a member that does not come to a recovery's "
+                 "rendezvous and does not answer, this long after the others "
+                 "came")
+      ->check(CLI::Range(int64_t{10}, int64_t{3600000}));
   app.add_option("--join-timeout-s", join_timeout_s,
                  "fail if not every process has joined the job by then")
       ->check(CLI::Range(int64_t{1}, int64_t{86400}));
@@ -556,6 +563,7 @@ int Launcher::Main(int argc, char** argv) {
   co.recovery.min_world = min_world;
   co.detection.heartbeat_interval = absl::Milliseconds(heartbeat_ms);
   co.detection.silent_after = absl::Milliseconds(silent_ms);
+  co.detection.rendezvous_grace = absl::Milliseconds(rendezvous_grace_ms);
   auto server = holdfast::control::ControllerServer::Start(co);
   if (!server.ok()) {
     std::fprintf(stderr, "holdfast-run: %s\n",

@@ -113,6 +113,16 @@ class MemberClientImpl final : public MemberClient {
     report_.set_collective_seq(collective_seq);
   }
 
+  void AtRendezvous(int64_t generation) override {
+    absl::MutexLock lock(&mu_);
+    if (generation <= report_.rendezvous_generation() &&
+        report_.has_rendezvous_generation()) {
+      return;
+    }
+    report_.set_rendezvous_generation(generation);
+    report_now_ = true;
+  }
+
   absl::StatusOr<bool> ReportFailure(int peer_slot, const std::string& reason,
                                      int64_t generation) override {
     ReportFailureRequest req;
@@ -356,7 +366,8 @@ class MemberClientImpl final : public MemberClient {
       {
         absl::MutexLock lock(&mu_);
         auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-          return stop_ || broken_ || step_end_ || ack_.has_value();
+          return stop_ || broken_ || step_end_ || report_now_ ||
+                 ack_.has_value();
         };
         mu_.AwaitWithDeadline(absl::Condition(&ready), next);
         if (broken_) break;
@@ -367,6 +378,7 @@ class MemberClientImpl final : public MemberClient {
         req.mutable_report()->set_step_end(step_end_);
         if (!step_end_) req.mutable_report()->clear_metrics();
         step_end_ = false;
+        report_now_ = false;
         req.set_leaving(leaving);
         req.set_finished(leaving && finished_);
         if (ack_.has_value()) {
@@ -408,6 +420,9 @@ class MemberClientImpl final : public MemberClient {
         assignment_.slot = u.slot();
         assignment_.committed_step =
             std::max(assignment_.committed_step, u.committed_step());
+        // Answer at once: the controller tells a member that heard of a
+        // new generation from one that does not answer.
+        report_now_ = true;
       }
       if (msg.has_committed_step()) {
         assignment_.committed_step =
@@ -454,6 +469,8 @@ class MemberClientImpl final : public MemberClient {
   Assignment assignment_ ABSL_GUARDED_BY(mu_);
   StepReport report_ ABSL_GUARDED_BY(mu_);
   bool step_end_ ABSL_GUARDED_BY(mu_) = false;
+  // Send a report now (a rendezvous reached, a generation heard of).
+  bool report_now_ ABSL_GUARDED_BY(mu_) = false;
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   // The Register call of a reconnect in flight, if any.

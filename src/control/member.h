@@ -89,6 +89,10 @@ class MemberClient {
       const std::map<std::string, double>& metrics = {}) = 0;
   // Where the member is inside its step; periodic reports carry it.
   virtual void SetPhase(Phase phase, int64_t collective_seq = 0) = 0;
+  // The member has come to the rendezvous of `generation`: sends a report
+  // now (the controller leaves out a member that does not come while the
+  // others have, DetectionOptions::rendezvous_grace).
+  virtual void AtRendezvous(int64_t generation) = 0;
 
   // Unary calls with this member's identity (fenced: FailedPrecondition).
   // `generation`: the generation whose communicator failed. A report

@@ -52,6 +52,8 @@ const char* IncidentKindName(IncidentKind kind) {
       return "comm_failed";
     case INCIDENT_LEFT:
       return "left";
+    case INCIDENT_ABSENT:
+      return "absent";
     default:
       return "unknown";
   }
@@ -378,7 +380,13 @@ absl::Status Membership::Heartbeat(const HeartbeatRequest& req,
   ++heartbeats_total_;
   if (observer_ != nullptr) observer_->OnHeartbeat();
   mem.last_seen = now;
+  mem.seen_generation = std::max(mem.seen_generation, req.generation());
   const StepReport& r = req.report();
+  if (r.has_rendezvous_generation() &&
+      r.rendezvous_generation() > mem.rendezvous_generation) {
+    mem.rendezvous_generation = r.rendezvous_generation();
+    mem.rendezvous_at = now;
+  }
   if (r.step() != mem.step) {
     mem.step = r.step();
     mem.step_changed_at = now;
@@ -793,6 +801,55 @@ void Membership::Scan(absl::Time now) {
         m->last_seen, 0, now);
   }
   ScanStallsLocked(now);
+  ScanRendezvousLocked(now);
+}
+
+void Membership::ScanRendezvousLocked(absl::Time now) {
+  // The first generation's members set up at their own pace; a finishing
+  // job has no group to rebuild; a vacant slot has nobody to wait for.
+  if (generation_ == 0 || job_state_ != JOB_RUNNING || finished_workers_ > 0 ||
+      !vacant_.empty()) {
+    return;
+  }
+  absl::Time ready_at = absl::InfinitePast();
+  int ready = 0;
+  std::vector<Member*> absent;
+  for (uint64_t id : slots_) {
+    Member& m = members_.at(id);
+    if (m.rendezvous_generation >= generation_) {
+      ++ready;
+      ready_at = std::max(ready_at, m.rendezvous_at);
+    } else {
+      absent.push_back(&m);
+    }
+  }
+  if (ready == 0 || absent.empty()) return;
+  const absl::Duration quiet =
+      std::max(detection_.rendezvous_grace, 2 * detection_.heartbeat_interval);
+  const int64_t gen = generation_;
+  std::vector<std::pair<Member*, std::string>> out;
+  for (Member* m : absent) {
+    const bool answers =
+        m->seen_generation >= gen && now - m->last_seen <= quiet;
+    const absl::Duration bound =
+        answers ? detection_.rendezvous_timeout : detection_.rendezvous_grace;
+    if (now - ready_at < bound) continue;
+    out.emplace_back(
+        m,
+        absl::StrCat(
+            "did not come to the rendezvous of generation ", gen, " within ",
+            Seconds(bound), " of the other ", ready, " member(s) being there; ",
+            answers ? "it still heartbeats (its training thread is stuck)"
+                    : absl::StrCat("no answer: last heartbeat ",
+                                   Seconds(now - m->last_seen), " ago",
+                                   m->seen_generation < gen
+                                       ? ", never of this generation"
+                                       : "")));
+  }
+  // Every absent member is declared, each opening a generation of its own.
+  for (auto& [m, evidence] : out) {
+    DeclareLocked(*m, INCIDENT_ABSENT, std::move(evidence), ready_at, 0, now);
+  }
 }
 
 void Membership::ScanStallsLocked(absl::Time now) {

@@ -45,6 +45,16 @@ struct DetectionOptions {
   absl::Duration stall_floor = absl::Seconds(30);
   int stall_min_history = 16;
   int step_history = 128;
+  // A recovery's rendezvous (generations after the first): once every
+  // other slot's member has come to it, a member that has not is left out
+  // (kind absent) after rendezvous_grace when it does not answer either
+  // (no heartbeat of the new generation, or none for the longer of the
+  // grace and two heartbeat intervals: frozen, or dead without a broken
+  // stream), and after rendezvous_timeout when it still heartbeats (its
+  // training thread is stuck or slow). Faults come in clusters: a frozen
+  // member must not hold a recovery while more members fail.
+  absl::Duration rendezvous_grace = absl::Seconds(1);
+  absl::Duration rendezvous_timeout = absl::Seconds(30);
 };
 
 struct MembershipLimits {
@@ -139,7 +149,7 @@ class Membership {
                                         absl::Time now,
                                         MemberSink* stream = nullptr);
 
-  // Runs the silent and stalled detectors.
+  // Runs the silent, stalled and absent detectors.
   void Scan(absl::Time now);
 
   StatusResponse Status(const StatusRequest& req, absl::Time now) const;
@@ -164,6 +174,11 @@ class Membership {
     absl::Time step_changed_at;
     uint64_t standby_order = 0;  // lower joined earlier
     MemberSink* sink = nullptr;
+    // The newest generation its heartbeats carried, and the newest whose
+    // rendezvous it came to (-1: none), since when.
+    int64_t seen_generation = -1;
+    int64_t rendezvous_generation = -1;
+    absl::Time rendezvous_at;
   };
 
   absl::Status CheckRegister(const RegisterRequest& req) const;
@@ -217,6 +232,9 @@ class Membership {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Duration MedianStepLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ScanStallsLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Leaves out the members absent from a recovery's rendezvous
+  // (DetectionOptions::rendezvous_grace).
+  void ScanRendezvousLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeCommitLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Pushes the committed step to one stream (one that may have missed
   // the push of the commit).

@@ -1580,6 +1580,7 @@ class RuntimeImpl final : public Runtime {
     }
     old.reset();  // joins its threads; never blocks on a peer
     const int64_t gen = v.generation;
+    member_->AtRendezvous(gen);
     // The side communicator for backups is built here too, at the same
     // time on a thread of its own, while every member is in the same
     // protocol step: Gloo's connect phase cannot be cancelled, so building
