@@ -227,6 +227,29 @@ TEST_CASE(
   CHECK_EXITS(r, "exited with code 3", 1);
 }
 
+TEST_CASE(
+    "recovery: replicated state whose every checkpoint copy is lost comes "
+    "from the survivors' live state") {
+  // Slot 1's buddy is slot 3 (the same place on the other host). Slot 3
+  // dies as soon as the recovery from slot 1's loss begins, before any
+  // copy of slot 1's piece could be made elsewhere: the committed step has
+  // no copy of slot 1's piece left (shard_test has the sharded case, which
+  // is DataLoss). The state is replicated, and slots 0 and 2 hold it live
+  // at the step they completed, with one hash: it is the source.
+  const std::string ref = Reference(4);
+  JobRun r =
+      Launch({"-n", "4", "--standby", "2", "--hosts", "2", "--inject",
+              "kill:slot=1:step=20", "--inject", "kill:slot=3:recovery=1"},
+             kTrainer);
+  CHECK(r.rc == 0);
+  holdfast::test::CheckFinished(r, 4, 40);
+  CHECK(r.hashes[0] == ref);
+  CHECK(r.err.find("DATA_LOSS") == std::string::npos);
+  CHECK(r.err.find("no live member holds a good copy of the piece") !=
+        std::string::npos);
+  CHECK(r.err.find("from the live state of slot") != std::string::npos);
+}
+
 TEST_CASE("recovery: two ranks killed at once") {
   const std::string ref = Reference(4);
   JobRun r = Launch({"-n", "4", "--standby", "2", "--inject",

@@ -334,7 +334,17 @@ class Runtime:
 
         A registered tensor written in place since the step before ended
         makes the call too late: it reports that instead (see run), and
-        this step's later calls return at once."""
+        this step's later calls return at once.
+
+        A failure that a process group deferred in this step (a lost peer
+        during DDP's all-reduce) is raised here, before the step writes
+        registered state: the live state stays the last step's, which a
+        recovery may use when every checkpoint copy of a piece is gone."""
+        if self._in_step:
+            for group in self._groups:
+                if group._error is not None:
+                    error, group._error = group._error, None
+                    raise error
         if self._in_step and not self._fence_checked:
             self._fence_checked = True
             if self._versions is not None:

@@ -892,9 +892,14 @@ class RuntimeImpl final : public Runtime {
               s.code() != absl::StatusCode::kFailedPrecondition) {
             return s;
           }
+          // A trainer that fences its writes and failed before this
+          // step's fence left its state as the last step did.
+          if (fenced || !fences_) live_step_ = -1;
           HOLDFAST_RETURN_IF_ERROR(recover(s));
           continue;
         }
+        fences_ = fences_ || fenced;
+        live_step_ = step;
         const absl::Time t1 = absl::Now();
         if (pending_record_.has_value()) {
           // The first training step after the recovery is done (its
@@ -1659,6 +1664,7 @@ class RuntimeImpl final : public Runtime {
       HOLDFAST_RETURN_IF_ERROR(CheckReplicatedEqual(host, v));
     }
     high_step_ = std::max(high_step_, at);
+    live_step_ = at;
     HOLDFAST_ASSIGN_OR_RETURN(bool taken, Snapshot(at));
     if (!taken ||
         !AwaitCommitted(at, absl::Now() + options_.recovery_timeout)) {
@@ -1894,6 +1900,10 @@ class RuntimeImpl final : public Runtime {
           " (with replicas=", options_.replicas, " every piece has ",
           options_.replicas + 1,
           " copies; all of them are gone or failed their checksum)");
+      HOLDFAST_ASSIGN_OR_RETURN(std::optional<int64_t> from_live,
+                                RestoreFromLive(comm, v, why, rec));
+      if (from_live.has_value()) return *from_live;
+      live_step_ = -1;  // the disk tier writes the live state
       if (options_.checkpoint_dir.empty()) {
         return absl::DataLossError(absl::StrCat(
             why, "; no disk tier is configured (HOLDFAST_CHECKPOINT_DIR)"));
@@ -1922,6 +1932,7 @@ class RuntimeImpl final : public Runtime {
         LivePieces(comm, v, target, highs, old_world, use->checksum, local));
     std::map<int, std::unique_ptr<Piece>> received;
     int64_t bytes_received = 0, bytes_in_place = 0;
+    live_step_ = -1;  // until the target is in the live state
     HOLDFAST_RETURN_IF_ERROR(ApplyTarget(comm, v, target, use_gen, old_world,
                                          *use, local, live, in_place, &received,
                                          &bytes_received, &bytes_in_place));
@@ -1937,7 +1948,85 @@ class RuntimeImpl final : public Runtime {
       rec->received_state = bytes_received > 0;
     }
     high_step_ = std::max(high_step_, target);
+    live_step_ = target;
     return target;
+  }
+
+  // The hash of the live replicated state, the ledger left out (each
+  // slot's part of it is its own).
+  uint64_t LiveHash() const {
+    shards::CopyHasher h;
+    for (const StateBuffer& b : buffers_) {
+      if (!b.sharded && !IsLedger(b)) h.Update(b.data, b.global);
+    }
+    return h.Digest();
+  }
+
+  // Restore's fallback when a piece of the committed step has no good copy
+  // left and all state is replicated: the members whose live state is
+  // known to be a completed step (`live_step_`) offer it, the newest such
+  // step is taken when every member holding it has the same hash, and the
+  // lowest of them broadcasts it to the others, who check it against that
+  // hash. nullopt when no member can offer (sharded state, or no member
+  // knows its live step); DataLoss when the holders disagree or a copy
+  // arrives damaged. `why`: why the pieces could not be used.
+  absl::StatusOr<std::optional<int64_t>> RestoreFromLive(Communicator* comm,
+                                                         const View& v,
+                                                         const std::string& why,
+                                                         RecoveryRecord* rec) {
+    if (std::any_of(buffers_.begin(), buffers_.end(),
+                    [](const StateBuffer& b) { return b.sharded; })) {
+      return std::nullopt;  // every member knows this: nobody offers
+    }
+    int64_t mine[2] = {live_step_, 0};
+    if (live_step_ >= 0) mine[1] = static_cast<int64_t>(LiveHash());
+    std::vector<int64_t> all(static_cast<size_t>(v.world) * 2);
+    HOLDFAST_RETURN_IF_ERROR(
+        comm->AllGather(mine, all.data(), 2, DataType::kInt64)->Wait());
+    int64_t step = -1;
+    for (int r = 0; r < v.world; ++r) step = std::max(step, all[2 * r]);
+    if (step < 0) return std::nullopt;
+    int source = -1;
+    std::vector<int> holders;
+    for (int r = 0; r < v.world; ++r) {
+      if (all[2 * r] != step) continue;
+      holders.push_back(r);
+      if (source < 0) source = r;
+      if (all[2 * r + 1] != all[2 * source + 1]) {
+        return absl::DataLossError(absl::StrCat(
+            why, "; the live state of step ", step,
+            " cannot stand in for it: slot ", source, " and slot ", r,
+            " hold it with different hashes (", absl::Hex(all[2 * source + 1]),
+            ", ", absl::Hex(all[2 * r + 1]), ")"));
+      }
+    }
+    const uint64_t want = static_cast<uint64_t>(all[2 * source + 1]);
+    const bool receive = v.slot != source && live_step_ != step;
+    live_step_ = -1;  // until the broadcast has landed and checked
+    int64_t bytes = 0;
+    for (StateBuffer& b : buffers_) {
+      if (IsLedger(b) || b.global == 0) continue;
+      HOLDFAST_RETURN_IF_ERROR(
+          comm->Broadcast(b.data, b.global, DataType::kUInt8, source)->Wait());
+      bytes += static_cast<int64_t>(b.global);
+    }
+    if (LiveHash() != want) {
+      return absl::DataLossError(absl::StrCat(
+          why, "; the live state of step ", step, " broadcast by slot ", source,
+          " arrived at slot ", v.slot, " with another hash"));
+    }
+    HOLDFAST_LOG_WARN(
+        "runtime: slot {}: {}; restored step {} from the live state of slot "
+        "{} instead (slots {} hold it, with one hash)",
+        v.slot, why, step, source, absl::StrJoin(holders, ", "));
+    if (rec != nullptr) {
+      rec->bytes_received = receive ? bytes : 0;
+      rec->received_state = receive;
+    }
+    lost_steps_ = std::max<int64_t>(0, high_step_ - step);
+    high_step_ = std::max(high_step_, step);
+    live_step_ = step;
+    return std::optional<int64_t>(step);
   }
 
   // Which members may read which members' memory in place in this
@@ -3124,6 +3213,13 @@ class RuntimeImpl final : public Runtime {
   int recoveries_ = 0;
   int restores_ = 0;  // Restore calls, for the restore=N fault point
   int64_t high_step_ = 0;
+  // The completed step the live registered state is at, or -1 when that is
+  // not known (a step failed after its fence, a restore was cut short, a
+  // standby that never trained).
+  int64_t live_step_ = -1;
+  // Whether a completed step called BeginStateUpdate(): then a step that
+  // fails before it did has not written registered state.
+  bool fences_ = false;
   int64_t lost_steps_ = 0;
   // HOLDFAST_SAME_HOST_RESTORE; and the word a peer on this host reads to
   // find out whether it may read this process's memory (see Restore).

@@ -79,6 +79,24 @@ def test_ddp_survives_a_fault_with_the_fault_free_hash(ranks, fault):
     assert any("recoveries=1" in line for line in lines), out
 
 
+def test_ddp_state_whose_every_copy_is_lost_comes_from_live_state():
+    """Slot 1 dies in step 20 and its buddy, slot 3 (the same place on the
+    other host), as soon as the recovery begins: no copy of slot 1's piece
+    of the committed step is left. The survivors' DDP all-reduce failed
+    before their fence (begin_state_update() raises the deferred failure),
+    so their live state is the last completed step, with one hash: it is
+    restored from there, and the run ends with the fault-free hash."""
+    expected = fault_free_hash(4)
+    rc, lines = run_job(["-n", "4", "--standby", "2", "--hosts", "2",
+                         "--inject", "kill:slot=1:step=20",
+                         "--inject", "kill:slot=3:recovery=1"], DDP)
+    out = "\n".join(lines[-60:])
+    assert rc == 0, out
+    assert any("from the live state of slot" in line for line in lines), out
+    finals = final_lines(lines)
+    assert len(finals) == 4 and set(finals) == {expected}, out
+
+
 def test_ddp_shrinks_to_one_rank():
     rc, lines = run_job(
         ["-n", "2", "--mode", "shrink", "--inject", "kill:slot=1:step=10"], DDP)
