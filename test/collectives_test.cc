@@ -132,7 +132,12 @@ struct Checker {
   }
 };
 
-int RunAllOps(int rank, int n, const std::string& dir) {
+using Body = int (*)(Communicator& comm, int rank, int n);
+
+// Rank `rank` of `n`: connects through a file store in `dir` and runs
+// `body`, which reports its result; a failure to connect is reported as
+// the result.
+int WithComm(int rank, int n, const std::string& dir, Body body) {
   auto store = NewFileStore(dir);
   if (!store.ok()) return 10;
   CommunicatorOptions o;
@@ -145,6 +150,10 @@ int RunAllOps(int rank, int n, const std::string& dir) {
     return 11;
   }
   Communicator& comm = **made;
+  return body(comm, rank, n);
+}
+
+int RunAllOps(Communicator& comm, int rank, int n) {
   Checker check;
   // 70001 elements are more than 64 KiB in every dtype: an AllReduce that
   // large is reduced block by block at each block's owner, the smaller ones
@@ -264,19 +273,7 @@ float OrderValue(int rank, size_t i) {
 // AllReduce and ReduceScatter fold the inputs in rank order, the same at any
 // count and wherever an element sits in the buffer, so a caller whose
 // layout changes (DDP's buckets after a recovery) gets the same bits.
-int RunOrderCheck(int rank, int n, const std::string& dir) {
-  auto store = NewFileStore(dir);
-  if (!store.ok()) return 10;
-  CommunicatorOptions o;
-  o.rank = rank;
-  o.size = n;
-  o.timeout = absl::Seconds(60);
-  auto made = Communicator::Create(*store, o);
-  if (!made.ok()) {
-    proc::Report("event=result failures=1 msg=" + made.status().ToString());
-    return 11;
-  }
-  Communicator& comm = **made;
+int RunOrderCheck(Communicator& comm, int rank, int n) {
   Checker check;
   int differs = 0;  // elements whose fold in another order differs
   // Up to 64 KiB of every peer's input: one exchange; above: per-owner
@@ -338,9 +335,10 @@ int RunOrderCheck(int rank, int n, const std::string& dir) {
   return 0;
 }
 
-void RunGroup(int n, int (*body)(int, int, const std::string&) = RunAllOps) {
+void RunGroup(int n, Body body = RunAllOps) {
   const std::string dir = proc::MakeTempDir();
-  proc::ProcessGroup group(n, [&](int rank) { return body(rank, n, dir); });
+  proc::ProcessGroup group(
+      n, [&](int rank) { return WithComm(rank, n, dir, body); });
   for (int r = 0; r < n; ++r) {
     auto result = group.WaitEvent(r, "result", absl::Seconds(240));
     REQUIRE(result.has_value());
