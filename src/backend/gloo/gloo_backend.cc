@@ -550,19 +550,12 @@ class GlooBackend final : public Backend {
     uint8_t* data = static_cast<uint8_t*>(op.recv);
     if (bytes * static_cast<size_t>(n - 1) <= kExchangeAllReduceBytes) {
       // Every rank gets every input and folds them all.
-      std::vector<uint8_t> all(bytes * static_cast<size_t>(n));
-      std::memcpy(all.data() + bytes * static_cast<size_t>(options_.rank), data,
-                  bytes);
-      HOLDFAST_RETURN_IF_ERROR(Exchange(
-          data, all.data(),
+      HOLDFAST_RETURN_IF_ERROR(GatherAndFold(
+          fn, data,
           [&](int) {
             return Part{0, bytes};
           },
-          [&](int j) {
-            return Part{bytes * static_cast<size_t>(j), bytes};
-          },
-          in_slot, timeout));
-      Fold(fn, data, all.data(), bytes, op.count, n);
+          data, elem, in_slot, timeout));
       if (op.reduce == ReduceOp::kAverage) {
         gloo::DivideInPlace(data, op.count, op.dtype, n);
       }
@@ -576,16 +569,8 @@ class GlooBackend final : public Backend {
       return Part{lo * elem, (hi - lo) * elem};
     };
     const Part mine = block(options_.rank);
-    std::vector<uint8_t> parts(mine.size * static_cast<size_t>(n));
-    std::memcpy(parts.data() + mine.size * static_cast<size_t>(options_.rank),
-                data + mine.at, mine.size);
-    HOLDFAST_RETURN_IF_ERROR(Exchange(
-        data, parts.data(), block,
-        [&](int j) {
-          return Part{mine.size * static_cast<size_t>(j), mine.size};
-        },
-        in_slot, timeout));
-    Fold(fn, data + mine.at, parts.data(), mine.size, mine.size / elem, n);
+    HOLDFAST_RETURN_IF_ERROR(
+        GatherAndFold(fn, data, block, data + mine.at, elem, in_slot, timeout));
     if (op.reduce == ReduceOp::kAverage) {
       gloo::DivideInPlace(data + mine.at, mine.size / elem, op.dtype, n);
     }
@@ -600,15 +585,32 @@ class GlooBackend final : public Backend {
     size_t size = 0;
   };
 
-  // out = in[0] op in[1] op ... op in[n-1], folded in that order; `in` holds
-  // n parts of `part` bytes (`count` elements) each.
-  static void Fold(gloo::ReduceFn fn, uint8_t* out, const uint8_t* in,
-                   size_t part, size_t count, int n) {
-    if (count == 0) return;
-    fn(out, in, in + part, count);
+  // Every rank sends the part to(j) of `send` to rank j and receives rank
+  // j's part to(this rank) of its input; `out` (to(this rank).size bytes)
+  // becomes their fold in rank order: in[0] op in[1] op ... op in[n-1].
+  // `out` may be this rank's own part of `send`.
+  absl::Status GatherAndFold(gloo::ReduceFn fn, const uint8_t* send,
+                             const std::function<Part(int)>& to, uint8_t* out,
+                             size_t elem, uint64_t slot,
+                             std::chrono::milliseconds timeout) {
+    const int n = options_.size;
+    const Part mine = to(options_.rank);
+    const size_t count = mine.size / elem;
+    std::vector<uint8_t> in(mine.size * static_cast<size_t>(n));
+    std::memcpy(in.data() + mine.size * static_cast<size_t>(options_.rank),
+                send + mine.at, mine.size);
+    HOLDFAST_RETURN_IF_ERROR(Exchange(
+        send, in.data(), to,
+        [&](int j) {
+          return Part{mine.size * static_cast<size_t>(j), mine.size};
+        },
+        slot, timeout));
+    if (count == 0) return absl::OkStatus();
+    fn(out, in.data(), in.data() + mine.size, count);
     for (int j = 2; j < n; ++j) {
-      fn(out, out, in + part * static_cast<size_t>(j), count);
+      fn(out, out, in.data() + mine.size * static_cast<size_t>(j), count);
     }
+    return absl::OkStatus();
   }
 
   // One message to and from every peer at once: to peer j the part
@@ -713,19 +715,15 @@ class GlooBackend final : public Backend {
       if (block > 0) std::memcpy(op.recv, op.send, block);
       return absl::OkStatus();
     }
-    gloo::ReduceFn fn = gloo::GetReduceFn(op.dtype, op.reduce);
-    const uint8_t* send = static_cast<const uint8_t*>(op.send);
-    std::vector<uint8_t> parts(block * static_cast<size_t>(n));
-    const size_t mine_at = block * static_cast<size_t>(options_.rank);
-    std::memcpy(parts.data() + mine_at, send + mine_at, block);
-    auto part = [&](int j) {
-      return Part{block * static_cast<size_t>(j), block};
-    };
-    HOLDFAST_RETURN_IF_ERROR(
-        Exchange(send, parts.data(), part, part,
-                 ::gloo::Slot::build(kReduceScatterSlotPrefix, op.tag),
-                 ToChrono(op.timeout)));
-    Fold(fn, static_cast<uint8_t*>(op.recv), parts.data(), block, op.count, n);
+    HOLDFAST_RETURN_IF_ERROR(GatherAndFold(
+        gloo::GetReduceFn(op.dtype, op.reduce),
+        static_cast<const uint8_t*>(op.send),
+        [&](int j) {
+          return Part{block * static_cast<size_t>(j), block};
+        },
+        static_cast<uint8_t*>(op.recv), DataTypeSize(op.dtype),
+        ::gloo::Slot::build(kReduceScatterSlotPrefix, op.tag),
+        ToChrono(op.timeout)));
     if (op.reduce == ReduceOp::kAverage) {
       gloo::DivideInPlace(op.recv, op.count, op.dtype, n);
     }
