@@ -1952,6 +1952,12 @@ class RuntimeImpl final : public Runtime {
     return target;
   }
 
+  // Whether no sharded state is registered (the same on every member).
+  bool ReplicatedOnly() const {
+    return std::none_of(buffers_.begin(), buffers_.end(),
+                        [](const StateBuffer& b) { return b.sharded; });
+  }
+
   // The hash of the live replicated state, the ledger left out (each
   // slot's part of it is its own).
   uint64_t LiveHash() const {
@@ -1974,10 +1980,7 @@ class RuntimeImpl final : public Runtime {
                                                          const View& v,
                                                          const std::string& why,
                                                          RecoveryRecord* rec) {
-    if (std::any_of(buffers_.begin(), buffers_.end(),
-                    [](const StateBuffer& b) { return b.sharded; })) {
-      return std::nullopt;  // every member knows this: nobody offers
-    }
+    if (!ReplicatedOnly()) return std::nullopt;  // alike on every member
     int64_t mine[2] = {live_step_, 0};
     if (live_step_ >= 0) mine[1] = static_cast<int64_t>(LiveHash());
     std::vector<int64_t> all(static_cast<size_t>(v.world) * 2);
@@ -2315,10 +2318,7 @@ class RuntimeImpl final : public Runtime {
       const std::vector<uint64_t>& checksums,
       const std::map<int, const Piece*>& local) {
     PieceSets live;
-    const bool replicated_only =
-        std::none_of(buffers_.begin(), buffers_.end(),
-                     [](const StateBuffer& b) { return b.sharded; });
-    if (!replicated_only ||
+    if (!ReplicatedOnly() ||
         std::find(highs.begin(), highs.end(), target) == highs.end()) {
       return live;
     }
