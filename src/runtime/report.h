@@ -18,6 +18,13 @@ inline constexpr char kFinalKey[] = "holdfast/report/final";
 // unused standby), as {"slot", "code", "message"}: the launcher's summary
 // names it instead of only "a worker left".
 inline constexpr char kErrorKey[] = "holdfast/report/error";
+// A fresh job that resumed from the disk tier, as {"step", "dir"} (slot 0).
+inline constexpr char kResumedKey[] = "holdfast/report/resumed";
+// Each slot's state at the end of the job, as {"replicated", "sharded"}:
+// hex hashes of its registered replicated state (the same on every slot)
+// and of its own partition of the sharded state, under this prefix and the
+// slot number. The launcher combines them into one state hash.
+inline constexpr char kFinalStatePrefix[] = "holdfast/report/state/";
 
 inline nlohmann::json ToJson(const RecoveryRecord& r) {
   return {{"failed_generation", r.failed_generation},

@@ -21,6 +21,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -974,6 +975,7 @@ class RuntimeImpl final : public Runtime {
       result.backup_ms = backup_us_ / 1000;
       result.disk_writes = disk_writes_;
     }
+    PublishFinalState(v.slot);
     if (v.slot == 0) PublishFinal(result);
     finished_ = true;
     Leave(true);
@@ -1656,6 +1658,10 @@ class RuntimeImpl final : public Runtime {
             "runtime: slot {} resumes from the disk tier at "
             "step {}",
             v.slot, at);
+        if (v.slot == 0) {
+          nlohmann::json j = {{"step", at}, {"dir", options_.checkpoint_dir}};
+          (void)store_->Set(kResumedKey, j.dump());
+        }
       }
     }
     RepartitionAll(v.world, v.slot);  // a no-op after a disk restore
@@ -1910,11 +1916,13 @@ class RuntimeImpl final : public Runtime {
       }
       HOLDFAST_LOG_WARN("runtime: {}; falling back to the disk tier", why);
       RecoveryRecord ignored;
-      HOLDFAST_ASSIGN_OR_RETURN(
-          std::optional<int64_t> d,
-          RestoreFromDisk(rec != nullptr ? rec : &ignored, /*required=*/true));
-      (void)d;
-      return *d;
+      absl::StatusOr<std::optional<int64_t>> d =
+          RestoreFromDisk(rec != nullptr ? rec : &ignored, /*required=*/true);
+      if (!d.ok()) {
+        return absl::Status(d.status().code(),
+                            absl::StrCat(why, "; ", d.status().message()));
+      }
+      return **d;
     }
 
     // Transfers, in one order every member follows.
@@ -2457,10 +2465,8 @@ class RuntimeImpl final : public Runtime {
     }
     if (step < 0) {
       if (!required) return std::optional<int64_t>();
-      return absl::DataLossError(absl::StrCat(
-          "no memory copy of the committed state is left and the disk tier "
-          "in ",
-          dir, " holds no complete checkpoint"));
+      return absl::DataLossError(absl::StrCat("the disk tier in ", dir,
+                                              " holds no complete checkpoint"));
     }
     RepartitionAll(v.world, v.slot);
     absl::Status s;
@@ -3160,6 +3166,17 @@ class RuntimeImpl final : public Runtime {
     nlohmann::json j = ToJson(r);
     (void)store_->CompareAndSet(absl::StrCat(kRecoveryPrefix, r.generation), "",
                                 true, j.dump());
+  }
+
+  void PublishFinalState(int slot) {
+    shards::CopyHasher sharded;
+    for (const StateBuffer& b : buffers_) {
+      if (b.sharded) sharded.Update(b.storage.data(), b.storage.size());
+    }
+    nlohmann::json j = {
+        {"replicated", absl::StrFormat("%016x", LiveHash())},
+        {"sharded", absl::StrFormat("%016x", sharded.Digest())}};
+    (void)store_->Set(absl::StrCat(kFinalStatePrefix, slot), j.dump());
   }
 
   void PublishFinal(const RunResult& r) {

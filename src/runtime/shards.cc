@@ -303,8 +303,8 @@ absl::Status ReadPiece(const std::string& path, uint64_t layout_hash,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::optional<DiskStep>> FindNewest(const std::string& dir,
-                                                   uint64_t layout_hash) {
+absl::StatusOr<std::optional<DiskStep>> FindNewest(
+    const std::string& dir, std::optional<uint64_t> layout_hash) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return std::optional<DiskStep>();
   std::map<int64_t, std::string, std::greater<>> steps;
@@ -314,8 +314,8 @@ absl::StatusOr<std::optional<DiskStep>> FindNewest(const std::string& dir,
   }
   std::string other_layout;
   for (const auto& [step, path] : steps) {
-    // world -> slots found with this layout
-    std::map<int, std::set<int>> found;
+    // (layout, world) -> slots found
+    std::map<std::pair<uint64_t, int>, std::set<int>> found;
     for (const auto& f : fs::directory_iterator(path, ec)) {
       const std::string name = f.path().filename().string();
       std::vector<std::string> parts = absl::StrSplit(name, '-');
@@ -335,13 +335,14 @@ absl::StatusOr<std::optional<DiskStep>> FindNewest(const std::string& dir,
       if (!s.ok() || h.step != step || h.world != world || h.slot != slot) {
         continue;
       }
-      if (h.layout_hash != layout_hash) {
+      if (layout_hash.has_value() && h.layout_hash != *layout_hash) {
         other_layout = path;
         continue;
       }
-      found[world].insert(slot);
+      found[{h.layout_hash, world}].insert(slot);
     }
-    for (const auto& [world, slots] : found) {
+    for (const auto& [key, slots] : found) {
+      const int world = key.second;
       if (static_cast<int>(slots.size()) == world) {
         return std::optional<DiskStep>(DiskStep{step, world});
       }

@@ -126,11 +126,13 @@ struct DiskStep {
 };
 
 // The newest step whose directory holds every piece of one world with this
-// layout (headers checked; payload checksums are verified when read).
-// A step directory whose pieces were written with another layout gives
-// InvalidArgument naming it when no complete step of this layout is newer.
-absl::StatusOr<std::optional<DiskStep>> FindNewest(const std::string& dir,
-                                                   uint64_t layout_hash);
+// layout (headers checked; payload checksums are verified when read), or
+// of any one layout when `layout_hash` is nullopt (what a launcher, which
+// does not know the state, can report). A step directory whose pieces were
+// written with another layout gives InvalidArgument naming it when no
+// complete step of this layout is newer.
+absl::StatusOr<std::optional<DiskStep>> FindNewest(
+    const std::string& dir, std::optional<uint64_t> layout_hash);
 
 // Removes step directories older than the `keep` newest.
 void Prune(const std::string& dir, int keep);
