@@ -126,10 +126,11 @@ Result Measure(const std::string& run, const std::string& trainer, int n,
   const std::string inject = absl::StrCat(
       " --inject kill:slot=1:step=", kill_at, ":committed=", committed,
       kill_ms > 0 ? absl::StrCat(":ms=", kill_ms) : "");
-  const std::string hf = absl::StrCat(
-      "HOLDFAST_LOG_LEVEL=warn ", run, " -n ", n, " --standby 1 --log-dir ",
-      dir, "/hf", inject, " -- ", trainer, trainer_args, steps, " --save ",
-      ckpt, " > ", dir, "/hf.out 2> ", dir, "/hf.err");
+  const std::string hf =
+      absl::StrCat("HOLDFAST_LOG_LEVEL=warn ", run, " -n ", n,
+                   " --no-disk-tier --standby 1 --log-dir ", dir, "/hf", inject,
+                   " -- ", trainer, trainer_args, steps, " --save ", ckpt,
+                   " > ", dir, "/hf.out 2> ", dir, "/hf.err");
   if (System(hf) != 0) {
     r.error = absl::StrCat("holdfast run failed; see ", dir, "/hf.err");
     return r;
@@ -169,9 +170,10 @@ Result Measure(const std::string& run, const std::string& trainer, int n,
   // The restart baseline: the same loss stops the job (it exits non-zero),
   // then a fresh job from the file, to its first step.
   (void)System(absl::StrCat("HOLDFAST_LOG_LEVEL=warn ", run, " -n ", n,
-                            " --min-world ", n, " --log-dir ", dir, "/stop",
-                            inject, " -- ", trainer, trainer_args, steps, " > ",
-                            dir, "/stop.out 2> ", dir, "/stop.err"));
+                            " --no-disk-tier --min-world ", n, " --log-dir ",
+                            dir, "/stop", inject, " -- ", trainer, trainer_args,
+                            steps, " > ", dir, "/stop.out 2> ", dir,
+                            "/stop.err"));
   const int64_t t0 = absl::ToUnixMillis(absl::Now());
   const int64_t stop_killed = FaultFiredMs(dir + "/stop.err");
   json stopped = ReadJson(dir + "/stop/summary.json");
@@ -186,10 +188,10 @@ Result Measure(const std::string& run, const std::string& trainer, int n,
                      dir, "/stop.err");
     return r;
   }
-  const std::string base =
-      absl::StrCat("HOLDFAST_LOG_LEVEL=warn ", run, " -n ", n, " --log-dir ",
-                   dir, "/base -- ", trainer, trainer_args, 1, " --load ", ckpt,
-                   " > ", dir, "/base.out 2> ", dir, "/base.err");
+  const std::string base = absl::StrCat(
+      "HOLDFAST_LOG_LEVEL=warn ", run, " -n ", n, " --no-disk-tier --log-dir ",
+      dir, "/base -- ", trainer, trainer_args, 1, " --load ", ckpt, " > ", dir,
+      "/base.out 2> ", dir, "/base.err");
   if (System(base) != 0) {
     r.error = absl::StrCat("restart baseline failed; see ", dir, "/base.err");
     return r;

@@ -636,7 +636,7 @@ double TrainerWallMs(int64_t steps, int64_t step_ms, int64_t state_mb,
                      int64_t snapshot_every, const char* snapshot_copy) {
   const std::string dir = holdfast::proc::MakeTempDir();
   const std::string cmd = absl::StrCat(
-      HOLDFAST_RUN_BIN, " -n 2 --log-dir ", dir, " -- ",
+      HOLDFAST_RUN_BIN, " -n 2 --no-disk-tier --log-dir ", dir, " -- ",
       HOLDFAST_DP_TRAINER_BIN, " --steps ", steps, " --step-ms ", step_ms,
       " --state-mb ", state_mb, " --snapshot-every ", snapshot_every,
       " --snapshot-copy ", snapshot_copy, " > /dev/null 2>&1");

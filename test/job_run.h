@@ -5,6 +5,7 @@
 #ifndef HOLDFAST_TEST_JOB_RUN_H_
 #define HOLDFAST_TEST_JOB_RUN_H_
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <fstream>
@@ -41,12 +42,24 @@ inline std::string ReadFile(const std::string& path) {
   return ss.str();
 }
 
-// Runs holdfast-run with `args` and the trainer with `trainer_args`.
+// Runs holdfast-run with `args` and the trainer with `trainer_args`. With
+// `cwd` it runs there, with holdfast-run's default disk tier; without, the
+// disk tier is a fresh directory of its own (unless `args` choose), so no
+// job resumes another's checkpoint.
 inline JobRun Launch(const std::vector<std::string>& args,
-                     const std::vector<std::string>& trainer_args) {
+                     const std::vector<std::string>& trainer_args,
+                     const std::string& cwd = "") {
   const std::string dir = holdfast::proc::MakeTempDir();
+  std::string disk;
+  if (cwd.empty() &&
+      std::none_of(args.begin(), args.end(), [](const std::string& a) {
+        return a == "--checkpoint-dir" || a == "--no-disk-tier";
+      })) {
+    disk = absl::StrCat(" --checkpoint-dir ", dir, "/ckpt");
+  }
   const std::string cmd = absl::StrCat(
-      "timeout -s KILL 240 ", HOLDFAST_RUN_BIN, " --log-dir ", dir, " ",
+      cwd.empty() ? "" : absl::StrCat("cd ", cwd, " && "),
+      "timeout -s KILL 240 ", HOLDFAST_RUN_BIN, " --log-dir ", dir, disk, " ",
       absl::StrJoin(args, " "), " -- ", HOLDFAST_DP_TRAINER_BIN, " ",
       absl::StrJoin(trainer_args, " "), " > ", dir, "/out.txt 2> ", dir,
       "/err.txt");

@@ -7,6 +7,7 @@
 // and summary.json. Nothing asserts on speed.
 #include <catch2/catch.hpp>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <regex>
@@ -162,6 +163,39 @@ TEST_CASE("recovery: a survivor killed during recovery restarts the protocol") {
   CHECK(r.hashes[0] == ref);
   CHECK_KINDS(r, {"crashed", "crashed"});
   CHECK(r.summary.value("generation", 0) == 2);
+}
+
+TEST_CASE(
+    "recovery: a crash during a recovery restarts it at once instead of "
+    "waiting out a timeout") {
+  const std::string ref = Reference(3);
+  // Every timeout that could end a stuck recovery is ten minutes away (the
+  // connect and recovery timeouts, the silent threshold, the rendezvous
+  // timeout is 30 s): only the second loss itself, seen by the controller,
+  // can move the survivors on. Slot 0 dies in the recovery from slot 1's
+  // loss; the new generation must follow at once.
+  setenv("HOLDFAST_CONNECT_TIMEOUT_MS", "600000", 1);
+  setenv("HOLDFAST_RECOVERY_TIMEOUT_MS", "600000", 1);
+  JobRun r =
+      Launch({"-n", "3", "--standby", "2", "--replicas", "2",
+              "--silent-after-ms", "600000", "--inject", "kill:slot=1:step=10",
+              "--inject", "kill:slot=0:recovery=1"},
+             kTrainer);
+  unsetenv("HOLDFAST_CONNECT_TIMEOUT_MS");
+  unsetenv("HOLDFAST_RECOVERY_TIMEOUT_MS");
+  CHECK(r.rc == 0);
+  CheckConsistent(r, 3);
+  CHECK(r.hashes[0] == ref);
+  CHECK_KINDS(r, {"crashed", "crashed"});
+  INFO("summary: " << r.summary.dump(1));
+  REQUIRE(r.summary["incidents"].size() == 2);
+  const json& second = r.summary["incidents"][1];
+  // The second loss came during generation 1's recovery, and generation 2
+  // recovered from it, well inside the rendezvous timeout (30 s): nothing
+  // was waited out.
+  CHECK(second.value("generation", int64_t{0}) == 1);
+  CHECK(second.value("recovered_generation", int64_t{0}) == 2);
+  CHECK(second.value("recovery_ms", int64_t{1} << 40) < 15000);
 }
 
 TEST_CASE("recovery: the standby killed while taking over is replaced too") {
@@ -482,6 +516,56 @@ TEST_CASE(
   CHECK(labels == std::set<std::string>{"slot 0", "slot 1", "slot 2"});
 }
 
+TEST_CASE(
+    "recovery: a job that lost every process resumes from the disk tier when "
+    "the same command runs again, with the fault-free hash") {
+  // Steps of 10 ms: the disk tier (every 100 steps by default) has step 200
+  // when slot 1 dies at step 250, and without a standby and with
+  // --min-world 3 the job stops.
+  const std::vector<std::string> trainer = {"--steps", "300", "--step-ms",
+                                            "10"};
+  const std::string clean = holdfast::proc::MakeTempDir();
+  JobRun ref = Launch({"-n", "3"}, trainer, clean);
+  REQUIRE(ref.rc == 0);
+  holdfast::test::CheckFinished(ref, 3, 300);
+  // A finished job leaves no checkpoint behind for the next run.
+  CHECK(!std::filesystem::exists(
+      clean + "/.holdfast/checkpoints/" +
+      std::string(std::filesystem::path(ref.summary.value("checkpoint_dir", ""))
+                      .filename())));
+
+  const std::string cwd = holdfast::proc::MakeTempDir();
+  JobRun lost = Launch(
+      {"-n", "3", "--min-world", "3", "--inject", "kill:slot=1:step=250"},
+      trainer, cwd);
+  CHECK(lost.rc == 1);
+  CHECK(lost.summary.value("outcome", "") == "stopped");
+  CHECK(lost.summary.value("disk_checkpoint_step", int64_t{-1}) == 200);
+  CHECK(lost.err.find("run the same command again to resume") !=
+        std::string::npos);
+
+  JobRun again = Launch({"-n", "3"}, trainer, cwd);
+  REQUIRE(again.rc == 0);
+  holdfast::test::CheckFinished(again, 3, 300);
+  CHECK(again.summary.value("resumed_from_step", int64_t{-1}) == 200);
+  CHECK(again.err.find("resumed from the disk checkpoint of step 200") !=
+        std::string::npos);
+  CHECK(again.hashes[0] == ref.hashes[0]);
+  CHECK(again.summary.value("state_hash", "") ==
+        ref.summary.value("state_hash", "x"));
+  CHECK(!std::filesystem::exists(again.summary.value("checkpoint_dir", "")));
+
+  // --fresh starts over even with a checkpoint in place.
+  JobRun lost2 = Launch(
+      {"-n", "3", "--min-world", "3", "--inject", "kill:slot=1:step=250"},
+      trainer, cwd);
+  REQUIRE(lost2.summary.value("disk_checkpoint_step", int64_t{-1}) == 200);
+  JobRun fresh = Launch({"-n", "3", "--fresh"}, trainer, cwd);
+  REQUIRE(fresh.rc == 0);
+  CHECK(!fresh.summary.contains("resumed_from_step"));
+  CHECK(fresh.hashes[0] == ref.hashes[0]);
+}
+
 TEST_CASE("recovery: the launcher refuses bad input with a clear error") {
   auto run = [](const std::string& args) {
     const std::string dir = holdfast::proc::MakeTempDir();
@@ -534,4 +618,19 @@ TEST_CASE("recovery: the launcher refuses bad input with a clear error") {
       run(absl::StrCat("-n 2 --hosts 3 -- ", HOLDFAST_DP_TRAINER_BIN));
   CHECK(rc10 == 2);
   CHECK(err10.find("--hosts 3 is more than -n 2") != std::string::npos);
+  auto [rc11, err11] =
+      run(absl::StrCat("-n 2 --no-disk-tier --checkpoint-dir /tmp/x -- ",
+                       HOLDFAST_DP_TRAINER_BIN));
+  CHECK(rc11 == 2);
+  CHECK(err11.find("--no-disk-tier and --checkpoint-dir contradict") !=
+        std::string::npos);
+  // A disk tier directory another job holds is refused, not shared.
+  const std::string held = holdfast::proc::MakeTempDir();
+  const std::string holder =
+      absl::StrCat("flock ", held, "/.lock sleep 20 & sleep 0.5");
+  REQUIRE(std::system(holder.c_str()) == 0);
+  auto [rc12, err12] = run(absl::StrCat("-n 2 --checkpoint-dir ", held, " -- ",
+                                        HOLDFAST_DP_TRAINER_BIN));
+  CHECK(rc12 == 2);
+  CHECK(err12.find("is in use by another running job") != std::string::npos);
 }

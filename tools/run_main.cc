@@ -2,6 +2,7 @@
 //
 //   holdfast-run -n N [--standby K] [--mode replace|shrink] [--min-world M]
 //                [--inject SPEC]... [--log-dir DIR] [--hosts H]
+//                [--checkpoint-dir DIR | --no-disk-tier] [--fresh]
 //                [--heartbeat-ms MS] [--silent-after-ms MS]
 //                [--rendezvous-grace-ms MS] [--join-timeout-s S]
 //                -- CMD ARGS...
@@ -11,14 +12,21 @@
 // HOLDFAST_JOB_TOKEN and, for
 // --inject, HOLDFAST_FAULTS set. Each output line is prefixed with the
 // process's current slot. When the job ends it prints a summary (steps,
-// incidents with detection and recovery time and lost steps, ETTR) to
-// stderr and to DIR/summary.json.
+// incidents with detection and recovery time and lost steps, ETTR, the
+// final state's hash) to stderr and to DIR/summary.json; while it runs,
+// DIR/members.json maps processes (pids) to members.
+//
+// The disk tier is on by default, in .holdfast/checkpoints/<hash of CMD>
+// under the working directory: a job that loses every memory copy (or
+// the launcher itself) resumes from its newest disk checkpoint when the
+// same command runs again. The directory is removed when the job finishes.
 //
 // Exit codes: 0 the job finished; 1 it stopped or failed; 2 bad usage.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -48,6 +56,7 @@
 #include "src/control/server.h"
 #include "src/fault/fault.h"
 #include "src/runtime/report.h"
+#include "src/runtime/shards.h"
 
 extern char** environ;
 
@@ -123,12 +132,23 @@ class Launcher {
   void KillAll(int sig);
   bool AllExited() const;
   void Reap();
+  // DIR/members.json (with --log-dir): the launcher's processes (pid,
+  // exit) and the controller's members (pid, role, slot, state, host), for
+  // tools that act on processes from outside (holdfast-chaos). Replaced
+  // atomically at every status poll.
+  void WriteMembers(const StatusResponse& s);
+  // Chooses the disk tier's directory (see --checkpoint-dir) and locks it;
+  // an empty string when it is off. Usage errors name the problem.
+  absl::StatusOr<std::string> ChooseCheckpointDir(const std::string& flag,
+                                                  bool off, bool fresh);
 
   std::vector<std::string> cmd_;
   std::vector<std::unique_ptr<Proc>> procs_;
   holdfast::control::ClientOptions client_;
   absl::Time start_;
   std::string log_dir_;
+  std::string checkpoint_dir_;           // empty: no disk tier
+  bool default_checkpoint_dir_ = false;  // chosen here, removed on success
   int n_ = 0;
   absl::Time next_label_fetch_ = absl::InfinitePast();
 };
@@ -315,6 +335,104 @@ void Launcher::Reap() {
   }
 }
 
+void Launcher::WriteMembers(const StatusResponse& s) {
+  if (log_dir_.empty()) return;
+  json members = json::array();
+  for (const auto& m : s.members()) {
+    members.push_back(
+        {{"member", absl::StrCat(m.member_id())},
+         {"pid", m.pid()},
+         {"role", holdfast::control::Role_Name(m.role())},
+         {"slot", m.slot()},
+         {"state", holdfast::control::MemberState_Name(m.state())},
+         {"host", m.host()},
+         {"step", m.step()}});
+  }
+  json procs = json::array();
+  for (const auto& p : procs_) {
+    procs.push_back({{"index", p->index},
+                     {"pid", p->pid},
+                     {"role", p->index < n_ ? "worker" : "standby"},
+                     {"exited", p->exited}});
+  }
+  const json j = {
+      {"job_state", holdfast::control::JobState_Name(s.job_state())},
+      {"generation", s.generation()},
+      {"committed_step", s.committed_step()},
+      {"processes", procs},
+      {"members", members}};
+  const std::string path = absl::StrCat(log_dir_, "/members.json");
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp);
+    f << j.dump() << "\n";
+    if (!f) return;
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+}
+
+absl::StatusOr<std::string> Launcher::ChooseCheckpointDir(
+    const std::string& flag, bool off, bool fresh) {
+  namespace fs = std::filesystem;
+  if (off) {
+    if (!flag.empty()) {
+      return absl::InvalidArgumentError(
+          "--no-disk-tier and --checkpoint-dir contradict each other");
+    }
+    return std::string();
+  }
+  std::string dir = flag;
+  if (dir.empty()) {
+    const char* env = std::getenv("HOLDFAST_CHECKPOINT_DIR");
+    if (env != nullptr) dir = env;
+  }
+  if (dir.empty()) {
+    // One directory per trainer command: the same command finds it again.
+    const std::string key = absl::StrJoin(cmd_, std::string(1, '\0'));
+    dir = absl::StrFormat(".holdfast/checkpoints/%016x",
+                          holdfast::shards::Checksum(key.data(), key.size()));
+    default_checkpoint_dir_ = true;
+  }
+  std::error_code ec;
+  dir = fs::absolute(dir, ec).lexically_normal().string();
+  // A job without its own directory writes pieces over another's: lock it.
+  // The default directory of a command already running elsewhere gives way
+  // to a private one instead.
+  for (int attempt = 0;; ++attempt) {
+    fs::create_directories(dir, ec);
+    if (ec) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("disk tier directory '", dir, "': ", ec.message()));
+    }
+    const std::string lock = dir + "/.lock";
+    const int fd = open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("disk tier lock '", lock, "': ", strerror(errno)));
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0) break;  // held until exit
+    close(fd);
+    if (!default_checkpoint_dir_ || attempt > 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the disk tier directory '", dir,
+          "' is in use by another running job; give this one its own "
+          "--checkpoint-dir"));
+    }
+    const std::string own = absl::StrCat(dir, ".", getpid());
+    std::fprintf(stderr,
+                 "holdfast-run: another running job uses the disk tier in "
+                 "%s; this one uses %s\n",
+                 dir.c_str(), own.c_str());
+    dir = own;
+  }
+  if (fresh) holdfast::shards::Prune(dir, 0);
+  if (default_checkpoint_dir_) {
+    std::ofstream(dir + "/command.txt") << absl::StrJoin(cmd_, " ") << "\n";
+  }
+  return dir;
+}
+
 bool Launcher::AllExited() const {
   for (const auto& p : procs_) {
     if (!p->exited) return false;
@@ -350,6 +468,35 @@ json Launcher::Summary(const StatusResponse& s, const std::string& outcome,
     if (e.ok() && e->has_value()) {
       json err = json::parse(**e, nullptr, false);
       if (err.is_object()) j["error"] = err;
+    }
+    auto resumed = (*store)->TryGet(holdfast::kResumedKey);
+    if (resumed.ok() && resumed->has_value()) {
+      json r = json::parse(**resumed, nullptr, false);
+      if (r.is_object()) j["resumed_from_step"] = r.value("step", int64_t{0});
+    }
+    // The state every slot ended with: one hash for the job, and whether
+    // the replicated state agreed across slots.
+    std::string parts;
+    std::string replicated;
+    bool agree = true;
+    int slots = 0;
+    for (int slot = 0; slot < s.world_size(); ++slot) {
+      auto v =
+          (*store)->TryGet(absl::StrCat(holdfast::kFinalStatePrefix, slot));
+      if (!v.ok() || !v->has_value()) break;
+      json st = json::parse(**v, nullptr, false);
+      if (!st.is_object()) break;
+      const std::string rep = st.value("replicated", "");
+      if (slot == 0) replicated = rep;
+      agree &= rep == replicated;
+      absl::StrAppend(&parts, st.value("sharded", ""), "/");
+      ++slots;
+    }
+    if (slots > 0 && slots == s.world_size()) {
+      absl::StrAppend(&parts, replicated);
+      j["state_hash"] = absl::StrFormat(
+          "%016x", holdfast::shards::Checksum(parts.data(), parts.size()));
+      j["replicas_agree"] = agree;
     }
     auto f = (*store)->TryGet(holdfast::kFinalKey);
     if (f.ok() && f->has_value()) {
@@ -404,6 +551,13 @@ json Launcher::Summary(const StatusResponse& s, const std::string& outcome,
          {"exit", p->exited ? DescribeExit(p->status) : "running"}});
   }
   j["processes"] = procs;
+  if (!checkpoint_dir_.empty()) {
+    j["checkpoint_dir"] = checkpoint_dir_;
+    auto newest = holdfast::shards::FindNewest(checkpoint_dir_, std::nullopt);
+    if (newest.ok() && newest->has_value()) {
+      j["disk_checkpoint_step"] = (*newest)->step;
+    }
+  }
   return j;
 }
 
@@ -449,6 +603,28 @@ void Launcher::PrintSummary(const json& j) {
                         j.value("ettr", 0.0), j.value("productive_ms", 0.0),
                         j.value("train_wall_ms", 0.0)));
   }
+  if (j.contains("resumed_from_step")) {
+    absl::StrAppend(&out, "resumed from the disk checkpoint of step ",
+                    j.value("resumed_from_step", int64_t{0}), "\n");
+  }
+  if (j.contains("state_hash")) {
+    absl::StrAppend(&out, "state: ", j.value("state_hash", ""),
+                    j.value("replicas_agree", true)
+                        ? ""
+                        : " (the slots' replicated state differs!)",
+                    "\n");
+  }
+  if (j.value("outcome", "") != "finished" && j.contains("checkpoint_dir")) {
+    if (j.contains("disk_checkpoint_step")) {
+      absl::StrAppend(&out, "disk tier: step ",
+                      j.value("disk_checkpoint_step", int64_t{0}), " in ",
+                      j.value("checkpoint_dir", ""),
+                      "; run the same command again to resume from it\n");
+    } else {
+      absl::StrAppend(&out, "disk tier: no complete checkpoint in ",
+                      j.value("checkpoint_dir", ""), " yet\n");
+    }
+  }
   absl::StrAppend(&out, "wall: ", j.value("wall_ms", 0), " ms\n");
   std::fputs(out.c_str(), stderr);
 }
@@ -462,6 +638,7 @@ int Launcher::Main(int argc, char** argv) {
   std::vector<std::string> inject;
   int64_t heartbeat_ms = 500, silent_ms = 3000, join_timeout_s = 60;
   int64_t rendezvous_grace_ms = 1000;
+  bool no_disk_tier = false, fresh = false;
   app.add_option("-n,--nproc", n, "worker slots")->required();
   app.add_option("--standby", standby, "warm standbys")
       ->check(CLI::Range(0, 4096));
@@ -487,7 +664,14 @@ int Launcher::Main(int argc, char** argv) {
                  "(HOLDFAST_VERIFY_BACKUPS; default arrival)")
       ->check(CLI::IsMember({"arrival", "restore"}));
   app.add_option("--checkpoint-dir", checkpoint_dir,
-                 "disk tier directory (HOLDFAST_CHECKPOINT_DIR)");
+                 "disk tier directory (HOLDFAST_CHECKPOINT_DIR; default "
+                 ".holdfast/checkpoints/<hash of the command>, removed when "
+                 "the job finishes)");
+  app.add_flag("--no-disk-tier", no_disk_tier,
+               "write no disk checkpoints (a job that loses every memory "
+               "copy cannot be resumed)");
+  app.add_flag("--fresh", fresh,
+               "start from step 0: remove the disk tier's checkpoints first");
   app.add_option("--checkpoint-every", checkpoint_every,
                  "disk tier cadence in steps (HOLDFAST_CHECKPOINT_EVERY)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
@@ -546,6 +730,10 @@ int Launcher::Main(int argc, char** argv) {
         absl::StrCat("command '", cmd_[0], "' not found or not executable"));
   }
   n_ = n;
+  absl::StatusOr<std::string> disk =
+      ChooseCheckpointDir(checkpoint_dir, no_disk_tier, fresh);
+  if (!disk.ok()) return usage(std::string(disk.status().message()));
+  checkpoint_dir_ = *disk;
   if (!log_dir_.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(log_dir_, ec);
@@ -615,9 +803,8 @@ int Launcher::Main(int argc, char** argv) {
     if (!verify_backups.empty()) {
       env.push_back(absl::StrCat("HOLDFAST_VERIFY_BACKUPS=", verify_backups));
     }
-    if (!checkpoint_dir.empty()) {
-      env.push_back(absl::StrCat("HOLDFAST_CHECKPOINT_DIR=", checkpoint_dir));
-    }
+    // Set even when empty: --no-disk-tier wins over an inherited one.
+    env.push_back(absl::StrCat("HOLDFAST_CHECKPOINT_DIR=", checkpoint_dir_));
     if (checkpoint_every > 0) {
       env.push_back(
           absl::StrCat("HOLDFAST_CHECKPOINT_EVERY=", checkpoint_every));
@@ -665,6 +852,7 @@ int Launcher::Main(int argc, char** argv) {
     if (!s.ok()) continue;
     last = *s;
     RefreshLabels(last);
+    WriteMembers(last);
     max_seen = std::max(max_seen, last.alive() + last.dead() + last.left());
     if (last.job_state() == holdfast::control::JOB_FINISHED) {
       outcome = "finished";
@@ -707,11 +895,19 @@ int Launcher::Main(int argc, char** argv) {
   }
   for (int k = 0; k < 20; ++k) Pump(absl::Milliseconds(1));  // drain
   if (auto s = FetchJob(); s.ok()) last = *s;
+  if (!log_dir_.empty()) WriteMembers(last);
   json summary = Summary(last, outcome, reason);
   PrintSummary(summary);
   if (!log_dir_.empty()) {
     std::ofstream f(absl::StrCat(log_dir_, "/summary.json"));
     f << summary.dump(2) << "\n";
+  }
+  // A finished job needs no resume point, so the next run starts afresh;
+  // nor is a default directory without a checkpoint worth keeping.
+  if (default_checkpoint_dir_ &&
+      (outcome == "finished" || !summary.contains("disk_checkpoint_step"))) {
+    std::error_code ec;
+    std::filesystem::remove_all(checkpoint_dir_, ec);
   }
   (*server)->Shutdown();
   return outcome == "finished" ? 0 : 1;

@@ -5,6 +5,7 @@ holdfast-controller per test. CTest sets HOLDFAST_BUILD_DIR and PYTHONPATH
 import os
 import pathlib
 import subprocess
+import tempfile
 import time
 
 import pytest
@@ -45,6 +46,9 @@ def run_job(args, cmd, timeout=240, extra_env=None):
     env = dict(os.environ)
     env.update(extra_env or {})
     env["PYTHONPATH"] = str(BUILD / "python")
+    # A disk tier of the job's own: no run resumes another's checkpoint.
+    if "--checkpoint-dir" not in args and "--no-disk-tier" not in args:
+        env.setdefault("HOLDFAST_CHECKPOINT_DIR", tempfile.mkdtemp())
     p = subprocess.run(
         [str(BUILD / "holdfast-run")] + args + ["--"] + cmd,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
