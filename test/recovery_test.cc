@@ -284,6 +284,30 @@ TEST_CASE(
   CHECK(r.err.find("from the live state of slot") != std::string::npos);
 }
 
+TEST_CASE(
+    "recovery: a standby that takes slot 0 from the survivors' live state "
+    "reports the job's own timings") {
+  // Slot 0 and its buddy (slot 2) are lost: slot 0's successor gets the
+  // state from the live state of slots 1 and 3, and as slot 0 it writes
+  // the final report. Its step timings come from the source; before, they
+  // were zero and the training wall time ran from 1970.
+  const std::string ref = Reference(4);
+  JobRun r =
+      Launch({"-n", "4", "--standby", "2", "--hosts", "2", "--inject",
+              "kill:slot=0:step=20", "--inject", "kill:slot=2:recovery=1"},
+             kTrainer);
+  CHECK(r.rc == 0);
+  holdfast::test::CheckFinished(r, 4, 40);
+  CHECK(r.hashes[0] == ref);
+  CHECK(r.err.find("from the live state of slot") != std::string::npos);
+  INFO("summary: " << r.summary.dump(1));
+  const int64_t train_wall = r.summary["final"].value("wall_ms", int64_t{-1});
+  CHECK(train_wall > 0);
+  CHECK(train_wall <= r.summary.value("wall_ms", int64_t{0}));
+  CHECK(r.summary.value("ettr", 0.0) > 0.0);
+  CHECK(r.summary.value("ettr", 2.0) <= 1.0);
+}
+
 TEST_CASE("recovery: two ranks killed at once") {
   const std::string ref = Reference(4);
   JobRun r = Launch({"-n", "4", "--standby", "2", "--inject",

@@ -966,7 +966,8 @@ class RuntimeImpl final : public Runtime {
     result.snapshots_skipped = snapshots_skipped_;
     result.snapshots_unfenced = snapshots_unfenced_;
     result.productive_ms = ledger_[1] / 1000;
-    result.wall_ms = options.steps > 0 ? NowMs() - ledger_[0] : 0;
+    result.wall_ms =
+        options.steps > 0 && ledger_[0] > 0 ? NowMs() - ledger_[0] : 0;
     {
       absl::MutexLock lock(&bk_mu_);
       result.snapshots_overlapped = snapshots_overlapped_;
@@ -2021,6 +2022,13 @@ class RuntimeImpl final : public Runtime {
           comm->Broadcast(b.data, b.global, DataType::kUInt8, source)->Wait());
       bytes += static_cast<int64_t>(b.global);
     }
+    // A member that never stepped has no timings of its own: it goes on
+    // with the source's (the slots step together).
+    int64_t ledger[kLedger];
+    std::memcpy(ledger, ledger_, sizeof(ledger));
+    HOLDFAST_RETURN_IF_ERROR(
+        comm->Broadcast(ledger, kLedger, DataType::kInt64, source)->Wait());
+    if (ledger_[0] == 0) std::memcpy(ledger_, ledger, sizeof(ledger));
     if (LiveHash() != want) {
       return absl::DataLossError(absl::StrCat(
           why, "; the live state of step ", step, " broadcast by slot ", source,
