@@ -67,20 +67,24 @@ TEST_CASE(
     "replicas cover nor more processes than there are standbys") {
   std::map<chaos::Kind, int> kinds;
   std::map<size_t, int> sizes;
-  for (int replicas : {1, 2}) {
-    for (bool hosts : {false, true}) {
+  for (int replicas : {1, 2, 3}) {
+    // Failure domains: 8 slots; 4 hosts; 2 hosts, where two replicas
+    // cannot cover two lost domains (every worker would be gone).
+    for (int layout : {0, 4, 2}) {
+      const bool hosts = layout > 0;
+      const int domains_total = hosts ? layout : 8;
       for (int standbys : {0, 1, 2, 4}) {
         for (uint64_t seed = 0; seed < 300; ++seed) {
           std::mt19937_64 rng(seed);
           const std::vector<chaos::Member> live =
-              Job(8, hosts ? 4 : 1, standbys);
+              Job(8, hosts ? layout : 1, standbys);
           chaos::PlanOptions po;
           po.replicas = replicas;
           po.hosts = hosts;
           const std::vector<chaos::Fault> plan =
               chaos::PlanCluster(rng, live, po);
-          INFO("replicas " << replicas << " hosts " << hosts << " standbys "
-                           << standbys << " seed " << seed);
+          INFO("replicas " << replicas << " domains " << domains_total
+                           << " standbys " << standbys << " seed " << seed);
           if (standbys == 0) {
             CHECK(plan.empty());
             continue;
@@ -115,6 +119,7 @@ TEST_CASE(
             }
           }
           CHECK(static_cast<int>(domains.size()) <= replicas);
+          CHECK(static_cast<int>(domains.size()) < domains_total);
           CHECK(processes <= standbys);
         }
       }

@@ -69,6 +69,14 @@ std::vector<Fault> PlanCluster(std::mt19937_64& rng,
   if (unit(rng) < options.cluster_chance) {
     size = std::uniform_int_distribution<int>(2, 3)(rng);
   }
+  // Every piece has a copy in `replicas` + 1 domains, as far as there are
+  // that many: losing more than `replicas` domains, or every domain that
+  // holds workers, can lose a piece for good.
+  std::set<std::string> all_domains;
+  for (const Member& w : workers)
+    all_domains.insert(DomainOf(w, options.hosts));
+  const int max_domains =
+      std::min(options.replicas, static_cast<int>(all_domains.size()) - 1);
   std::set<std::string> domains_lost;
   std::set<int64_t> used;  // pids already in this cluster
   std::vector<Fault> cluster;
@@ -84,7 +92,7 @@ std::vector<Fault> PlanCluster(std::mt19937_64& rng,
     std::vector<std::string> open;
     for (const auto& [d, ms] : by_domain) {
       const bool known = domains_lost.count(d) > 0;
-      if (known || static_cast<int>(domains_lost.size()) < options.replicas) {
+      if (known || static_cast<int>(domains_lost.size()) < max_domains) {
         open.push_back(d);
       }
     }

@@ -56,10 +56,10 @@ struct PlanOptions {
 
 // The next cluster of faults for a job whose live members are `live`
 // (one fault, or two or three within cluster_ms). Bounded so the job can
-// survive it: at most `replicas` failure domains of workers lost, and no
-// more workers lost (killed, stopped) and standbys killed together than
-// there are standbys to take the lost slots. Empty when no fault fits
-// (no standby left).
+// survive it: at most `replicas` failure domains of workers lost, never
+// every domain that holds workers, and no more workers lost (killed,
+// stopped) and standbys killed together than there are standbys to take
+// the lost slots. Empty when no fault fits (no standby left).
 std::vector<Fault> PlanCluster(std::mt19937_64& rng,
                                const std::vector<Member>& live,
                                const PlanOptions& options);
