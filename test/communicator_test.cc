@@ -25,6 +25,7 @@
 #include "src/common/config.h"
 #include "src/common/process_group.h"
 #include "src/common/status_util.h"
+#include "src/store/keys.h"
 
 using namespace holdfast;
 
@@ -427,15 +428,16 @@ std::pair<absl::Status, std::string> TimeoutWithNotices(
   auto comms = Group(4, o, store);
   for (size_t r = 0; r < notices.size(); ++r) {
     if (notices[r].empty()) continue;
-    REQUIRE(store->Set(comm::NoticeKey(0, static_cast<int>(r) + 1), notices[r])
-                .ok());
+    REQUIRE(
+        store->Set(keys::AbortNotice(0, static_cast<int>(r) + 1), notices[r])
+            .ok());
   }
   std::shared_ptr<Work> w = issue(*comms[0]);
   absl::SleepFor(absl::Milliseconds(20));
   clock.Advance(absl::Hours(1) + absl::Seconds(1));
   absl::Status s = w->Wait(absl::Seconds(30));
   absl::StatusOr<std::optional<std::string>> published =
-      store->TryGet(comm::MismatchKey(0));
+      store->TryGet(keys::Mismatch(0));
   REQUIRE(published.ok());
   return {s, published->value_or("")};
 }

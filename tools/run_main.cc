@@ -57,6 +57,7 @@
 #include "src/fault/fault.h"
 #include "src/runtime/report.h"
 #include "src/runtime/shards.h"
+#include "src/store/keys.h"
 
 extern char** environ;
 
@@ -460,16 +461,16 @@ json Launcher::Summary(const StatusResponse& s, const std::string& outcome,
   json recoveries = json::array();
   if (store.ok()) {
     for (int64_t g = 1; g <= s.generation(); ++g) {
-      auto v = (*store)->TryGet(absl::StrCat(holdfast::kRecoveryPrefix, g));
+      auto v = (*store)->TryGet(holdfast::keys::Recovery(g));
       if (v.ok() && v->has_value())
         recoveries.push_back(json::parse(**v, nullptr, false));
     }
-    auto e = (*store)->TryGet(holdfast::kErrorKey);
+    auto e = (*store)->TryGet(holdfast::keys::kError);
     if (e.ok() && e->has_value()) {
       json err = json::parse(**e, nullptr, false);
       if (err.is_object()) j["error"] = err;
     }
-    auto resumed = (*store)->TryGet(holdfast::kResumedKey);
+    auto resumed = (*store)->TryGet(holdfast::keys::kResumed);
     if (resumed.ok() && resumed->has_value()) {
       json r = json::parse(**resumed, nullptr, false);
       if (r.is_object()) j["resumed_from_step"] = r.value("step", int64_t{0});
@@ -481,8 +482,7 @@ json Launcher::Summary(const StatusResponse& s, const std::string& outcome,
     bool agree = true;
     int slots = 0;
     for (int slot = 0; slot < s.world_size(); ++slot) {
-      auto v =
-          (*store)->TryGet(absl::StrCat(holdfast::kFinalStatePrefix, slot));
+      auto v = (*store)->TryGet(holdfast::keys::FinalState(slot));
       if (!v.ok() || !v->has_value()) break;
       json st = json::parse(**v, nullptr, false);
       if (!st.is_object()) break;
@@ -498,7 +498,7 @@ json Launcher::Summary(const StatusResponse& s, const std::string& outcome,
           "%016x", holdfast::shards::Checksum(parts.data(), parts.size()));
       j["replicas_agree"] = agree;
     }
-    auto f = (*store)->TryGet(holdfast::kFinalKey);
+    auto f = (*store)->TryGet(holdfast::keys::kFinal);
     if (f.ok() && f->has_value()) {
       json fin = json::parse(**f, nullptr, false);
       j["final"] = fin;

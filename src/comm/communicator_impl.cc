@@ -19,6 +19,7 @@
 #include "src/common/logging.h"
 #include "src/common/status_util.h"
 #include "src/fault/fault.h"
+#include "src/store/keys.h"
 #include "src/store/store_util.h"
 
 namespace holdfast {
@@ -148,14 +149,6 @@ std::optional<NoticeP2P> P2POfNotice(const nlohmann::json& notice) {
 }
 
 }  // namespace
-
-std::string NoticeKey(int64_t generation, int rank) {
-  return absl::StrCat("holdfast/g", generation, "/abort/", rank);
-}
-
-std::string MismatchKey(int64_t generation) {
-  return absl::StrCat("holdfast/g", generation, "/mismatch");
-}
 
 CommunicatorImpl::CommunicatorImpl(const CommunicatorOptions& options,
                                    std::shared_ptr<Store> store,
@@ -718,8 +711,8 @@ absl::Status CommunicatorImpl::WriteNotice(
                      {"seq", op->coll_seq},
                      {"elements", Elements(*op)}};
   }
-  absl::Status written =
-      store_->Set(NoticeKey(options_.generation, options_.rank), notice.dump());
+  absl::Status written = store_->Set(
+      keys::AbortNotice(options_.generation, options_.rank), notice.dump());
   if (!written.ok()) {
     HOLDFAST_LOG_WARN("rank {}: could not leave an abort notice: {}",
                       options_.rank, written.ToString());
@@ -731,7 +724,7 @@ absl::StatusOr<std::optional<nlohmann::json>> CommunicatorImpl::ReadNotice(
     int rank) const {
   HOLDFAST_ASSIGN_OR_RETURN(
       std::optional<std::string> raw,
-      store_->TryGet(NoticeKey(options_.generation, rank)));
+      store_->TryGet(keys::AbortNotice(options_.generation, rank)));
   if (!raw.has_value()) return std::nullopt;
   nlohmann::json notice =
       nlohmann::json::parse(*raw, nullptr, /*allow_exceptions=*/false);
@@ -781,7 +774,7 @@ absl::Status CommunicatorImpl::MismatchWith(const TraceRecord& mine, int peer,
   absl::Status m = absl::InvalidArgumentError(what);
   // For the ranks that only saw a timeout (a runtime ends rather than
   // recovering into the same mismatch).
-  absl::Status written = store_->Set(MismatchKey(options_.generation), what);
+  absl::Status written = store_->Set(keys::Mismatch(options_.generation), what);
   if (!written.ok()) {
     HOLDFAST_LOG_WARN("rank {}: could not publish the mismatch: {}",
                       options_.rank, written.ToString());

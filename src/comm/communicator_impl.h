@@ -34,18 +34,6 @@
 
 namespace holdfast::comm {
 
-// The store key of rank `rank`'s abort notice in generation `generation`: a
-// JSON object with why it aborted ("code", "message", "peer") and the
-// collective it was in ("op": {"coll_seq", "signature"}) or its Send or
-// Recv ("p2p": {"kind", "peer", "tag", "seq", "elements"}), if any.
-std::string NoticeKey(int64_t generation, int rank);
-
-// The store key under which a rank that finds a mismatch (collective or
-// point-to-point) in generation `generation` leaves its description
-// (InvalidArgument, see CommunicatorImpl::MismatchWith): the ranks that saw
-// only a timeout read it there.
-std::string MismatchKey(int64_t generation);
-
 // The backend's part of a communicator's options.
 backend::BackendOptions ToBackendOptions(const CommunicatorOptions& options);
 
@@ -172,7 +160,7 @@ class CommunicatorImpl final : public Communicator, private InlineRunner {
   // names another collective at the position of `mine`; for a Send or Recv,
   // naming both sizes if it names the matching Recv or Send (the same tag
   // and position between the two ranks) with another count or type. The
-  // message is then published under MismatchKey; else OK.
+  // message is then published under keys::Mismatch; else OK.
   absl::Status MismatchWith(const TraceRecord& mine, int peer,
                             const nlohmann::json& notice);
   void FinishLocked(Pending* p, const absl::Status& status)

@@ -41,6 +41,7 @@
 #include "src/runtime/peer_memory.h"
 #include "src/runtime/report.h"
 #include "src/runtime/shards.h"
+#include "src/store/keys.h"
 #include "src/store/store_util.h"
 
 namespace holdfast {
@@ -122,7 +123,6 @@ constexpr absl::Duration kAgreeTimeout = absl::Hours(24);
 // during the commit back.
 constexpr absl::Duration kVerdictAfter = absl::Milliseconds(5);
 constexpr absl::Duration kSideConnectTimeout = absl::Seconds(15);
-constexpr char kSidePrefix[] = "holdfast/side/";
 // The runtime's ledger, registered as replicated state: int64s of the
 // first step's start (unix ms), the productive time (us) and the first
 // step's duration (us). Each slot times its own steps.
@@ -293,8 +293,8 @@ class RuntimeImpl final : public Runtime {
     std::shared_ptr<control::ControllerStore> store = store_;
     const uint64_t id = a.member_id;
     fault::Injector::Global().SetClaim([store, id](const fault::FaultSpec& f) {
-      auto r = store->CompareAndSet(absl::StrCat("holdfast/faults/", f.index),
-                                    "", true, absl::StrCat(id));
+      auto r = store->CompareAndSet(keys::FaultClaim(f.index), "", true,
+                                    absl::StrCat(id));
       return r.ok() && r->first;
     });
     // An injected stall ends once this member has no job to go on with.
@@ -720,7 +720,7 @@ class RuntimeImpl final : public Runtime {
   // redone), so Run ends with it (InvalidArgument) instead of recovering.
   absl::Status FoundMismatch(int64_t gen) {
     absl::StatusOr<std::optional<std::string>> found =
-        store_->TryGet(comm::MismatchKey(gen));
+        store_->TryGet(keys::Mismatch(gen));
     if (!found.ok() || !found->has_value()) return absl::OkStatus();
     HOLDFAST_LOG_ERROR(
         "runtime: slot {} does not recover from generation {}: {}", slot(), gen,
@@ -751,7 +751,7 @@ class RuntimeImpl final : public Runtime {
       j["slot"] = slot();
       j["code"] = absl::StatusCodeToString(code);
       j["message"] = std::string(r.status().message());
-      (void)store_->CompareAndSet(kErrorKey, "", true, j.dump());
+      (void)store_->CompareAndSet(keys::kError, "", true, j.dump());
     }
     return r;
   }
@@ -1661,7 +1661,7 @@ class RuntimeImpl final : public Runtime {
             v.slot, at);
         if (v.slot == 0) {
           nlohmann::json j = {{"step", at}, {"dir", options_.checkpoint_dir}};
-          (void)store_->Set(kResumedKey, j.dump());
+          (void)store_->Set(keys::kResumed, j.dump());
         }
       }
     }
@@ -2613,8 +2613,8 @@ class RuntimeImpl final : public Runtime {
     }
     old.reset();
     old_links.reset();
-    std::shared_ptr<Store> store =
-        NewPrefixStore(kSidePrefix, NewCancellableStore(store_, cancelled));
+    std::shared_ptr<Store> store = NewPrefixStore(
+        keys::kSidePrefix, NewCancellableStore(store_, cancelled));
     // The backup links' listener; its address is published before this
     // member arrives, so every member that saw it arrive can connect.
     HOLDFAST_ASSIGN_OR_RETURN(std::unique_ptr<bulk::Listener> listener,
@@ -3172,8 +3172,8 @@ class RuntimeImpl final : public Runtime {
     // Every member that recovered offers its record; the first one kept
     // (they differ by a few milliseconds) speaks for the generation.
     nlohmann::json j = ToJson(r);
-    (void)store_->CompareAndSet(absl::StrCat(kRecoveryPrefix, r.generation), "",
-                                true, j.dump());
+    (void)store_->CompareAndSet(keys::Recovery(r.generation), "", true,
+                                j.dump());
   }
 
   void PublishFinalState(int slot) {
@@ -3184,7 +3184,7 @@ class RuntimeImpl final : public Runtime {
     nlohmann::json j = {
         {"replicated", absl::StrFormat("%016x", LiveHash())},
         {"sharded", absl::StrFormat("%016x", sharded.Digest())}};
-    (void)store_->Set(absl::StrCat(kFinalStatePrefix, slot), j.dump());
+    (void)store_->Set(keys::FinalState(slot), j.dump());
   }
 
   void PublishFinal(const RunResult& r) {
@@ -3203,7 +3203,7 @@ class RuntimeImpl final : public Runtime {
     if (ledger_[0] > 0) {
       j["first_step_done_unix_ms"] = ledger_[0] + ledger_[2] / 1000;
     }
-    (void)store_->Set(kFinalKey, j.dump());
+    (void)store_->Set(keys::kFinal, j.dump());
   }
 
   RuntimeOptions options_;

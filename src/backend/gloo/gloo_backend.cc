@@ -42,6 +42,7 @@
 #include "src/backend/gloo/reduce.h"
 #include "src/common/config.h"
 #include "src/common/status_util.h"
+#include "src/store/keys.h"
 #include "src/store/store_util.h"
 
 namespace holdfast::backend {
@@ -833,9 +834,8 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateGlooBackend(
   auto context = std::make_shared<MeshContext>(options.rank, options.size);
   context->setTimeout(ToChrono(options.connect_timeout));
   // Each rank publishes its addresses under its rank number.
-  std::shared_ptr<Store> rendezvous =
-      NewPrefixStore(absl::StrCat("holdfast/g", options.generation, "/gloo/"),
-                     std::move(store));
+  std::shared_ptr<Store> rendezvous = NewPrefixStore(
+      keys::GlooRendezvousPrefix(options.generation), std::move(store));
   absl::Status s = context->Connect(
       *rendezvous, device, options.connect_timeout,
       static_cast<int>(std::min<int64_t>(

@@ -28,6 +28,7 @@
 #include "src/backend/backend.h"
 #include "src/backend/nccl/util.h"
 #include "src/comm/communicator_impl.h"
+#include "src/store/keys.h"
 
 namespace holdfast::backend {
 namespace {
@@ -389,8 +390,7 @@ absl::StatusOr<ncclComm_t> InitComm(Store& store,
     return absl::FailedPreconditionError(absl::StrCat(
         "nccl: cudaSetDevice(", options.device, "): ", CudaError(ce)));
   }
-  const std::string key =
-      absl::StrCat("holdfast/nccl/g", options.generation, "/unique_id");
+  const std::string key = keys::NcclUniqueId(options.generation);
   const absl::Time deadline = absl::Now() + options.connect_timeout;
   ncclUniqueId id;
   if (options.rank == 0) {
