@@ -29,6 +29,7 @@
 #include "holdfast/status.h"
 #include "holdfast/store.h"
 #include "src/backend/backend.h"
+#include "src/checkpoint/state.h"
 #include "src/comm/communicator_impl.h"
 #include "src/common/config.h"
 #include "src/common/logging.h"
@@ -130,15 +131,9 @@ constexpr int kLedger = 3;
 
 using SnapshotCopy = RunOptions::SnapshotCopy;
 
-struct StateBuffer {
-  std::string name;
-  bool sharded = false;
-  size_t global = 0;             // bytes of the global array
-  size_t unit = 1;               // partitions are whole units
-  uint8_t* data = nullptr;       // replicated: the caller's whole array
-  std::vector<uint8_t> storage;  // sharded: this slot's partition
-  shards::Range part;            // sharded: what storage holds
-};
+using checkpoint::StateBuffer;
+using Registry = checkpoint::StateRegistry;
+using checkpoint::Segments;
 
 // One slot's piece of one snapshot (its own, a buddy's copy, or one
 // received during a restore).
@@ -308,46 +303,21 @@ class RuntimeImpl final : public Runtime {
 
   absl::Status RegisterState(const std::string& name, void* data,
                              size_t bytes) override {
-    if (data == nullptr && bytes > 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("RegisterState('", name,
-                       "'): the data is null but bytes is ", bytes));
-    }
-    HOLDFAST_RETURN_IF_ERROR(CheckNewName(name));
-    StateBuffer b;
-    b.name = name;
-    b.global = bytes;
-    b.data = static_cast<uint8_t*>(data);
-    buffers_.push_back(std::move(b));
-    return absl::OkStatus();
+    HOLDFAST_RETURN_IF_ERROR(RegistrationOpen(name));
+    return state_.AddReplicated(name, data, bytes);
   }
 
   absl::StatusOr<ShardView> RegisterShardedState(const std::string& name,
                                                  size_t global_bytes,
                                                  size_t unit_bytes) override {
-    if (unit_bytes == 0 || global_bytes % unit_bytes != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "RegisterShardedState('", name, "'): global_bytes ", global_bytes,
-          " is not a whole number of units of ", unit_bytes, " bytes"));
-    }
-    HOLDFAST_RETURN_IF_ERROR(CheckNewName(name));
-    StateBuffer b;
-    b.name = name;
-    b.sharded = true;
-    b.global = global_bytes;
-    b.unit = unit_bytes;
-    buffers_.push_back(std::move(b));
+    HOLDFAST_RETURN_IF_ERROR(RegistrationOpen(name));
     const View v = CurrentView();
-    if (!v.standby) Repartition(buffers_.back(), v.world, v.slot);
-    return ViewOf(buffers_.back());
+    return state_.AddSharded(name, global_bytes, unit_bytes,
+                             v.standby ? 0 : v.world, v.slot);
   }
 
   absl::StatusOr<ShardView> Shard(const std::string& name) override {
-    for (const StateBuffer& b : buffers_) {
-      if (b.name == name && b.sharded) return ViewOf(b);
-    }
-    return absl::NotFoundError(
-        absl::StrCat("no sharded state named '", name, "' is registered"));
+    return state_.Shard(name);
   }
 
   // ---- Views ----------------------------------------------------------------
@@ -501,12 +471,7 @@ class RuntimeImpl final : public Runtime {
   // Copies this member's part of the registered state into `p` (on the
   // training thread: between the steps, or at the fence).
   void CopyOut(Piece* p) {
-    uint8_t* out = p->bytes.get();
-    for (const StateBuffer& b : buffers_) {
-      const shards::Range r = Part(b, p->world, p->slot);
-      if (r.bytes > 0) std::memcpy(out, Source(b, r), r.bytes);
-      out += r.bytes;
-    }
+    state_.CopyPiece(p->world, p->slot, p->bytes.get());
   }
 
   // Snapshot(step); with `defer`, the backup thread copies the bytes in
@@ -565,7 +530,7 @@ class RuntimeImpl final : public Runtime {
     p->world = v.world;
     p->slot = v.slot;
     p->own = true;
-    p->size = PieceSize(v.world, v.slot);
+    p->size = state_.PieceSize(v.world, v.slot);
     p->bytes = Acquire(p->size);
     p->deferred = defer;
     if (!defer) CopyOut(p.get());
@@ -577,19 +542,10 @@ class RuntimeImpl final : public Runtime {
     return true;
   }
 
-  // Where partition `r` of buffer `b` starts in this member's memory.
-  static const uint8_t* Source(const StateBuffer& b, const shards::Range& r) {
-    return b.sharded ? b.storage.data() : b.data + r.offset;
-  }
-
   // The backup thread's copy of a deferred piece, hashed on the way.
   void CopyIn(Piece* p) {
     shards::CopyHasher h;
-    uint8_t* out = p->bytes.get();
-    for (const StateBuffer& b : buffers_) {
-      const shards::Range r = Part(b, p->world, p->slot);
-      if (r.bytes > 0) out = h.Copy(out, Source(b, r), r.bytes);
-    }
+    state_.CopyPiece(p->world, p->slot, p->bytes.get(), &h);
     p->checksum = h.Digest();
     absl::MutexLock lock(&bk_mu_);
     p->copied = true;
@@ -771,8 +727,8 @@ class RuntimeImpl final : public Runtime {
     // time survives a rollback (and reaches a member that takes over):
     // the first step's start (Unix ms), the productive time of the steps
     // done so far (us), and the first step's duration (us).
-    HOLDFAST_RETURN_IF_ERROR(
-        RegisterState("holdfast/ledger", ledger_, sizeof(ledger_)));
+    HOLDFAST_RETURN_IF_ERROR(state_.AddReplicated(
+        "holdfast/ledger", ledger_, sizeof(ledger_), /*ledger=*/true));
     started_ = true;
     RunResult result;
     HOLDFAST_RETURN_IF_ERROR(AwaitSlot());
@@ -1009,29 +965,17 @@ class RuntimeImpl final : public Runtime {
   }
   bool CommHealthy() const { return CommHealth().ok(); }
 
-  absl::Status CheckNewName(const std::string& name) const {
-    if (name.empty()) {
-      return absl::InvalidArgumentError("RegisterState: the name is empty");
-    }
+  // Registration ends when Run starts.
+  absl::Status RegistrationOpen(const std::string& name) const {
     if (started_) {
       return absl::FailedPreconditionError(absl::StrCat(
           "RegisterState('", name, "'): state is registered before Run"));
-    }
-    for (const StateBuffer& b : buffers_) {
-      if (b.name == name) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("RegisterState: '", name, "' is registered twice"));
-      }
     }
     return absl::OkStatus();
   }
 
   // ---- Pieces ---------------------------------------------------------------
 
-  // The runtime's own ledger (registered by Run), which differs per slot.
-  bool IsLedger(const StateBuffer& b) const {
-    return b.data == reinterpret_cast<const uint8_t*>(ledger_);
-  }
   // The training communicator of the current generation (null before the
   // first one is built).
   Communicator* CurrentComm() {
@@ -1058,131 +1002,6 @@ class RuntimeImpl final : public Runtime {
     }
     return c;
   }
-  static shards::Range Part(const StateBuffer& b, int world, int slot) {
-    return shards::Partition(b.global, b.unit, world, slot);
-  }
-  // What a member at (world, slot) holds live: all of a replicated buffer,
-  // its partition of a sharded one.
-  static shards::Range Needed(const StateBuffer& b, int world, int slot) {
-    return b.sharded ? Part(b, world, slot) : shards::Range{0, b.global};
-  }
-  static ShardView ViewOf(const StateBuffer& b) {
-    ShardView v;
-    v.data = const_cast<uint8_t*>(b.storage.data());
-    v.offset = b.part.offset;
-    v.bytes = b.part.bytes;
-    v.global_bytes = b.global;
-    return v;
-  }
-  static void Repartition(StateBuffer& b, int world, int slot) {
-    const shards::Range r = Part(b, world, slot);
-    if (r.offset == b.part.offset && r.bytes == b.part.bytes &&
-        b.storage.size() == r.bytes) {
-      return;
-    }
-    b.storage.assign(r.bytes, 0);
-    b.part = r;
-  }
-
-  // Sizes every sharded buffer for this member's partition at (world,
-  // slot); unchanged ones keep their bytes.
-  void RepartitionAll(int world, int slot) {
-    for (StateBuffer& b : buffers_) {
-      if (b.sharded) Repartition(b, world, slot);
-    }
-  }
-
-  size_t PieceSize(int world, int slot) const {
-    size_t n = 0;
-    for (const StateBuffer& b : buffers_) n += Part(b, world, slot).bytes;
-    return n;
-  }
-
-  // Whether the member at (world, slot) needs any byte of piece `p` of a
-  // snapshot cut for `old_world`.
-  bool Needs(int world, int slot, int old_world, int p) const {
-    for (const StateBuffer& b : buffers_) {
-      if (shards::Intersect(Needed(b, world, slot), Part(b, old_world, p))
-              .bytes > 0) {
-        return true;
-      }
-    }
-    return false;
-  }
-
-  // Copies what this member (world, slot) needs out of piece `p`. With
-  // `hash`, every byte of the piece is hashed too, in order, the copied
-  // ones as they are copied (one pass over memory instead of two).
-  void Apply(const uint8_t* piece, int old_world, int p, int world, int slot,
-             shards::CopyHasher* hash = nullptr) {
-    size_t off = 0;
-    for (StateBuffer& b : buffers_) {
-      const shards::Range r = Part(b, old_world, p);
-      const shards::Range need = Needed(b, world, slot);
-      const shards::Range x = shards::Intersect(need, r);
-      const uint8_t* from = piece + off;
-      if (x.bytes > 0) {
-        uint8_t* dst = LiveAt(b, need, x.offset);
-        const size_t before = x.offset - r.offset;
-        if (hash == nullptr) {
-          std::memcpy(dst, from + before, x.bytes);
-        } else {
-          hash->Update(from, before);
-          hash->Copy(dst, from + before, x.bytes);
-          hash->Update(from + before + x.bytes, r.bytes - before - x.bytes);
-        }
-      } else if (hash != nullptr) {
-        hash->Update(from, r.bytes);
-      }
-      off += r.bytes;
-    }
-  }
-
-  // Where byte `offset` of buffer `b` (of its global bytes) lies in the
-  // live state of a member that holds `need` of it.
-  static uint8_t* LiveAt(StateBuffer& b, const shards::Range& need,
-                         size_t offset) {
-    return b.sharded ? b.storage.data() + (offset - need.offset)
-                     : b.data + offset;
-  }
-
-  // Places in memory that a piece's bytes fill, in the piece's order.
-  using Segments = std::vector<std::pair<uint8_t*, size_t>>;
-
-  // Copies `n` bytes, bytes [from, from + n) of a piece, to where they go
-  // in `to` (the piece's segments), hashing them.
-  static void CopyInto(const Segments& to, size_t from, const uint8_t* src,
-                       size_t n, shards::CopyHasher* h) {
-    size_t base = 0;  // of the piece, where the segment starts
-    for (const auto& [dst, bytes] : to) {
-      if (n == 0) break;
-      if (from < base + bytes) {
-        const size_t k = std::min(n, base + bytes - from);
-        h->Copy(dst + (from - base), src, k);
-        src += k;
-        from += k;
-        n -= k;
-      }
-      base += bytes;
-    }
-  }
-
-  // Where the bytes of piece `p` (cut for `old_world`) go in the live state
-  // of the member at (world, slot), when every one of them does
-  // (replicated state, or a sharded part that is wholly this member's);
-  // else empty.
-  Segments Landing(int old_world, int p, int world, int slot) {
-    Segments out;
-    for (StateBuffer& b : buffers_) {
-      const shards::Range r = Part(b, old_world, p);
-      if (r.bytes == 0) continue;
-      const shards::Range need = Needed(b, world, slot);
-      if (shards::Intersect(need, r).bytes != r.bytes) return {};
-      out.emplace_back(LiveAt(b, need, r.offset), r.bytes);
-    }
-    return out;
-  }
-
   // Posts the chunked sends of a piece's bytes to `peer`.
   static void PostSends(Communicator* c, const uint8_t* data, size_t size,
                         int peer, const OpOptions& oo,
@@ -1204,7 +1023,7 @@ class RuntimeImpl final : public Runtime {
     p->world = world;
     p->slot = slot;
     p->checksum = checksum;
-    p->size = PieceSize(world, slot);
+    p->size = state_.PieceSize(world, slot);
     p->bytes = Acquire(p->size);
     return p;
   }
@@ -1245,14 +1064,14 @@ class RuntimeImpl final : public Runtime {
   // differs is an error, as at a restore.
   absl::Status CheckReplicatedEqual(Communicator* comm, const View& v) {
     std::vector<int64_t> hashes;
-    for (const StateBuffer& b : buffers_) {
-      if (b.sharded || IsLedger(b)) {
+    for (const StateBuffer& b : state_.buffers()) {
+      if (b.sharded || b.ledger) {
         hashes.push_back(0);  // the ledger times each slot's own steps
         continue;
       }
       hashes.push_back(static_cast<int64_t>(SampleHash(b.data, b.global)));
     }
-    const uint64_t layout = LayoutHash();
+    const uint64_t layout = state_.LayoutHash();
     const int64_t mine[2] = {
         static_cast<int64_t>(layout),
         static_cast<int64_t>(XXH3_64bits(hashes.data(), hashes.size() * 8))};
@@ -1283,7 +1102,7 @@ class RuntimeImpl final : public Runtime {
               "pieces of all slots, so per-slot values would be mixed. Keep "
               "per-slot values (an RNG seeded by rank, a data position) out of "
               "registered state or derive them from the step",
-              buffers_[i].name, r);
+              state_.buffers()[i].name, r);
           return absl::OkStatus();
         }
       }
@@ -1298,16 +1117,6 @@ class RuntimeImpl final : public Runtime {
     for (size_t i = 0; i < kBlocks; ++i) {
       const size_t at = i * (size - kBlock) / (kBlocks - 1);
       h = XXH3_64bits_withSeed(data + at, kBlock, h);
-    }
-    return h;
-  }
-
-  uint64_t LayoutHash() const {
-    uint64_t h = 0x686f6c64;
-    for (const StateBuffer& b : buffers_) {
-      h = XXH3_64bits_withSeed(b.name.data(), b.name.size(), h);
-      const uint64_t meta[3] = {b.sharded ? 1u : 0u, b.global, b.unit};
-      h = XXH3_64bits_withSeed(meta, sizeof(meta), h);
     }
     return h;
   }
@@ -1665,7 +1474,7 @@ class RuntimeImpl final : public Runtime {
         }
       }
     }
-    RepartitionAll(v.world, v.slot);  // a no-op after a disk restore
+    state_.RepartitionAll(v.world, v.slot);  // a no-op after a disk restore
     if (at == 0) {
       HOLDFAST_ASSIGN_OR_RETURN(Communicator * host, HostComm());
       HOLDFAST_RETURN_IF_ERROR(CheckReplicatedEqual(host, v));
@@ -1775,7 +1584,7 @@ class RuntimeImpl final : public Runtime {
     const View v = CurrentView();
     QuiesceBackups();
     ++restores_;
-    const uint64_t layout = LayoutHash();
+    const uint64_t layout = state_.LayoutHash();
     int64_t held;
     {
       absl::MutexLock lock(&bk_mu_);
@@ -1927,7 +1736,7 @@ class RuntimeImpl final : public Runtime {
     }
 
     // Transfers, in one order every member follows.
-    RepartitionAll(v.world, v.slot);
+    state_.RepartitionAll(v.world, v.slot);
     std::map<int, const Piece*> local;
     for (size_t i = 0; i < at.size(); ++i) {
       const Piece* p = at[i];
@@ -1961,22 +1770,6 @@ class RuntimeImpl final : public Runtime {
     return target;
   }
 
-  // Whether no sharded state is registered (the same on every member).
-  bool ReplicatedOnly() const {
-    return std::none_of(buffers_.begin(), buffers_.end(),
-                        [](const StateBuffer& b) { return b.sharded; });
-  }
-
-  // The hash of the live replicated state, the ledger left out (each
-  // slot's part of it is its own).
-  uint64_t LiveHash() const {
-    shards::CopyHasher h;
-    for (const StateBuffer& b : buffers_) {
-      if (!b.sharded && !IsLedger(b)) h.Update(b.data, b.global);
-    }
-    return h.Digest();
-  }
-
   // Restore's fallback when a piece of the committed step has no good copy
   // left and all state is replicated: the members whose live state is
   // known to be a completed step (`live_step_`) offer it, the newest such
@@ -1989,9 +1782,9 @@ class RuntimeImpl final : public Runtime {
                                                          const View& v,
                                                          const std::string& why,
                                                          RecoveryRecord* rec) {
-    if (!ReplicatedOnly()) return std::nullopt;  // alike on every member
+    if (!state_.ReplicatedOnly()) return std::nullopt;  // alike on every member
     int64_t mine[2] = {live_step_, 0};
-    if (live_step_ >= 0) mine[1] = static_cast<int64_t>(LiveHash());
+    if (live_step_ >= 0) mine[1] = static_cast<int64_t>(state_.LiveHash());
     std::vector<int64_t> all(static_cast<size_t>(v.world) * 2);
     HOLDFAST_RETURN_IF_ERROR(
         comm->AllGather(mine, all.data(), 2, DataType::kInt64)->Wait());
@@ -2016,8 +1809,8 @@ class RuntimeImpl final : public Runtime {
     const bool receive = v.slot != source && live_step_ != step;
     live_step_ = -1;  // until the broadcast has landed and checked
     int64_t bytes = 0;
-    for (StateBuffer& b : buffers_) {
-      if (IsLedger(b) || b.global == 0) continue;
+    for (const StateBuffer& b : state_.buffers()) {
+      if (b.ledger || b.global == 0) continue;
       HOLDFAST_RETURN_IF_ERROR(
           comm->Broadcast(b.data, b.global, DataType::kUInt8, source)->Wait());
       bytes += static_cast<int64_t>(b.global);
@@ -2029,7 +1822,7 @@ class RuntimeImpl final : public Runtime {
     HOLDFAST_RETURN_IF_ERROR(
         comm->Broadcast(ledger, kLedger, DataType::kInt64, source)->Wait());
     if (ledger_[0] == 0) std::memcpy(ledger_, ledger, sizeof(ledger));
-    if (LiveHash() != want) {
+    if (state_.LiveHash() != want) {
       return absl::DataLossError(absl::StrCat(
           why, "; the live state of step ", step, " broadcast by slot ", source,
           " arrived at slot ", v.slot, " with another hash"));
@@ -2108,17 +1901,17 @@ class RuntimeImpl final : public Runtime {
     std::vector<std::pair<int, int>> todo;  // (piece, member)
     for (int p = 0; p < old_world; ++p) {
       const std::vector<int>& hs = use.by_slot[static_cast<size_t>(p)];
-      if (PieceSize(old_world, p) == 0) continue;
+      if (state_.PieceSize(old_world, p) == 0) continue;
       for (int m = 0; m < v.world; ++m) {
         if (std::find(hs.begin(), hs.end(), m) == hs.end() && !live.Has(m, p) &&
-            Needs(v.world, m, old_world, p)) {
+            state_.Needs(v.world, m, old_world, p)) {
           todo.emplace_back(p, m);
         }
       }
       auto l = local.find(p);
-      if (l != local.end() && Needs(v.world, v.slot, old_world, p) &&
+      if (l != local.end() && state_.Needs(v.world, v.slot, old_world, p) &&
           !live.Has(v.slot, p)) {
-        Apply(l->second->bytes.get(), old_world, p, v.world, v.slot);
+        state_.Apply(l->second->bytes.get(), old_world, p, v.world, v.slot);
       }
     }
     // A received copy is kept (it covers a second fault before the next
@@ -2161,7 +1954,7 @@ class RuntimeImpl final : public Runtime {
       std::map<int, Segments> also_live;
       for (const auto& [p, m] : todo) {
         const int from = use.by_slot[static_cast<size_t>(p)][round];
-        const size_t size = PieceSize(old_world, p);
+        const size_t size = state_.PieceSize(old_world, p);
         const uint64_t checksum = use.checksum[static_cast<size_t>(p)];
         const bool direct = in_place.reach.Has(m, from);
         if (v.slot == from && !direct) {
@@ -2169,8 +1962,9 @@ class RuntimeImpl final : public Runtime {
         } else if (v.slot == m) {
           sender[p] = from;
           if (direct) reads.push_back(p);
-          Segments live_at =
-              direct ? Landing(old_world, p, v.world, v.slot) : Segments{};
+          Segments live_at = direct
+                                 ? state_.Landing(old_world, p, v.world, v.slot)
+                                 : Segments{};
           if (!live_at.empty() && keep.count(p) == 0) {
             into_live.insert(p);
             lands[p] = std::move(live_at);
@@ -2235,7 +2029,7 @@ class RuntimeImpl final : public Runtime {
             if (h == nullptr || !s.ok()) continue;
             if (damage_at >= dst + off && damage_at < dst + off + n) damage();
             if (out != nullptr) {
-              CopyInto(*out, done + off, dst + off, n, h);
+              checkpoint::CopyInto(*out, done + off, dst + off, n, h);
             } else {
               h->Update(dst + off, n);
             }
@@ -2260,21 +2054,22 @@ class RuntimeImpl final : public Runtime {
           read_status = read_out[i];
           break;
         }
-        *bytes_in_place += static_cast<int64_t>(PieceSize(old_world, reads[i]));
+        *bytes_in_place +=
+            static_cast<int64_t>(state_.PieceSize(old_world, reads[i]));
       }
       for (auto& w : works) HOLDFAST_RETURN_IF_ERROR(w->Wait());
       HOLDFAST_RETURN_IF_ERROR(read_status);
       if (hit >= 0 && live_hashes.count(hit) == 0) damage();
       std::vector<int64_t> bad = PieceSets::Mine(old_world);
       for (const auto& [p, from] : sender) {
-        *bytes_received += static_cast<int64_t>(PieceSize(old_world, p));
+        *bytes_received += static_cast<int64_t>(state_.PieceSize(old_world, p));
         uint64_t digest;
         if (live_hashes.count(p) > 0) {
           digest = live_hashes.at(p).Digest();
         } else {
           shards::CopyHasher h;
-          Apply(received->at(p)->bytes.get(), old_world, p, v.world, v.slot,
-                &h);
+          state_.Apply(received->at(p)->bytes.get(), old_world, p, v.world,
+                       v.slot, &h);
           digest = h.Digest();
         }
         if (digest == use.checksum[static_cast<size_t>(p)]) {
@@ -2301,9 +2096,9 @@ class RuntimeImpl final : public Runtime {
     }
     if (!lost.ok()) return lost;
     for (int p = 0; p < old_world; ++p) {
-      if (PieceSize(old_world, p) > 0 && Needs(v.world, v.slot, old_world, p) &&
-          !live.Has(v.slot, p) && local.count(p) == 0 &&
-          arrived.count(p) == 0) {
+      if (state_.PieceSize(old_world, p) > 0 &&
+          state_.Needs(v.world, v.slot, old_world, p) && !live.Has(v.slot, p) &&
+          local.count(p) == 0 && arrived.count(p) == 0) {
         return absl::InternalError(
             absl::StrCat("restore: the piece of slot ", p, " never arrived"));
       }
@@ -2334,7 +2129,7 @@ class RuntimeImpl final : public Runtime {
       const std::vector<uint64_t>& checksums,
       const std::map<int, const Piece*>& local) {
     PieceSets live;
-    if (!ReplicatedOnly() ||
+    if (!state_.ReplicatedOnly() ||
         std::find(highs.begin(), highs.end(), target) == highs.end()) {
       return live;
     }
@@ -2345,17 +2140,17 @@ class RuntimeImpl final : public Runtime {
     int count = 0;
     if (high_step_ == target) {
       for (int p = 0; p < old_world; ++p) {
-        if (local.count(p) > 0 || PieceSize(old_world, p) == 0 ||
-            !Needs(v.world, v.slot, old_world, p)) {
+        if (local.count(p) > 0 || state_.PieceSize(old_world, p) == 0 ||
+            !state_.Needs(v.world, v.slot, old_world, p)) {
           continue;
         }
         shards::CopyHasher h;
         bool comparable = true;
         shards::Range ledger_part{0, 0};  // of the ledger, in piece p
-        for (const StateBuffer& b : buffers_) {
-          const shards::Range r = Part(b, old_world, p);
+        for (const StateBuffer& b : state_.buffers()) {
+          const shards::Range r = Registry::Part(b, old_world, p);
           if (r.bytes == 0) continue;
-          if (!IsLedger(b)) {
+          if (!b.ledger) {
             h.Update(b.data + r.offset, r.bytes);
           } else if (image.Covers(r)) {
             h.Update(target_ledger + r.offset, r.bytes);
@@ -2407,9 +2202,9 @@ class RuntimeImpl final : public Runtime {
     auto* out = reinterpret_cast<uint8_t*>(mine.bytes);
     for (const auto& [p, piece] : local) {
       size_t at = 0;  // where the ledger's part lies in the piece
-      for (const StateBuffer& b : buffers_) {
-        const shards::Range r = Part(b, old_world, p);
-        if (IsLedger(b)) {
+      for (const StateBuffer& b : state_.buffers()) {
+        const shards::Range r = Registry::Part(b, old_world, p);
+        if (b.ledger) {
           std::memcpy(out + r.offset, piece->bytes.get() + at, r.bytes);
           for (size_t i = r.offset; i < r.offset + r.bytes; ++i) {
             mine.known |= int64_t{1} << i;
@@ -2443,7 +2238,7 @@ class RuntimeImpl final : public Runtime {
     HOLDFAST_ASSIGN_OR_RETURN(Communicator * comm, HostComm());
     const View v = CurrentView();
     const std::string& dir = options_.checkpoint_dir;
-    const uint64_t layout = LayoutHash();
+    const uint64_t layout = state_.LayoutHash();
     absl::StatusOr<std::optional<shards::DiskStep>> found =
         shards::FindNewest(dir, layout);
     int64_t mine[2] = {-1, 0};
@@ -2476,21 +2271,21 @@ class RuntimeImpl final : public Runtime {
       return absl::DataLossError(absl::StrCat("the disk tier in ", dir,
                                               " holds no complete checkpoint"));
     }
-    RepartitionAll(v.world, v.slot);
+    state_.RepartitionAll(v.world, v.slot);
     absl::Status s;
     std::vector<uint8_t> data;
     for (int p = 0; p < world && s.ok(); ++p) {
-      if (!Needs(v.world, v.slot, world, p)) continue;
+      if (!state_.Needs(v.world, v.slot, world, p)) continue;
       shards::PieceHeader h;
       s = shards::ReadPiece(shards::PiecePath(dir, step, world, p), layout, &h,
                             &data);
-      if (s.ok() && data.size() != PieceSize(world, p)) {
+      if (s.ok() && data.size() != state_.PieceSize(world, p)) {
         s = absl::DataLossError(absl::StrCat(
             "checkpoint piece ", shards::PiecePath(dir, step, world, p),
-            " holds ", data.size(), " bytes; ", PieceSize(world, p),
+            " holds ", data.size(), " bytes; ", state_.PieceSize(world, p),
             " expected"));
       }
-      if (s.ok()) Apply(data.data(), world, p, v.world, v.slot);
+      if (s.ok()) state_.Apply(data.data(), world, p, v.world, v.slot);
     }
     const int64_t ok = s.ok() ? 1 : 0;
     std::vector<int64_t> oks(static_cast<size_t>(v.world));
@@ -2915,7 +2710,7 @@ class RuntimeImpl final : public Runtime {
     int64_t moved = 0;
     for (int o = 0; o < world; ++o) {
       for (int b : buddies[static_cast<size_t>(o)]) {
-        const size_t size = PieceSize(world, o);
+        const size_t size = state_.PieceSize(world, o);
         if (size == 0) continue;
         if (me == o) {
           own_buddies.push_back(b);
@@ -3127,7 +2922,7 @@ class RuntimeImpl final : public Runtime {
     h.layout_generation = own.layout_generation;
     h.world = own.world;
     h.slot = own.slot;
-    h.layout_hash = LayoutHash();
+    h.layout_hash = state_.LayoutHash();
     h.bytes = own.size;
     h.checksum = own.checksum;
     absl::Status s =
@@ -3177,13 +2972,9 @@ class RuntimeImpl final : public Runtime {
   }
 
   void PublishFinalState(int slot) {
-    shards::CopyHasher sharded;
-    for (const StateBuffer& b : buffers_) {
-      if (b.sharded) sharded.Update(b.storage.data(), b.storage.size());
-    }
     nlohmann::json j = {
-        {"replicated", absl::StrFormat("%016x", LiveHash())},
-        {"sharded", absl::StrFormat("%016x", sharded.Digest())}};
+        {"replicated", absl::StrFormat("%016x", state_.LiveHash())},
+        {"sharded", absl::StrFormat("%016x", state_.ShardedHash())}};
     (void)store_->Set(keys::FinalState(slot), j.dump());
   }
 
@@ -3230,7 +3021,7 @@ class RuntimeImpl final : public Runtime {
   std::thread aborter_;
 
   // The training thread's own.
-  std::vector<StateBuffer> buffers_;
+  checkpoint::StateRegistry state_;
   int64_t ledger_[kLedger] = {0, 0, 0};
   bool started_ = false;
   bool finished_ = false;

@@ -1,0 +1,231 @@
+#include "src/checkpoint/state.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace holdfast::checkpoint {
+
+namespace {
+
+ShardView ViewOf(const StateBuffer& b) {
+  ShardView v;
+  v.data = const_cast<uint8_t*>(b.storage.data());
+  v.offset = b.part.offset;
+  v.bytes = b.part.bytes;
+  v.global_bytes = b.global;
+  return v;
+}
+
+void Repartition(StateBuffer& b, int world, int slot) {
+  const shards::Range r = StateRegistry::Part(b, world, slot);
+  if (r.offset == b.part.offset && r.bytes == b.part.bytes &&
+      b.storage.size() == r.bytes) {
+    return;
+  }
+  b.storage.assign(r.bytes, 0);
+  b.part = r;
+}
+
+// Where partition `r` of buffer `b` starts in this member's memory.
+const uint8_t* Source(const StateBuffer& b, const shards::Range& r) {
+  return b.sharded ? b.storage.data() : b.data + r.offset;
+}
+
+}  // namespace
+
+absl::Status StateRegistry::CheckName(const std::string& name) const {
+  if (name.empty()) {
+    return absl::InvalidArgumentError("RegisterState: the name is empty");
+  }
+  for (const StateBuffer& b : buffers_) {
+    if (b.name == name) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("RegisterState: '", name, "' is registered twice"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StateRegistry::AddReplicated(const std::string& name, void* data,
+                                          size_t bytes, bool ledger) {
+  if (data == nullptr && bytes > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RegisterState('", name, "'): the data is null but bytes is ", bytes));
+  }
+  if (absl::Status s = CheckName(name); !s.ok()) return s;
+  StateBuffer b;
+  b.name = name;
+  b.ledger = ledger;
+  b.global = bytes;
+  b.data = static_cast<uint8_t*>(data);
+  buffers_.push_back(std::move(b));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ShardView> StateRegistry::AddSharded(const std::string& name,
+                                                    size_t global_bytes,
+                                                    size_t unit_bytes,
+                                                    int world, int slot) {
+  if (unit_bytes == 0 || global_bytes % unit_bytes != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RegisterShardedState('", name, "'): global_bytes ", global_bytes,
+        " is not a whole number of units of ", unit_bytes, " bytes"));
+  }
+  if (absl::Status s = CheckName(name); !s.ok()) return s;
+  StateBuffer b;
+  b.name = name;
+  b.sharded = true;
+  b.global = global_bytes;
+  b.unit = unit_bytes;
+  if (world > 0) Repartition(b, world, slot);
+  buffers_.push_back(std::move(b));
+  return ViewOf(buffers_.back());
+}
+
+absl::StatusOr<ShardView> StateRegistry::Shard(const std::string& name) const {
+  for (const StateBuffer& b : buffers_) {
+    if (b.name == name && b.sharded) return ViewOf(b);
+  }
+  return absl::NotFoundError(
+      absl::StrCat("no sharded state named '", name, "' is registered"));
+}
+
+bool StateRegistry::ReplicatedOnly() const {
+  return std::none_of(buffers_.begin(), buffers_.end(),
+                      [](const StateBuffer& b) { return b.sharded; });
+}
+
+shards::Range StateRegistry::Part(const StateBuffer& b, int world, int slot) {
+  return shards::Partition(b.global, b.unit, world, slot);
+}
+
+shards::Range StateRegistry::Needed(const StateBuffer& b, int world, int slot) {
+  return b.sharded ? Part(b, world, slot) : shards::Range{0, b.global};
+}
+
+uint8_t* StateRegistry::LiveAt(StateBuffer& b, const shards::Range& need,
+                               size_t offset) {
+  return b.sharded ? b.storage.data() + (offset - need.offset)
+                   : b.data + offset;
+}
+
+void StateRegistry::RepartitionAll(int world, int slot) {
+  for (StateBuffer& b : buffers_) {
+    if (b.sharded) Repartition(b, world, slot);
+  }
+}
+
+size_t StateRegistry::PieceSize(int world, int slot) const {
+  size_t n = 0;
+  for (const StateBuffer& b : buffers_) n += Part(b, world, slot).bytes;
+  return n;
+}
+
+bool StateRegistry::Needs(int world, int slot, int old_world, int p) const {
+  for (const StateBuffer& b : buffers_) {
+    if (shards::Intersect(Needed(b, world, slot), Part(b, old_world, p)).bytes >
+        0) {
+      return true;
+    }
+  }
+  return false;
+}
+
+void StateRegistry::CopyPiece(int world, int slot, uint8_t* out,
+                              shards::CopyHasher* hash) const {
+  for (const StateBuffer& b : buffers_) {
+    const shards::Range r = Part(b, world, slot);
+    if (r.bytes == 0) continue;
+    if (hash != nullptr) {
+      out = hash->Copy(out, Source(b, r), r.bytes);
+    } else {
+      std::memcpy(out, Source(b, r), r.bytes);
+      out += r.bytes;
+    }
+  }
+}
+
+void StateRegistry::Apply(const uint8_t* piece, int old_world, int p, int world,
+                          int slot, shards::CopyHasher* hash) {
+  size_t off = 0;
+  for (StateBuffer& b : buffers_) {
+    const shards::Range r = Part(b, old_world, p);
+    const shards::Range need = Needed(b, world, slot);
+    const shards::Range x = shards::Intersect(need, r);
+    const uint8_t* from = piece + off;
+    if (x.bytes > 0) {
+      uint8_t* dst = LiveAt(b, need, x.offset);
+      const size_t before = x.offset - r.offset;
+      if (hash == nullptr) {
+        std::memcpy(dst, from + before, x.bytes);
+      } else {
+        hash->Update(from, before);
+        hash->Copy(dst, from + before, x.bytes);
+        hash->Update(from + before + x.bytes, r.bytes - before - x.bytes);
+      }
+    } else if (hash != nullptr) {
+      hash->Update(from, r.bytes);
+    }
+    off += r.bytes;
+  }
+}
+
+Segments StateRegistry::Landing(int old_world, int p, int world, int slot) {
+  Segments out;
+  for (StateBuffer& b : buffers_) {
+    const shards::Range r = Part(b, old_world, p);
+    if (r.bytes == 0) continue;
+    const shards::Range need = Needed(b, world, slot);
+    if (shards::Intersect(need, r).bytes != r.bytes) return {};
+    out.emplace_back(LiveAt(b, need, r.offset), r.bytes);
+  }
+  return out;
+}
+
+uint64_t StateRegistry::LayoutHash() const {
+  uint64_t h = 0x686f6c64;
+  for (const StateBuffer& b : buffers_) {
+    h = XXH3_64bits_withSeed(b.name.data(), b.name.size(), h);
+    const uint64_t meta[3] = {b.sharded ? 1u : 0u, b.global, b.unit};
+    h = XXH3_64bits_withSeed(meta, sizeof(meta), h);
+  }
+  return h;
+}
+
+uint64_t StateRegistry::LiveHash() const {
+  shards::CopyHasher h;
+  for (const StateBuffer& b : buffers_) {
+    if (!b.sharded && !b.ledger) h.Update(b.data, b.global);
+  }
+  return h.Digest();
+}
+
+uint64_t StateRegistry::ShardedHash() const {
+  shards::CopyHasher h;
+  for (const StateBuffer& b : buffers_) {
+    if (b.sharded) h.Update(b.storage.data(), b.storage.size());
+  }
+  return h.Digest();
+}
+
+void CopyInto(const Segments& to, size_t from, const uint8_t* src, size_t n,
+              shards::CopyHasher* h) {
+  size_t base = 0;  // of the piece, where the segment starts
+  for (const auto& [dst, bytes] : to) {
+    if (n == 0) break;
+    if (from < base + bytes) {
+      const size_t k = std::min(n, base + bytes - from);
+      h->Copy(dst + (from - base), src, k);
+      src += k;
+      from += k;
+      n -= k;
+    }
+    base += bytes;
+  }
+}
+
+}  // namespace holdfast::checkpoint

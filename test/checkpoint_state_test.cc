@@ -1,0 +1,199 @@
+// The checkpoint layer's state registry, without processes: registration
+// errors by name, pieces that cut the state into parts that add up, and
+// pieces of one world put back into members of another (a shrink) with
+// every byte where it was.
+#include <catch2/catch.hpp>
+#include <cstdint>
+#include <numeric>
+#include <vector>
+
+#include "src/checkpoint/state.h"
+#include "src/runtime/shards.h"
+
+namespace {
+
+using holdfast::checkpoint::Segments;
+using holdfast::checkpoint::StateRegistry;
+
+// A member's state: two replicated buffers (one odd-sized), a ledger, and
+// two sharded arrays of 4- and 8-byte units, filled from `seed`.
+struct Member {
+  std::vector<uint8_t> a, b;
+  int64_t ledger[3] = {0, 0, 0};
+  StateRegistry reg;
+
+  Member(int world, int slot, uint8_t seed) : a(1000), b(37) {
+    std::iota(a.begin(), a.end(), seed);
+    std::iota(b.begin(), b.end(), static_cast<uint8_t>(seed + 7));
+    REQUIRE(reg.AddReplicated("a", a.data(), a.size()).ok());
+    REQUIRE(reg.AddReplicated("ledger", ledger, sizeof(ledger), true).ok());
+    REQUIRE(reg.AddSharded("s4", 4 * 101, 4, world, slot).ok());
+    REQUIRE(reg.AddReplicated("b", b.data(), b.size()).ok());
+    REQUIRE(reg.AddSharded("s8", 8 * 10, 8, world, slot).ok());
+  }
+};
+
+// Fills member `slot` of a world's sharded partitions with the global
+// array's bytes (byte i of array "s4" is i * 3 + 1, of "s8" i * 5 + 2).
+void FillShards(StateRegistry& reg) {
+  for (const char* name : {"s4", "s8"}) {
+    auto v = reg.Shard(name);
+    REQUIRE(v.ok());
+    const int k = std::string(name) == "s4" ? 3 : 5;
+    for (size_t i = 0; i < v->bytes; ++i) {
+      v->data[i] = static_cast<uint8_t>((v->offset + i) * k + k - 2);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint state: bad registrations are refused by name") {
+  StateRegistry reg;
+  std::vector<uint8_t> x(8);
+  CHECK(reg.AddReplicated("", x.data(), 8).code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(reg.AddReplicated("x", nullptr, 8).message().find("'x'") !=
+        std::string::npos);
+  REQUIRE(reg.AddReplicated("x", x.data(), 8).ok());
+  absl::Status twice = reg.AddReplicated("x", x.data(), 8);
+  CHECK(twice.message().find("'x' is registered twice") != std::string::npos);
+  auto bad_units = reg.AddSharded("s", 10, 4, 2, 0);
+  CHECK(bad_units.status().message().find("not a whole number of units") !=
+        std::string::npos);
+  CHECK(reg.AddSharded("x", 8, 4, 2, 0).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(reg.Shard("x").status().code() == absl::StatusCode::kNotFound);
+  CHECK(reg.Shard("nope").status().message().find("'nope'") !=
+        std::string::npos);
+  CHECK(reg.ReplicatedOnly());
+  REQUIRE(reg.AddSharded("s", 16, 4, 2, 1).ok());
+  CHECK(!reg.ReplicatedOnly());
+  CHECK(reg.Shard("s")->offset == 8);
+  CHECK(reg.Shard("s")->bytes == 8);
+}
+
+TEST_CASE(
+    "checkpoint state: a world's pieces add up to the state and each member "
+    "needs only what it holds") {
+  for (int world : {1, 2, 3, 4, 7}) {
+    Member m(world, 0, 1);
+    size_t total = 0;
+    for (int p = 0; p < world; ++p) total += m.reg.PieceSize(world, p);
+    // Every byte of every buffer is in exactly one piece.
+    CHECK(total == 1000 + sizeof(m.ledger) + 37 + 4 * 101 + 8 * 10);
+    for (int slot = 0; slot < world; ++slot) {
+      // A member needs every piece (the replicated state is in all of
+      // them), and of the sharded arrays only its own partition.
+      for (int p = 0; p < world; ++p) CHECK(m.reg.Needs(world, slot, world, p));
+    }
+  }
+  // Sharded state alone: a member needs only the pieces that overlap its
+  // partition.
+  StateRegistry shards_only;
+  REQUIRE(shards_only.AddSharded("s", 4 * 12, 4, 4, 0).ok());
+  CHECK(shards_only.Needs(4, 1, 4, 1));
+  CHECK(!shards_only.Needs(4, 1, 4, 0));
+  CHECK(!shards_only.Needs(4, 1, 4, 2));
+  // After a shrink to 2, slot 0 holds units 0-5: pieces 0 and 1 of 4.
+  CHECK(shards_only.Needs(2, 0, 4, 0));
+  CHECK(shards_only.Needs(2, 0, 4, 1));
+  CHECK(!shards_only.Needs(2, 0, 4, 2));
+}
+
+TEST_CASE(
+    "checkpoint state: pieces of a world of 3 rebuild a member of a world "
+    "of 2 byte for byte") {
+  // Three members cut their pieces; a fresh member at slot 1 of 2 applies
+  // them all and must end with the replicated buffers and its partitions
+  // of the global arrays.
+  std::vector<std::vector<uint8_t>> pieces;
+  std::vector<uint64_t> checksums;
+  for (int slot = 0; slot < 3; ++slot) {
+    Member m(3, slot, 1);
+    FillShards(m.reg);
+    std::vector<uint8_t> piece(m.reg.PieceSize(3, slot));
+    holdfast::shards::CopyHasher h;
+    m.reg.CopyPiece(3, slot, piece.data(), &h);
+    CHECK(h.Digest() == holdfast::shards::Checksum(piece.data(), piece.size()));
+    checksums.push_back(h.Digest());
+    pieces.push_back(std::move(piece));
+  }
+  Member fresh(2, 1, 100);  // other bytes everywhere
+  fresh.reg.RepartitionAll(2, 1);
+  for (int p = 0; p < 3; ++p) {
+    holdfast::shards::CopyHasher h;
+    fresh.reg.Apply(pieces[p].data(), 3, p, 2, 1, &h);
+    CHECK(h.Digest() == checksums[static_cast<size_t>(p)]);
+  }
+  Member want(2, 1, 1);
+  FillShards(want.reg);
+  CHECK(fresh.a == want.a);
+  CHECK(fresh.b == want.b);
+  for (const char* name : {"s4", "s8"}) {
+    auto got = fresh.reg.Shard(name);
+    auto exp = want.reg.Shard(name);
+    REQUIRE(got->bytes == exp->bytes);
+    CHECK(got->offset == exp->offset);
+    CHECK(std::equal(got->data, got->data + got->bytes, exp->data));
+  }
+  CHECK(fresh.reg.LiveHash() == want.reg.LiveHash());
+  CHECK(fresh.reg.ShardedHash() == want.reg.ShardedHash());
+}
+
+TEST_CASE(
+    "checkpoint state: replicated pieces land in place and land the same "
+    "as Apply") {
+  Member src(3, 0, 5);
+  StateRegistry replicated;
+  std::vector<uint8_t> a(src.a), b(src.b);
+  REQUIRE(replicated.AddReplicated("a", a.data(), a.size()).ok());
+  REQUIRE(replicated.AddReplicated("b", b.data(), b.size()).ok());
+  for (int p = 0; p < 3; ++p) {
+    std::vector<uint8_t> piece(replicated.PieceSize(3, p));
+    replicated.CopyPiece(3, p, piece.data());
+    std::vector<uint8_t> a2(a.size()), b2(b.size());
+    StateRegistry dst;
+    REQUIRE(dst.AddReplicated("a", a2.data(), a2.size()).ok());
+    REQUIRE(dst.AddReplicated("b", b2.data(), b2.size()).ok());
+    const Segments land = dst.Landing(3, p, 3, 2);
+    REQUIRE(!land.empty());
+    holdfast::shards::CopyHasher h;
+    // In two chunks, as a transfer would deliver them.
+    const size_t half = piece.size() / 2;
+    holdfast::checkpoint::CopyInto(land, 0, piece.data(), half, &h);
+    holdfast::checkpoint::CopyInto(land, half, piece.data() + half,
+                                   piece.size() - half, &h);
+    CHECK(h.Digest() == holdfast::shards::Checksum(piece.data(), piece.size()));
+    std::vector<uint8_t> a3(a.size()), b3(b.size());
+    StateRegistry by_apply;
+    REQUIRE(by_apply.AddReplicated("a", a3.data(), a3.size()).ok());
+    REQUIRE(by_apply.AddReplicated("b", b3.data(), b3.size()).ok());
+    by_apply.Apply(piece.data(), 3, p, 3, 2);
+    CHECK(a2 == a3);
+    CHECK(b2 == b3);
+  }
+  // A sharded part that is not wholly this member's does not land in place.
+  CHECK(src.reg.Landing(3, 0, 2, 1).empty());
+}
+
+TEST_CASE(
+    "checkpoint state: the live hash leaves the ledger out and the layout "
+    "hash follows names and sizes") {
+  Member x(2, 0, 1), y(2, 0, 1);
+  CHECK(x.reg.LiveHash() == y.reg.LiveHash());
+  y.ledger[1] = 12345;  // per-slot timings differ
+  CHECK(x.reg.LiveHash() == y.reg.LiveHash());
+  y.a[3] ^= 1;
+  CHECK(x.reg.LiveHash() != y.reg.LiveHash());
+  CHECK(x.reg.LayoutHash() == y.reg.LayoutHash());
+  StateRegistry other;
+  std::vector<uint8_t> a(1000);
+  REQUIRE(other.AddReplicated("A", a.data(), a.size()).ok());
+  StateRegistry same;
+  REQUIRE(same.AddReplicated("a", a.data(), a.size()).ok());
+  StateRegistry shorter;
+  REQUIRE(shorter.AddReplicated("a", a.data(), a.size() - 1).ok());
+  CHECK(other.LayoutHash() != same.LayoutHash());
+  CHECK(shorter.LayoutHash() != same.LayoutHash());
+}
