@@ -26,8 +26,8 @@
 #include "holdfast/clock.h"
 #include "holdfast/communicator.h"
 #include "src/backend/gloo/gloo_store.h"
-#include "src/common/process_group.h"
 #include "src/trace/trace_ring.h"
+#include "test/support/process_group.h"
 
 using namespace holdfast;
 using nlohmann::json;

@@ -41,11 +41,11 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "src/common/config.h"
-#include "src/common/process_group.h"
 #include "src/control/auth.h"
 #include "src/control/client.h"
 #include "src/control/controller.grpc.pb.h"
 #include "src/control/member.h"
+#include "test/support/process_group.h"
 
 using namespace holdfast;
 using namespace holdfast::control;

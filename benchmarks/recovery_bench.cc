@@ -61,7 +61,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "src/common/process_group.h"
+#include "test/support/process_group.h"
 
 using nlohmann::json;
 

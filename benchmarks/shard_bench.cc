@@ -91,9 +91,9 @@
 #include "absl/time/clock.h"
 #include "holdfast/runtime.h"
 #include "holdfast/status.h"
-#include "src/common/process_group.h"
 #include "src/control/member.h"
 #include "src/control/server.h"
+#include "test/support/process_group.h"
 
 using nlohmann::json;
 

@@ -17,8 +17,8 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
-#include "src/common/process_group.h"
 #include "test/job_run.h"
+#include "test/support/process_group.h"
 #include "tools/chaos.h"
 
 namespace {

@@ -9,7 +9,7 @@
 
 #include "holdfast/communicator.h"
 #include "src/backend/gloo/reduce.h"
-#include "src/common/process_group.h"
+#include "test/support/process_group.h"
 
 using namespace holdfast;
 namespace bg = holdfast::backend::gloo;

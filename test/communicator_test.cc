@@ -1,7 +1,7 @@
 // Single-process communicator tests: argument checking, tracing, and
 // deadlines forced through the injectable clock. Ranks of one group run as
 // threads here; the multi-process and fault tests live in collectives_test
-// and fault_test.
+// and communicator_faults_test.
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -23,9 +23,9 @@
 #include "holdfast/communicator.h"
 #include "src/comm/communicator_impl.h"
 #include "src/common/config.h"
-#include "src/common/process_group.h"
 #include "src/common/status_util.h"
 #include "src/store/keys.h"
+#include "test/support/process_group.h"
 
 using namespace holdfast;
 

@@ -13,13 +13,13 @@
 #include <thread>
 
 #include "holdfast/communicator.h"
-#include "src/common/process_group.h"
 #include "src/control/auth.h"
 #include "src/control/client.h"
 #include "src/control/controller.grpc.pb.h"
 #include "src/control/kv_store.h"
 #include "src/control/member.h"
 #include "src/control/server.h"
+#include "test/support/process_group.h"
 
 extern char** environ;
 

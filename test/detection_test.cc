@@ -18,10 +18,10 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
-#include "src/common/process_group.h"
 #include "src/control/client.h"
 #include "src/control/controller.grpc.pb.h"
 #include "src/control/server.h"
+#include "test/support/process_group.h"
 
 using namespace holdfast;
 using namespace holdfast::control;

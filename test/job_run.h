@@ -18,7 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "src/common/process_group.h"
+#include "test/support/process_group.h"
 
 namespace holdfast::test {
 

@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "holdfast/nccl.h"
-#include "src/common/process_group.h"
+#include "test/support/process_group.h"
 
 namespace {
 

@@ -22,8 +22,8 @@
 #include "holdfast/status.h"
 #include "spdlog/sinks/ostream_sink.h"
 #include "src/common/logging.h"
-#include "src/common/process_group.h"
 #include "src/control/server.h"
+#include "test/support/process_group.h"
 
 namespace {
 

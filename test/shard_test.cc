@@ -19,12 +19,12 @@
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
-#include "src/common/process_group.h"
 #include "src/fault/fault.h"
 #include "src/runtime/peer_memory.h"
 #include "src/runtime/shards.h"
 #include "src/runtime/xxh3_variants.h"
 #include "test/job_run.h"
+#include "test/support/process_group.h"
 
 namespace {
 

@@ -2,7 +2,7 @@
 #include <thread>
 
 #include "holdfast/store.h"
-#include "src/common/process_group.h"
+#include "test/support/process_group.h"
 
 using holdfast::Store;
 

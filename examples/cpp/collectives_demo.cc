@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "holdfast/communicator.h"
-#include "src/common/process_group.h"
+#include "test/support/process_group.h"
 
 using namespace holdfast;
 using holdfast::proc::MonoNanos;

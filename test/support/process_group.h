@@ -3,8 +3,8 @@
 // demo and the benchmarks. The parent never blocks without a bound;
 // leftover children are SIGKILLed. Use from one thread of a process that
 // has no other threads when it forks.
-#ifndef HOLDFAST_SRC_COMMON_PROCESS_GROUP_H_
-#define HOLDFAST_SRC_COMMON_PROCESS_GROUP_H_
+#ifndef HOLDFAST_TEST_SUPPORT_PROCESS_GROUP_H_
+#define HOLDFAST_TEST_SUPPORT_PROCESS_GROUP_H_
 
 #include <sys/types.h>
 
@@ -85,4 +85,4 @@ class ProcessGroup {
 
 }  // namespace holdfast::proc
 
-#endif  // HOLDFAST_SRC_COMMON_PROCESS_GROUP_H_
+#endif  // HOLDFAST_TEST_SUPPORT_PROCESS_GROUP_H_

@@ -12,7 +12,7 @@
 #include <thread>
 
 #include "holdfast/communicator.h"
-#include "src/common/process_group.h"
+#include "test/support/process_group.h"
 
 using namespace holdfast;
 using holdfast::proc::MonoNanos;

@@ -1,4 +1,4 @@
-#include "src/common/process_group.h"
+#include "test/support/process_group.h"
 
 #include "absl/time/clock.h"
 
