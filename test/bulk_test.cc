@@ -1,4 +1,4 @@
-// The backup links (src/runtime/bulk.h) on real loopback sockets: pieces
+// The backup links (src/checkpoint/bulk.h) on real loopback sockets: pieces
 // and checksums arrive intact and hashed as the runtime expects, and every
 // way a link can go wrong (a stray connection, a wrong token or generation,
 // a peer that closes mid-piece, a mismatched header, an abort, a stalled
@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "absl/time/clock.h"
+#include "src/checkpoint/bulk.h"
+#include "src/checkpoint/shards.h"
 #include "src/common/status_util.h"
-#include "src/runtime/bulk.h"
-#include "src/runtime/shards.h"
 
 namespace {
 

@@ -7,8 +7,8 @@
 #include <numeric>
 #include <vector>
 
+#include "src/checkpoint/shards.h"
 #include "src/checkpoint/state.h"
-#include "src/runtime/shards.h"
 
 namespace {
 

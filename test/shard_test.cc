@@ -19,10 +19,10 @@
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
+#include "src/checkpoint/peer_memory.h"
+#include "src/checkpoint/shards.h"
+#include "src/checkpoint/xxh3_variants.h"
 #include "src/fault/fault.h"
-#include "src/runtime/peer_memory.h"
-#include "src/runtime/shards.h"
-#include "src/runtime/xxh3_variants.h"
 #include "test/job_run.h"
 #include "test/support/process_group.h"
 

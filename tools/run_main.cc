@@ -51,12 +51,12 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "src/checkpoint/shards.h"
 #include "src/control/client.h"
 #include "src/control/membership.h"
 #include "src/control/server.h"
 #include "src/fault/fault.h"
 #include "src/runtime/report.h"
-#include "src/runtime/shards.h"
 #include "src/store/keys.h"
 
 extern char** environ;

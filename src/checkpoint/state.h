@@ -27,7 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "holdfast/runtime.h"
-#include "src/runtime/shards.h"
+#include "src/checkpoint/shards.h"
 
 namespace holdfast::checkpoint {
 

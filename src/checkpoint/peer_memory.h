@@ -11,8 +11,8 @@
 // word, and a peer with the same host key reads the word back (Probe).
 // Anything else (another host, another pid namespace, a refusal) falls
 // back to the communicator.
-#ifndef HOLDFAST_SRC_RUNTIME_PEER_MEMORY_H_
-#define HOLDFAST_SRC_RUNTIME_PEER_MEMORY_H_
+#ifndef HOLDFAST_SRC_CHECKPOINT_PEER_MEMORY_H_
+#define HOLDFAST_SRC_CHECKPOINT_PEER_MEMORY_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -35,4 +35,4 @@ absl::Status Read(int64_t pid, uint64_t address, void* dst, size_t size);
 
 }  // namespace holdfast::peer_memory
 
-#endif  // HOLDFAST_SRC_RUNTIME_PEER_MEMORY_H_
+#endif  // HOLDFAST_SRC_CHECKPOINT_PEER_MEMORY_H_

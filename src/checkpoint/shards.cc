@@ -1,4 +1,4 @@
-#include "src/runtime/shards.h"
+#include "src/checkpoint/shards.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -16,7 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "src/runtime/xxh3_variants.h"
+#include "src/checkpoint/xxh3_variants.h"
 
 namespace holdfast::shards {
 namespace {

@@ -1,7 +1,7 @@
 // XXH3 for the baseline ISA, and the choice of variant (xxh3_variants.h).
 #define HF_XXH3_VARIANT hf_xxh3_baseline
 #define HF_XXH3_NAME "baseline"
-#include "src/runtime/xxh3_variant.inc"
+#include "src/checkpoint/xxh3_variant.inc"
 
 static const HfXxh3Variant* Choose(void) {
 #ifdef HOLDFAST_XXH3_X86

@@ -1,4 +1,4 @@
-#include "src/runtime/peer_memory.h"
+#include "src/checkpoint/peer_memory.h"
 
 #include <sys/types.h>
 #include <sys/uio.h>

@@ -18,8 +18,8 @@
 // wakes a blocked call at once, and every later op fails with Aborted
 // naming the reason. A failed link stays failed: the runtime rebuilds the
 // links with the side communicator of the next generation.
-#ifndef HOLDFAST_SRC_RUNTIME_BULK_H_
-#define HOLDFAST_SRC_RUNTIME_BULK_H_
+#ifndef HOLDFAST_SRC_CHECKPOINT_BULK_H_
+#define HOLDFAST_SRC_CHECKPOINT_BULK_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -36,7 +36,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "src/runtime/shards.h"
+#include "src/checkpoint/shards.h"
 
 namespace holdfast::bulk {
 
@@ -132,4 +132,4 @@ class Links {
 
 }  // namespace holdfast::bulk
 
-#endif  // HOLDFAST_SRC_RUNTIME_BULK_H_
+#endif  // HOLDFAST_SRC_CHECKPOINT_BULK_H_

@@ -1,4 +1,4 @@
-#include "src/runtime/bulk.h"
+#include "src/checkpoint/bulk.h"
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>

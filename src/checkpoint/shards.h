@@ -9,8 +9,8 @@
 // world W is the concatenation, over the buffers in registration order, of
 // partition i of W of each buffer. Restore reassembles whatever a member
 // needs from the pieces of one world, wherever they are held.
-#ifndef HOLDFAST_SRC_RUNTIME_SHARDS_H_
-#define HOLDFAST_SRC_RUNTIME_SHARDS_H_
+#ifndef HOLDFAST_SRC_CHECKPOINT_SHARDS_H_
+#define HOLDFAST_SRC_CHECKPOINT_SHARDS_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -139,4 +139,4 @@ void Prune(const std::string& dir, int keep);
 
 }  // namespace holdfast::shards
 
-#endif  // HOLDFAST_SRC_RUNTIME_SHARDS_H_
+#endif  // HOLDFAST_SRC_CHECKPOINT_SHARDS_H_
