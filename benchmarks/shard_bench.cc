@@ -344,7 +344,9 @@ std::string RunPair(size_t bytes, const char* verify, const SlotBody& body) {
     o.token = co.token;
     o.host = absl::StrCat("bench-host-", want);
     o.preferred_slot = want;
-    o.verify_backups = verify;
+    o.verify_backups = std::string(verify) == "restore"
+                           ? holdfast::VerifyBackups::kRestore
+                           : holdfast::VerifyBackups::kArrival;
     auto rt = holdfast::Runtime::Create(o);
     if (!rt.ok()) {
       errors[want] = std::string(rt.status().message());

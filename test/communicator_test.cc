@@ -21,6 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "holdfast/clock.h"
 #include "holdfast/communicator.h"
+#include "holdfast/testing/fake_clock.h"
 #include "src/comm/communicator_impl.h"
 #include "src/common/config.h"
 #include "src/common/status_util.h"

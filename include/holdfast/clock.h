@@ -1,12 +1,12 @@
 // Injectable monotonic clock. The communicator's deadlines and trace
-// timestamps read it, so a test can force a timeout by advancing a FakeClock
-// instead of sleeping. Both implementations are thread-safe.
+// timestamps read it, so a test can force a timeout by advancing a clock
+// instead of sleeping (holdfast/testing/fake_clock.h). Implementations are
+// thread-safe.
 #ifndef HOLDFAST_CLOCK_H_
 #define HOLDFAST_CLOCK_H_
 
 #include <time.h>
 
-#include <atomic>
 #include <cstdint>
 
 #include "absl/time/time.h"
@@ -28,21 +28,6 @@ class Clock {
 
   // The process-wide real clock. Never null; never destroyed.
   static Clock* Real();
-};
-
-// A clock that moves only when told to. Starts at `start_ns`.
-class FakeClock : public Clock {
- public:
-  explicit FakeClock(int64_t start_ns = 1'000'000'000) : now_ns_(start_ns) {}
-  int64_t NowNanos() const override {
-    return now_ns_.load(std::memory_order_acquire);
-  }
-  void Advance(absl::Duration d) {
-    now_ns_.fetch_add(absl::ToInt64Nanoseconds(d), std::memory_order_acq_rel);
-  }
-
- private:
-  std::atomic<int64_t> now_ns_;
 };
 
 }  // namespace holdfast

@@ -57,6 +57,24 @@
 
 namespace holdfast {
 
+// When a buddy checks the copy it received against the owner's checksum.
+// A restore checks every copy it uses either way.
+enum class VerifyBackups {
+  // HOLDFAST_VERIFY_BACKUPS ("arrival" or "restore"; default arrival).
+  kDefault,
+  // As the bytes land; a damaged copy keeps its step from committing. This
+  // hashes every received byte inside the round, which costs about what the
+  // transfer does where the link is as fast as memory (loopback,
+  // NVLink-class hosts).
+  kArrival,
+  // The round only moves the bytes and the checksum, and a damaged copy is
+  // found when a restore needs it; that restore then uses another copy or
+  // the disk tier, or stops with DataLoss naming the piece. Never a wrong
+  // model, but a step can commit with fewer good copies than `replicas`
+  // promises.
+  kRestore,
+};
+
 struct RuntimeOptions {
   // host:port of the controller; empty reads HOLDFAST_CONTROLLER.
   std::string controller;
@@ -90,19 +108,8 @@ struct RuntimeOptions {
   int preferred_slot = -2;
   // Copies of each piece on buddies; 0 reads HOLDFAST_REPLICAS (default 1).
   int replicas = 0;
-  // When a buddy checks the copy it received against the owner's checksum:
-  // "arrival" (the default): as the bytes land; a damaged copy keeps its
-  //   step from committing. This hashes every received byte inside the
-  //   round, which costs about what the transfer does where the link is
-  //   as fast as memory (loopback, NVLink-class hosts).
-  // "restore": the round only moves the bytes and the checksum, and a
-  //   damaged copy is found when a restore needs it; that restore then
-  //   uses another copy or the disk tier, or stops with DataLoss naming
-  //   the piece. Never a wrong model, but a step can commit with fewer
-  //   good copies than `replicas` promises.
-  // Restore checks every copy it uses either way. Empty reads
-  // HOLDFAST_VERIFY_BACKUPS.
-  std::string verify_backups;
+  // When buddies check received copies (see VerifyBackups).
+  VerifyBackups verify_backups = VerifyBackups::kDefault;
   // The parallel layout buddies avoid: slot = ((dp * pp) + pp_index) * tp +
   // tp_index. 0 reads HOLDFAST_TP_SIZE / HOLDFAST_PP_SIZE (default 1).
   int tp_size = 0;
@@ -335,13 +342,7 @@ class Runtime {
   // ignored. The Python package calls it when a registered tensor's
   // version counter moved between the snapshot and the fence.
   virtual void ReportEarlyWrite(absl::string_view what) = 0;
-  // Full recovery after `cause`; returns the restored step (the loop goes
-  // on at restored + 1).
-  virtual absl::StatusOr<int64_t> Recover(const absl::Status& cause) = 0;
   virtual BackupStats backup_stats() const = 0;
-  // Sends a step report (at each step's end).
-  virtual void ReportStep(int64_t step, absl::Duration step_time,
-                          const std::map<std::string, double>& metrics) = 0;
   // Leaves the job; `finished` after the last step.
   virtual void Leave(bool finished) = 0;
 };

@@ -163,7 +163,16 @@ RuntimeOptions MakeOptions(const py::kwargs& kw) {
     } else if (key == "replicas") {
       o.replicas = py::cast<int>(v);
     } else if (key == "verify_backups") {
-      o.verify_backups = py::cast<std::string>(v);
+      const std::string when = py::cast<std::string>(v);
+      if (when == "arrival") {
+        o.verify_backups = holdfast::VerifyBackups::kArrival;
+      } else if (when == "restore") {
+        o.verify_backups = holdfast::VerifyBackups::kRestore;
+      } else {
+        Raise(absl::InvalidArgumentError(
+            absl::StrCat("Runtime: verify_backups is '", when,
+                         "'; it is 'arrival' or 'restore'")));
+      }
     } else if (key == "tp_size") {
       o.tp_size = py::cast<int>(v);
     } else if (key == "pp_size") {

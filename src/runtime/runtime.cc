@@ -182,17 +182,15 @@ class RuntimeImpl final : public Runtime {
       options_.replicas = static_cast<int>(
           std::min<int64_t>(config::IntParam("HOLDFAST_REPLICAS"), 64));
     }
-    if (options_.verify_backups.empty()) {
-      options_.verify_backups = config::StringParam("HOLDFAST_VERIFY_BACKUPS");
+    if (options_.verify_backups == VerifyBackups::kDefault) {
+      // Validated by the config registry: "arrival" or "restore".
+      options_.verify_backups =
+          config::StringParam("HOLDFAST_VERIFY_BACKUPS") == "restore"
+              ? VerifyBackups::kRestore
+              : VerifyBackups::kArrival;
     }
     same_host_restore_ =
         config::StringParam("HOLDFAST_SAME_HOST_RESTORE") == "on";
-    if (options_.verify_backups != "arrival" &&
-        options_.verify_backups != "restore") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "RuntimeOptions::verify_backups is '", options_.verify_backups,
-          "'; it is 'arrival' or 'restore'"));
-    }
     if (options_.tp_size <= 0) {
       options_.tp_size = static_cast<int>(config::IntParam("HOLDFAST_TP_SIZE"));
     }
@@ -386,8 +384,9 @@ class RuntimeImpl final : public Runtime {
     return b;
   }
 
+  // Sends a step report (at each step's end).
   void ReportStep(int64_t step, absl::Duration step_time,
-                  const std::map<std::string, double>& metrics) override {
+                  const std::map<std::string, double>& metrics) {
     (void)member_->ReportStep(step, step_time, metrics);
   }
 
@@ -582,7 +581,9 @@ class RuntimeImpl final : public Runtime {
 
   // ---- Recovery -------------------------------------------------------------
 
-  absl::StatusOr<int64_t> Recover(const absl::Status& cause) override {
+  // Full recovery after `cause`; returns the restored step (the loop goes
+  // on at restored + 1).
+  absl::StatusOr<int64_t> Recover(const absl::Status& cause) {
     RecoveryRecord rec;
     rec.cause = std::string(cause.message());
     rec.seen_ms = NowMs();
@@ -2465,7 +2466,7 @@ class RuntimeImpl final : public Runtime {
             ? 0
             : static_cast<int64_t>(XXH3_64bits(options_.topology_block.data(),
                                                options_.topology_block.size())),
-        options_.verify_backups == "arrival" ? 1 : 0};
+        options_.verify_backups == VerifyBackups::kArrival ? 1 : 0};
     std::vector<int64_t> all(static_cast<size_t>(world) * 3);
     HOLDFAST_RETURN_IF_ERROR(
         side->AllGather(labels, all.data(), 3, DataType::kInt64)->Wait());
