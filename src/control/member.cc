@@ -14,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "holdfast/status.h"
 #include "src/common/logging.h"
+#include "src/common/thread_util.h"
 #include "src/control/controller.grpc.pb.h"
 #include "src/control/rpc_util.h"
 
@@ -62,20 +63,20 @@ class MemberClientImpl final : public MemberClient {
   // controller is not left waiting for a member that never speaks, and
   // returns ResourceExhausted.
   absl::Status Start() {
-    try {
-      worker_ = std::thread([this] { Run(); });
+    absl::StatusOr<std::thread> t =
+        StartThread("the heartbeat thread", [this] { Run(); });
+    if (t.ok()) {
+      worker_ = std::move(*t);
       return absl::OkStatus();
-    } catch (const std::system_error& e) {
-      {
-        absl::MutexLock lock(&mu_);
-        stop_ = true;
-        thread_failed_ = true;  // the destructor parks the stub
-      }
-      LeaveInline();
-      return absl::ResourceExhaustedError(
-          absl::StrCat("member: cannot start the heartbeat thread (", e.what(),
-                       "); left the job"));
     }
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+      thread_failed_ = true;  // the destructor parks the stub
+    }
+    LeaveInline();
+    return absl::ResourceExhaustedError(
+        absl::StrCat("member: ", t.status().message(), "; left the job"));
   }
 
   ~MemberClientImpl() override {
@@ -334,25 +335,23 @@ class MemberClientImpl final : public MemberClient {
       broken_ = false;
       step_end_ = true;  // the first message binds the stream: send it now
     }
-    std::thread reader;
-    try {
-      reader = std::thread([&] {
-        HeartbeatResponse msg;
-        while (stream->Read(&msg)) Dispatch(msg);
-        absl::MutexLock lock(&mu_);
-        broken_ = true;
-      });
-    } catch (const std::system_error& e) {
+    absl::StatusOr<std::thread> started =
+        StartThread("the heartbeat stream's reader thread", [&] {
+          HeartbeatResponse msg;
+          while (stream->Read(&msg)) Dispatch(msg);
+          absl::MutexLock lock(&mu_);
+          broken_ = true;
+        });
+    if (!started.ok()) {
       {
         absl::MutexLock lock(&mu_);
         thread_failed_ = true;
       }
       ctx->TryCancel();
       (void)stream->Finish();
-      return absl::ResourceExhaustedError(
-          absl::StrCat("cannot start the heartbeat stream's reader thread (",
-                       e.what(), ")"));
+      return started.status();
     }
+    std::thread reader = std::move(*started);
     {
       absl::MutexLock lock(&mu_);
       if (health_.code() == absl::StatusCode::kResourceExhausted) {

@@ -37,6 +37,7 @@
 #include "src/common/config.h"
 #include "src/common/logging.h"
 #include "src/common/status_util.h"
+#include "src/common/thread_util.h"
 #include "src/control/auth.h"
 #include "src/control/client.h"
 #include "src/control/member.h"
@@ -1223,15 +1224,16 @@ class RuntimeImpl final : public Runtime {
         aborts_.emplace_back(upto, std::move(reason));
         return;
       }
-      try {
-        aborter_ = std::thread([this] { AbortLoop(); });
+      absl::StatusOr<std::thread> t =
+          StartThread("the abort thread", [this] { AbortLoop(); });
+      if (t.ok()) {
+        aborter_ = std::move(*t);
         aborts_.emplace_back(upto, std::move(reason));
         return;
-      } catch (const std::system_error&) {
-        // No thread (a pids limit): the abort runs here, on the client's
-        // thread, below; slower to hand over the next generation, but it
-        // happens.
       }
+      // No thread (a pids limit): the abort runs here, on the client's
+      // thread, below; slower to hand over the next generation, but it
+      // happens.
     }
     AbortComm(upto, reason);
   }
@@ -1300,8 +1302,7 @@ class RuntimeImpl final : public Runtime {
   bool AwaitCommitted(int64_t step, absl::Time deadline) {
     absl::MutexLock lock(&mu_);
     auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return committed_ >= step || view_.generation > comm_generation_ ||
-             !fenced_.ok() || job_end_.has_value() ||
+      return committed_ >= step || !GoesOnLocked(comm_generation_) ||
              (comm_ != nullptr && !comm_->health().ok());
     };
     mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
@@ -1313,7 +1314,7 @@ class RuntimeImpl final : public Runtime {
   bool AwaitGeneration(int64_t failed, absl::Time deadline) {
     absl::MutexLock lock(&mu_);
     auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return view_.generation > failed || !fenced_.ok() || job_end_.has_value();
+      return !GoesOnLocked(failed);
     };
     return mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
   }
@@ -1326,7 +1327,7 @@ class RuntimeImpl final : public Runtime {
         HOLDFAST_LOG_INFO("runtime: standby, waiting for a slot");
       }
       auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return !view_.standby || !fenced_.ok() || job_end_.has_value();
+        return !view_.standby || !MayGoOnLocked();
       };
       mu_.Await(absl::Condition(&ready));
       if (!view_.standby) return absl::OkStatus();
@@ -1351,6 +1352,16 @@ class RuntimeImpl final : public Runtime {
     if (job_end_.has_value()) return std::string("the job ended");
     if (bk_stop_) return std::string("the runtime is shutting down");
     return std::nullopt;
+  }
+
+  // The one question every wait on the controller asks: may this member
+  // still take part in the job (not fenced, the job not over)?
+  bool MayGoOnLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return fenced_.ok() && !job_end_.has_value();
+  }
+  // ... and in generation `gen` (no newer one opened).
+  bool GoesOnLocked(int64_t gen) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return view_.generation <= gen && MayGoOnLocked();
   }
 
   // A communicator of generation `gen` on `store` (rendezvous keys are
@@ -2577,16 +2588,15 @@ class RuntimeImpl final : public Runtime {
     if (jobs.empty()) return absl::OkStatus();
     std::vector<absl::Status> out(jobs.size());
     std::vector<std::thread> threads;
-    try {
-      for (size_t i = 0; i + 1 < jobs.size(); ++i) {
-        threads.emplace_back([&, i] { out[i] = jobs[i](); });
+    for (size_t i = 0; i + 1 < jobs.size(); ++i) {
+      absl::StatusOr<std::thread> t = StartThread(
+          "a thread for the backup round", [&, i] { out[i] = jobs[i](); });
+      if (!t.ok()) {
+        end_started(t.status().message());
+        for (std::thread& started : threads) started.join();
+        return t.status();
       }
-    } catch (const std::system_error& e) {
-      const std::string why = absl::StrCat(
-          "cannot start a thread for the backup round: ", e.what());
-      end_started(why);
-      for (std::thread& t : threads) t.join();
-      return absl::ResourceExhaustedError(why);
+      threads.push_back(std::move(*t));
     }
     out.back() = jobs.back()();
     for (std::thread& t : threads) t.join();
@@ -2609,9 +2619,10 @@ class RuntimeImpl final : public Runtime {
     const size_t n = std::min<size_t>(
         {count, most, std::max(1u, std::thread::hardware_concurrency())});
     std::vector<std::thread> threads;
-    try {
-      for (size_t t = 1; t < n; ++t) threads.emplace_back(worker);
-    } catch (const std::system_error&) {
+    for (size_t t = 1; t < n; ++t) {
+      absl::StatusOr<std::thread> started = StartThread("a worker", worker);
+      if (!started.ok()) break;  // the others do its part
+      threads.push_back(std::move(*started));
     }
     worker();
     for (std::thread& t : threads) t.join();
@@ -2889,8 +2900,7 @@ class RuntimeImpl final : public Runtime {
   bool AwaitRoundEnd(int64_t s, int64_t gen, absl::Time deadline) {
     absl::MutexLock lock(&mu_);
     auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return committed_ >= s || view_.generation > gen || !fenced_.ok() ||
-             job_end_.has_value() || bk_stop_;
+      return committed_ >= s || !GoesOnLocked(gen) || bk_stop_;
     };
     return mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
   }
@@ -2911,9 +2921,7 @@ class RuntimeImpl final : public Runtime {
         }
       }
       absl::MutexLock lock(&mu_);
-      if (view_.generation > gen || !fenced_.ok() || job_end_.has_value()) {
-        return false;
-      }
+      if (!GoesOnLocked(gen)) return false;
     }
   }
 

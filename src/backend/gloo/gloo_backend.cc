@@ -42,6 +42,7 @@
 #include "src/backend/gloo/reduce.h"
 #include "src/common/config.h"
 #include "src/common/status_util.h"
+#include "src/common/thread_util.h"
 #include "src/store/keys.h"
 #include "src/store/store_util.h"
 
@@ -261,17 +262,18 @@ class MeshContext final : public ::gloo::rendezvous::Context {
       std::vector<std::thread> threads;
       threads.reserve(static_cast<size_t>(size));
       int j = 0;
-      try {
-        for (; j < size; ++j) {
-          if (j != rank) threads.emplace_back([&connect, j] { connect(j); });
-        }
-      } catch (const std::system_error&) {
-        // No thread for peer j (a pids limit): it and the ones after it
-        // connect here, in rank order, which cannot deadlock (the ones on
-        // threads go on by themselves).
-        for (; j < size; ++j) {
-          if (j != rank && !connect(j)) break;
-        }
+      for (; j < size; ++j) {
+        if (j == rank) continue;
+        absl::StatusOr<std::thread> t =
+            StartThread("a mesh connect thread", [&connect, j] { connect(j); });
+        if (!t.ok()) break;
+        threads.push_back(std::move(*t));
+      }
+      // No thread for peer j (a pids limit): it and the ones after it
+      // connect here, in rank order, which cannot deadlock (the ones on
+      // threads go on by themselves).
+      for (; j < size; ++j) {
+        if (j != rank && !connect(j)) break;
       }
       for (std::thread& t : threads) t.join();
     }
