@@ -1,7 +1,7 @@
 // Backend: one communicator of one generation over a concrete transport
-// (Gloo TCP now, NCCL later). Created from a rendezvous store, rank and size.
-// Backends know nothing of the controller, deadlines' policy or tracing:
-// src/comm/ layers those on top.
+// (Gloo over TCP in src/backend/gloo, NCCL in src/backend/nccl). Created from a
+// rendezvous store, rank and size. Backends know nothing of the controller,
+// deadlines' policy or tracing: src/comm/ layers those on top.
 //
 // Threading: Run is called from one thread at a time (the communicator's
 // worker); Post and Wait from others, concurrently with Run. Abort may be

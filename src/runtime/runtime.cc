@@ -69,10 +69,9 @@ std::string Received(const RecoveryRecord& rec) {
 
 // Asks for transparent huge pages under the 2 MiB-aligned part of a large
 // buffer not touched yet. Its first write (a snapshot, a received or read
-// piece) then takes a page fault per 2 MiB instead of per 4 KiB: a fresh
-// 256 MiB buffer filled by process_vm_readv took 102-123 ms with them
-// against 175-210 ms without, on the 2-core VM. A no-op where the kernel
-// has them off ("never"); with "always" the kernel does this by itself.
+// piece) then takes a page fault per 2 MiB instead of per 4 KiB. A no-op
+// where the kernel has them off ("never"); with "always" the kernel does
+// this by itself.
 void AdviseHugePages(void* p, size_t size) {
   constexpr uintptr_t kHuge = uintptr_t{2} << 20;
   if (size < 2 * kHuge) return;
@@ -98,9 +97,7 @@ constexpr size_t kChunkBytes = size_t{64} << 20;
 // on up to kRestoreThreads threads (no more than the machine has cores),
 // a piece at a time each. A piece read in place goes in chunks of
 // kReadChunk, each hashed (and copied into the live state, for a piece
-// whose copy is kept) while it is in the cache. On the 2-core VM a
-// standby reading 1 GiB from three holders took 584-648 ms against
-// 750-833 ms on one thread with separate passes (docs/checkpoint.md).
+// whose copy is kept) while it is in the cache (docs/checkpoint.md).
 constexpr size_t kReadChunk = size_t{1} << 20;
 constexpr size_t kRestoreThreads = 4;
 constexpr uint32_t kRestoreTag = 0x5e570;
@@ -115,14 +112,9 @@ constexpr absl::Duration kAgreeTimeout = absl::Hours(24);
 // goes straight to the exchange, so when one found a damaged copy (or did
 // not fence its deferred copy) the others learn it this much later, and
 // their backup threads start no round meanwhile (one snapshot waits, later
-// ones are skipped). On the 2-core VM, 2026-11-24 (`shard_bench --sizes-mb
-// 16 --reps 30 --trials 1 --overhead-mb 0`, six alternated runs of each
-// binary), the 8 MiB arrival round reached 0.70-0.80 of the raw exchange
-// (median 0.78) with the exchange (then an all-gather) before the commit,
-// 0.78-0.88 (median 0.815) after it, and 0.79-0.87 with no verdict at all.
-// It was 50 ms at first; the ack to the commit there takes 0.2-0.5 ms
-// (p50-p90), and a host where it takes longer only gets the exchange
-// during the commit back.
+// ones are skipped). It should exceed the ack-to-commit trip (0.2-0.5 ms
+// where measured, docs/benchmarks.md); on a host where the trip takes
+// longer the exchange merely runs during it.
 constexpr absl::Duration kVerdictAfter = absl::Milliseconds(5);
 constexpr absl::Duration kSideConnectTimeout = absl::Seconds(15);
 // The runtime's ledger, registered as replicated state: int64s of the
