@@ -31,6 +31,7 @@
 #include "src/backend/backend.h"
 #include "src/checkpoint/bulk.h"
 #include "src/checkpoint/peer_memory.h"
+#include "src/checkpoint/restore_plan.h"
 #include "src/checkpoint/shards.h"
 #include "src/checkpoint/state.h"
 #include "src/comm/communicator_impl.h"
@@ -1515,15 +1516,6 @@ class RuntimeImpl final : public Runtime {
     AwaitBackupIdle(absl::InfiniteFuture());
   }
 
-  // Of one cut of the restore's target: per piece, the members holding a
-  // good copy (in member order), where each holds it (an address in the
-  // holder's memory, for a read in place) and the checksum they report.
-  struct Holders {
-    std::vector<std::vector<int>> by_slot;
-    std::vector<std::vector<uint64_t>> address_by_slot;
-    std::vector<uint64_t> checksum;
-  };
-
   // Per member, a set of the pieces of the restore's target (those it
   // holds live, those whose received copy failed): piece p is bit p of the
   // member's words. Each member fills its own (Mine, Add) and Exchange
@@ -1613,8 +1605,9 @@ class RuntimeImpl final : public Runtime {
         comm->AllGather(mine, all.data(), kRestoreWords, DataType::kInt64)
             ->Wait());
     HOLDFAST_ASSIGN_OR_RETURN(InPlace in_place, InPlaceReach(comm, v, all));
-    int64_t target = 0, high = 0, kmax = 1;
+    int64_t kmax = 1;
     std::vector<int64_t> highs(static_cast<size_t>(v.world));
+    std::vector<checkpoint::MemberState> states(static_cast<size_t>(v.world));
     for (int r = 0; r < v.world; ++r) {
       const int64_t* e = &all[static_cast<size_t>(r) * kRestoreWords];
       highs[static_cast<size_t>(r)] = e[kHigh];
@@ -1622,11 +1615,12 @@ class RuntimeImpl final : public Runtime {
         return LayoutMismatch(r, static_cast<uint64_t>(e[kLayout]), v.slot,
                               layout);
       }
-      target = std::max(target, e[kCommitted]);
-      high = std::max(high, e[kHigh]);
+      states[static_cast<size_t>(r)] = {e[kCommitted], e[kHigh]};
       kmax = std::max(kmax, e[kHeld]);
     }
-    lost_steps_ = std::max<int64_t>(0, high - target);
+    const checkpoint::Target chosen = checkpoint::ChooseTarget(states);
+    const int64_t target = chosen.step;
+    lost_steps_ = chosen.lost;
     // Snapshots past the target belong to a timeline that was abandoned.
     Evict([target](const Piece& p) { return p.step > target; });
 
@@ -1669,49 +1663,23 @@ class RuntimeImpl final : public Runtime {
     HOLDFAST_RETURN_IF_ERROR(comm->AllGather(entries.data(), every.data(),
                                              entries.size(), DataType::kInt64)
                                  ->Wait());
-    // (layout generation, world) -> slot -> the members with a good copy,
-    // and the checksum they report.
-    std::map<std::pair<int64_t, int>, Holders, std::greater<>> cuts;
+    std::vector<std::vector<checkpoint::OfferedCopy>> offers(
+        static_cast<size_t>(v.world));
     for (int m = 0; m < v.world; ++m) {
       for (int64_t i = 0; i < kmax; ++i) {
         const int64_t* e =
             &every[(static_cast<size_t>(m) * static_cast<size_t>(kmax) +
                     static_cast<size_t>(i)) *
                    kFields];
-        if (e[1] <= 0 || e[4] == 0 || e[2] < 0 || e[2] >= e[1]) continue;
-        Holders& h = cuts[{e[0], static_cast<int>(e[1])}];
-        h.by_slot.resize(static_cast<size_t>(e[1]));
-        h.address_by_slot.resize(static_cast<size_t>(e[1]));
-        h.checksum.resize(static_cast<size_t>(e[1]));
-        h.by_slot[static_cast<size_t>(e[2])].push_back(m);
-        h.address_by_slot[static_cast<size_t>(e[2])].push_back(
-            static_cast<uint64_t>(e[5]));
-        h.checksum[static_cast<size_t>(e[2])] = static_cast<uint64_t>(e[3]);
+        offers[static_cast<size_t>(m)].push_back(
+            {e[0], static_cast<int>(e[1]), static_cast<int>(e[2]),
+             static_cast<uint64_t>(e[3]), e[4] != 0,
+             static_cast<uint64_t>(e[5])});
       }
     }
-    const Holders* use = nullptr;
-    int64_t use_gen = 0;
-    int old_world = 0;
-    std::string missing;
-    for (const auto& [key, h] : cuts) {
-      std::vector<int> lost;
-      for (int p = 0; p < key.second; ++p) {
-        if (h.by_slot[static_cast<size_t>(p)].empty()) lost.push_back(p);
-      }
-      if (lost.empty()) {
-        use = &h;
-        use_gen = key.first;
-        old_world = key.second;
-        break;
-      }
-      if (missing.empty()) {
-        missing = absl::StrCat("the piece", lost.size() > 1 ? "s" : "",
-                               " of slot", lost.size() > 1 ? "s " : " ",
-                               absl::StrJoin(lost, ", "), " (world ",
-                               key.second, ", generation ", key.first, ")");
-      }
-    }
-    if (use == nullptr) {
+    const checkpoint::CutChoice choice = checkpoint::ChooseCut(offers);
+    const std::string& missing = choice.missing;
+    if (!choice.cut.has_value()) {
       const std::string why = absl::StrCat(
           "step ", target,
           " cannot be restored from memory: no live member "
@@ -1739,6 +1707,10 @@ class RuntimeImpl final : public Runtime {
       return **d;
     }
 
+    const checkpoint::Holders& use = choice.cut->holders;
+    const int64_t use_gen = choice.cut->layout_generation;
+    const int old_world = choice.cut->world;
+
     // Transfers, in one order every member follows.
     state_.RepartitionAll(v.world, v.slot);
     std::map<int, const Piece*> local;
@@ -1751,12 +1723,12 @@ class RuntimeImpl final : public Runtime {
     }
     HOLDFAST_ASSIGN_OR_RETURN(
         PieceSets live,
-        LivePieces(comm, v, target, highs, old_world, use->checksum, local));
+        LivePieces(comm, v, target, highs, old_world, use.checksum, local));
     std::map<int, std::unique_ptr<Piece>> received;
     int64_t bytes_received = 0, bytes_in_place = 0;
     live_step_ = -1;  // until the target is in the live state
     HOLDFAST_RETURN_IF_ERROR(ApplyTarget(comm, v, target, use_gen, old_world,
-                                         *use, local, live, in_place, &received,
+                                         use, local, live, in_place, &received,
                                          &bytes_received, &bytes_in_place));
     {
       // The received copies ApplyTarget kept stay: they cover a second
@@ -1895,7 +1867,8 @@ class RuntimeImpl final : public Runtime {
   // the piece, when it failed from every holder; the live state it was
   // partly copied into is then not used (the member does not go on).
   absl::Status ApplyTarget(Communicator* comm, const View& v, int64_t target,
-                           int64_t use_gen, int old_world, const Holders& use,
+                           int64_t use_gen, int old_world,
+                           const checkpoint::Holders& use,
                            const std::map<int, const Piece*>& local,
                            const PieceSets& live, const InPlace& in_place,
                            std::map<int, std::unique_ptr<Piece>>* received,
