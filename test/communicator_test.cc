@@ -188,6 +188,12 @@ TEST_CASE("a group of one runs every op") {
   CHECK(comm->Barrier()->Wait().ok());
 }
 
+TEST_CASE("a Gloo communicator says its buffers are host memory") {
+  auto comm = Solo();
+  CHECK(comm->backend_name() == "gloo");
+  CHECK(comm->memory() == holdfast::MemoryKind::kHost);
+}
+
 TEST_CASE("every op is traced with its sequence number and states") {
   auto comm = Solo();
   int32_t v[5] = {};

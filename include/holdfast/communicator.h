@@ -49,8 +49,10 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual int64_t generation() const = 0;
-  // The transport: "gloo" (host memory) or "nccl" (device memory).
+  // The transport: "gloo" or "nccl".
   virtual absl::string_view backend_name() const = 0;
+  // Where the buffers of its ops must live.
+  virtual MemoryKind memory() const = 0;
 
   // ---- Collectives --------------------------------------------------------
   // Every call returns a non-null Work. Argument errors (null buffer, root

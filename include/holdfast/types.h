@@ -25,6 +25,13 @@ inline constexpr int kNumDataTypes = 7;
 
 // kAverage divides the sum by the group size; on integer types the quotient
 // is truncated toward zero.
+// Where a communicator's buffers live: host memory (Gloo) or the memory of
+// one CUDA device (NCCL).
+enum class MemoryKind : uint8_t {
+  kHost = 0,
+  kCudaDevice = 1,
+};
+
 enum class ReduceOp : uint8_t {
   kSum = 0,
   kMin = 1,

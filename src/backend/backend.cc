@@ -18,4 +18,13 @@ void SetNcclFactory(BackendFactory factory) { Nccl().store(factory); }
 
 BackendFactory NcclFactory() { return Nccl().load(); }
 
+absl::Status CheckLinked(absl::string_view name) {
+  if (name == "nccl" && NcclFactory() == nullptr) {
+    return absl::FailedPreconditionError(
+        "backend 'nccl' is not in this program: link holdfast_nccl (built "
+        "when CMake finds CUDA and NCCL)");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace holdfast::backend

@@ -65,6 +65,8 @@ class Backend {
   virtual ~Backend() = default;
 
   virtual absl::string_view name() const = 0;
+  // Where the buffers of its ops must live.
+  virtual MemoryKind memory() const = 0;
 
   // Runs `op` to completion. Errors: Unavailable when a peer's connection is
   // lost (the peer's rank attached with SetPeer when known), DeadlineExceeded
@@ -114,6 +116,10 @@ using BackendFactory = absl::StatusOr<std::unique_ptr<Backend>> (*)(
     std::shared_ptr<Store> store, const BackendOptions& options);
 void SetNcclFactory(BackendFactory factory);
 BackendFactory NcclFactory();
+// Whether backend `name` can be built in this program: FailedPrecondition
+// naming the library to link when it is known but not linked ("nccl");
+// OK otherwise (an unknown name is refused when a communicator is built).
+absl::Status CheckLinked(absl::string_view name);
 
 }  // namespace holdfast::backend
 

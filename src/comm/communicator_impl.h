@@ -50,6 +50,7 @@ class CommunicatorImpl final : public Communicator, private InlineRunner {
   int size() const override { return options_.size; }
   int64_t generation() const override { return options_.generation; }
   absl::string_view backend_name() const override { return backend_->name(); }
+  MemoryKind memory() const override { return backend_->memory(); }
   // The transport (for backend-specific extensions such as NCCL's shrink).
   backend::Backend* backend() const { return backend_.get(); }
 

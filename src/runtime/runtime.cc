@@ -987,7 +987,7 @@ class RuntimeImpl final : public Runtime {
   absl::StatusOr<Communicator*> HostComm() {
     absl::MutexLock lock(&mu_);
     Communicator* c = comm_.get();
-    if (c != nullptr && c->backend_name() == "nccl") {
+    if (c != nullptr && c->memory() != MemoryKind::kHost) {
       c = side_generation_ == comm_generation_ ? side_.get() : nullptr;
     }
     if (c == nullptr) {
@@ -3095,10 +3095,11 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(
   if (options.topology_block.empty()) {
     options.topology_block = config::StringParam("HOLDFAST_TOPOLOGY_BLOCK");
   }
-  if (options.comm.backend == "nccl" && backend::NcclFactory() == nullptr) {
-    return absl::FailedPreconditionError(
-        "Runtime: backend 'nccl' (HOLDFAST_BACKEND) is not in this program: "
-        "link holdfast_nccl (built when CMake finds CUDA and NCCL)");
+  if (absl::Status linked = backend::CheckLinked(options.comm.backend);
+      !linked.ok()) {
+    return absl::Status(
+        linked.code(),
+        absl::StrCat("Runtime: ", linked.message(), " (HOLDFAST_BACKEND)"));
   }
   if (options.join_timeout <= absl::ZeroDuration() ||
       options.report_grace < absl::ZeroDuration()) {

@@ -145,7 +145,7 @@ absl::Status CheckTensor(const Communicator& comm, const at::Tensor& t,
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": ", dt.status().message()));
   }
-  const bool nccl = comm.backend_name() == "nccl";
+  const bool nccl = comm.memory() == MemoryKind::kCudaDevice;
   if (nccl && !t.is_cuda()) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": a ", t.device().str(),

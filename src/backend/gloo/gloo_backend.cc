@@ -373,6 +373,7 @@ class GlooBackend final : public Backend {
   }
 
   absl::string_view name() const override { return "gloo"; }
+  MemoryKind memory() const override { return MemoryKind::kHost; }
 
   absl::Status Run(const OpSpec& op) override {
     if (aborted_.load(std::memory_order_acquire)) return AbortedStatus();

@@ -154,6 +154,7 @@ class NcclBackend final : public Backend {
   }
 
   absl::string_view name() const override { return "nccl"; }
+  MemoryKind memory() const override { return MemoryKind::kCudaDevice; }
 
   cudaStream_t stream() const { return stream_; }
   int rank() const { return options_.rank; }
