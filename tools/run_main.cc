@@ -895,7 +895,7 @@ int Launcher::Main(int argc, char** argv) {
   }
   for (int k = 0; k < 20; ++k) Pump(absl::Milliseconds(1));  // drain
   if (auto s = FetchJob(); s.ok()) last = *s;
-  if (!log_dir_.empty()) WriteMembers(last);
+  WriteMembers(last);
   json summary = Summary(last, outcome, reason);
   PrintSummary(summary);
   if (!log_dir_.empty()) {
