@@ -1,0 +1,197 @@
+// The restore: every member of a new generation rolls back to the newest
+// committed step, from the pieces the members hold in memory, from the
+// live state where no copy of a piece is left, or from the disk tier
+// (docs/checkpoint.md, docs/recovery.md). The choices are the pure
+// functions of restore_plan.h; this runs them and moves the bytes.
+//
+// Every member of the generation runs the same restore at the same time
+// (its collectives pair up), on its training thread, with the backup
+// thread quiesced (Snapshots::Quiesce).
+#ifndef HOLDFAST_SRC_CHECKPOINT_RESTORE_H_
+#define HOLDFAST_SRC_CHECKPOINT_RESTORE_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "holdfast/communicator.h"
+#include "src/checkpoint/restore_plan.h"
+#include "src/checkpoint/snapshots.h"
+#include "src/checkpoint/state.h"
+
+namespace holdfast::checkpoint {
+
+// The int64 words of the runtime's ledger, registered as replicated state
+// (StateBuffer::ledger): the first step's start (unix ms), the productive
+// time (us) and the first step's duration (us). Each slot times its own
+// steps; piece p carries slot p's part of slot p's ledger.
+inline constexpr int kLedgerWords = 3;
+
+// What the training thread knows of its own progress. A restore reads it
+// and sets it.
+struct Progress {
+  int64_t high_step = 0;  // the newest step this member completed
+  // The completed step the live registered state is at, or -1 when that
+  // is not known (a step failed after its fence, a restore was cut short,
+  // a standby that never trained).
+  int64_t live_step = -1;
+  int64_t lost_steps = 0;  // the steps the last restore rolled back
+  int64_t ledger[kLedgerWords] = {0, 0, 0};
+};
+
+struct RestoreOptions {
+  int replicas = 1;            // copies a commit leaves besides the owner's
+  std::string checkpoint_dir;  // the disk tier; empty: none
+  bool read_in_place = true;   // read pieces of peers on this host in place
+  // A word of this process, never 0, that peers on this host read to find
+  // out whether they may read its memory. Outlives the restore.
+  const uint64_t* probe_word = nullptr;
+};
+
+// Where a test's faults enter a restore (the runtime's fault injection).
+struct RestoreHooks {
+  // Called once every member knows where the others' copies lie, before
+  // any piece moves.
+  std::function<void()> before_transfers;
+  // Whether the first piece this member takes in restoring `step` is
+  // damaged as it lands.
+  std::function<bool(int64_t step)> damage_first_taken;
+};
+
+struct Restored {
+  int64_t step = -1;
+  int64_t bytes_received = 0;
+  int64_t bytes_read_in_place = 0;  // of bytes_received
+  bool received_state = false;
+  bool from_disk = false;
+};
+
+// Per member, a set of piece numbers (those it holds live, those whose
+// received copy failed; or members, for who may read whom in place):
+// piece p is bit p of the member's words. Each member fills its own (Mine,
+// Add) and Exchange all-gathers them. Empty: nobody has any.
+struct PieceSets {
+  size_t words = 0;           // per member
+  std::vector<int64_t> bits;  // member m's at [m * words]
+  static std::vector<int64_t> Mine(int pieces);
+  static void Add(std::vector<int64_t>* mine, int p);
+  static absl::StatusOr<PieceSets> Exchange(Communicator* comm, int world,
+                                            std::vector<int64_t> mine);
+  bool Has(int m, int p) const;
+};
+
+class Restore {
+ public:
+  // `comm`: a communicator of this generation with host buffers, on which
+  // this member is `slot` of `world`. The pointers outlive the restore.
+  Restore(Communicator* comm, int world, int slot, StateRegistry* state,
+          Snapshots* snapshots, Progress* progress, RestoreOptions options,
+          RestoreHooks hooks);
+
+  // Rolls every member back to the newest committed step (`committed`:
+  // the controller's, as this member knows it). Each member says which
+  // pieces of that step it holds (after checking their checksums); the
+  // pieces of the newest world cut that is complete are used, each member
+  // receiving the ones it needs and lacks from the lowest member holding a
+  // good copy (one damaged in transit comes again from the next). With a
+  // piece lost everywhere: the live state, then the disk tier, else
+  // DataLoss naming it.
+  absl::StatusOr<Restored> FromMemory(int64_t committed);
+
+  // Restores the disk tier's newest complete checkpoint. nullopt when
+  // there is none and it is not `required` (else DataLoss).
+  absl::StatusOr<std::optional<Restored>> FromDisk(bool required);
+
+  // Transfers between members go in chunks of kChunkBytes, so one op stays
+  // well inside its deadline and the receiver's progress shows in the
+  // trace.
+  static constexpr size_t kChunkBytes = size_t{64} << 20;
+
+ private:
+  // A restore checks the copies a member holds, and reads pieces in
+  // place, on up to kRestoreThreads threads, a piece at a time each. A
+  // piece read in place goes in chunks of kReadChunk, each hashed (and
+  // copied into the live state, for a piece whose copy is kept) while it
+  // is in the cache.
+  static constexpr size_t kReadChunk = size_t{1} << 20;
+  static constexpr size_t kRestoreThreads = 4;
+  static constexpr uint32_t kRestoreTag = 0x5e570;
+
+  // Who may read whose memory in place (bit r of member m's words: m
+  // reads member r's), and every member's pid.
+  struct InPlace {
+    PieceSets reach;
+    std::vector<int64_t> pids;
+  };
+  // The ledger as a restore of the target assembles it: the part of piece
+  // p is slot p's. `known` has bit i set where byte i is.
+  struct LedgerImage {
+    int64_t bytes[kLedgerWords] = {0, 0, 0};
+    int64_t known = 0;
+    bool Covers(const shards::Range& r) const;
+  };
+
+  absl::StatusOr<std::vector<std::vector<OfferedCopy>>> OfferCopies(
+      int64_t target, int64_t kmax, std::vector<Piece*>* at,
+      std::vector<bool>* good_at);
+  // The fallback when a piece has no good copy left (`why`): the live
+  // state of replicated-only state (nullopt where it cannot stand in).
+  absl::StatusOr<std::optional<Restored>> FromLive(const std::string& why);
+  absl::StatusOr<InPlace> InPlaceReach(const std::vector<int64_t>& all);
+  absl::StatusOr<PieceSets> LivePieces(
+      int64_t target, const std::vector<int64_t>& highs, int old_world,
+      const std::vector<uint64_t>& checksums,
+      const std::map<int, const Piece*>& local);
+  absl::StatusOr<LedgerImage> TargetLedger(
+      int old_world, const std::map<int, const Piece*>& local);
+  absl::Status ApplyTarget(int64_t target, int64_t use_gen, int old_world,
+                           const Holders& use,
+                           const std::map<int, const Piece*>& local,
+                           const PieceSets& live, const InPlace& in_place,
+                           std::map<int, std::unique_ptr<Piece>>* received,
+                           Restored* out);
+  // One round of ApplyTarget's transfers of `todo` ((piece, member)
+  // pairs), each from the holder of index `round`; the pieces this member
+  // got right go to `arrived`, and `todo` becomes what failed somewhere
+  // and has a next holder.
+  absl::Status TransferRound(size_t round, int64_t target, int64_t use_gen,
+                             int old_world, const Holders& use,
+                             const std::map<int, const Piece*>& local,
+                             const InPlace& in_place, const std::set<int>& keep,
+                             std::vector<std::pair<int, int>>* todo,
+                             std::map<int, std::unique_ptr<Piece>>* received,
+                             std::set<int>* arrived, absl::Status* lost,
+                             Restored* out);
+
+  Communicator* const comm_;
+  const int world_;
+  const int slot_;
+  StateRegistry* const state_;
+  Snapshots* const snapshots_;
+  Progress* const progress_;
+  const RestoreOptions options_;
+  const RestoreHooks hooks_;
+};
+
+// At a fresh start: replicated state must hold the same bytes on every
+// slot, since a restore assembles each slot's copy from pieces of all
+// slots. Warns, naming the first buffer that differs; a layout that
+// differs is InvalidArgument. Collective over `comm` (host buffers).
+absl::Status CheckReplicatedEqual(Communicator* comm, int world, int slot,
+                                  const StateRegistry& state);
+
+// InvalidArgument: slot `r`'s state layout hash `theirs` differs from
+// slot `me`'s `mine`.
+absl::Status LayoutMismatch(int r, uint64_t theirs, int me, uint64_t mine);
+
+}  // namespace holdfast::checkpoint
+
+#endif  // HOLDFAST_SRC_CHECKPOINT_RESTORE_H_
