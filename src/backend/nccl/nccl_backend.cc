@@ -26,8 +26,8 @@
 #include "holdfast/nccl.h"
 #include "holdfast/status.h"
 #include "src/backend/backend.h"
+#include "src/backend/nccl/nccl_backend.h"
 #include "src/backend/nccl/util.h"
-#include "src/comm/communicator_impl.h"
 #include "src/store/keys.h"
 
 namespace holdfast::backend {
@@ -447,93 +447,59 @@ absl::StatusOr<std::unique_ptr<Backend>> Wrap(ncclComm_t comm,
   return std::unique_ptr<Backend>(std::move(backend));
 }
 
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Backend>> CreateNcclBackend(
     std::shared_ptr<Store> store, const BackendOptions& options) {
   HOLDFAST_ASSIGN_OR_RETURN(ncclComm_t comm, InitComm(*store, options));
   return Wrap(comm, options);
 }
 
-NcclBackend* AsNccl(Communicator& comm) {
-  auto* impl = dynamic_cast<comm::CommunicatorImpl*>(&comm);
-  if (impl == nullptr) return nullptr;
-  return dynamic_cast<NcclBackend*>(impl->backend());
+bool IsNccl(Backend* b) { return dynamic_cast<NcclBackend*>(b) != nullptr; }
+
+void* NcclStream(Backend* b) {
+  auto* nccl = dynamic_cast<NcclBackend*>(b);
+  return nccl == nullptr ? nullptr : static_cast<void*>(nccl->stream());
 }
 
+absl::StatusOr<std::unique_ptr<Backend>> ShrinkNccl(
+    Backend* old, const std::vector<int>& exclude, Store& store,
+    const BackendOptions& options) {
+  auto* b = dynamic_cast<NcclBackend*>(old);
+  if (b == nullptr) {
+    return absl::InvalidArgumentError(
+        "nccl::Shrink: the communicator is not an NCCL one");
+  }
+  absl::StatusOr<ncclComm_t> shrunk =
+      b->ShrinkComm(exclude, options.connect_timeout);
+  if (shrunk.ok()) return Wrap(*shrunk, options);
+  // The old communicator cannot be shrunk: a fresh init of the survivors.
+  HOLDFAST_ASSIGN_OR_RETURN(ncclComm_t comm, InitComm(store, options));
+  return Wrap(comm, options);
+}
+
+int NcclDeviceCount() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+}
+
+namespace {
 // Installs the factory when holdfast_nccl is linked (CMake forces this
 // object in with --undefined=holdfast_nccl_anchor).
 const bool kRegistered = [] {
   SetNcclFactory(&CreateNcclBackend);
   return true;
 }();
-
 }  // namespace
+
+void RegisterNccl() {
+  (void)kRegistered;
+  SetNcclFactory(&CreateNcclBackend);
+}
+
 }  // namespace holdfast::backend
 
 extern "C" {
 // Referenced by the link option of holdfast_nccl; see kRegistered.
 int holdfast_nccl_anchor = 0;
 }
-
-namespace holdfast::nccl {
-
-int DeviceCount() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
-}
-
-void Register() {
-  (void)backend::kRegistered;
-  backend::SetNcclFactory(&backend::CreateNcclBackend);
-}
-
-void* Stream(Communicator& comm) {
-  backend::NcclBackend* b = backend::AsNccl(comm);
-  return b == nullptr ? nullptr : static_cast<void*>(b->stream());
-}
-
-absl::StatusOr<std::unique_ptr<Communicator>> Shrink(
-    Communicator& old, const std::vector<int>& exclude,
-    std::shared_ptr<Store> store, const CommunicatorOptions& options) {
-  backend::NcclBackend* b = backend::AsNccl(old);
-  if (b == nullptr) {
-    return absl::InvalidArgumentError(
-        "nccl::Shrink: the communicator is not an NCCL one");
-  }
-  std::vector<bool> gone(static_cast<size_t>(old.size()), false);
-  for (int r : exclude) {
-    if (r < 0 || r >= old.size() || gone[static_cast<size_t>(r)]) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "nccl::Shrink: excluded rank ", r, " is out of range [0, ",
-          old.size(), ") or listed twice"));
-    }
-    gone[static_cast<size_t>(r)] = true;
-  }
-  if (gone[static_cast<size_t>(old.rank())]) {
-    return absl::InvalidArgumentError(
-        "nccl::Shrink: this rank is in the excluded list");
-  }
-  const int survivors = old.size() - static_cast<int>(exclude.size());
-  int new_rank = 0;
-  for (int r = 0; r < old.rank(); ++r) new_rank += gone[r] ? 0 : 1;
-
-  CommunicatorOptions o = options;
-  o.backend = "nccl";
-  o.rank = new_rank;
-  o.size = survivors;
-  const backend::BackendOptions bo = comm::ToBackendOptions(o);
-
-  std::unique_ptr<backend::Backend> fresh;
-  absl::StatusOr<ncclComm_t> shrunk = b->ShrinkComm(exclude, o.connect_timeout);
-  if (shrunk.ok()) {
-    HOLDFAST_ASSIGN_OR_RETURN(fresh, backend::Wrap(*shrunk, bo));
-  } else {
-    // The old communicator cannot be shrunk: a fresh init of the survivors.
-    HOLDFAST_ASSIGN_OR_RETURN(ncclComm_t comm, backend::InitComm(*store, bo));
-    HOLDFAST_ASSIGN_OR_RETURN(fresh, backend::Wrap(comm, bo));
-  }
-  old.Abort("replaced by a shrunk communicator");
-  return std::unique_ptr<Communicator>(
-      new comm::CommunicatorImpl(o, std::move(store), std::move(fresh)));
-}
-
-}  // namespace holdfast::nccl
