@@ -213,6 +213,47 @@ TEST_CASE(
   CHECK(rt.ok());
 }
 
+TEST_CASE(
+    "runtime: options start at the environment's values, code wins, and a "
+    "value out of range is refused naming the field") {
+  setenv("HOLDFAST_REPLICAS", "3", 1);
+  setenv("HOLDFAST_CHECKPOINT_EVERY", "7", 1);
+  setenv("HOLDFAST_RECOVERY_TIMEOUT_MS", "4000", 1);
+  holdfast::RuntimeOptions from_env;
+  unsetenv("HOLDFAST_REPLICAS");
+  unsetenv("HOLDFAST_CHECKPOINT_EVERY");
+  unsetenv("HOLDFAST_RECOVERY_TIMEOUT_MS");
+  CHECK(from_env.replicas == 3);
+  CHECK(from_env.checkpoint_every == 7);
+  CHECK(from_env.recovery_timeout == absl::Seconds(4));
+  holdfast::RuntimeOptions plain;
+  CHECK(plain.replicas == 1);
+  CHECK(plain.checkpoint_every == 100);
+
+  Controller c(1);
+  const std::pair<const char*, std::function<void(holdfast::RuntimeOptions&)>>
+      bad[] = {
+          {"replicas", [](holdfast::RuntimeOptions& o) { o.replicas = 0; }},
+          {"tp_size", [](holdfast::RuntimeOptions& o) { o.tp_size = 0; }},
+          {"checkpoint_every",
+           [](holdfast::RuntimeOptions& o) { o.checkpoint_every = 0; }},
+          {"max_step_retries",
+           [](holdfast::RuntimeOptions& o) { o.max_step_retries = -1; }},
+          {"recovery_timeout",
+           [](holdfast::RuntimeOptions& o) {
+             o.recovery_timeout = absl::ZeroDuration();
+           }},
+      };
+  for (const auto& [field, set] : bad) {
+    CAPTURE(field);
+    holdfast::RuntimeOptions o = c.Options();
+    set(o);
+    auto rt = holdfast::Runtime::Create(o);
+    CHECK(rt.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(Mentions(rt.status(), std::string("RuntimeOptions::") + field));
+  }
+}
+
 TEST_CASE("runtime: a bad verify_backups is refused by name") {
   // In code it is an enum (VerifyBackups); the variable is checked.
   Controller c(1);

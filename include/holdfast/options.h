@@ -57,11 +57,6 @@ struct CommunicatorOptions {
   std::string backend = defaults::Backend();
   int device = defaults::Device();
 
-  // Whether `fail-op` faults (HOLDFAST_FAULTS) count this communicator's
-  // collectives. The runtime turns it off for its side communicator, so a
-  // fault spec names an op of the training communicator.
-  bool inject_faults = true;
-
   // Entries in the per-rank trace ring, and the directory the ring is
   // written to as JSON when the communicator aborts (created if missing;
   // "" writes no file).

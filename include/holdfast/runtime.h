@@ -45,6 +45,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -60,8 +61,6 @@ namespace holdfast {
 // When a buddy checks the copy it received against the owner's checksum.
 // A restore checks every copy it uses either way.
 enum class VerifyBackups {
-  // HOLDFAST_VERIFY_BACKUPS ("arrival" or "restore"; default arrival).
-  kDefault,
   // As the bytes land; a damaged copy keeps its step from committing. This
   // hashes every received byte inside the round, which costs about what the
   // transfer does where the link is as fast as memory (loopback,
@@ -75,59 +74,90 @@ enum class VerifyBackups {
   kRestore,
 };
 
+// The runtime's defaults after environment overrides (docs/configuration.md),
+// as for CommunicatorOptions (holdfast/options.h). Each reads its variable
+// when called; a malformed value gives the built-in default here, and
+// Runtime::Create refuses it by name.
+namespace defaults {
+std::string Controller();          // HOLDFAST_CONTROLLER ("")
+std::string JobToken();            // HOLDFAST_JOB_TOKEN ("")
+std::string Host();                // HOLDFAST_HOST, else the host name
+std::string TopologyBlock();       // HOLDFAST_TOPOLOGY_BLOCK ("")
+absl::Duration RecoveryTimeout();  // HOLDFAST_RECOVERY_TIMEOUT_MS (300000)
+std::string Faults();              // HOLDFAST_FAULTS ("")
+// HOLDFAST_PREFERRED_SLOT: a slot, -1 for "standby", none for "" (the
+// controller chooses).
+std::optional<int> PreferredSlot();
+int Replicas();                     // HOLDFAST_REPLICAS (1)
+VerifyBackups VerifyBackupsWhen();  // HOLDFAST_VERIFY_BACKUPS (arrival)
+bool SameHostRestore();             // HOLDFAST_SAME_HOST_RESTORE (on)
+int TpSize();                       // HOLDFAST_TP_SIZE (1)
+int PpSize();                       // HOLDFAST_PP_SIZE (1)
+std::string CheckpointDir();        // HOLDFAST_CHECKPOINT_DIR ("")
+int64_t CheckpointEvery();          // HOLDFAST_CHECKPOINT_EVERY (100)
+int MaxStepRetries();               // HOLDFAST_MAX_STEP_RETRIES (10)
+}  // namespace defaults
+
+// Every field starts at its default, read from the environment when the
+// struct is made (see `defaults`); a field set in code wins. Runtime::Create
+// refuses a value out of range, naming the field.
 struct RuntimeOptions {
-  // host:port of the controller; empty reads HOLDFAST_CONTROLLER.
-  std::string controller;
-  // The job token; empty reads token_file, then HOLDFAST_JOB_TOKEN.
-  std::string token;
+  // host:port of the controller (required).
+  std::string controller = defaults::Controller();
+  // The job token (required). When `token_file` is set, Create reads the
+  // token from its first line instead.
+  std::string token = defaults::JobToken();
   std::string token_file;
-  // Labels; empty reads HOLDFAST_HOST (default: the host name) and
-  // HOLDFAST_TOPOLOGY_BLOCK.
-  std::string host;
-  std::string topology_block;
+  // Failure-domain labels: this member's machine and its rack or switch
+  // (buddies are placed on other machines, and other blocks where they
+  // can be).
+  std::string host = defaults::Host();
+  std::string topology_block = defaults::TopologyBlock();
   // Communicators of every generation are built with these (rank, size and
   // generation are set by the runtime).
   CommunicatorOptions comm;
-  // How long Create waits for the controller.
+  // How long Create waits for the controller (> 0).
   absl::Duration join_timeout = absl::Seconds(60);
   // One recovery (from the failure to the restored state) longer than this
-  // ends Run with DeadlineExceeded; default HOLDFAST_RECOVERY_TIMEOUT_MS.
-  absl::Duration recovery_timeout = absl::ZeroDuration();
+  // ends Run with DeadlineExceeded (> 0).
+  absl::Duration recovery_timeout = defaults::RecoveryTimeout();
   // After a failure nobody explained, how long to wait for the controller's
   // own verdict (a peer's crash is detected in under a second) before
-  // reporting the broken communicator, which rebuilds the group.
+  // reporting the broken communicator, which rebuilds the group (>= 0).
   absl::Duration report_grace = absl::Milliseconds(500);
   // A snapshot may not overwrite a step that can still commit; it waits
   // this long for that commit (normally a round trip to the controller)
   // before it is skipped.
   absl::Duration commit_wait = absl::Seconds(2);
-  // Faults to inject; empty reads HOLDFAST_FAULTS.
-  std::string faults;
-  // Ask for this slot when joining (-1: the standby role); below -1 reads
-  // HOLDFAST_PREFERRED_SLOT (default: the controller chooses).
-  int preferred_slot = -2;
-  // Copies of each piece on buddies; 0 reads HOLDFAST_REPLICAS (default 1).
-  int replicas = 0;
-  // When buddies check received copies (see VerifyBackups).
-  VerifyBackups verify_backups = VerifyBackups::kDefault;
+  // Faults to inject (docs/testing.md).
+  std::string faults = defaults::Faults();
+  // Ask for this slot when joining (-1: the standby role; none: the
+  // controller chooses).
+  std::optional<int> preferred_slot = defaults::PreferredSlot();
+  // Copies of each piece on buddies (1 to 64).
+  int replicas = defaults::Replicas();
+  // When buddies check received copies.
+  VerifyBackups verify_backups = defaults::VerifyBackupsWhen();
+  // Whether a restore reads the pieces a member on the same host holds
+  // straight from its memory, where the kernel allows it.
+  bool same_host_restore = defaults::SameHostRestore();
   // The parallel layout buddies avoid: slot = ((dp * pp) + pp_index) * tp +
-  // tp_index. 0 reads HOLDFAST_TP_SIZE / HOLDFAST_PP_SIZE (default 1).
-  int tp_size = 0;
-  int pp_size = 0;
+  // tp_index (each >= 1).
+  int tp_size = defaults::TpSize();
+  int pp_size = defaults::PpSize();
   // Disk tier: every committed step that is a multiple of checkpoint_every
-  // is written here (asynchronously, atomically, with checksums); read when
-  // no memory copy is left, and when a fresh job starts. Empty reads
-  // HOLDFAST_CHECKPOINT_DIR (empty: no disk tier); 0 reads
-  // HOLDFAST_CHECKPOINT_EVERY (default 100).
-  std::string checkpoint_dir;
-  int64_t checkpoint_every = 0;
+  // (>= 1) is written here (asynchronously, atomically, with checksums);
+  // read when no memory copy is left, and when a fresh job starts. Empty:
+  // no disk tier.
+  std::string checkpoint_dir = defaults::CheckpointDir();
+  int64_t checkpoint_every = defaults::CheckpointEvery();
   // Run gives up (returning the last failure, with a message saying so)
   // after this many recoveries in a row in which no step after the newest
   // one ever done completed: a failure that comes back every time the
   // steps are redone (an op timeout too short for a step's collective, a
   // step function that always fails) would otherwise recover forever.
-  // 0: no limit; below 0 reads HOLDFAST_MAX_STEP_RETRIES (default 10).
-  int max_step_retries = -1;
+  // 0: no limit.
+  int max_step_retries = defaults::MaxStepRetries();
 };
 
 // A slot's partition of a sharded global array.
@@ -264,7 +294,9 @@ class Runtime {
   // Unauthenticated for a wrong token, Unavailable if no controller
   // answers.
   static absl::StatusOr<std::unique_ptr<Runtime>> Create(
-      RuntimeOptions options = {});
+      RuntimeOptions options);
+  // Create with the defaults (RuntimeOptions()).
+  static absl::StatusOr<std::unique_ptr<Runtime>> Create();
   // Leaves the job (as finished if Run completed).
   virtual ~Runtime() = default;
 

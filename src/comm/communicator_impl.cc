@@ -152,12 +152,14 @@ std::optional<NoticeP2P> P2POfNotice(const nlohmann::json& notice) {
 
 CommunicatorImpl::CommunicatorImpl(const CommunicatorOptions& options,
                                    std::shared_ptr<Store> store,
-                                   std::unique_ptr<backend::Backend> backend)
+                                   std::unique_ptr<backend::Backend> backend,
+                                   std::shared_ptr<fault::Injector> faults)
     : options_(options),
       clock_(options.clock != nullptr ? options.clock : Clock::Real()),
       real_clock_(clock_ == Clock::Real()),
       store_(std::move(store)),
       backend_(std::move(backend)),
+      faults_(std::move(faults)),
       ring_(options.trace_capacity),
       runner_handle_(std::make_shared<RunnerHandle>()) {
   {
@@ -433,9 +435,8 @@ void CommunicatorImpl::Execute(const std::shared_ptr<Pending>& p) {
   absl::Status result = absl::OkStatus();
   if (p->spec.count > 0 || p->spec.type == OpType::kBarrier) {
     // An injected failure (fail-op) stands for a transport error.
-    if (options_.inject_faults) {
-      result = fault::Injector::Global().AtCollective(options_.rank,
-                                                      p->record.coll_seq);
+    if (faults_ != nullptr) {
+      result = faults_->AtCollective(options_.rank, p->record.coll_seq);
     }
     if (result.ok()) result = backend_->Run(p->spec);
   }
@@ -976,10 +977,9 @@ backend::BackendOptions ToBackendOptions(const CommunicatorOptions& options) {
   return bo;
 }
 
-}  // namespace comm
-
-absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Create(
-    std::shared_ptr<Store> store, const CommunicatorOptions& options) {
+absl::StatusOr<std::unique_ptr<Communicator>> Create(
+    std::shared_ptr<Store> store, const CommunicatorOptions& options,
+    std::shared_ptr<fault::Injector> faults) {
   HOLDFAST_RETURN_IF_ERROR(config::Validate());
   config::ApplyMutexMode();
   IgnoreSigpipe();
@@ -1037,12 +1037,19 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Create(
           absl::StrCat("Communicator::Create: unknown backend '",
                        options.backend, "' (gloo or nccl)"));
     }
-    return std::unique_ptr<Communicator>(new comm::CommunicatorImpl(
-        options, std::move(store), std::move(backend)));
+    return std::unique_ptr<Communicator>(new CommunicatorImpl(
+        options, std::move(store), std::move(backend), std::move(faults)));
   } catch (const std::system_error& e) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "Communicator::Create: cannot start a thread: ", e.what()));
   }
+}
+
+}  // namespace comm
+
+absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Create(
+    std::shared_ptr<Store> store, const CommunicatorOptions& options) {
+  return comm::Create(std::move(store), options, nullptr);
 }
 
 }  // namespace holdfast

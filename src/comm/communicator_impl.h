@@ -30,6 +30,7 @@
 #include "holdfast/communicator.h"
 #include "src/backend/backend.h"
 #include "src/comm/work_impl.h"
+#include "src/fault/fault.h"
 #include "src/trace/trace_ring.h"
 
 namespace holdfast::comm {
@@ -40,10 +41,12 @@ backend::BackendOptions ToBackendOptions(const CommunicatorOptions& options);
 class CommunicatorImpl final : public Communicator, private InlineRunner {
  public:
   // Takes ownership of a connected backend. `store` is where abort notices
-  // are written and read.
+  // are written and read. `faults` (may be null): the `fail-op` faults of
+  // the runtime that builds this communicator, which count its collectives.
   CommunicatorImpl(const CommunicatorOptions& options,
                    std::shared_ptr<Store> store,
-                   std::unique_ptr<backend::Backend> backend);
+                   std::unique_ptr<backend::Backend> backend,
+                   std::shared_ptr<fault::Injector> faults = nullptr);
   ~CommunicatorImpl() override;
 
   int rank() const override { return options_.rank; }
@@ -179,6 +182,7 @@ class CommunicatorImpl final : public Communicator, private InlineRunner {
   const bool real_clock_;
   const std::shared_ptr<Store> store_;
   const std::unique_ptr<backend::Backend> backend_;
+  const std::shared_ptr<fault::Injector> faults_;  // may be null
   trace::TraceRing ring_;
   const std::shared_ptr<RunnerHandle> runner_handle_;
 

@@ -1,8 +1,11 @@
 #include "src/common/config.h"
 
+#include <unistd.h>
 #include <algorithm>
+
 #include <cstdlib>
 #include <map>
+#include <optional>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -10,6 +13,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "holdfast/options.h"
+#include "holdfast/runtime.h"
 
 namespace holdfast::config {
 namespace {
@@ -168,6 +172,16 @@ absl::Status Validate() {
       }
       continue;
     }
+    if (absl::string_view(e.param.env) == "HOLDFAST_PREFERRED_SLOT" &&
+        *value != 0 && absl::string_view(value) != "standby") {
+      int64_t slot;
+      if (!absl::SimpleAtoi(value, &slot) || slot < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("HOLDFAST_PREFERRED_SLOT='", value,
+                         "' is neither a slot number nor 'standby'"));
+      }
+      continue;
+    }
     if (e.kind == Kind::kString) continue;
     int64_t parsed;
     if (!ParseInt(value, e.kind, &parsed)) {
@@ -246,5 +260,61 @@ std::string TraceDir() {
 }
 std::string BindAddress() { return config::StringParam("HOLDFAST_BIND_ADDR"); }
 std::string Interface() { return config::StringParam("HOLDFAST_IFACE"); }
+
+std::string Controller() { return config::StringParam("HOLDFAST_CONTROLLER"); }
+std::string JobToken() { return config::StringParam("HOLDFAST_JOB_TOKEN"); }
+std::string Host() {
+  std::string host = config::StringParam("HOLDFAST_HOST");
+  if (host.empty()) {
+    char name[256] = {};
+    gethostname(name, sizeof(name) - 1);
+    host = name;
+  }
+  return host;
+}
+std::string TopologyBlock() {
+  return config::StringParam("HOLDFAST_TOPOLOGY_BLOCK");
+}
+absl::Duration RecoveryTimeout() {
+  return absl::Milliseconds(config::IntParam("HOLDFAST_RECOVERY_TIMEOUT_MS"));
+}
+std::string Faults() { return config::StringParam("HOLDFAST_FAULTS"); }
+std::optional<int> PreferredSlot() {
+  const std::string want = config::StringParam("HOLDFAST_PREFERRED_SLOT");
+  if (want == "standby") return -1;
+  int slot;
+  if (absl::SimpleAtoi(want, &slot) && slot >= 0) return slot;
+  return std::nullopt;
+}
+int Replicas() {
+  return static_cast<int>(
+      std::min<int64_t>(config::IntParam("HOLDFAST_REPLICAS"), 64));
+}
+VerifyBackups VerifyBackupsWhen() {
+  return config::StringParam("HOLDFAST_VERIFY_BACKUPS") == "restore"
+             ? VerifyBackups::kRestore
+             : VerifyBackups::kArrival;
+}
+bool SameHostRestore() {
+  return config::StringParam("HOLDFAST_SAME_HOST_RESTORE") == "on";
+}
+int TpSize() {
+  return static_cast<int>(
+      std::min<int64_t>(config::IntParam("HOLDFAST_TP_SIZE"), INT32_MAX));
+}
+int PpSize() {
+  return static_cast<int>(
+      std::min<int64_t>(config::IntParam("HOLDFAST_PP_SIZE"), INT32_MAX));
+}
+std::string CheckpointDir() {
+  return config::StringParam("HOLDFAST_CHECKPOINT_DIR");
+}
+int64_t CheckpointEvery() {
+  return config::IntParam("HOLDFAST_CHECKPOINT_EVERY");
+}
+int MaxStepRetries() {
+  return static_cast<int>(std::min<int64_t>(
+      config::IntParam("HOLDFAST_MAX_STEP_RETRIES"), INT32_MAX));
+}
 
 }  // namespace holdfast::defaults

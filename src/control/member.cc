@@ -513,8 +513,8 @@ absl::StatusOr<std::unique_ptr<MemberClient>> MemberClient::Join(
   req.set_failure_domain(
       options.failure_domain.empty() ? req.host() : options.failure_domain);
   req.set_topology_block(options.topology_block);
-  if (options.preferred_slot >= -1) {
-    req.set_preferred_slot(options.preferred_slot);
+  if (options.preferred_slot.has_value()) {
+    req.set_preferred_slot(*options.preferred_slot);
   }
   auto stub = Controller::NewStub(MakeChannel(options.client.address));
   RegisterResponse resp;

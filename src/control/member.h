@@ -16,6 +16,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -33,8 +34,8 @@ struct MemberOptions {
   std::string failure_domain;
   std::string topology_block;
   // A fresh registration's wish: this slot if still vacant, or -1 for the
-  // standby role; unset (below -1) lets the controller choose.
-  int preferred_slot = -2;
+  // standby role; unset lets the controller choose.
+  std::optional<int> preferred_slot;
   // Periodic report interval; zero takes the controller's.
   absl::Duration heartbeat_interval = absl::ZeroDuration();
   // How long Join waits for the controller to come up.

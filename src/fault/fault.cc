@@ -11,7 +11,6 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
-#include "src/common/config.h"
 #include "src/common/logging.h"
 
 namespace holdfast::fault {
@@ -168,20 +167,6 @@ absl::StatusOr<std::vector<FaultSpec>> Parse(absl::string_view list) {
     out.push_back(std::move(*f));
   }
   return out;
-}
-
-Injector& Injector::Global() {
-  static Injector* injector = new Injector();
-  return *injector;
-}
-
-Injector::Injector() {
-  const std::string list = config::StringParam("HOLDFAST_FAULTS");
-  if (list.empty()) return;
-  absl::Status s = Configure(list);
-  if (!s.ok()) {
-    HOLDFAST_LOG_ERROR("HOLDFAST_FAULTS ignored: {}", std::string(s.message()));
-  }
 }
 
 absl::Status Injector::Configure(absl::string_view list) {

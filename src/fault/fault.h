@@ -46,9 +46,11 @@
 // `slot` is the rank at the time the point is reached, so a fault on a slot
 // also hits a standby that took it over. Each fault fires once per job: the
 // runtime claims it in the controller's store before firing (without a
-// runtime, once per process).
+// claim, once per injector).
 //
-// Threading: the injector is a process-wide object; every method is
+// Ownership: each Runtime owns one injector (configured from
+// RuntimeOptions::faults) and shares it with the training communicators it
+// builds; nothing else fires faults. Threading: every method is
 // thread-safe.
 #ifndef HOLDFAST_SRC_FAULT_FAULT_H_
 #define HOLDFAST_SRC_FAULT_FAULT_H_
@@ -102,12 +104,13 @@ const char* KindName(Kind kind);
 
 class Injector {
  public:
-  // The process-wide injector, configured from HOLDFAST_FAULTS on first use
-  // (a bad list is logged and ignored here; the runtime and launcher
-  // validate it first and refuse it).
-  static Injector& Global();
+  // An injector with no faults.
+  Injector() = default;
+  Injector(const Injector&) = delete;
+  Injector& operator=(const Injector&) = delete;
 
-  // Replaces the fault list.
+  // Replaces the fault list; InvalidArgument (as Parse) leaves it as it
+  // was.
   absl::Status Configure(absl::string_view list);
   // Decides whether fault `index` may fire (true once per job). Default:
   // once per process.
@@ -135,7 +138,6 @@ class Injector {
   bool AtShard(Kind kind, int slot, int64_t step);
 
  private:
-  Injector();
   // Fires kill/exit now (does not return), hang and stall (return when
   // continued or released), or returns at once for the others.
   void Fire(const FaultSpec& f, absl::string_view where);

@@ -1,0 +1,251 @@
+#include "src/runtime/runtime_impl.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "holdfast/status.h"
+#include "src/checkpoint/shards.h"
+#include "src/comm/create.h"
+#include "src/common/logging.h"
+#include "src/common/status_util.h"
+#include "src/store/keys.h"
+#include "src/store/store_util.h"
+
+namespace holdfast {
+
+namespace {
+constexpr absl::Duration kSideConnectTimeout = absl::Seconds(15);
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<Communicator>> RuntimeImpl::CreateComm(
+    std::shared_ptr<Store> store, int64_t gen, int world, int slot,
+    absl::Duration connect_timeout, bool side, bulk::Cancelled cancelled) {
+  if (cancelled == nullptr) {
+    cancelled = [this, gen] { return Abandoned(gen); };
+  }
+  CommunicatorOptions o = options_.comm;
+  // The side communicator moves host snapshots: always Gloo. A fault spec
+  // names an op of the training communicator.
+  if (side) o.backend = "gloo";
+  o.rank = slot;
+  o.size = world;
+  o.generation = gen;
+  o.connect_timeout = std::min(o.connect_timeout, connect_timeout);
+  o.rendezvous_cancelled = cancelled;
+  absl::StatusOr<std::unique_ptr<Communicator>> c =
+      comm::Create(std::move(store), o, side ? nullptr : faults_);
+  if (!c.ok()) {
+    if (auto why = cancelled()) return absl::AbortedError(*why);
+    return c.status();
+  }
+  return std::shared_ptr<Communicator>(std::move(*c));
+}
+
+absl::Status RuntimeImpl::BuildComm() {
+  const View v = CurrentView();
+  if (v.standby || v.slot < 0) {
+    return absl::FailedPreconditionError("runtime: this member has no slot");
+  }
+  std::shared_ptr<Communicator> old;
+  {
+    absl::MutexLock lock(&mu_);
+    old = std::move(comm_);
+    comm_generation_ = v.generation;
+  }
+  old.reset();  // joins its threads; never blocks on a peer
+  const int64_t gen = v.generation;
+  member_->AtRendezvous(gen);
+  // The side communicator for backups is built here too, at the same
+  // time on a thread of its own, while every member is in the same
+  // protocol step: Gloo's connect phase cannot be cancelled, so building
+  // it later, while peers train (and may die), could hold a member for
+  // Gloo's own timeout. It gives up if the training one fails.
+  std::atomic<bool> comm_failed{false};
+  bulk::Cancelled side_cancelled =
+      [this, gen, &comm_failed]() -> std::optional<std::string> {
+    if (comm_failed.load()) {
+      return std::string("the training communicator failed");
+    }
+    return Abandoned(gen);
+  };
+  absl::Status side_status;
+  std::thread side(
+      [&] { side_status = BuildSide(gen, v.world, v.slot, side_cancelled); });
+  absl::StatusOr<std::shared_ptr<Communicator>> built =
+      CreateComm(store_, gen, v.world, v.slot, options_.comm.connect_timeout);
+  if (!built.ok()) comm_failed = true;
+  side.join();
+  if (!built.ok()) return built.status();
+  std::shared_ptr<Communicator> comm = *std::move(built);
+  {
+    absl::MutexLock lock(&mu_);
+    comm_ = comm;
+    comm_generation_ = gen;
+    // An order that arrived while building applies now.
+    if (view_.generation > gen) comm_->Abort("a newer generation opened");
+  }
+  return side_status;
+}
+
+absl::StatusOr<RuntimeImpl::SideChannel> RuntimeImpl::Side(int64_t gen) {
+  absl::MutexLock lock(&mu_);
+  if (side_generation_ != gen || side_ == nullptr || links_ == nullptr) {
+    return absl::AbortedError(
+        absl::StrCat("no side communicator of generation ", gen));
+  }
+  HOLDFAST_RETURN_IF_ERROR(side_->health());
+  return SideChannel{side_, links_};
+}
+
+absl::Status RuntimeImpl::BuildSide(int64_t gen, int world, int slot,
+                                    const bulk::Cancelled& cancelled) {
+  std::shared_ptr<Communicator> old;
+  std::shared_ptr<bulk::Links> old_links;
+  {
+    absl::MutexLock lock(&mu_);
+    old = std::move(side_);
+    old_links = std::move(links_);
+    side_generation_ = gen;
+  }
+  old.reset();
+  old_links.reset();
+  std::shared_ptr<Store> store =
+      NewPrefixStore(keys::kSidePrefix, NewCancellableStore(store_, cancelled));
+  // The backup links' listener; its address is published before this
+  // member arrives, so every member that saw it arrive can connect.
+  HOLDFAST_ASSIGN_OR_RETURN(std::unique_ptr<bulk::Listener> listener,
+                            bulk::Listener::Open(options_.comm.bind_address,
+                                                 options_.comm.interface));
+  const std::string bulk_key = absl::StrCat("g", gen, "/bulk/");
+  HOLDFAST_RETURN_IF_ERROR(
+      store->Set(absl::StrCat(bulk_key, slot), listener->address()));
+  // Everyone arrives first. The training communicator of this
+  // generation is being built at the same time, so every member is in
+  // the same protocol step: one that does not come within the connect
+  // timeout is stuck, and is named as absent (reported like a rendezvous
+  // no-show). A new generation, leaving, or the failure of the training
+  // communicator cancels the wait.
+  const std::string arrived = absl::StrCat("g", gen, "/arrived/");
+  std::vector<std::string> keys;
+  for (int r = 0; r < world; ++r) keys.push_back(absl::StrCat(arrived, r));
+  absl::Status here = store->Set(absl::StrCat(arrived, slot), "1");
+  if (here.ok()) here = store->Wait(keys, options_.comm.connect_timeout);
+  if (!here.ok()) {
+    if (auto why = cancelled()) return absl::AbortedError(*why);
+    std::vector<size_t> missing;
+    if (here.code() == absl::StatusCode::kDeadlineExceeded) {
+      missing = MissingKeys(*store, keys);  // not this slot's: set above
+    }
+    if (!missing.empty()) {
+      const int r = static_cast<int>(missing.front());
+      here = absl::DeadlineExceededError(
+          absl::StrCat("side communicator of generation ", gen, ": slot ", r,
+                       " did not arrive within ",
+                       absl::FormatDuration(options_.comm.connect_timeout),
+                       " (", here.message(), ")"));
+      SetAbsent(&here, r);
+    }
+    return here;
+  }
+  HOLDFAST_ASSIGN_OR_RETURN(
+      std::shared_ptr<Communicator> side,
+      CreateComm(store, gen, world, slot, kSideConnectTimeout,
+                 /*side=*/true, cancelled));
+  {
+    absl::MutexLock lock(&mu_);
+    side_ = side;
+    if (view_.generation > gen) side_->Abort("a newer generation opened");
+  }
+  // Failure domains: each member's own labels, exchanged here, and
+  // whether it checks backups on arrival (every member must run the same
+  // round: if their settings differ, the stricter one is used).
+  const int64_t labels[3] = {
+      static_cast<int64_t>(
+          XXH3_64bits(options_.host.data(), options_.host.size())),
+      options_.topology_block.empty()
+          ? 0
+          : static_cast<int64_t>(XXH3_64bits(options_.topology_block.data(),
+                                             options_.topology_block.size())),
+      options_.verify_backups == VerifyBackups::kArrival ? 1 : 0};
+  std::vector<int64_t> all(static_cast<size_t>(world) * 3);
+  HOLDFAST_RETURN_IF_ERROR(
+      side->AllGather(labels, all.data(), 3, DataType::kInt64)->Wait());
+  shards::PlacementInput in;
+  int arrival = 0;
+  for (int r = 0; r < world; ++r) {
+    const size_t at = static_cast<size_t>(r) * 3;
+    in.domain.push_back(static_cast<uint64_t>(all[at]));
+    in.block.push_back(static_cast<uint64_t>(all[at + 1]));
+    arrival += all[at + 2] != 0 ? 1 : 0;
+  }
+  if (arrival > 0 && arrival < world && slot == 0) {
+    HOLDFAST_LOG_WARN(
+        "runtime: verify_backups differs between members ({} of {} check "
+        "on arrival); all of them check on arrival",
+        arrival, world);
+  }
+  in.replicas = options_.replicas;
+  in.tp = options_.tp_size;
+  in.pp = options_.pp_size;
+  shards::Placement pl = shards::Place(in);
+  HOLDFAST_RETURN_IF_ERROR(ConnectLinks(*store, *listener, bulk_key, gen, slot,
+                                        pl.buddies, cancelled));
+  // The backup thread reads it between rounds.
+  snapshots_.SetPlacement({gen, std::move(pl.buddies), arrival > 0});
+  if (slot == 0 && !pl.warnings.empty()) {
+    HOLDFAST_LOG_WARN(
+        "runtime: placement of generation {}: {} of {} piece copies could "
+        "not be placed as wanted, e.g. {} (label each machine with "
+        "HOLDFAST_HOST, and racks with HOLDFAST_TOPOLOGY_BLOCK)",
+        gen, pl.warnings.size(), world * std::min(options_.replicas, world - 1),
+        pl.warnings[0]);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RuntimeImpl::ConnectLinks(
+    Store& store, const bulk::Listener& listener, const std::string& key,
+    int64_t gen, int slot, const std::vector<std::vector<int>>& buddies,
+    const bulk::Cancelled& cancelled) {
+  auto links = std::make_shared<bulk::Links>(
+      gen, slot, XXH3_64bits(options_.token.data(), options_.token.size()),
+      options_.comm.timeout);
+  {
+    absl::MutexLock lock(&mu_);
+    if (view_.generation > gen) {
+      return absl::AbortedError("a newer generation opened");
+    }
+    links_ = links;  // AbortComm() reaches it from here on
+  }
+  const absl::Time deadline = absl::Now() + kSideConnectTimeout;
+  for (int b : buddies[static_cast<size_t>(slot)]) {
+    HOLDFAST_ASSIGN_OR_RETURN(
+        std::string address,
+        store.Get(absl::StrCat(key, b), deadline - absl::Now()));
+    HOLDFAST_RETURN_IF_ERROR(links->ConnectTo(b, address, deadline));
+  }
+  std::vector<int> owners;
+  for (size_t o = 0; o < buddies.size(); ++o) {
+    const std::vector<int>& bs = buddies[o];
+    if (std::find(bs.begin(), bs.end(), slot) != bs.end()) {
+      owners.push_back(static_cast<int>(o));
+    }
+  }
+  return links->AcceptFrom(listener, owners, deadline, cancelled);
+}
+
+void RuntimeImpl::SideFailed(const absl::Status& why, int64_t gen) {
+  // At the end of the run peers leave as they finish: no failure.
+  if (snapshots_.stopping() || finishing_ || !CommHealthy()) return;
+  if (AwaitGeneration(gen, absl::Now() + options_.report_grace)) return;
+  if (snapshots_.stopping() || finishing_ || !CommHealthy()) return;
+  HOLDFAST_LOG_WARN(
+      "runtime: the side communicator of generation {} "
+      "failed: {}",
+      gen, std::string(why.message()));
+  ReportBroken(absl::StrCat("side communicator: ", why.message()), -1, gen);
+}
+
+}  // namespace holdfast

@@ -1,0 +1,373 @@
+// The runtime's one class, RuntimeImpl (include/holdfast/runtime.h's
+// Runtime), declared for the files that define it:
+//   runtime.cc        the facade: options, registration, views, snapshots
+//   generation.cc     the generation view: membership events, aborts, and
+//                     the waits on them (one mutex, mu_)
+//   communicators.cc  the training and side communicators of a generation
+//                     and the backup links
+//   step_loop.cc      Run: the start, the steps, recovery
+//   checkpoints.cc    the checkpoint layer's restore and backup rounds, as
+//                     this member runs them
+//   report.cc         what a member publishes in the controller's store
+//
+// Threads: the training thread (Run and the API), the backup thread
+// (BackupLoop), the abort thread (AbortLoop), and the member client's
+// thread (the membership callbacks). Which fields each may touch is said
+// where they are declared.
+#ifndef HOLDFAST_SRC_RUNTIME_RUNTIME_IMPL_H_
+#define HOLDFAST_SRC_RUNTIME_RUNTIME_IMPL_H_
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "holdfast/runtime.h"
+#include "holdfast/store.h"
+#include "src/checkpoint/backup.h"
+#include "src/checkpoint/bulk.h"
+#include "src/checkpoint/restore.h"
+#include "src/checkpoint/snapshots.h"
+#include "src/checkpoint/state.h"
+#include "src/control/client.h"
+#include "src/control/member.h"
+#include "src/fault/fault.h"
+
+namespace holdfast {
+
+using checkpoint::Piece;
+using control::JobEnd;
+using control::MembershipUpdate;
+using SnapshotCopy = RunOptions::SnapshotCopy;
+
+inline int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
+
+// What a restore received, for its log line.
+std::string Received(const RecoveryRecord& rec);
+
+// A random word that is never 0.
+inline uint64_t ProbeWord() {
+  std::random_device rd;
+  return (uint64_t{rd()} << 32 | rd()) | uint64_t{1} << 63;
+}
+
+class RuntimeImpl final : public Runtime {
+ public:
+  explicit RuntimeImpl(RuntimeOptions o) : options_(std::move(o)) {}
+  ~RuntimeImpl() override;
+
+  // ---- runtime.cc: the facade ----------------------------------------------
+
+  // Resolves the options left to the environment, joins the controller
+  // and starts the backup thread.
+  absl::Status Init();
+
+  absl::Status RegisterState(const std::string& name, void* data,
+                             size_t bytes) override;
+  absl::StatusOr<ShardView> RegisterShardedState(const std::string& name,
+                                                 size_t global_bytes,
+                                                 size_t unit_bytes) override;
+  absl::StatusOr<ShardView> Shard(const std::string& name) override;
+
+  bool standby() const override;
+  int slot() const override;
+  int world_size() const override;
+  int64_t generation() const override;
+  int64_t committed_step() const override;
+  absl::Status AwaitCommit(int64_t step, absl::Duration timeout) override;
+  absl::StatusOr<Communicator*> communicator() override;
+  BackupStats backup_stats() const override { return snapshots_.stats(); }
+  void Leave(bool finished) override;
+
+  absl::StatusOr<bool> Snapshot(int64_t step) override;
+  // Called by the step function before it writes registered state, so the
+  // step's own snapshot may be copied during the next step
+  // (RunOptions::snapshot_copy); see Snapshots::BeginStateUpdate.
+  void BeginStateUpdate() override { snapshots_.BeginStateUpdate(); }
+  void ReportEarlyWrite(absl::string_view what) override;
+
+  // ---- step_loop.cc --------------------------------------------------------
+
+  absl::StatusOr<RunResult> Run(
+      std::function<absl::Status(const StepContext&)> step_fn,
+      const RunOptions& options) override;
+
+ private:
+  struct View {
+    int64_t generation = 0;
+    int slot = -1;
+    int world = 0;
+    bool standby = true;
+  };
+
+  // ---- runtime.cc ----------------------------------------------------------
+
+  // Snapshot(step); with `defer`, its bytes are copied during the next
+  // step (Snapshots::Queue).
+  absl::StatusOr<bool> TakeSnapshot(int64_t step, bool defer);
+  // Registration ends when Run starts.
+  absl::Status RegistrationOpen(const std::string& name) const;
+  // Sends a step report (at each step's end).
+  void ReportStep(int64_t step, absl::Duration step_time,
+                  const std::map<std::string, double>& metrics);
+
+  // ---- step_loop.cc: the start, the steps, recovery ------------------------
+
+  absl::StatusOr<RunResult> RunLoop(
+      std::function<absl::Status(const StepContext&)> step_fn,
+      const RunOptions& options);
+  // Where RunLoop is: the next step, and the recoveries in a row after
+  // which no step past `stuck_at` (the newest step done when the first of
+  // them began) completed.
+  struct Loop {
+    int64_t step = 0;
+    int64_t stuck_at = -1;
+    int stuck = 0;
+  };
+  // The registered host buffers hold the state of step `restored`: the
+  // trainer's hook sees it (device copies are refreshed there) and the
+  // loop goes on after it.
+  absl::Status ResumeAt(Loop* loop, const RunOptions& options,
+                        int64_t restored);
+  // Recover(cause), unless the same failure keeps coming back
+  // (RuntimeOptions::max_step_retries), then resumes after the restored
+  // step.
+  absl::Status RecoverInLoop(Loop* loop, const RunOptions& options,
+                             const absl::Status& cause);
+  // Runs step `step` of the step function; its status, or why the step
+  // cannot count (the generation moved, the member cannot go on).
+  // `*fenced`: the step called BeginStateUpdate(). `*fatal`: an error that
+  // ends Run (a step that broke RunOptions::snapshot_copy's contract).
+  absl::Status CallStep(
+      const std::function<absl::Status(const StepContext&)>& step_fn,
+      const RunOptions& options, int64_t step, bool* fenced,
+      absl::Status* fatal);
+  // The bookkeeping of a step that completed (started at `t0`): the
+  // ledger, its snapshot, its report. An error is the snapshot's.
+  absl::Status CompleteStep(const RunOptions& options, int64_t step,
+                            absl::Time t0, bool fenced);
+  RunResult Result(const RunOptions& options);
+  // The start of Run for a member with a slot: a worker of a fresh job
+  // starts from its registered state, or from the disk tier when it holds
+  // a checkpoint; a member joining a running job (a standby taking a slot)
+  // restores the committed step. Then the starting state is snapshotted and
+  // backed up before the first step, so every step after it can be
+  // recovered. Returns the step the state is at.
+  absl::StatusOr<int64_t> Start();
+  // Full recovery after `cause`; returns the restored step (the loop goes
+  // on at restored + 1).
+  absl::StatusOr<int64_t> Recover(const absl::Status& cause);
+  // A collective (or Send/Recv) mismatch in generation `gen`, which the
+  // communicator of whichever member found it left in the store: a program
+  // error that every recovery would run into again (the same steps are
+  // redone), so Run ends with it (InvalidArgument) instead of recovering.
+  absl::Status FoundMismatch(int64_t gen);
+  // At the end of Run: waits (bounded) until the last step is committed.
+  // A slot whose last round found the others at another step (it had
+  // skipped one) snapshots the last step again, so every slot ends in the
+  // same committed round and nobody leaves a peer waiting in one.
+  void FinishBackups(int64_t last, absl::Time deadline);
+
+  // ---- generation.cc: the generation view (mu_) ----------------------------
+
+  View CurrentView() const;
+  int64_t CommGeneration() const;
+  bool GenerationMoved() const;
+  absl::Status CommHealth() const;
+  bool CommHealthy() const { return CommHealth().ok(); }
+  // The training communicator of the current generation (null before the
+  // first one is built).
+  Communicator* CurrentComm();
+  // The communicator for the runtime's own exchanges (the restore's
+  // agreements and transfers, the check of replicated state), whose
+  // buffers are in host memory: the training communicator, unless its
+  // backend takes device memory only (NCCL). Then it is the side
+  // communicator that BuildComm built with it for the same generation, on
+  // the same ranks; the backups that also use it are quiesced or not yet
+  // started while these run. Aborted when there is none.
+  absl::StatusOr<Communicator*> HostComm();
+
+  // The member client's callbacks.
+  void OnMembership(const MembershipUpdate& u);
+  void NoteCommitted(int64_t c);
+  // Aborts the training and side communicators of generations <= `upto`.
+  void AbortComm(int64_t upto, absl::string_view reason);
+  // An abort ordered by the controller runs on a thread of its own (the
+  // abort thread, AbortLoop), not the member client's: the client delivers
+  // the next generation right after the order, and the abort (a notice to
+  // the store for each communicator) would hold that up.
+  void QueueAbort(int64_t upto, std::string reason);
+  void AbortLoop();
+
+  // The slot to blame for a rendezvous that timed out, or -1.
+  int AbsentPeer(const absl::Status& s) const;
+  // Reports the failure of generation `gen`'s communicator, which nobody
+  // explained; the controller opens a generation with the same members
+  // (gen < 0, no communicator built yet: the current generation). With a
+  // `peer` (>= 0), the slot that never came to the rendezvous is reported
+  // instead: the controller declares it failed, and its slot goes to a
+  // standby or the world shrinks.
+  void ReportBroken(const std::string& why, int peer, int64_t gen);
+  // OK, or why the job cannot go on for this member.
+  absl::Status Terminal() const;
+  // Why a rendezvous of generation `gen` is pointless now, if it is.
+  std::optional<std::string> Abandoned(int64_t gen) const;
+  // The one question every wait on the controller asks: may this member
+  // still take part in the job (not fenced, the job not over)?
+  bool MayGoOnLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ... and in generation `gen` (no newer one opened).
+  bool GoesOnLocked(int64_t gen) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Waits until `step` is committed; false on timeout or when the
+  // communicator fails or the generation moves meanwhile.
+  bool AwaitCommitted(int64_t step, absl::Time deadline);
+  // Waits until a generation newer than `failed` is known, or a terminal
+  // event; false on timeout.
+  bool AwaitGeneration(int64_t failed, absl::Time deadline);
+  // A standby parks here until it is given a slot.
+  absl::Status AwaitSlot();
+  // Waits until step `s` of generation `gen` is committed, or cannot be
+  // (a newer generation, this member fenced, the job ended, the backup
+  // pipeline stopping), or until `deadline`; whether either came first.
+  bool AwaitRoundEnd(int64_t s, int64_t gen, absl::Time deadline);
+
+  // ---- communicators.cc ----------------------------------------------------
+
+  // A communicator of generation `gen` on `store` (rendezvous keys are
+  // namespaced by generation); Aborted naming why when the rendezvous was
+  // abandoned (a newer generation, fencing, the job's end).
+  // `cancelled`, if given, replaces Abandoned(gen).
+  absl::StatusOr<std::shared_ptr<Communicator>> CreateComm(
+      std::shared_ptr<Store> store, int64_t gen, int world, int slot,
+      absl::Duration connect_timeout, bool side = false,
+      bulk::Cancelled cancelled = nullptr);
+  // Builds the communicators of the current generation (the training one,
+  // and the side one with its backup links, BuildSide).
+  absl::Status BuildComm();
+  // The side communicator of generation `gen` and its backup links, for
+  // the backup thread. It holds references for its round, so a rebuild on
+  // the training thread never destroys them under a transfer.
+  struct SideChannel {
+    std::shared_ptr<Communicator> comm;
+    std::shared_ptr<bulk::Links> links;
+  };
+  absl::StatusOr<SideChannel> Side(int64_t gen);
+  // Builds the side communicator of generation `gen` and places the
+  // buddies of every slot in it.
+  absl::Status BuildSide(int64_t gen, int world, int slot,
+                         const bulk::Cancelled& cancelled);
+  // Opens this member's backup links of generation `gen`: to each of its
+  // buddies (at the address each published under `key`) and from each
+  // owner it is a buddy of.
+  absl::Status ConnectLinks(Store& store, const bulk::Listener& listener,
+                            const std::string& key, int64_t gen, int slot,
+                            const std::vector<std::vector<int>>& buddies,
+                            const bulk::Cancelled& cancelled);
+  // A side communicator failed while the training one did not: the group
+  // is broken all the same (backups can no longer commit), so it is
+  // rebuilt unless something else already explains it.
+  void SideFailed(const absl::Status& why, int64_t gen);
+
+  // ---- checkpoints.cc: the checkpoint layer, as this member runs it --------
+
+  // A restore on `comm` (host buffers) of this generation's view `v`.
+  checkpoint::Restore NewRestore(Communicator* comm, const View& v);
+  // Rolls every member back to the newest committed step
+  // (checkpoint::Restore::FromMemory). `rec` (optional) gets what was
+  // received.
+  absl::StatusOr<int64_t> Restore(RecoveryRecord* rec);
+  void NoteRestored(const checkpoint::Restored& r, RecoveryRecord* rec);
+  // The backup thread: one round per snapshot queued.
+  void BackupLoop();
+  // The hooks of this member's backup rounds (on the backup thread).
+  checkpoint::BackupHooks NewBackupHooks();
+  // This member's piece of a step that committed: a test's damage to it,
+  // and the disk tier, which takes the first committed step of every
+  // window of checkpoint_every steps (the multiple itself unless its
+  // snapshot was skipped).
+  void AfterCommit(Piece* own);
+  void WriteToDisk(const Piece& own);
+
+  // ---- report.cc: what this member leaves in the controller's store -------
+
+  void PublishRecovery(const RecoveryRecord& r);
+  void PublishFinalState(int slot);
+  void PublishFinal(const RunResult& r);
+
+  RuntimeOptions options_;
+  std::shared_ptr<control::ControllerStore> store_;
+  std::unique_ptr<control::MemberClient> member_;
+
+  mutable absl::Mutex mu_;
+  View view_ ABSL_GUARDED_BY(mu_);
+  int64_t committed_ ABSL_GUARDED_BY(mu_) = -1;
+  absl::Status fenced_ ABSL_GUARDED_BY(mu_);
+  std::optional<JobEnd> job_end_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<Communicator> comm_ ABSL_GUARDED_BY(mu_);
+  int64_t comm_generation_ ABSL_GUARDED_BY(mu_) = -1;
+  std::shared_ptr<Communicator> side_ ABSL_GUARDED_BY(mu_);
+  // The backup links of the side communicator's generation (bulk.h).
+  std::shared_ptr<bulk::Links> links_ ABSL_GUARDED_BY(mu_);
+  int64_t side_generation_ ABSL_GUARDED_BY(mu_) = -1;
+
+  // Aborts ordered by the controller (QueueAbort).
+  absl::Mutex abort_mu_;
+  std::deque<std::pair<int64_t, std::string>> aborts_
+      ABSL_GUARDED_BY(abort_mu_);
+  bool abort_stop_ ABSL_GUARDED_BY(abort_mu_) = false;
+  std::thread aborter_;
+
+  // The training thread's own.
+  checkpoint::StateRegistry state_;
+  // What the training thread knows of its progress (the restore sets it);
+  // its ledger is registered as state.
+  checkpoint::Progress progress_;
+  bool started_ = false;
+  bool finished_ = false;
+  bool left_ = false;
+  int recoveries_ = 0;
+  int restores_ = 0;  // Restore calls, for the restore=N fault point
+  // Whether a completed step called BeginStateUpdate(): then a step that
+  // fails before it did has not written registered state.
+  bool fences_ = false;
+  // The word a peer on this host reads to find out whether it may read
+  // this process's memory (see Restore).
+  const uint64_t probe_word_ = ProbeWord();
+  int64_t snapshots_taken_ = 0;
+  int64_t snapshots_skipped_ = 0;
+  int64_t snapshots_unfenced_ = 0;  // copied during a step: no fence
+  std::optional<RecoveryRecord> pending_record_;
+  std::vector<RecoveryRecord> recovery_records_;
+
+  // The pieces this member holds and the hand-over of its snapshots to
+  // the backup thread.
+  checkpoint::Snapshots snapshots_{&state_};
+  checkpoint::BackupHooks backup_hooks_;  // set before the backup thread
+  // This member's test faults (RuntimeOptions::faults), shared with the
+  // training communicators; its callbacks reach this runtime until the
+  // destructor clears them.
+  const std::shared_ptr<fault::Injector> faults_ =
+      std::make_shared<fault::Injector>();
+  std::atomic<bool> finishing_{false};
+  std::atomic<int64_t> last_disk_step_{0};
+  std::thread backup_thread_;
+};
+
+}  // namespace holdfast
+
+#endif  // HOLDFAST_SRC_RUNTIME_RUNTIME_IMPL_H_

@@ -1,0 +1,456 @@
+#include "src/runtime/runtime_impl.h"
+
+#include <algorithm>
+#include <system_error>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "holdfast/status.h"
+#include "src/common/logging.h"
+#include "src/fault/fault.h"
+#include "src/store/keys.h"
+
+namespace holdfast {
+
+std::string Received(const RecoveryRecord& rec) {
+  if (rec.from_disk) {
+    return absl::StrCat(rec.bytes_received,
+                        " bytes received, from the disk tier");
+  }
+  return absl::StrCat(rec.bytes_received, " bytes received",
+                      rec.bytes_read_in_place > 0
+                          ? absl::StrCat(", ", rec.bytes_read_in_place,
+                                         " of them read in place on this host")
+                          : "");
+}
+
+absl::StatusOr<int64_t> RuntimeImpl::Recover(const absl::Status& cause) {
+  RecoveryRecord rec;
+  rec.cause = std::string(cause.message());
+  rec.seen_ms = NowMs();
+  int64_t failed = CommGeneration();
+  rec.failed_generation = failed;
+  AbortComm(INT64_MAX, absl::StrCat("recovering: ", cause.message()));
+  HOLDFAST_RETURN_IF_ERROR(FoundMismatch(failed));
+  rec.aborted_ms = NowMs();
+  member_->SetPhase(control::PHASE_RECOVERING, 0);
+  HOLDFAST_LOG_WARN("runtime: slot {} recovering from generation {}: {}",
+                    slot(), failed, std::string(cause.message()));
+  const absl::Time deadline = absl::Now() + options_.recovery_timeout;
+  ++recoveries_;
+  bool fault_point = true;
+  std::string last_error = rec.cause;
+  // A member that never came to the last rendezvous (alive as far as
+  // the controller knows, but stuck): reported instead of a plain
+  // communicator failure, which would rebuild the same group around it.
+  int absent = AbsentPeer(cause);
+  for (;;) {
+    HOLDFAST_RETURN_IF_ERROR(Terminal());
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("recovery from generation ", rec.failed_generation,
+                       " did not finish within ",
+                       absl::FormatDuration(options_.recovery_timeout),
+                       "; last error: ", last_error));
+    }
+    // The controller usually opens the next generation by itself (a
+    // crash is seen at once). If it does not, nobody it knows of failed:
+    // report the broken communicator, which rebuilds the group.
+    if (!AwaitGeneration(failed, absl::Now() + options_.report_grace)) {
+      ReportBroken(last_error, absent, failed);
+      AwaitGeneration(failed, deadline);
+      continue;
+    }
+    HOLDFAST_RETURN_IF_ERROR(Terminal());
+    // A peer may have found it after this member began to recover.
+    HOLDFAST_RETURN_IF_ERROR(FoundMismatch(rec.failed_generation));
+    if (failed != rec.failed_generation) {
+      HOLDFAST_RETURN_IF_ERROR(FoundMismatch(failed));
+    }
+    rec.agreed_ms = NowMs();
+    const View v = CurrentView();
+    if (v.standby) {
+      return absl::InternalError("runtime: a worker was made a standby");
+    }
+    if (fault_point) {
+      fault_point = false;
+      faults_->AtRecovery(v.slot, recoveries_);
+    }
+    absl::Status s = BuildComm();
+    // A communicator that cannot be built by this program at all (an
+    // unknown backend, NCCL not linked, no GPU) will not be built by
+    // the next generation either: stop instead of cycling.
+    if (s.code() == absl::StatusCode::kInvalidArgument ||
+        s.code() == absl::StatusCode::kFailedPrecondition) {
+      return s;
+    }
+    if (s.ok()) {
+      rec.rebuilt_ms = NowMs();
+      absl::StatusOr<int64_t> restored = Restore(&rec);
+      if (restored.ok()) {
+        rec.restored_ms = NowMs();
+        rec.generation = v.generation;
+        rec.restored_step = *restored;
+        rec.lost_steps = progress_.lost_steps;
+        pending_record_ = rec;
+        HOLDFAST_LOG_INFO(
+            "runtime: slot {} of {} recovered at generation {}: step {} "
+            "restored ({}) in {} ms",
+            v.slot, v.world, v.generation, *restored, Received(rec),
+            rec.restored_ms - rec.seen_ms);
+        return *restored;
+      }
+      s = restored.status();
+      if (!IsRecoverable(s) && CommHealthy()) return s;
+    }
+    last_error = std::string(s.message());
+    absent = AbsentPeer(s);
+    HOLDFAST_LOG_WARN("runtime: generation {} failed during recovery: {}",
+                      v.generation, last_error);
+    AbortComm(INT64_MAX, last_error);
+    failed = v.generation;
+  }
+}
+
+absl::Status RuntimeImpl::FoundMismatch(int64_t gen) {
+  absl::StatusOr<std::optional<std::string>> found =
+      store_->TryGet(keys::Mismatch(gen));
+  if (!found.ok() || !found->has_value()) return absl::OkStatus();
+  HOLDFAST_LOG_ERROR("runtime: slot {} does not recover from generation {}: {}",
+                     slot(), gen, **found);
+  return absl::InvalidArgumentError(**found);
+}
+
+absl::StatusOr<RunResult> RuntimeImpl::Run(
+    std::function<absl::Status(const StepContext&)> step_fn,
+    const RunOptions& options) {
+  absl::StatusOr<RunResult> r;
+  try {
+    r = RunLoop(std::move(step_fn), options);
+  } catch (const std::system_error& e) {
+    // A thread that cannot start (a pids limit), where no fallback
+    // exists (the side communicator's build, the transport's).
+    r = absl::ResourceExhaustedError(
+        absl::StrCat("Run: cannot start a thread: ", e.what()));
+  }
+  const absl::StatusCode code = r.status().code();
+  if (!r.ok() && code != absl::StatusCode::kCancelled &&
+      code != absl::StatusCode::kFailedPrecondition && store_ != nullptr) {
+    // Fenced members and unused standbys are no news; anything else is
+    // why the job could not go on.
+    nlohmann::json j;
+    j["slot"] = slot();
+    j["code"] = absl::StatusCodeToString(code);
+    j["message"] = std::string(r.status().message());
+    (void)store_->CompareAndSet(keys::kError, "", true, j.dump());
+  }
+  return r;
+}
+
+absl::StatusOr<RunResult> RuntimeImpl::RunLoop(
+    std::function<absl::Status(const StepContext&)> step_fn,
+    const RunOptions& options) {
+  if (started_) {
+    return absl::FailedPreconditionError("Run: called twice");
+  }
+  if (options.steps < 0 || options.snapshot_every < 1 || !step_fn) {
+    return absl::InvalidArgumentError(
+        "Run: steps must be >= 0, snapshot_every >= 1 and step_fn set");
+  }
+  // The runtime's own ledger travels with the state, so the productive
+  // time survives a rollback (and reaches a member that takes over).
+  HOLDFAST_RETURN_IF_ERROR(
+      state_.AddReplicated("holdfast/ledger", progress_.ledger,
+                           sizeof(progress_.ledger), /*ledger=*/true));
+  started_ = true;
+  HOLDFAST_RETURN_IF_ERROR(AwaitSlot());
+  Loop loop;
+  {
+    absl::StatusOr<int64_t> started = Start();
+    if (started.ok()) {
+      HOLDFAST_RETURN_IF_ERROR(ResumeAt(&loop, options, *started));
+    } else {
+      if (!IsRecoverable(started.status()) && CommHealthy()) {
+        return started.status();
+      }
+      HOLDFAST_RETURN_IF_ERROR(RecoverInLoop(&loop, options, started.status()));
+    }
+  }
+  for (;;) {
+    while (loop.step <= options.steps) {
+      const absl::Time t0 = absl::Now();
+      bool fenced = false;  // the step called BeginStateUpdate()
+      absl::Status fatal;
+      absl::Status s = CallStep(step_fn, options, loop.step, &fenced, &fatal);
+      HOLDFAST_RETURN_IF_ERROR(fatal);
+      if (!s.ok()) {
+        if (!IsRecoverable(s) && CommHealthy() &&
+            s.code() != absl::StatusCode::kFailedPrecondition) {
+          return s;
+        }
+        // A trainer that fences its writes and failed before this
+        // step's fence left its state as the last step did.
+        if (fenced || !fences_) progress_.live_step = -1;
+        HOLDFAST_RETURN_IF_ERROR(RecoverInLoop(&loop, options, s));
+        continue;
+      }
+      s = CompleteStep(options, loop.step, t0, fenced);
+      if (!s.ok()) {
+        if (!IsRecoverable(s)) return s;
+        HOLDFAST_RETURN_IF_ERROR(RecoverInLoop(&loop, options, s));
+        continue;
+      }
+      ++loop.step;
+    }
+    // Let the last backup round finish (its peers are in it too) before
+    // leaving, so nobody sees this member vanish from under a transfer.
+    finishing_ = true;
+    FinishBackups(options.steps, absl::Now() + std::max(options_.commit_wait,
+                                                        absl::Seconds(10)));
+    // A generation opened meanwhile (a peer or the side communicator failed
+    // during the last steps) includes this member: leaving now would leave
+    // the others waiting for it in the rendezvous. Take part, redo what
+    // was not committed, and finish with them.
+    if (!GenerationMoved() || !Terminal().ok()) break;
+    finishing_ = false;
+    HOLDFAST_RETURN_IF_ERROR(RecoverInLoop(
+        &loop, options,
+        absl::AbortedError(
+            "a new generation was opened while this member was finishing")));
+  }
+  const RunResult result = Result(options);
+  PublishFinalState(result.slot);
+  if (result.slot == 0) PublishFinal(result);
+  finished_ = true;
+  Leave(true);
+  return result;
+}
+
+absl::Status RuntimeImpl::ResumeAt(Loop* loop, const RunOptions& options,
+                                   int64_t restored) {
+  if (options.on_restore) {
+    HOLDFAST_RETURN_IF_ERROR(options.on_restore(restored));
+  }
+  loop->step = restored + 1;
+  return absl::OkStatus();
+}
+
+absl::Status RuntimeImpl::RecoverInLoop(Loop* loop, const RunOptions& options,
+                                        const absl::Status& cause) {
+  if (progress_.high_step > loop->stuck_at) {
+    loop->stuck_at = progress_.high_step;
+    loop->stuck = 0;
+  }
+  if (options_.max_step_retries > 0 &&
+      ++loop->stuck > options_.max_step_retries) {
+    HOLDFAST_LOG_ERROR(
+        "runtime: slot {} gives up: {} recoveries in a row and no step "
+        "after step {} completed; the failure repeats: {}",
+        slot(), options_.max_step_retries, loop->stuck_at,
+        std::string(cause.message()));
+    return absl::Status(
+        cause.code(),
+        absl::StrCat("no step after step ", loop->stuck_at, " completed in ",
+                     options_.max_step_retries,
+                     " recoveries in a row (HOLDFAST_MAX_STEP_RETRIES), "
+                     "so the failure repeats each time the steps are "
+                     "redone; the last one: ",
+                     cause.message()));
+  }
+  HOLDFAST_ASSIGN_OR_RETURN(const int64_t restored, Recover(cause));
+  return ResumeAt(loop, options, restored);
+}
+
+absl::Status RuntimeImpl::CallStep(
+    const std::function<absl::Status(const StepContext&)>& step_fn,
+    const RunOptions& options, int64_t step, bool* fenced,
+    absl::Status* fatal) {
+  const View v = CurrentView();
+  faults_->AtStep(v.slot, step);
+  member_->SetPhase(control::PHASE_COMPUTING, 0);
+  Communicator* comm = CurrentComm();
+  if (comm == nullptr) return absl::AbortedError("no communicator");
+  StepContext ctx;
+  ctx.step = step;
+  ctx.rank = v.slot;
+  ctx.world_size = v.world;
+  ctx.generation = v.generation;
+  ctx.comm = comm;
+  ctx.runtime = this;
+  snapshots_.TakeFenceSeen();
+  absl::Status s = step_fn(ctx);
+  std::string early;  // what the step wrote before its fence
+  *fenced = snapshots_.TakeFenceSeen(&early);
+  if (snapshots_.DropUnfenced() && s.ok()) {
+    const std::string what =
+        absl::StrCat(early.empty() ? std::string(" returned without calling")
+                                   : absl::StrCat(" wrote registered state (",
+                                                  early, ") before it called"),
+                     " Runtime::BeginStateUpdate() (Python: "
+                     "runtime.begin_state_update())");
+    if (options.snapshot_copy == SnapshotCopy::kDuringNextStep) {
+      *fatal = absl::FailedPreconditionError(absl::StrCat(
+          "RunOptions::snapshot_copy is kDuringNextStep and step ", step, what,
+          ", which every step must call before it writes registered "
+          "state; the snapshot of step ",
+          step - 1, " may be torn and was dropped"));
+      return *fatal;
+    }
+    // kAuto: the step before fenced its writes and this one did not, or
+    // too late. Its snapshot was dropped; the next is copied between the
+    // steps (fenced is false).
+    if (snapshots_unfenced_++ == 0) {
+      HOLDFAST_LOG_WARN(
+          "runtime: slot {}: step {}{}; step {} had called it, so its "
+          "snapshot was copied during step {}, may be torn, and was dropped "
+          "(once per run: RunResult::snapshots_unfenced counts them); call "
+          "it in every step before its first write to registered state, or "
+          "set RunOptions::snapshot_copy to kBetweenSteps",
+          v.slot, step, what, step - 1, step);
+    }
+  }
+  // A step that finished while its generation was being replaced may not
+  // have finished everywhere: it is redone after the rollback.
+  if (s.ok()) s = Terminal();
+  if (s.ok() && (!CommHealthy() || GenerationMoved())) {
+    s = CommHealth();
+    if (s.ok()) s = absl::AbortedError("a new generation was opened");
+  }
+  return s;
+}
+
+absl::Status RuntimeImpl::CompleteStep(const RunOptions& options, int64_t step,
+                                       absl::Time t0, bool fenced) {
+  fences_ = fences_ || fenced;
+  progress_.live_step = step;
+  const absl::Time t1 = absl::Now();
+  if (pending_record_.has_value()) {
+    // The first training step after the recovery is done (its snapshot is
+    // the loop's usual per-step work).
+    pending_record_->first_step_ms = absl::ToUnixMillis(t1);
+  }
+  if (step == 1) {
+    progress_.ledger[0] = absl::ToUnixMillis(t0);
+    progress_.ledger[2] = absl::ToInt64Microseconds(t1 - t0);
+  }
+  progress_.ledger[1] += absl::ToInt64Microseconds(t1 - t0);
+  progress_.high_step = std::max(progress_.high_step, step);
+  if (step % options.snapshot_every == 0 || step == options.steps) {
+    member_->SetPhase(control::PHASE_CHECKPOINTING, 0);
+    if (step == options.steps) {
+      // Every slot snapshots the last step, waiting for its previous
+      // backup if need be, so the last round is the same everywhere and
+      // commits: nobody leaves while a peer waits for it in one.
+      snapshots_.AwaitIdle(absl::Now() + options_.commit_wait);
+    }
+    const bool defer =
+        step < options.steps &&
+        (options.snapshot_copy == SnapshotCopy::kDuringNextStep ||
+         (options.snapshot_copy == SnapshotCopy::kAuto && fenced));
+    HOLDFAST_RETURN_IF_ERROR(TakeSnapshot(step, defer).status());
+  }
+  ReportStep(
+      step, t1 - t0,
+      options.metrics ? options.metrics() : std::map<std::string, double>{});
+  if (pending_record_.has_value()) {
+    recovery_records_.push_back(*pending_record_);
+    PublishRecovery(*pending_record_);
+    pending_record_.reset();
+  }
+  return absl::OkStatus();
+}
+
+RunResult RuntimeImpl::Result(const RunOptions& options) {
+  const View v = CurrentView();
+  RunResult result;
+  result.final_step = options.steps;
+  result.world_size = v.world;
+  result.slot = v.slot;
+  result.generation = v.generation;
+  result.recoveries = recovery_records_;
+  result.snapshots = snapshots_taken_;
+  result.snapshots_skipped = snapshots_skipped_;
+  result.snapshots_unfenced = snapshots_unfenced_;
+  result.productive_ms = progress_.ledger[1] / 1000;
+  result.wall_ms = options.steps > 0 && progress_.ledger[0] > 0
+                       ? NowMs() - progress_.ledger[0]
+                       : 0;
+  const BackupStats b = snapshots_.stats();
+  result.snapshots_overlapped = snapshots_.overlapped();
+  result.backups = b.rounds;
+  result.backup_bytes = b.bytes;
+  result.backup_ms = b.round_us / 1000;
+  result.disk_writes = b.disk_writes;
+  return result;
+}
+
+absl::StatusOr<int64_t> RuntimeImpl::Start() {
+  const View v = CurrentView();
+  if (v.generation > 0) {
+    // Joining a running job is a recovery: the controller does not hold
+    // this member's step 0 against it while the state comes in, and it
+    // is this member's first recovery for fault injection.
+    member_->SetPhase(control::PHASE_RECOVERING, 0);
+    faults_->AtRecovery(v.slot, ++recoveries_);
+  }
+  HOLDFAST_RETURN_IF_ERROR(BuildComm());
+  int64_t at = 0;
+  if (v.generation > 0 || committed_step() >= 0) {
+    const absl::Time t0 = absl::Now();
+    RecoveryRecord rec;
+    HOLDFAST_ASSIGN_OR_RETURN(at, Restore(&rec));
+    HOLDFAST_LOG_INFO(
+        "runtime: slot {} of {} joined at generation {}: step {} restored "
+        "({}) in {} ms",
+        v.slot, v.world, v.generation, at, Received(rec),
+        absl::ToInt64Milliseconds(absl::Now() - t0));
+    return at;
+  }
+  if (!options_.checkpoint_dir.empty()) {
+    HOLDFAST_ASSIGN_OR_RETURN(Communicator * host, HostComm());
+    HOLDFAST_ASSIGN_OR_RETURN(const std::optional<checkpoint::Restored> d,
+                              NewRestore(host, v).FromDisk(/*required=*/false));
+    if (d.has_value()) {
+      NoteRestored(*d, nullptr);
+      at = d->step;
+      HOLDFAST_LOG_INFO(
+          "runtime: slot {} resumes from the disk tier at "
+          "step {}",
+          v.slot, at);
+      if (v.slot == 0) {
+        nlohmann::json j = {{"step", at}, {"dir", options_.checkpoint_dir}};
+        (void)store_->Set(keys::kResumed, j.dump());
+      }
+    }
+  }
+  state_.RepartitionAll(v.world, v.slot);  // a no-op after a disk restore
+  if (at == 0) {
+    HOLDFAST_ASSIGN_OR_RETURN(Communicator * host, HostComm());
+    HOLDFAST_RETURN_IF_ERROR(
+        checkpoint::CheckReplicatedEqual(host, v.world, v.slot, state_));
+  }
+  progress_.high_step = std::max(progress_.high_step, at);
+  progress_.live_step = at;
+  HOLDFAST_ASSIGN_OR_RETURN(bool taken, Snapshot(at));
+  if (!taken || !AwaitCommitted(at, absl::Now() + options_.recovery_timeout)) {
+    HOLDFAST_RETURN_IF_ERROR(Terminal());
+    absl::Status s = CommHealth();
+    return s.ok() ? absl::AbortedError(absl::StrCat("the starting state (step ",
+                                                    at, ") was not committed"))
+                  : s;
+  }
+  return at;
+}
+
+void RuntimeImpl::FinishBackups(int64_t last, absl::Time deadline) {
+  while (absl::Now() < deadline && committed_step() < last && Terminal().ok() &&
+         !GenerationMoved()) {
+    const bool idle = snapshots_.AwaitIdle(
+        std::min(deadline, absl::Now() + absl::Milliseconds(50)));
+    if (committed_step() >= last) return;
+    if (idle && !Snapshot(last).ok()) return;
+  }
+}
+
+}  // namespace holdfast
