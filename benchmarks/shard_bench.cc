@@ -91,6 +91,7 @@
 #include "absl/time/clock.h"
 #include "holdfast/runtime.h"
 #include "holdfast/status.h"
+#include "holdfast/testing/backup_stats.h"
 #include "src/control/member.h"
 #include "src/control/server.h"
 #include "test/support/process_group.h"
@@ -392,7 +393,8 @@ Pair MeasureRuntime(size_t bytes, int reps, const char* verify) {
   auto body = [&](int want, holdfast::Runtime& rt,
                   std::vector<uint8_t>& state) -> absl::Status {
     HOLDFAST_RETURN_IF_ERROR(rt.communicator().status());
-    holdfast::BackupStats before = rt.backup_stats();
+    holdfast::testing::BackupStats before =
+        holdfast::testing::BackupStatsOf(rt);
     // Slot 0's piece: the first half of the state.
     std::vector<uint8_t> baseline(want == 0 ? bytes / 2 : 0, 2);
     for (int i = 0; i < kWarmup + reps; ++i) {
@@ -428,7 +430,8 @@ Pair MeasureRuntime(size_t bytes, int reps, const char* verify) {
       // Let the other slot see the commit too before the next round (and
       // the round's stats be complete).
       absl::SleepFor(absl::Milliseconds(20));
-      const holdfast::BackupStats after = rt.backup_stats();
+      const holdfast::testing::BackupStats after =
+          holdfast::testing::BackupStatsOf(rt);
       if (i >= kWarmup) {
         acked_at[want].push_back(after.rounds == before.rounds + 1
                                      ? after.last_acked
@@ -536,13 +539,14 @@ Overlapped MeasureOverlappedRound(size_t bytes, int reps) {
   std::map<int64_t, std::pair<absl::Time, absl::Time>> span[2];
   auto body = [&](int want, holdfast::Runtime& rt,
                   std::vector<uint8_t>& state) -> absl::Status {
-    holdfast::BackupStats prev;
+    holdfast::testing::BackupStats prev;
     holdfast::RunOptions ro;
     ro.steps = steps;
     ro.snapshot_copy = holdfast::RunOptions::SnapshotCopy::kDuringNextStep;
     auto r = rt.Run(
         [&](const holdfast::StepContext& ctx) -> absl::Status {
-          const holdfast::BackupStats now = rt.backup_stats();
+          const holdfast::testing::BackupStats now =
+              holdfast::testing::BackupStatsOf(rt);
           // The round of the step before: the snapshot of the step before
           // it, copied and backed up during it.
           if (ctx.step >= 5 && now.rounds == prev.rounds + 1) {

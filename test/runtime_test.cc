@@ -20,6 +20,7 @@
 #include "absl/time/clock.h"
 #include "holdfast/runtime.h"
 #include "holdfast/status.h"
+#include "holdfast/testing/backup_stats.h"
 #include "spdlog/sinks/ostream_sink.h"
 #include "src/common/logging.h"
 #include "src/control/server.h"
@@ -689,7 +690,8 @@ TEST_CASE(
   CHECK(result->snapshots_unfenced == 0);
   // Their rounds, done long before the fence 5 ms into the next step,
   // waited for it, and say so apart from the rest of the round.
-  const holdfast::BackupStats stats = r.backup_stats();
+  const holdfast::testing::BackupStats stats =
+      holdfast::testing::BackupStatsOf(r);
   CHECK(stats.gate_us > 0);
   CHECK(stats.gate_us <= stats.round_us);
   // The ack comes after the gate, and the wait for the commit after the

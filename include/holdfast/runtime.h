@@ -168,29 +168,6 @@ struct ShardView {
   size_t global_bytes = 0;
 };
 
-// What the backup thread did so far (this member).
-struct BackupStats {
-  int64_t rounds = 0;       // rounds that committed
-  int64_t bytes = 0;        // sent to buddies plus received from owners
-  int64_t transfer_us = 0;  // inside the sends and receives
-  int64_t round_us = 0;     // from a round's start until this member saw
-                            // its commit (after a deferred copy: not the
-                            // copy; nor the verdict, eviction or disk
-                            // write after the commit)
-  // Of round_us, the time rounds of snapshots copied during a step spent
-  // waiting, with their bytes moved, for that step's BeginStateUpdate()
-  // (such a step commits only once fenced).
-  int64_t gate_us = 0;
-  // Of round_us, the time from this member's ack (its own piece sent, the
-  // copies it keeps for others received, and checked with verify_backups
-  // "arrival") until it saw the commit: the controller's part.
-  int64_t commit_wait_us = 0;
-  // When this member acked the newest round that committed (InfinitePast
-  // before the first).
-  absl::Time last_acked = absl::InfinitePast();
-  int64_t disk_writes = 0;
-};
-
 class Runtime;
 
 // What the step function gets.
@@ -374,7 +351,6 @@ class Runtime {
   // ignored. The Python package calls it when a registered tensor's
   // version counter moved between the snapshot and the fence.
   virtual void ReportEarlyWrite(absl::string_view what) = 0;
-  virtual BackupStats backup_stats() const = 0;
   // Leaves the job; `finished` after the last step.
   virtual void Leave(bool finished) = 0;
 };

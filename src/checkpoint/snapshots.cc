@@ -325,7 +325,7 @@ bool Snapshots::Stop() {
   return busy_;
 }
 
-BackupStats Snapshots::stats() const {
+testing::BackupStats Snapshots::stats() const {
   absl::MutexLock lock(&mu_);
   return stats_;
 }

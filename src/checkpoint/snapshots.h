@@ -41,6 +41,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "holdfast/runtime.h"
+#include "holdfast/testing/backup_stats.h"
 #include "src/checkpoint/state.h"
 
 namespace holdfast::checkpoint {
@@ -174,7 +175,7 @@ class Snapshots {
   bool Stop();
   bool stopping() const { return stop_.load(); }
 
-  BackupStats stats() const;
+  testing::BackupStats stats() const;
 
  private:
   void EvictLocked(const std::function<bool(const Piece&)>& drop)
@@ -206,7 +207,7 @@ class Snapshots {
   // Rounds of generations below this one wait for nothing.
   int64_t live_generation_ ABSL_GUARDED_BY(mu_) = 0;
   BackupPlacement placement_ ABSL_GUARDED_BY(mu_);
-  BackupStats stats_ ABSL_GUARDED_BY(mu_);
+  testing::BackupStats stats_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> stop_{false};
 };
 

@@ -348,4 +348,12 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(
   return std::unique_ptr<Runtime>(std::move(rt));
 }
 
+namespace testing {
+
+BackupStats BackupStatsOf(const Runtime& runtime) {
+  const auto* impl = dynamic_cast<const RuntimeImpl*>(&runtime);
+  return impl != nullptr ? impl->backup_stats() : BackupStats();
+}
+
+}  // namespace testing
 }  // namespace holdfast

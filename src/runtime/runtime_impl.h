@@ -91,7 +91,7 @@ class RuntimeImpl final : public Runtime {
   int64_t committed_step() const override;
   absl::Status AwaitCommit(int64_t step, absl::Duration timeout) override;
   absl::StatusOr<Communicator*> communicator() override;
-  BackupStats backup_stats() const override { return snapshots_.stats(); }
+  testing::BackupStats backup_stats() const { return snapshots_.stats(); }
   void Leave(bool finished) override;
 
   absl::StatusOr<bool> Snapshot(int64_t step) override;

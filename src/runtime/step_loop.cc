@@ -376,7 +376,7 @@ RunResult RuntimeImpl::Result(const RunOptions& options) {
   result.wall_ms = options.steps > 0 && progress_.ledger[0] > 0
                        ? NowMs() - progress_.ledger[0]
                        : 0;
-  const BackupStats b = snapshots_.stats();
+  const testing::BackupStats b = snapshots_.stats();
   result.snapshots_overlapped = snapshots_.overlapped();
   result.backups = b.rounds;
   result.backup_bytes = b.bytes;
