@@ -17,13 +17,13 @@
 
 #include "absl/time/clock.h"
 #include "src/checkpoint/bulk.h"
-#include "src/checkpoint/shards.h"
+#include "src/checkpoint/pieces.h"
 #include "src/common/status_util.h"
 
 namespace {
 
 namespace bulk = holdfast::bulk;
-namespace shards = holdfast::shards;
+namespace pieces = holdfast::pieces;
 
 constexpr uint64_t kToken = 0x1234;
 
@@ -68,7 +68,7 @@ TEST_CASE("a piece and its checksum cross a link intact and hashed") {
   const size_t size = 3 * bulk::kChunkBytes + 12345;
   std::vector<uint8_t> out(size), in(size, 0);
   for (size_t i = 0; i < size; ++i) out[i] = static_cast<uint8_t>(i * 131);
-  shards::CopyHasher sent_hash, got_hash;
+  pieces::CopyHasher sent_hash, got_hash;
   size_t landed = 0;
   absl::Status send;
   std::thread sender([&] {
@@ -88,7 +88,7 @@ TEST_CASE("a piece and its checksum cross a link intact and hashed") {
   REQUIRE(checksum.ok());
   CHECK(landed == size);
   CHECK(in == out);
-  CHECK(*checksum == shards::Checksum(out.data(), size));
+  CHECK(*checksum == pieces::Checksum(out.data(), size));
   CHECK(got_hash.Digest() == *checksum);
 }
 

@@ -7,7 +7,7 @@
 #include <numeric>
 #include <vector>
 
-#include "src/checkpoint/shards.h"
+#include "src/checkpoint/pieces.h"
 #include "src/checkpoint/state.h"
 
 namespace {
@@ -85,20 +85,21 @@ TEST_CASE(
     for (int slot = 0; slot < world; ++slot) {
       // A member needs every piece (the replicated state is in all of
       // them), and of the sharded arrays only its own partition.
-      for (int p = 0; p < world; ++p) CHECK(m.reg.Needs(world, slot, world, p));
+      for (int p = 0; p < world; ++p)
+        CHECK(m.reg.NeedsPiece(world, slot, world, p));
     }
   }
   // Sharded state alone: a member needs only the pieces that overlap its
   // partition.
   StateRegistry shards_only;
   REQUIRE(shards_only.AddSharded("s", 4 * 12, 4, 4, 0).ok());
-  CHECK(shards_only.Needs(4, 1, 4, 1));
-  CHECK(!shards_only.Needs(4, 1, 4, 0));
-  CHECK(!shards_only.Needs(4, 1, 4, 2));
+  CHECK(shards_only.NeedsPiece(4, 1, 4, 1));
+  CHECK(!shards_only.NeedsPiece(4, 1, 4, 0));
+  CHECK(!shards_only.NeedsPiece(4, 1, 4, 2));
   // After a shrink to 2, slot 0 holds units 0-5: pieces 0 and 1 of 4.
-  CHECK(shards_only.Needs(2, 0, 4, 0));
-  CHECK(shards_only.Needs(2, 0, 4, 1));
-  CHECK(!shards_only.Needs(2, 0, 4, 2));
+  CHECK(shards_only.NeedsPiece(2, 0, 4, 0));
+  CHECK(shards_only.NeedsPiece(2, 0, 4, 1));
+  CHECK(!shards_only.NeedsPiece(2, 0, 4, 2));
 }
 
 TEST_CASE(
@@ -113,17 +114,17 @@ TEST_CASE(
     Member m(3, slot, 1);
     FillShards(m.reg);
     std::vector<uint8_t> piece(m.reg.PieceSize(3, slot));
-    holdfast::shards::CopyHasher h;
+    holdfast::pieces::CopyHasher h;
     m.reg.CopyPiece(3, slot, piece.data(), &h);
-    CHECK(h.Digest() == holdfast::shards::Checksum(piece.data(), piece.size()));
+    CHECK(h.Digest() == holdfast::pieces::Checksum(piece.data(), piece.size()));
     checksums.push_back(h.Digest());
     pieces.push_back(std::move(piece));
   }
   Member fresh(2, 1, 100);  // other bytes everywhere
   fresh.reg.RepartitionAll(2, 1);
   for (int p = 0; p < 3; ++p) {
-    holdfast::shards::CopyHasher h;
-    fresh.reg.Apply(pieces[p].data(), 3, p, 2, 1, &h);
+    holdfast::pieces::CopyHasher h;
+    fresh.reg.ApplyPiece(pieces[p].data(), 3, p, 2, 1, &h);
     CHECK(h.Digest() == checksums[static_cast<size_t>(p)]);
   }
   Member want(2, 1, 1);
@@ -158,18 +159,18 @@ TEST_CASE(
     REQUIRE(dst.AddReplicated("b", b2.data(), b2.size()).ok());
     const Segments land = dst.Landing(3, p, 3, 2);
     REQUIRE(!land.empty());
-    holdfast::shards::CopyHasher h;
+    holdfast::pieces::CopyHasher h;
     // In two chunks, as a transfer would deliver them.
     const size_t half = piece.size() / 2;
     holdfast::checkpoint::CopyInto(land, 0, piece.data(), half, &h);
     holdfast::checkpoint::CopyInto(land, half, piece.data() + half,
                                    piece.size() - half, &h);
-    CHECK(h.Digest() == holdfast::shards::Checksum(piece.data(), piece.size()));
+    CHECK(h.Digest() == holdfast::pieces::Checksum(piece.data(), piece.size()));
     std::vector<uint8_t> a3(a.size()), b3(b.size());
     StateRegistry by_apply;
     REQUIRE(by_apply.AddReplicated("a", a3.data(), a3.size()).ok());
     REQUIRE(by_apply.AddReplicated("b", b3.data(), b3.size()).ok());
-    by_apply.Apply(piece.data(), 3, p, 3, 2);
+    by_apply.ApplyPiece(piece.data(), 3, p, 3, 2);
     CHECK(a2 == a3);
     CHECK(b2 == b3);
   }

@@ -1,7 +1,7 @@
 // Runs holdfast-run with the example trainer as a test fixture and parses
 // what the processes and the launcher leave behind: the `final step=`
 // lines, the trainers' final losses, summary.json. Shared by the
-// end-to-end tests (recovery_test, shard_test).
+// end-to-end tests (recovery_test, checkpoint_test).
 #ifndef HOLDFAST_TEST_JOB_RUN_H_
 #define HOLDFAST_TEST_JOB_RUN_H_
 

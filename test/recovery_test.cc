@@ -153,7 +153,7 @@ TEST_CASE("recovery: a survivor killed during recovery restarts the protocol") {
   const std::string ref = Reference(3);
   // One host: slot 0's buddy is slot 1, so losing both needs a second copy
   // of every piece (--replicas 2); with one, see the DataLoss test in
-  // shard_test.
+  // checkpoint_test.
   JobRun r =
       Launch({"-n", "3", "--standby", "2", "--replicas", "2", "--inject",
               "kill:slot=1:step=10", "--inject", "kill:slot=0:recovery=1"},
@@ -267,7 +267,7 @@ TEST_CASE(
   // Slot 1's buddy is slot 3 (the same place on the other host). Slot 3
   // dies as soon as the recovery from slot 1's loss begins, before any
   // copy of slot 1's piece could be made elsewhere: the committed step has
-  // no copy of slot 1's piece left (shard_test has the sharded case, which
+  // no copy of slot 1's piece left (checkpoint_test has the sharded case, which
   // is DataLoss). The state is replicated, and slots 0 and 2 hold it live
   // at the step they completed, with one hash: it is the source.
   const std::string ref = Reference(4);

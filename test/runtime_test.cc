@@ -1,7 +1,7 @@
 // The Runtime's API in one process against an embedded controller: bad
 // input gets a clear error that names it, and a one-slot job runs with
 // replicated and sharded state. Multi-process behaviour (faults, buddies,
-// restores) is in recovery_test and shard_test.
+// restores) is in recovery_test and checkpoint_test.
 #include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>

@@ -51,7 +51,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "src/checkpoint/shards.h"
+#include "src/checkpoint/pieces.h"
 #include "src/control/client.h"
 #include "src/control/membership.h"
 #include "src/control/server.h"
@@ -392,7 +392,7 @@ absl::StatusOr<std::string> Launcher::ChooseCheckpointDir(
     // One directory per trainer command: the same command finds it again.
     const std::string key = absl::StrJoin(cmd_, std::string(1, '\0'));
     dir = absl::StrFormat(".holdfast/checkpoints/%016x",
-                          holdfast::shards::Checksum(key.data(), key.size()));
+                          holdfast::pieces::Checksum(key.data(), key.size()));
     default_checkpoint_dir_ = true;
   }
   std::error_code ec;
@@ -427,7 +427,7 @@ absl::StatusOr<std::string> Launcher::ChooseCheckpointDir(
                  dir.c_str(), own.c_str());
     dir = own;
   }
-  if (fresh) holdfast::shards::Prune(dir, 0);
+  if (fresh) holdfast::pieces::Prune(dir, 0);
   if (default_checkpoint_dir_) {
     std::ofstream(dir + "/command.txt") << absl::StrJoin(cmd_, " ") << "\n";
   }
@@ -495,7 +495,7 @@ json Launcher::Summary(const StatusResponse& s, const std::string& outcome,
     if (slots > 0 && slots == s.world_size()) {
       absl::StrAppend(&parts, replicated);
       j["state_hash"] = absl::StrFormat(
-          "%016x", holdfast::shards::Checksum(parts.data(), parts.size()));
+          "%016x", holdfast::pieces::Checksum(parts.data(), parts.size()));
       j["replicas_agree"] = agree;
     }
     auto f = (*store)->TryGet(holdfast::keys::kFinal);
@@ -553,7 +553,7 @@ json Launcher::Summary(const StatusResponse& s, const std::string& outcome,
   j["processes"] = procs;
   if (!checkpoint_dir_.empty()) {
     j["checkpoint_dir"] = checkpoint_dir_;
-    auto newest = holdfast::shards::FindNewest(checkpoint_dir_, std::nullopt);
+    auto newest = holdfast::pieces::FindNewest(checkpoint_dir_, std::nullopt);
     if (newest.ok() && newest->has_value()) {
       j["disk_checkpoint_step"] = (*newest)->step;
     }

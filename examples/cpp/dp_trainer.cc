@@ -293,8 +293,8 @@ int main(int argc, char** argv) {
   Collectives collectives;
   auto step_fn = [&](const holdfast::StepContext& ctx) -> absl::Status {
     std::fill(grad.begin(), grad.end(), 0.0f);
-    const int64_t begin = batch * ctx.rank / ctx.world_size;
-    const int64_t end = batch * (ctx.rank + 1) / ctx.world_size;
+    const int64_t begin = batch * ctx.slot / ctx.world_size;
+    const int64_t end = batch * (ctx.slot + 1) / ctx.world_size;
     float loss = 0;
     for (int64_t i = begin; i < end; ++i) {
       loss += Backprop(params.data(), MakeSample(ctx.step, i), grad.data());

@@ -94,8 +94,8 @@ int main(int argc, char** argv) {
     at::Tensor x = at::rand({batch, 16}, gen) * 2 - 1;
     at::Tensor y = at::sin(2 * at::matmul(x, target_w)).unsqueeze(1) +
                    0.1 * x.slice(1, 0, 1) * x.slice(1, 1, 2);
-    const int64_t lo = batch * ctx.rank / ctx.world_size;
-    const int64_t hi = batch * (ctx.rank + 1) / ctx.world_size;
+    const int64_t lo = batch * ctx.slot / ctx.world_size;
+    const int64_t hi = batch * (ctx.slot + 1) / ctx.world_size;
     opt.zero_grad();
     at::Tensor out = model->forward(x.slice(0, lo, hi));
     at::Tensor loss =

@@ -72,8 +72,8 @@ def main():
     def step(ctx):
         ddp = hd.ddp(rt, model)
         x, y = make_batch(ctx.step, args.batch)
-        lo = args.batch * ctx.rank // ctx.world_size
-        hi = args.batch * (ctx.rank + 1) // ctx.world_size
+        lo = args.batch * ctx.slot // ctx.world_size
+        hi = args.batch * (ctx.slot + 1) // ctx.world_size
         opt.zero_grad(set_to_none=False)
         loss = torch.nn.functional.mse_loss(ddp(x[lo:hi]), y[lo:hi])
         loss.backward()

@@ -173,7 +173,9 @@ class Runtime;
 // What the step function gets.
 struct StepContext {
   int64_t step = 0;  // 1-based
-  int rank = 0;      // this slot
+  // This member's slot in the world: its rank in `comm` and its index in
+  // the data-parallel split.
+  int slot = 0;
   int world_size = 0;
   int64_t generation = 0;
   Communicator* comm = nullptr;  // this generation's; valid during the call

@@ -108,12 +108,16 @@ class Communicator:
 
 
 class StepContext:
-    """What the step function gets: step (1-based), rank, world_size,
-    generation, comm (this generation's Communicator) and runtime."""
+    """What the step function gets: step (1-based), slot (this member's
+    place in the world: its rank in comm and in the torch.distributed
+    group), world_size, generation, comm (this generation's Communicator)
+    and runtime. `rank` is the same number, under torch.distributed's
+    name for it."""
 
     def __init__(self, ctx, runtime):
         self.step = ctx.step
-        self.rank = ctx.rank
+        self.slot = ctx.slot
+        self.rank = ctx.slot
         self.world_size = ctx.world_size
         self.generation = ctx.generation
         self.comm = Communicator(ctx.comm)

@@ -40,7 +40,7 @@ absl::Status AgreeMax(Communicator* c, int64_t* v, size_t n) {
 // A copy this member keeps for an owner, as it arrives.
 struct Incoming {
   std::unique_ptr<Piece> piece;
-  shards::CopyHasher hasher;
+  pieces::CopyHasher hasher;
   bool damaged = false;  // arrived with another checksum than sent
 };
 
@@ -183,7 +183,7 @@ absl::Status Round::Transfer(const BackupPlacement& placement, bool* good) {
       moved_ += static_cast<int64_t>(size);
     }
   }
-  shards::CopyHasher own_hasher;
+  pieces::CopyHasher own_hasher;
   const bool hash_own = !own_->deferred && !own_buddies.empty();
   std::vector<std::function<absl::Status()>> jobs;
   // The first link hashes the piece; the others wait for its digest.
@@ -246,7 +246,7 @@ absl::Status Round::Transfer(const BackupPlacement& placement, bool* good) {
       RunJobs("the backup round", jobs,
               [links](absl::string_view why) { links->Abort(why); });
   if (!own_->deferred && !hash_own) {
-    own_->checksum = shards::Checksum(own_->bytes.get(), own_->size);
+    own_->checksum = pieces::Checksum(own_->bytes.get(), own_->size);
   }
   transfer_us_ = absl::ToInt64Microseconds(absl::Now() - transfer_start);
   HOLDFAST_RETURN_IF_ERROR(st);
@@ -270,7 +270,7 @@ absl::StatusOr<bool> Round::Settle(bool good, bool verdicts) {
     // Unchecked copies of pieces copied between the steps have no verdict
     // to share. A slot that acked first waits (bounded) for the commit,
     // which then comes before this exchange rather than during it: the
-    // exchange's wake-ups no longer compete with the commit's on a busy
+    // exchange's wake-ups do not compete with the commit's on a busy
     // host (see kVerdictAfter).
     if (good && hooks_.await_decided(s_, gen_, absl::Now() + kVerdictAfter) &&
         hooks_.committed() >= s_) {

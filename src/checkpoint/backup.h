@@ -17,7 +17,7 @@
 #include "absl/time/time.h"
 #include "holdfast/communicator.h"
 #include "src/checkpoint/bulk.h"
-#include "src/checkpoint/shards.h"
+#include "src/checkpoint/pieces.h"
 #include "src/checkpoint/snapshots.h"
 #include "src/checkpoint/state.h"
 

@@ -360,7 +360,7 @@ absl::Status Links::Read(int fd, int peer, void* data, size_t size, size_t at,
 }
 
 absl::Status Links::SendPiece(int peer, int64_t step, const uint8_t* data,
-                              size_t size, shards::CopyHasher* hasher) {
+                              size_t size, pieces::CopyHasher* hasher) {
   absl::StatusOr<int> fd = Fd(peer, /*out=*/true);
   if (!fd.ok()) return fd.status();
   PieceHeader h{};

@@ -36,7 +36,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "src/checkpoint/shards.h"
+#include "src/checkpoint/pieces.h"
 
 namespace holdfast::bulk {
 
@@ -92,7 +92,7 @@ class Links {
   // Sends the `size` bytes of this member's piece of `step` to `peer`,
   // hashing each chunk into `hasher` (if not null) just before writing it.
   absl::Status SendPiece(int peer, int64_t step, const uint8_t* data,
-                         size_t size, shards::CopyHasher* hasher);
+                         size_t size, pieces::CopyHasher* hasher);
   absl::Status SendChecksum(int peer, uint64_t checksum);
 
   // Receives `peer`'s piece of `step` into `data`; its header must name

@@ -13,7 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "holdfast/status.h"
 #include "src/checkpoint/peer_memory.h"
-#include "src/checkpoint/shards.h"
+#include "src/checkpoint/pieces.h"
 #include "src/common/logging.h"
 #include "src/common/status_util.h"
 #include "src/common/thread_util.h"
@@ -267,7 +267,7 @@ absl::StatusOr<std::vector<std::vector<OfferedCopy>>> Restore::OfferCopies(
   const size_t offered = std::min(at->size(), static_cast<size_t>(kmax));
   std::vector<uint64_t> sums(offered);
   ForEachOnThreads(offered, kRestoreThreads, [&](size_t i) {
-    sums[i] = shards::Checksum((*at)[i]->bytes.get(), (*at)[i]->size);
+    sums[i] = pieces::Checksum((*at)[i]->bytes.get(), (*at)[i]->size);
   });
   for (size_t i = 0; i < offered; ++i) {
     const Piece& p = *(*at)[i];
@@ -449,14 +449,14 @@ absl::StatusOr<PieceSets> Restore::LivePieces(
   if (progress_->high_step == target) {
     for (int p = 0; p < old_world; ++p) {
       if (local.count(p) > 0 || state_->PieceSize(old_world, p) == 0 ||
-          !state_->Needs(world_, slot_, old_world, p)) {
+          !state_->NeedsPiece(world_, slot_, old_world, p)) {
         continue;
       }
-      shards::CopyHasher h;
+      pieces::CopyHasher h;
       bool comparable = true;
-      shards::Range ledger_part{0, 0};  // of the ledger, in piece p
+      pieces::Range ledger_part{0, 0};  // of the ledger, in piece p
       for (const StateBuffer& b : state_->buffers()) {
-        const shards::Range r = StateRegistry::Part(b, old_world, p);
+        const pieces::Range r = StateRegistry::PartOf(b, old_world, p);
         if (r.bytes == 0) continue;
         if (!b.ledger) {
           h.Update(b.data + r.offset, r.bytes);
@@ -488,7 +488,7 @@ absl::StatusOr<PieceSets> Restore::LivePieces(
   return live;
 }
 
-bool Restore::LedgerImage::Covers(const shards::Range& r) const {
+bool Restore::LedgerImage::Covers(const pieces::Range& r) const {
   for (size_t i = r.offset; i < r.offset + r.bytes; ++i) {
     if (((known >> i) & 1) == 0) return false;
   }
@@ -506,7 +506,7 @@ absl::StatusOr<Restore::LedgerImage> Restore::TargetLedger(
   for (const auto& [p, piece] : local) {
     size_t at = 0;  // where the ledger's part lies in the piece
     for (const StateBuffer& b : state_->buffers()) {
-      const shards::Range r = StateRegistry::Part(b, old_world, p);
+      const pieces::Range r = StateRegistry::PartOf(b, old_world, p);
       if (b.ledger) {
         std::memcpy(out + r.offset, piece->bytes.get() + at, r.bytes);
         for (size_t i = r.offset; i < r.offset + r.bytes; ++i) {
@@ -540,8 +540,8 @@ absl::StatusOr<std::optional<Restored>> Restore::FromDisk(bool required) {
   Communicator* const comm = comm_;
   const std::string& dir = options_.checkpoint_dir;
   const uint64_t layout = state_->LayoutHash();
-  absl::StatusOr<std::optional<shards::DiskStep>> found =
-      shards::FindNewest(dir, layout);
+  absl::StatusOr<std::optional<pieces::DiskStep>> found =
+      pieces::FindNewest(dir, layout);
   int64_t mine[2] = {-1, 0};
   if (found.ok() && found->has_value()) {
     mine[0] = (*found)->step;
@@ -576,17 +576,17 @@ absl::StatusOr<std::optional<Restored>> Restore::FromDisk(bool required) {
   absl::Status s;
   std::vector<uint8_t> data;
   for (int p = 0; p < world && s.ok(); ++p) {
-    if (!state_->Needs(world_, slot_, world, p)) continue;
-    shards::PieceHeader h;
-    s = shards::ReadPiece(shards::PiecePath(dir, step, world, p), layout, &h,
+    if (!state_->NeedsPiece(world_, slot_, world, p)) continue;
+    pieces::PieceHeader h;
+    s = pieces::ReadPiece(pieces::PiecePath(dir, step, world, p), layout, &h,
                           &data);
     if (s.ok() && data.size() != state_->PieceSize(world, p)) {
       s = absl::DataLossError(absl::StrCat(
-          "checkpoint piece ", shards::PiecePath(dir, step, world, p),
+          "checkpoint piece ", pieces::PiecePath(dir, step, world, p),
           " holds ", data.size(), " bytes; ", state_->PieceSize(world, p),
           " expected"));
     }
-    if (s.ok()) state_->Apply(data.data(), world, p, world_, slot_);
+    if (s.ok()) state_->ApplyPiece(data.data(), world, p, world_, slot_);
   }
   const int64_t ok = s.ok() ? 1 : 0;
   std::vector<int64_t> oks(static_cast<size_t>(world_));

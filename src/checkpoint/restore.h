@@ -136,7 +136,7 @@ class Restore {
   struct LedgerImage {
     int64_t bytes[kLedgerWords] = {0, 0, 0};
     int64_t known = 0;
-    bool Covers(const shards::Range& r) const;
+    bool Covers(const pieces::Range& r) const;
   };
 
   absl::StatusOr<std::vector<std::vector<OfferedCopy>>> OfferCopies(
@@ -170,6 +170,19 @@ class Restore {
                              std::map<int, std::unique_ptr<Piece>>* received,
                              std::set<int>* arrived, absl::Status* lost,
                              Restored* out);
+
+  // Reads piece `p` in place from slot `from` (process `pid`, the copy at
+  // `address`) into `lands`, chunk by chunk; with `h`, each chunk is hashed
+  // (and copied on into `also`, if set) while it is in the cache, and
+  // `damage` runs for the chunk holding `damage_at`.
+  absl::Status ReadInPlace(int p, int from, int64_t pid, uint64_t address,
+                           const Segments& lands, pieces::CopyHasher* h,
+                           const Segments* also, const uint8_t* damage_at,
+                           const std::function<void()>& damage);
+
+  // Copies what this member needs of a received `piece` (cut for
+  // `old_world`) into the live state; the piece's hash.
+  uint64_t ApplyReceived(const Piece& piece, int old_world);
 
   Communicator* const comm_;
   const int world_;

@@ -8,8 +8,8 @@
 #include "absl/strings/str_cat.h"
 #include "holdfast/status.h"
 #include "src/checkpoint/peer_memory.h"
+#include "src/checkpoint/pieces.h"
 #include "src/checkpoint/restore.h"
-#include "src/checkpoint/shards.h"
 #include "src/common/logging.h"
 #include "src/common/status_util.h"
 #include "src/common/thread_util.h"
@@ -68,14 +68,14 @@ absl::Status Restore::ApplyTarget(
     if (state_->PieceSize(old_world, p) == 0) continue;
     for (int m = 0; m < world_; ++m) {
       if (std::find(hs.begin(), hs.end(), m) == hs.end() && !live.Has(m, p) &&
-          state_->Needs(world_, m, old_world, p)) {
+          state_->NeedsPiece(world_, m, old_world, p)) {
         todo.emplace_back(p, m);
       }
     }
     auto l = local.find(p);
-    if (l != local.end() && state_->Needs(world_, slot_, old_world, p) &&
+    if (l != local.end() && state_->NeedsPiece(world_, slot_, old_world, p) &&
         !live.Has(slot_, p)) {
-      state_->Apply(l->second->bytes.get(), old_world, p, world_, slot_);
+      state_->ApplyPiece(l->second->bytes.get(), old_world, p, world_, slot_);
     }
   }
   // A received copy is kept (it covers a second fault before the next
@@ -107,13 +107,51 @@ absl::Status Restore::ApplyTarget(
   if (!lost.ok()) return lost;
   for (int p = 0; p < old_world; ++p) {
     if (state_->PieceSize(old_world, p) > 0 &&
-        state_->Needs(world_, slot_, old_world, p) && !live.Has(slot_, p) &&
-        local.count(p) == 0 && arrived.count(p) == 0) {
+        state_->NeedsPiece(world_, slot_, old_world, p) &&
+        !live.Has(slot_, p) && local.count(p) == 0 && arrived.count(p) == 0) {
       return absl::InternalError(
           absl::StrCat("restore: the piece of slot ", p, " never arrived"));
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status Restore::ReadInPlace(int p, int from, int64_t pid,
+                                  uint64_t address, const Segments& lands,
+                                  pieces::CopyHasher* h, const Segments* also,
+                                  const uint8_t* damage_at,
+                                  const std::function<void()>& damage) {
+  absl::Status s;
+  size_t done = 0;  // of the piece's bytes
+  for (const auto& [dst, bytes] : lands) {
+    for (size_t off = 0; s.ok() && off < bytes; off += kReadChunk) {
+      const size_t n = std::min(kReadChunk, bytes - off);
+      s = peer_memory::Read(pid, address + off, dst + off, n);
+      if (h == nullptr || !s.ok()) continue;
+      if (damage_at >= dst + off && damage_at < dst + off + n) damage();
+      if (also != nullptr) {
+        checkpoint::CopyInto(*also, done + off, dst + off, n, h);
+      } else {
+        h->Update(dst + off, n);
+      }
+    }
+    if (!s.ok()) break;
+    address += bytes;
+    done += bytes;
+  }
+  if (!s.ok()) {
+    return absl::UnavailableError(absl::StrCat(
+        "restore: the piece of slot ", p, " could not be read from slot ", from,
+        " on this host: ", s.message()));
+  }
+  return absl::OkStatus();
+}
+
+uint64_t Restore::ApplyReceived(const Piece& piece, int old_world) {
+  pieces::CopyHasher h;
+  state_->ApplyPiece(piece.bytes.get(), old_world, piece.slot, world_, slot_,
+                     &h);
+  return h.Digest();
 }
 
 absl::Status Restore::TransferRound(
@@ -191,43 +229,20 @@ absl::Status Restore::TransferRound(
   // in the cache (`live_hashes`).
   // The works of the communicator go on meanwhile, and are waited for
   // before any error is returned (their buffers are `received`'s).
-  std::map<int, shards::CopyHasher> live_hashes;
+  std::map<int, pieces::CopyHasher> live_hashes;
   for (int p : reads) {
     if (into_live.count(p) > 0 || also_live.count(p) > 0) live_hashes[p];
   }
   auto read_piece = [&](int p) -> absl::Status {
     const int from = sender.at(p);
-    const int64_t pid = in_place.pids[static_cast<size_t>(from)];
-    uint64_t address = use.address_by_slot[static_cast<size_t>(p)][round];
     auto hashed = live_hashes.find(p);
-    shards::CopyHasher* h =
-        hashed != live_hashes.end() ? &hashed->second : nullptr;
     auto copied = also_live.find(p);
-    const Segments* out = copied != also_live.end() ? &copied->second : nullptr;
-    absl::Status s;
-    size_t done = 0;  // of the piece's bytes
-    for (const auto& [dst, bytes] : lands.at(p)) {
-      for (size_t off = 0; s.ok() && off < bytes; off += kReadChunk) {
-        const size_t n = std::min(kReadChunk, bytes - off);
-        s = peer_memory::Read(pid, address + off, dst + off, n);
-        if (h == nullptr || !s.ok()) continue;
-        if (damage_at >= dst + off && damage_at < dst + off + n) damage();
-        if (out != nullptr) {
-          checkpoint::CopyInto(*out, done + off, dst + off, n, h);
-        } else {
-          h->Update(dst + off, n);
-        }
-      }
-      if (!s.ok()) break;
-      address += bytes;
-      done += bytes;
-    }
-    if (!s.ok()) {
-      return absl::UnavailableError(absl::StrCat(
-          "restore: the piece of slot ", p, " could not be read from slot ",
-          from, " on this host: ", s.message()));
-    }
-    return absl::OkStatus();
+    return ReadInPlace(p, from, in_place.pids[static_cast<size_t>(from)],
+                       use.address_by_slot[static_cast<size_t>(p)][round],
+                       lands.at(p),
+                       hashed != live_hashes.end() ? &hashed->second : nullptr,
+                       copied != also_live.end() ? &copied->second : nullptr,
+                       damage_at, damage);
   };
   std::vector<absl::Status> read_out(reads.size());
   ForEachOnThreads(reads.size(), kRestoreThreads,
@@ -248,15 +263,10 @@ absl::Status Restore::TransferRound(
   for (const auto& [p, from] : sender) {
     out->bytes_received +=
         static_cast<int64_t>(state_->PieceSize(old_world, p));
-    uint64_t digest;
-    if (live_hashes.count(p) > 0) {
-      digest = live_hashes.at(p).Digest();
-    } else {
-      shards::CopyHasher h;
-      state_->Apply(received->at(p)->bytes.get(), old_world, p, world_, slot_,
-                    &h);
-      digest = h.Digest();
-    }
+    auto hashed = live_hashes.find(p);
+    const uint64_t digest = hashed != live_hashes.end()
+                                ? hashed->second.Digest()
+                                : ApplyReceived(*received->at(p), old_world);
     if (digest == use.checksum[static_cast<size_t>(p)]) {
       arrived->insert(p);
       continue;

@@ -245,7 +245,7 @@ Snapshots::Taken Snapshots::TakeQueued(int64_t gen, bool run) {
 }
 
 void Snapshots::CopyIn(Piece* p) {
-  shards::CopyHasher h;
+  pieces::CopyHasher h;
   state_->CopyPiece(p->world, p->slot, p->bytes.get(), &h);
   p->checksum = h.Digest();
   absl::MutexLock lock(&mu_);

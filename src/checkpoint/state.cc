@@ -21,7 +21,7 @@ ShardView ViewOf(const StateBuffer& b) {
 }
 
 void Repartition(StateBuffer& b, int world, int slot) {
-  const shards::Range r = StateRegistry::Part(b, world, slot);
+  const pieces::Range r = StateRegistry::PartOf(b, world, slot);
   if (r.offset == b.part.offset && r.bytes == b.part.bytes &&
       b.storage.size() == r.bytes) {
     return;
@@ -31,7 +31,7 @@ void Repartition(StateBuffer& b, int world, int slot) {
 }
 
 // Where partition `r` of buffer `b` starts in this member's memory.
-const uint8_t* Source(const StateBuffer& b, const shards::Range& r) {
+const uint8_t* Source(const StateBuffer& b, const pieces::Range& r) {
   return b.sharded ? b.storage.data() : b.data + r.offset;
 }
 
@@ -99,15 +99,15 @@ bool StateRegistry::ReplicatedOnly() const {
                       [](const StateBuffer& b) { return b.sharded; });
 }
 
-shards::Range StateRegistry::Part(const StateBuffer& b, int world, int slot) {
-  return shards::Partition(b.global, b.unit, world, slot);
+pieces::Range StateRegistry::PartOf(const StateBuffer& b, int world, int slot) {
+  return pieces::Partition(b.global, b.unit, world, slot);
 }
 
-shards::Range StateRegistry::Needed(const StateBuffer& b, int world, int slot) {
-  return b.sharded ? Part(b, world, slot) : shards::Range{0, b.global};
+pieces::Range StateRegistry::Needed(const StateBuffer& b, int world, int slot) {
+  return b.sharded ? PartOf(b, world, slot) : pieces::Range{0, b.global};
 }
 
-uint8_t* StateRegistry::LiveAt(StateBuffer& b, const shards::Range& need,
+uint8_t* StateRegistry::LiveAt(StateBuffer& b, const pieces::Range& need,
                                size_t offset) {
   return b.sharded ? b.storage.data() + (offset - need.offset)
                    : b.data + offset;
@@ -121,14 +121,15 @@ void StateRegistry::RepartitionAll(int world, int slot) {
 
 size_t StateRegistry::PieceSize(int world, int slot) const {
   size_t n = 0;
-  for (const StateBuffer& b : buffers_) n += Part(b, world, slot).bytes;
+  for (const StateBuffer& b : buffers_) n += PartOf(b, world, slot).bytes;
   return n;
 }
 
-bool StateRegistry::Needs(int world, int slot, int old_world, int p) const {
+bool StateRegistry::NeedsPiece(int world, int slot, int old_world,
+                               int p) const {
   for (const StateBuffer& b : buffers_) {
-    if (shards::Intersect(Needed(b, world, slot), Part(b, old_world, p)).bytes >
-        0) {
+    if (pieces::Intersect(Needed(b, world, slot), PartOf(b, old_world, p))
+            .bytes > 0) {
       return true;
     }
   }
@@ -136,9 +137,9 @@ bool StateRegistry::Needs(int world, int slot, int old_world, int p) const {
 }
 
 void StateRegistry::CopyPiece(int world, int slot, uint8_t* out,
-                              shards::CopyHasher* hash) const {
+                              pieces::CopyHasher* hash) const {
   for (const StateBuffer& b : buffers_) {
-    const shards::Range r = Part(b, world, slot);
+    const pieces::Range r = PartOf(b, world, slot);
     if (r.bytes == 0) continue;
     if (hash != nullptr) {
       out = hash->Copy(out, Source(b, r), r.bytes);
@@ -149,13 +150,13 @@ void StateRegistry::CopyPiece(int world, int slot, uint8_t* out,
   }
 }
 
-void StateRegistry::Apply(const uint8_t* piece, int old_world, int p, int world,
-                          int slot, shards::CopyHasher* hash) {
+void StateRegistry::ApplyPiece(const uint8_t* piece, int old_world, int p,
+                               int world, int slot, pieces::CopyHasher* hash) {
   size_t off = 0;
   for (StateBuffer& b : buffers_) {
-    const shards::Range r = Part(b, old_world, p);
-    const shards::Range need = Needed(b, world, slot);
-    const shards::Range x = shards::Intersect(need, r);
+    const pieces::Range r = PartOf(b, old_world, p);
+    const pieces::Range need = Needed(b, world, slot);
+    const pieces::Range x = pieces::Intersect(need, r);
     const uint8_t* from = piece + off;
     if (x.bytes > 0) {
       uint8_t* dst = LiveAt(b, need, x.offset);
@@ -177,10 +178,10 @@ void StateRegistry::Apply(const uint8_t* piece, int old_world, int p, int world,
 Segments StateRegistry::Landing(int old_world, int p, int world, int slot) {
   Segments out;
   for (StateBuffer& b : buffers_) {
-    const shards::Range r = Part(b, old_world, p);
+    const pieces::Range r = PartOf(b, old_world, p);
     if (r.bytes == 0) continue;
-    const shards::Range need = Needed(b, world, slot);
-    if (shards::Intersect(need, r).bytes != r.bytes) return {};
+    const pieces::Range need = Needed(b, world, slot);
+    if (pieces::Intersect(need, r).bytes != r.bytes) return {};
     out.emplace_back(LiveAt(b, need, r.offset), r.bytes);
   }
   return out;
@@ -197,7 +198,7 @@ uint64_t StateRegistry::LayoutHash() const {
 }
 
 uint64_t StateRegistry::LiveHash() const {
-  shards::CopyHasher h;
+  pieces::CopyHasher h;
   for (const StateBuffer& b : buffers_) {
     if (!b.sharded && !b.ledger) h.Update(b.data, b.global);
   }
@@ -205,7 +206,7 @@ uint64_t StateRegistry::LiveHash() const {
 }
 
 uint64_t StateRegistry::ShardedHash() const {
-  shards::CopyHasher h;
+  pieces::CopyHasher h;
   for (const StateBuffer& b : buffers_) {
     if (b.sharded) h.Update(b.storage.data(), b.storage.size());
   }
@@ -213,7 +214,7 @@ uint64_t StateRegistry::ShardedHash() const {
 }
 
 void CopyInto(const Segments& to, size_t from, const uint8_t* src, size_t n,
-              shards::CopyHasher* h) {
+              pieces::CopyHasher* h) {
   size_t base = 0;  // of the piece, where the segment starts
   for (const auto& [dst, bytes] : to) {
     if (n == 0) break;

@@ -8,7 +8,7 @@
 //   - sharded: a global array of `global` bytes cut into whole units, of
 //     which this member holds one partition in storage the registry owns.
 // A snapshot of a world of W slots is W pieces; piece p is, buffer after
-// buffer, partition p of every buffer (shards::Partition). What a member
+// buffer, partition p of every buffer (pieces::Partition). What a member
 // at (world, slot) holds live is all of every replicated buffer and its
 // own partition of every sharded one.
 //
@@ -27,7 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "holdfast/runtime.h"
-#include "src/checkpoint/shards.h"
+#include "src/checkpoint/pieces.h"
 
 namespace holdfast::checkpoint {
 
@@ -41,7 +41,7 @@ struct StateBuffer {
   size_t unit = 1;               // partitions are whole units
   uint8_t* data = nullptr;       // replicated: the caller's whole array
   std::vector<uint8_t> storage;  // sharded: this slot's partition
-  shards::Range part;            // sharded: what storage holds
+  pieces::Range part;            // sharded: what storage holds
 };
 
 // Places in memory that a piece's bytes fill, in the piece's order.
@@ -66,12 +66,12 @@ class StateRegistry {
   bool ReplicatedOnly() const;
 
   // Partition `slot` of buffer `b` in a world of `world`.
-  static shards::Range Part(const StateBuffer& b, int world, int slot);
+  static pieces::Range PartOf(const StateBuffer& b, int world, int slot);
   // What the member at (world, slot) holds live of `b`.
-  static shards::Range Needed(const StateBuffer& b, int world, int slot);
+  static pieces::Range Needed(const StateBuffer& b, int world, int slot);
   // Where byte `offset` of `b` lies in the live state of a member that
   // holds `need` of it.
-  static uint8_t* LiveAt(StateBuffer& b, const shards::Range& need,
+  static uint8_t* LiveAt(StateBuffer& b, const pieces::Range& need,
                          size_t offset);
 
   // Sizes every sharded partition for (world, slot); unchanged ones keep
@@ -81,17 +81,17 @@ class StateRegistry {
   size_t PieceSize(int world, int slot) const;
   // Whether the member at (world, slot) needs any byte of piece `p` of a
   // snapshot cut for `old_world`.
-  bool Needs(int world, int slot, int old_world, int p) const;
+  bool NeedsPiece(int world, int slot, int old_world, int p) const;
 
   // Copies this member's piece `slot` of a world of `world` out of the live
   // state into `out` (PieceSize bytes), hashing it when `hash` is set.
   void CopyPiece(int world, int slot, uint8_t* out,
-                 shards::CopyHasher* hash = nullptr) const;
+                 pieces::CopyHasher* hash = nullptr) const;
   // Copies what the member at (world, slot) needs out of piece `p` (cut
   // for `old_world`) into the live state. With `hash`, every byte of the
   // piece is hashed too, in order, the copied ones as they are copied.
-  void Apply(const uint8_t* piece, int old_world, int p, int world, int slot,
-             shards::CopyHasher* hash = nullptr);
+  void ApplyPiece(const uint8_t* piece, int old_world, int p, int world,
+                  int slot, pieces::CopyHasher* hash = nullptr);
   // Where the bytes of piece `p` (cut for `old_world`) go in the live
   // state of the member at (world, slot), when every one of them does;
   // else empty.
@@ -113,7 +113,7 @@ class StateRegistry {
 // Copies `n` bytes, bytes [from, from + n) of a piece, to where they go
 // in `to` (the piece's segments), hashing them.
 void CopyInto(const Segments& to, size_t from, const uint8_t* src, size_t n,
-              shards::CopyHasher* h);
+              pieces::CopyHasher* h);
 
 }  // namespace holdfast::checkpoint
 

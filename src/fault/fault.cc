@@ -28,7 +28,7 @@ absl::Status Bad(absl::string_view spec, absl::string_view why) {
                    " (expected e.g. kill:slot=2:step=30, hang:slot=1:step=50, "
                    "stall:slot=1:recovery=1, kill:slot=2:restore=1, "
                    "exit:slot=0:step=10, slow:slot=3:ms=300 or "
-                   "fail-op:slot=2:seq=120, corrupt-shard:slot=1:step=20, "
+                   "fail-op:slot=2:seq=120, corrupt-piece:slot=1:step=20, "
                    "corrupt-backup:slot=1:step=10 or corrupt-restore:slot=1)"));
 }
 
@@ -50,8 +50,8 @@ absl::StatusOr<FaultSpec> ParseOne(absl::string_view text, int index) {
     f.kind = Kind::kSlow;
   } else if (kind == "fail-op") {
     f.kind = Kind::kFailOp;
-  } else if (kind == "corrupt-shard") {
-    f.kind = Kind::kCorruptShard;
+  } else if (kind == "corrupt-piece") {
+    f.kind = Kind::kCorruptPiece;
   } else if (kind == "corrupt-backup") {
     f.kind = Kind::kCorruptBackup;
   } else if (kind == "corrupt-restore") {
@@ -59,7 +59,7 @@ absl::StatusOr<FaultSpec> ParseOne(absl::string_view text, int index) {
   } else {
     return Bad(text, absl::StrCat("unknown kind '", kind,
                                   "' (kill, hang, stall, exit, slow, fail-op, "
-                                  "corrupt-shard, corrupt-backup or "
+                                  "corrupt-piece, corrupt-backup or "
                                   "corrupt-restore)"));
   }
   for (size_t i = 1; i < parts.size(); ++i) {
@@ -121,7 +121,7 @@ absl::StatusOr<FaultSpec> ParseOne(absl::string_view text, int index) {
     case Kind::kFailOp:
       if (f.seq < 0) return Bad(text, "seq=N is required");
       break;
-    case Kind::kCorruptShard:
+    case Kind::kCorruptPiece:
     case Kind::kCorruptBackup:
       if (f.step < 0) return Bad(text, "step=N is required");
       break;
@@ -147,8 +147,8 @@ const char* KindName(Kind kind) {
       return "slow";
     case Kind::kFailOp:
       return "fail-op";
-    case Kind::kCorruptShard:
-      return "corrupt-shard";
+    case Kind::kCorruptPiece:
+      return "corrupt-piece";
     case Kind::kCorruptBackup:
       return "corrupt-backup";
     case Kind::kCorruptRestore:
@@ -265,7 +265,7 @@ void Injector::Fire(const FaultSpec& f, absl::string_view where) {
       _exit(f.code);
     case Kind::kSlow:
     case Kind::kFailOp:
-    case Kind::kCorruptShard:
+    case Kind::kCorruptPiece:
     case Kind::kCorruptBackup:
     case Kind::kCorruptRestore:
       return;
@@ -342,7 +342,7 @@ absl::Status Injector::AtCollective(int slot, int64_t seq) {
   return absl::OkStatus();
 }
 
-bool Injector::AtShard(Kind kind, int slot, int64_t step) {
+bool Injector::AtPiece(Kind kind, int slot, int64_t step) {
   absl::MutexLock lock(&mu_);
   for (const FaultSpec& f : faults_) {
     // Only corrupt-restore may leave the step out (any step).

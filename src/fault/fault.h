@@ -26,7 +26,7 @@
 //                            the pieces begin to move: the others know
 //                            where its copies lie and may be reading them
 //                            (also hang, stall and exit)
-//   corrupt-shard:slot=1:step=20
+//   corrupt-piece:slot=1:step=20
 //                            once step 20 is committed, flip a byte of
 //                            slot 1's own copy of its checkpoint piece (a
 //                            restore must notice and use a buddy's copy)
@@ -75,7 +75,7 @@ enum class Kind {
   kExit,
   kSlow,
   kFailOp,
-  kCorruptShard,
+  kCorruptPiece,
   kCorruptBackup,
   kCorruptRestore
 };
@@ -132,10 +132,10 @@ class Injector {
   void AtRestore(int slot, int restore);
   // Non-OK (Internal, "injected fault ...") when fail-op fires.
   absl::Status AtCollective(int slot, int64_t seq);
-  // True once when a corrupt-shard, corrupt-backup or corrupt-restore
+  // True once when a corrupt-piece, corrupt-backup or corrupt-restore
   // fault (`kind`) fires for this slot at `step` (the caller does the
   // corrupting).
-  bool AtShard(Kind kind, int slot, int64_t step);
+  bool AtPiece(Kind kind, int slot, int64_t step);
 
  private:
   // Fires kill/exit now (does not return), hang and stall (return when

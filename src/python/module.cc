@@ -123,7 +123,7 @@ class PyCommunicator {
 
 struct PyStepContext {
   int64_t step = 0;
-  int rank = 0;
+  int slot = 0;
   int world_size = 0;
   int64_t generation = 0;
   std::shared_ptr<PyCommunicator> comm;
@@ -209,13 +209,82 @@ struct ReleaseGilDelete {
 };
 using RuntimeHolder = std::unique_ptr<Runtime, ReleaseGilDelete>;
 
-}  // namespace
-}  // namespace holdfast
+// Runtime.run: runs the loop with the GIL released, the step function,
+// the metrics and the restore hook taking it back; a Python exception of
+// the step function or the hook ends the run and is raised again here.
+RunResult RunFromPython(Runtime& rt, const py::function& step_fn, int64_t steps,
+                        int64_t snapshot_every, const py::object& metrics,
+                        const py::object& on_restore,
+                        const std::string& snapshot_copy) {
+  RunOptions ro;
+  if (snapshot_copy == "auto") {
+    ro.snapshot_copy = RunOptions::SnapshotCopy::kAuto;
+  } else if (snapshot_copy == "between_steps") {
+    ro.snapshot_copy = RunOptions::SnapshotCopy::kBetweenSteps;
+  } else if (snapshot_copy == "during_next_step") {
+    ro.snapshot_copy = RunOptions::SnapshotCopy::kDuringNextStep;
+  } else {
+    throw py::value_error(
+        "run: snapshot_copy is '" + snapshot_copy +
+        "'; it is 'auto', 'between_steps' or 'during_next_step'");
+  }
+  // An exception of the step function that is not a holdfast
+  // error: Run stops, and it is raised again here.
+  std::optional<py::error_already_set> raised;
+  py::object holdfast_error =
+      py::module_::import("holdfast.errors").attr("HoldfastError");
+  auto fn = [&](const StepContext& ctx) -> absl::Status {
+    py::gil_scoped_acquire gil;
+    PyStepContext pc;
+    pc.step = ctx.step;
+    pc.slot = ctx.slot;
+    pc.world_size = ctx.world_size;
+    pc.generation = ctx.generation;
+    pc.comm = std::make_shared<PyCommunicator>(&rt, ctx.comm);
+    try {
+      step_fn(pc);
+      return absl::OkStatus();
+    } catch (py::error_already_set& e) {
+      if (e.matches(holdfast_error)) {
+        const int code = py::cast<int>(e.value().attr("code"));
+        return absl::Status(static_cast<absl::StatusCode>(code),
+                            py::cast<std::string>(py::str(e.value())));
+      }
+      raised.emplace(std::move(e));
+      return absl::UnknownError("the step function raised a Python exception");
+    }
+  };
+  ro.steps = steps;
+  ro.snapshot_every = snapshot_every;
+  if (!metrics.is_none()) {
+    ro.metrics = [&metrics]() {
+      py::gil_scoped_acquire gil;
+      return py::cast<std::map<std::string, double>>(metrics());
+    };
+  }
+  if (!on_restore.is_none()) {
+    ro.on_restore = [&](int64_t step) -> absl::Status {
+      py::gil_scoped_acquire gil;
+      try {
+        on_restore(step);
+        return absl::OkStatus();
+      } catch (py::error_already_set& e) {
+        raised.emplace(std::move(e));
+        return absl::UnknownError("the restore hook raised a Python exception");
+      }
+    };
+  }
+  absl::StatusOr<RunResult> r;
+  {
+    py::gil_scoped_release release;
+    r = rt.Run(fn, ro);
+  }
+  if (raised.has_value()) throw *raised;
+  Check(r.status());
+  return *r;
+}
 
-PYBIND11_MODULE(_C, m) {
-  using namespace holdfast;  // NOLINT: the binding names every type
-  m.doc() = "holdfast's runtime and communicator (see the holdfast package)";
-
+void BindCommunicator(py::module_& m) {
   py::class_<PyCommunicator, std::shared_ptr<PyCommunicator>>(m, "Communicator")
       .def_property_readonly("rank", &PyCommunicator::rank)
       .def_property_readonly("size", &PyCommunicator::size)
@@ -322,10 +391,12 @@ PYBIND11_MODULE(_C, m) {
           py::arg("reason") = "aborted from Python")
       .def("dump_trace",
            [](PyCommunicator& c) { return c.Get()->DumpTrace(); });
+}
 
+void BindRecords(py::module_& m) {
   py::class_<PyStepContext>(m, "StepContext")
       .def_readonly("step", &PyStepContext::step)
-      .def_readonly("rank", &PyStepContext::rank)
+      .def_readonly("slot", &PyStepContext::slot)
       .def_readonly("world_size", &PyStepContext::world_size)
       .def_readonly("generation", &PyStepContext::generation)
       .def_readonly("comm", &PyStepContext::comm);
@@ -358,7 +429,9 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("wall_ms", &RunResult::wall_ms)
       .def_readonly("backups", &RunResult::backups)
       .def_readonly("backup_bytes", &RunResult::backup_bytes);
+}
 
+void BindRuntime(py::module_& m) {
   py::class_<Runtime, RuntimeHolder>(m, "Runtime")
       .def(py::init([](py::kwargs kw) {
         RuntimeOptions options = MakeOptions(kw);
@@ -408,84 +481,10 @@ PYBIND11_MODULE(_C, m) {
              Check(c.status());
              return std::make_shared<PyCommunicator>(&rt, *c);
            })
-      .def(
-          "run",
-          [](Runtime& rt, py::function step_fn, int64_t steps,
-             int64_t snapshot_every, py::object metrics, py::object on_restore,
-             const std::string& snapshot_copy) {
-            RunOptions ro;
-            if (snapshot_copy == "auto") {
-              ro.snapshot_copy = RunOptions::SnapshotCopy::kAuto;
-            } else if (snapshot_copy == "between_steps") {
-              ro.snapshot_copy = RunOptions::SnapshotCopy::kBetweenSteps;
-            } else if (snapshot_copy == "during_next_step") {
-              ro.snapshot_copy = RunOptions::SnapshotCopy::kDuringNextStep;
-            } else {
-              throw py::value_error(
-                  "run: snapshot_copy is '" + snapshot_copy +
-                  "'; it is 'auto', 'between_steps' or 'during_next_step'");
-            }
-            // An exception of the step function that is not a holdfast
-            // error: Run stops, and it is raised again here.
-            std::optional<py::error_already_set> raised;
-            py::object holdfast_error =
-                py::module_::import("holdfast.errors").attr("HoldfastError");
-            auto fn = [&](const StepContext& ctx) -> absl::Status {
-              py::gil_scoped_acquire gil;
-              PyStepContext pc;
-              pc.step = ctx.step;
-              pc.rank = ctx.rank;
-              pc.world_size = ctx.world_size;
-              pc.generation = ctx.generation;
-              pc.comm = std::make_shared<PyCommunicator>(&rt, ctx.comm);
-              try {
-                step_fn(pc);
-                return absl::OkStatus();
-              } catch (py::error_already_set& e) {
-                if (e.matches(holdfast_error)) {
-                  const int code = py::cast<int>(e.value().attr("code"));
-                  return absl::Status(
-                      static_cast<absl::StatusCode>(code),
-                      py::cast<std::string>(py::str(e.value())));
-                }
-                raised.emplace(std::move(e));
-                return absl::UnknownError(
-                    "the step function raised a Python exception");
-              }
-            };
-            ro.steps = steps;
-            ro.snapshot_every = snapshot_every;
-            if (!metrics.is_none()) {
-              ro.metrics = [&metrics]() {
-                py::gil_scoped_acquire gil;
-                return py::cast<std::map<std::string, double>>(metrics());
-              };
-            }
-            if (!on_restore.is_none()) {
-              ro.on_restore = [&](int64_t step) -> absl::Status {
-                py::gil_scoped_acquire gil;
-                try {
-                  on_restore(step);
-                  return absl::OkStatus();
-                } catch (py::error_already_set& e) {
-                  raised.emplace(std::move(e));
-                  return absl::UnknownError(
-                      "the restore hook raised a Python exception");
-                }
-              };
-            }
-            absl::StatusOr<RunResult> r;
-            {
-              py::gil_scoped_release release;
-              r = rt.Run(fn, ro);
-            }
-            if (raised.has_value()) throw *raised;
-            Check(r.status());
-            return *r;
-          },
-          py::arg("step_fn"), py::arg("steps"), py::arg("snapshot_every") = 1,
-          py::arg("metrics") = py::none(), py::arg("on_restore") = py::none(),
-          py::arg("snapshot_copy") = "auto")
+      .def("run", &RunFromPython, py::arg("step_fn"), py::arg("steps"),
+           py::arg("snapshot_every") = 1, py::arg("metrics") = py::none(),
+           py::arg("on_restore") = py::none(),
+           py::arg("snapshot_copy") = "auto")
       .def("begin_state_update",
            [](Runtime& rt) {
              // It may wait for a memory copy on the backup thread.
@@ -503,7 +502,9 @@ PYBIND11_MODULE(_C, m) {
             rt.Leave(finished);
           },
           py::arg("finished") = false);
+}
 
+void BindCodes(py::module_& m) {
   m.attr("DTYPE_CODES") =
       py::dict(py::arg("float32") = static_cast<int>(DataType::kFloat32),
                py::arg("float64") = static_cast<int>(DataType::kFloat64),
@@ -518,4 +519,15 @@ PYBIND11_MODULE(_C, m) {
                py::arg("max") = static_cast<int>(ReduceOp::kMax),
                py::arg("product") = static_cast<int>(ReduceOp::kProduct),
                py::arg("average") = static_cast<int>(ReduceOp::kAverage));
+}
+
+}  // namespace
+}  // namespace holdfast
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "holdfast's runtime and communicator (see the holdfast package)";
+  holdfast::BindCommunicator(m);
+  holdfast::BindRecords(m);
+  holdfast::BindRuntime(m);
+  holdfast::BindCodes(m);
 }

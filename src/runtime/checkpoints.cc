@@ -2,7 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "holdfast/status.h"
-#include "src/checkpoint/shards.h"
+#include "src/checkpoint/pieces.h"
 #include "src/common/logging.h"
 #include "src/fault/fault.h"
 
@@ -22,7 +22,7 @@ checkpoint::Restore RuntimeImpl::NewRestore(Communicator* comm, const View& v) {
     faults->AtRestore(slot, restores);
   };
   hooks.damage_first_taken = [faults, slot](int64_t step) {
-    return faults->AtShard(fault::Kind::kCorruptRestore, slot, step);
+    return faults->AtPiece(fault::Kind::kCorruptRestore, slot, step);
   };
   return checkpoint::Restore(comm, v.world, v.slot, &state_, &snapshots_,
                              &progress_, std::move(o), std::move(hooks));
@@ -86,7 +86,7 @@ checkpoint::BackupHooks RuntimeImpl::NewBackupHooks() {
   };
   h.committed = [this] { return committed_step(); };
   h.damage_arrival = [this](int64_t step) {
-    return faults_->AtShard(fault::Kind::kCorruptBackup, slot(), step);
+    return faults_->AtPiece(fault::Kind::kCorruptBackup, slot(), step);
   };
   h.after_commit = [this](Piece* own) { AfterCommit(own); };
   return h;
@@ -95,7 +95,7 @@ checkpoint::BackupHooks RuntimeImpl::NewBackupHooks() {
 void RuntimeImpl::AfterCommit(Piece* own) {
   const int64_t s = own->step;
   if (own->size > 0 &&
-      faults_->AtShard(fault::Kind::kCorruptShard, own->slot, s)) {
+      faults_->AtPiece(fault::Kind::kCorruptPiece, own->slot, s)) {
     own->bytes[own->size / 2] ^= 0x5a;
     HOLDFAST_LOG_WARN(
         "runtime: corrupted slot {}'s own copy of its piece of step {} "
@@ -111,7 +111,7 @@ void RuntimeImpl::AfterCommit(Piece* own) {
 }
 
 void RuntimeImpl::WriteToDisk(const Piece& own) {
-  shards::PieceHeader h;
+  pieces::PieceHeader h;
   h.step = own.step;
   h.layout_generation = own.layout_generation;
   h.world = own.world;
@@ -120,14 +120,14 @@ void RuntimeImpl::WriteToDisk(const Piece& own) {
   h.bytes = own.size;
   h.checksum = own.checksum;
   absl::Status s =
-      shards::WritePiece(options_.checkpoint_dir, h, own.bytes.get());
+      pieces::WritePiece(options_.checkpoint_dir, h, own.bytes.get());
   if (!s.ok()) {
     HOLDFAST_LOG_ERROR("runtime: disk tier: {}", std::string(s.message()));
     return;
   }
   snapshots_.NoteDiskWrite();
   // Keep the newest three step directories (one may be incomplete).
-  if (own.slot == 0) shards::Prune(options_.checkpoint_dir, 3);
+  if (own.slot == 0) pieces::Prune(options_.checkpoint_dir, 3);
 }
 
 }  // namespace holdfast

@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "holdfast/status.h"
-#include "src/checkpoint/shards.h"
+#include "src/checkpoint/pieces.h"
 #include "src/comm/create.h"
 #include "src/common/logging.h"
 #include "src/common/status_util.h"
@@ -23,7 +23,7 @@ absl::StatusOr<std::shared_ptr<Communicator>> RuntimeImpl::CreateComm(
     std::shared_ptr<Store> store, int64_t gen, int world, int slot,
     absl::Duration connect_timeout, bool side, bulk::Cancelled cancelled) {
   if (cancelled == nullptr) {
-    cancelled = [this, gen] { return Abandoned(gen); };
+    cancelled = [this, gen] { return RendezvousAbandoned(gen); };
   }
   CommunicatorOptions o = options_.comm;
   // The side communicator moves host snapshots: always Gloo. A fault spec
@@ -68,7 +68,7 @@ absl::Status RuntimeImpl::BuildComm() {
     if (comm_failed.load()) {
       return std::string("the training communicator failed");
     }
-    return Abandoned(gen);
+    return RendezvousAbandoned(gen);
   };
   absl::Status side_status;
   std::thread side(
@@ -172,7 +172,7 @@ absl::Status RuntimeImpl::BuildSide(int64_t gen, int world, int slot,
   std::vector<int64_t> all(static_cast<size_t>(world) * 3);
   HOLDFAST_RETURN_IF_ERROR(
       side->AllGather(labels, all.data(), 3, DataType::kInt64)->Wait());
-  shards::PlacementInput in;
+  pieces::PlacementInput in;
   int arrival = 0;
   for (int r = 0; r < world; ++r) {
     const size_t at = static_cast<size_t>(r) * 3;
@@ -189,7 +189,7 @@ absl::Status RuntimeImpl::BuildSide(int64_t gen, int world, int slot,
   in.replicas = options_.replicas;
   in.tp = options_.tp_size;
   in.pp = options_.pp_size;
-  shards::Placement pl = shards::Place(in);
+  pieces::Placement pl = pieces::Place(in);
   HOLDFAST_RETURN_IF_ERROR(ConnectLinks(*store, *listener, bulk_key, gen, slot,
                                         pl.buddies, cancelled));
   // The backup thread reads it between rounds.

@@ -142,7 +142,7 @@ void RuntimeImpl::ReportBroken(const std::string& why, int peer, int64_t gen) {
   }
 }
 
-absl::Status RuntimeImpl::Terminal() const {
+absl::Status RuntimeImpl::Stopped() const {
   absl::MutexLock lock(&mu_);
   if (!fenced_.ok()) {
     return absl::FailedPreconditionError(
@@ -196,10 +196,10 @@ absl::Status RuntimeImpl::AwaitSlot() {
                        job_end_->reason(), ")"));
     }
   }
-  return Terminal();
+  return Stopped();
 }
 
-std::optional<std::string> RuntimeImpl::Abandoned(int64_t gen) const {
+std::optional<std::string> RuntimeImpl::RendezvousAbandoned(int64_t gen) const {
   absl::MutexLock lock(&mu_);
   if (view_.generation > gen) {
     return absl::StrCat("rendezvous of generation ", gen,

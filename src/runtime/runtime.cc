@@ -95,7 +95,7 @@ absl::Status RuntimeImpl::Init() {
     return r.ok() && r->first;
   });
   // An injected stall ends once this member has no job to go on with.
-  faults_->SetRelease([this] { return !Terminal().ok(); });
+  faults_->SetRelease([this] { return !Stopped().ok(); });
   faults_->SetCommitted([this] { return committed_step(); });
   backup_hooks_ = NewBackupHooks();
   backup_thread_ = std::thread([this] { BackupLoop(); });
@@ -147,7 +147,7 @@ int64_t RuntimeImpl::committed_step() const {
 
 absl::Status RuntimeImpl::AwaitCommit(int64_t step, absl::Duration timeout) {
   if (AwaitCommitted(step, absl::Now() + timeout)) return absl::OkStatus();
-  HOLDFAST_RETURN_IF_ERROR(Terminal());
+  HOLDFAST_RETURN_IF_ERROR(Stopped());
   const bool moved = GenerationMoved();
   const absl::Status health = CommHealth();
   if (moved || !health.ok()) {

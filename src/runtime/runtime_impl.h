@@ -224,9 +224,9 @@ class RuntimeImpl final : public Runtime {
   // standby or the world shrinks.
   void ReportBroken(const std::string& why, int peer, int64_t gen);
   // OK, or why the job cannot go on for this member.
-  absl::Status Terminal() const;
+  absl::Status Stopped() const;
   // Why a rendezvous of generation `gen` is pointless now, if it is.
-  std::optional<std::string> Abandoned(int64_t gen) const;
+  std::optional<std::string> RendezvousAbandoned(int64_t gen) const;
   // The one question every wait on the controller asks: may this member
   // still take part in the job (not fenced, the job not over)?
   bool MayGoOnLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -251,7 +251,7 @@ class RuntimeImpl final : public Runtime {
   // A communicator of generation `gen` on `store` (rendezvous keys are
   // namespaced by generation); Aborted naming why when the rendezvous was
   // abandoned (a newer generation, fencing, the job's end).
-  // `cancelled`, if given, replaces Abandoned(gen).
+  // `cancelled`, if given, replaces RendezvousAbandoned(gen).
   absl::StatusOr<std::shared_ptr<Communicator>> CreateComm(
       std::shared_ptr<Store> store, int64_t gen, int world, int slot,
       absl::Duration connect_timeout, bool side = false,

@@ -46,7 +46,7 @@ absl::StatusOr<int64_t> RuntimeImpl::Recover(const absl::Status& cause) {
   // communicator failure, which would rebuild the same group around it.
   int absent = AbsentPeer(cause);
   for (;;) {
-    HOLDFAST_RETURN_IF_ERROR(Terminal());
+    HOLDFAST_RETURN_IF_ERROR(Stopped());
     if (absl::Now() > deadline) {
       return absl::DeadlineExceededError(
           absl::StrCat("recovery from generation ", rec.failed_generation,
@@ -62,7 +62,7 @@ absl::StatusOr<int64_t> RuntimeImpl::Recover(const absl::Status& cause) {
       AwaitGeneration(failed, deadline);
       continue;
     }
-    HOLDFAST_RETURN_IF_ERROR(Terminal());
+    HOLDFAST_RETURN_IF_ERROR(Stopped());
     // A peer may have found it after this member began to recover.
     HOLDFAST_RETURN_IF_ERROR(FoundMismatch(rec.failed_generation));
     if (failed != rec.failed_generation) {
@@ -212,7 +212,7 @@ absl::StatusOr<RunResult> RuntimeImpl::RunLoop(
     // during the last steps) includes this member: leaving now would leave
     // the others waiting for it in the rendezvous. Take part, redo what
     // was not committed, and finish with them.
-    if (!GenerationMoved() || !Terminal().ok()) break;
+    if (!GenerationMoved() || !Stopped().ok()) break;
     finishing_ = false;
     HOLDFAST_RETURN_IF_ERROR(RecoverInLoop(
         &loop, options,
@@ -273,7 +273,7 @@ absl::Status RuntimeImpl::CallStep(
   if (comm == nullptr) return absl::AbortedError("no communicator");
   StepContext ctx;
   ctx.step = step;
-  ctx.rank = v.slot;
+  ctx.slot = v.slot;
   ctx.world_size = v.world;
   ctx.generation = v.generation;
   ctx.comm = comm;
@@ -312,7 +312,7 @@ absl::Status RuntimeImpl::CallStep(
   }
   // A step that finished while its generation was being replaced may not
   // have finished everywhere: it is redone after the rollback.
-  if (s.ok()) s = Terminal();
+  if (s.ok()) s = Stopped();
   if (s.ok() && (!CommHealthy() || GenerationMoved())) {
     s = CommHealth();
     if (s.ok()) s = absl::AbortedError("a new generation was opened");
@@ -434,7 +434,7 @@ absl::StatusOr<int64_t> RuntimeImpl::Start() {
   progress_.live_step = at;
   HOLDFAST_ASSIGN_OR_RETURN(bool taken, Snapshot(at));
   if (!taken || !AwaitCommitted(at, absl::Now() + options_.recovery_timeout)) {
-    HOLDFAST_RETURN_IF_ERROR(Terminal());
+    HOLDFAST_RETURN_IF_ERROR(Stopped());
     absl::Status s = CommHealth();
     return s.ok() ? absl::AbortedError(absl::StrCat("the starting state (step ",
                                                     at, ") was not committed"))
@@ -444,7 +444,7 @@ absl::StatusOr<int64_t> RuntimeImpl::Start() {
 }
 
 void RuntimeImpl::FinishBackups(int64_t last, absl::Time deadline) {
-  while (absl::Now() < deadline && committed_step() < last && Terminal().ok() &&
+  while (absl::Now() < deadline && committed_step() < last && Stopped().ok() &&
          !GenerationMoved()) {
     const bool idle = snapshots_.AwaitIdle(
         std::min(deadline, absl::Now() + absl::Milliseconds(50)));

@@ -72,7 +72,7 @@ def test_step_loop_restores_nothing_and_runs(controller):
 
     def step(ctx):
         seen.append(ctx.step)
-        assert ctx.world_size == 1 and ctx.rank == 0
+        assert ctx.world_size == 1 and ctx.slot == 0 and ctx.rank == 0
         t = torch.full((8,), float(ctx.step))
         ctx.comm.all_reduce(t)
         weights.add_(t)

@@ -223,11 +223,10 @@ class MeshContext final : public ::gloo::rendezvous::Context {
   // published is waited for, and named if it never does), then connects
   // every pair, each on a thread of its own: a pair's connect waits for
   // the peer to connect its side, so connecting them one after another in
-  // rank order makes each rank wait for the peers before it in turn (about
-  // 90 ms for 8 ranks on 2 cores, against 30-45 at once). With more than
-  // `max_threads` peers (HOLDFAST_CONNECT_THREADS) they connect one after
-  // another, in rank order (every rank in the same order cannot deadlock;
-  // a bounded pool could).
+  // rank order makes each rank wait for the peers before it in turn. With
+  // more than `max_threads` peers (HOLDFAST_CONNECT_THREADS) they connect
+  // one after another, in rank order (every rank in the same order cannot
+  // deadlock; a bounded pool could).
   // `broken` is called when a pair fails; the first failure in rank order
   // is returned. `store` is cancellable when the rendezvous is
   // (Communicator::Create).

@@ -9,8 +9,8 @@
 // world W is the concatenation, over the buffers in registration order, of
 // partition i of W of each buffer. Restore reassembles whatever a member
 // needs from the pieces of one world, wherever they are held.
-#ifndef HOLDFAST_SRC_CHECKPOINT_SHARDS_H_
-#define HOLDFAST_SRC_CHECKPOINT_SHARDS_H_
+#ifndef HOLDFAST_SRC_CHECKPOINT_PIECES_H_
+#define HOLDFAST_SRC_CHECKPOINT_PIECES_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -22,7 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
-namespace holdfast::shards {
+namespace holdfast::pieces {
 
 struct Range {
   size_t offset = 0;
@@ -137,6 +137,6 @@ absl::StatusOr<std::optional<DiskStep>> FindNewest(
 // Removes step directories older than the `keep` newest.
 void Prune(const std::string& dir, int keep);
 
-}  // namespace holdfast::shards
+}  // namespace holdfast::pieces
 
-#endif  // HOLDFAST_SRC_CHECKPOINT_SHARDS_H_
+#endif  // HOLDFAST_SRC_CHECKPOINT_PIECES_H_

@@ -1,4 +1,4 @@
-#include "src/checkpoint/shards.h"
+#include "src/checkpoint/pieces.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -18,7 +18,7 @@
 #include "absl/strings/str_split.h"
 #include "src/checkpoint/xxh3_variants.h"
 
-namespace holdfast::shards {
+namespace holdfast::pieces {
 namespace {
 
 namespace fs = std::filesystem;
@@ -370,4 +370,4 @@ void Prune(const std::string& dir, int keep) {
   }
 }
 
-}  // namespace holdfast::shards
+}  // namespace holdfast::pieces

@@ -20,7 +20,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "src/checkpoint/peer_memory.h"
-#include "src/checkpoint/shards.h"
+#include "src/checkpoint/pieces.h"
 #include "src/checkpoint/xxh3_variants.h"
 #include "src/fault/fault.h"
 #include "test/job_run.h"
@@ -30,7 +30,7 @@ namespace {
 
 using holdfast::test::JobRun;
 using holdfast::test::Launch;
-namespace shards = holdfast::shards;
+namespace pieces = holdfast::pieces;
 
 constexpr int kSteps = 40;
 
@@ -68,7 +68,7 @@ int64_t NewestOnDisk(const std::string& dir, int world) {
     bool complete = true;
     for (int slot = 0; slot < world; ++slot) {
       complete &=
-          std::filesystem::exists(shards::PiecePath(dir, step, world, slot));
+          std::filesystem::exists(pieces::PiecePath(dir, step, world, slot));
     }
     if (complete) newest = std::max(newest, step);
   }
@@ -124,7 +124,7 @@ int64_t CrashLostSteps(const JobRun& r) {
   return lost;
 }
 
-std::vector<int> Received(const shards::Placement& p, int world) {
+std::vector<int> Received(const pieces::Placement& p, int world) {
   std::vector<int> n(static_cast<size_t>(world), 0);
   for (const auto& b : p.buddies) {
     for (int c : b) ++n[static_cast<size_t>(c)];
@@ -136,13 +136,13 @@ std::vector<int> Received(const shards::Placement& p, int world) {
 
 // ---- Partitions and placement ----------------------------------------------
 
-TEST_CASE("shards: partitions cover the array once in whole units") {
+TEST_CASE("checkpoint: partitions cover the array once in whole units") {
   for (size_t total : {size_t{0}, size_t{4}, size_t{36}, size_t{2324}}) {
     for (int parts : {1, 2, 3, 4, 7}) {
       size_t next = 0;
       size_t lo = SIZE_MAX, hi = 0;
       for (int p = 0; p < parts; ++p) {
-        const shards::Range r = shards::Partition(total, 4, parts, p);
+        const pieces::Range r = pieces::Partition(total, 4, parts, p);
         CHECK(r.offset == next);
         CHECK(r.bytes % 4 == 0);
         next = r.end();
@@ -153,22 +153,22 @@ TEST_CASE("shards: partitions cover the array once in whole units") {
       CHECK(hi - lo <= 4);
     }
   }
-  CHECK(shards::Partition(100, 1, 4, 4).bytes == 0);  // out of range
-  CHECK(shards::Intersect({0, 10}, {10, 5}).bytes == 0);
-  CHECK(shards::Intersect({0, 10}, {5, 10}).offset == 5);
-  CHECK(shards::Intersect({0, 10}, {5, 10}).bytes == 5);
+  CHECK(pieces::Partition(100, 1, 4, 4).bytes == 0);  // out of range
+  CHECK(pieces::Intersect({0, 10}, {10, 5}).bytes == 0);
+  CHECK(pieces::Intersect({0, 10}, {5, 10}).offset == 5);
+  CHECK(pieces::Intersect({0, 10}, {5, 10}).bytes == 5);
 }
 
-TEST_CASE("shards: buddies sit evenly in another failure domain") {
+TEST_CASE("checkpoint: buddies sit evenly in another failure domain") {
   for (int hosts : {2, 4}) {
     for (int r : {1, 2}) {
-      shards::PlacementInput in;
+      pieces::PlacementInput in;
       const int world = 8;
       for (int s = 0; s < world; ++s) {
         in.domain.push_back(static_cast<uint64_t>(100 + s * hosts / world));
       }
       in.replicas = r;
-      const shards::Placement p = shards::Place(in);
+      const pieces::Placement p = pieces::Place(in);
       INFO("hosts " << hosts << " replicas " << r);
       CHECK(p.warnings.empty());
       for (int s = 0; s < world; ++s) {
@@ -184,18 +184,18 @@ TEST_CASE("shards: buddies sit evenly in another failure domain") {
       // Every slot holds exactly r copies: nobody is a hot spot.
       for (int n : Received(p, world)) CHECK(n == r);
       // Deterministic.
-      CHECK(shards::Place(in).buddies == p.buddies);
+      CHECK(pieces::Place(in).buddies == p.buddies);
     }
   }
 }
 
-TEST_CASE("shards: buddies are placed outside the slot's parallel groups") {
+TEST_CASE("checkpoint: buddies are placed outside the slot's parallel groups") {
   // 8 slots, TP 2 x PP 2 x DP 2, one host per DP replica.
-  shards::PlacementInput in;
+  pieces::PlacementInput in;
   for (int s = 0; s < 8; ++s) in.domain.push_back(s < 4 ? 1 : 2);
   in.tp = 2;
   in.pp = 2;
-  const shards::Placement p = shards::Place(in);
+  const pieces::Placement p = pieces::Place(in);
   CHECK(p.warnings.empty());
   for (int s = 0; s < 8; ++s) {
     const int c = p.buddies[static_cast<size_t>(s)].at(0);
@@ -208,23 +208,23 @@ TEST_CASE("shards: buddies are placed outside the slot's parallel groups") {
   }
 }
 
-TEST_CASE("shards: one failure domain still gets buddies and a warning") {
-  shards::PlacementInput in;
+TEST_CASE("checkpoint: one failure domain still gets buddies and a warning") {
+  pieces::PlacementInput in;
   in.domain.assign(3, 7);
   in.replicas = 5;  // more than the other slots: capped at world - 1
-  const shards::Placement p = shards::Place(in);
+  const pieces::Placement p = pieces::Place(in);
   CHECK(!p.warnings.empty());
   CHECK(p.warnings[0].find("failure domain") != std::string::npos);
   for (const auto& b : p.buddies) CHECK(b.size() == 2);
   in.domain.assign(1, 7);
-  CHECK(shards::Place(in).buddies.at(0).empty());
+  CHECK(pieces::Place(in).buddies.at(0).empty());
 }
 
 // ---- Checksums
 // ---------------------------------------------------------------
 
 TEST_CASE(
-    "shards: a process on this host is read in place, and a gone one is "
+    "checkpoint: a process on this host is read in place, and a gone one is "
     "named") {
   CHECK(holdfast::peer_memory::HostKey() != 0);
   // The child's copy of `word` sits at the same address as the parent's.
@@ -269,7 +269,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "shards: a process the kernel does not let this one read fails the "
+    "checkpoint: a process the kernel does not let this one read fails the "
     "probe") {
   // The probe is what sends a restore over the communicator where reads
   // in place are not allowed. Root may read any process, so as root a
@@ -321,7 +321,7 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("shards: every checksum variant gives libxxhash's XXH3 value") {
+TEST_CASE("checkpoint: every checksum variant gives libxxhash's XXH3 value") {
   std::vector<const HfXxh3Variant*> variants = {&hf_xxh3_baseline};
 #ifdef HOLDFAST_XXH3_X86
   __builtin_cpu_init();
@@ -343,7 +343,7 @@ TEST_CASE("shards: every checksum variant gives libxxhash's XXH3 value") {
                    size_t{128}, size_t{129}, size_t{240}, size_t{241},
                    size_t{1024}, size_t{65536} + 7, data.size()}) {
     const uint64_t want = XXH3_64bits(data.data(), n);
-    CHECK(shards::Checksum(data.data(), n) == want);
+    CHECK(pieces::Checksum(data.data(), n) == want);
     for (const HfXxh3Variant* v : variants) {
       INFO(v->name << " on " << n << " bytes");
       CHECK(v->hash(data.data(), n) == want);
@@ -361,7 +361,7 @@ TEST_CASE("shards: every checksum variant gives libxxhash's XXH3 value") {
   }
   // CopyHasher copies while it hashes.
   std::vector<uint8_t> copy(data.size());
-  shards::CopyHasher h;
+  pieces::CopyHasher h;
   uint8_t* end = h.Copy(copy.data(), data.data(), 1000);
   end = h.Copy(end, data.data() + 1000, data.size() - 1000);
   CHECK(end == copy.data() + copy.size());
@@ -372,38 +372,38 @@ TEST_CASE("shards: every checksum variant gives libxxhash's XXH3 value") {
 // ---- The disk format
 // ---------------------------------------------------------
 
-TEST_CASE("shards: disk pieces round-trip and damage is refused by name") {
+TEST_CASE("checkpoint: disk pieces round-trip and damage is refused by name") {
   const std::string dir = holdfast::proc::MakeTempDir();
   std::vector<uint8_t> data(1000);
   for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>(i);
-  shards::PieceHeader h;
+  pieces::PieceHeader h;
   h.step = 30;
   h.world = 2;
   h.layout_hash = 42;
   h.bytes = data.size();
-  h.checksum = shards::Checksum(data.data(), data.size());
+  h.checksum = pieces::Checksum(data.data(), data.size());
   for (int slot = 0; slot < 2; ++slot) {
     h.slot = slot;
-    REQUIRE(shards::WritePiece(dir, h, data.data()).ok());
+    REQUIRE(pieces::WritePiece(dir, h, data.data()).ok());
   }
   // A newer step with one piece of two is not complete.
   h.step = 40;
   h.slot = 0;
-  REQUIRE(shards::WritePiece(dir, h, data.data()).ok());
-  auto found = shards::FindNewest(dir, 42);
+  REQUIRE(pieces::WritePiece(dir, h, data.data()).ok());
+  auto found = pieces::FindNewest(dir, 42);
   REQUIRE(found.ok());
   REQUIRE(found->has_value());
   CHECK((*found)->step == 30);
   CHECK((*found)->world == 2);
 
-  shards::PieceHeader got;
+  pieces::PieceHeader got;
   std::vector<uint8_t> back;
-  const std::string path = shards::PiecePath(dir, 30, 2, 1);
-  REQUIRE(shards::ReadPiece(path, 42, &got, &back).ok());
+  const std::string path = pieces::PiecePath(dir, 30, 2, 1);
+  REQUIRE(pieces::ReadPiece(path, 42, &got, &back).ok());
   CHECK(back == data);
   CHECK(got.slot == 1);
 
-  absl::Status s = shards::ReadPiece(path, 43, &got, &back);
+  absl::Status s = pieces::ReadPiece(path, 43, &got, &back);
   CHECK(s.code() == absl::StatusCode::kDataLoss);
   CHECK(s.message().find("another state layout") != absl::string_view::npos);
 
@@ -412,33 +412,33 @@ TEST_CASE("shards: disk pieces round-trip and damage is refused by name") {
     f.seekp(56 + 500);
     f.put(static_cast<char>(0xff));
   }
-  s = shards::ReadPiece(path, 42, &got, &back);
+  s = pieces::ReadPiece(path, 42, &got, &back);
   CHECK(s.code() == absl::StatusCode::kDataLoss);
   CHECK(s.message().find("failed its checksum") != absl::string_view::npos);
   CHECK(s.message().find(path) != absl::string_view::npos);
 
   std::filesystem::resize_file(path, 300);
-  s = shards::ReadPiece(path, 42, &got, &back);
+  s = pieces::ReadPiece(path, 42, &got, &back);
   CHECK(s.code() == absl::StatusCode::kDataLoss);
   CHECK(s.message().find("truncated") != absl::string_view::npos);
 
   // Only another layout on disk: refused, naming the directory.
-  auto other = shards::FindNewest(dir, 7);
+  auto other = pieces::FindNewest(dir, 7);
   CHECK(other.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(other.status().message().find(dir) != absl::string_view::npos);
   // No directory at all: nothing, no error.
-  auto none = shards::FindNewest(dir + "/absent", 42);
+  auto none = pieces::FindNewest(dir + "/absent", 42);
   REQUIRE(none.ok());
   CHECK(!none->has_value());
 }
 
-TEST_CASE("shards: the corrupt-shard fault parses and needs its step") {
-  auto f = holdfast::fault::Parse("corrupt-shard:slot=1:step=20");
+TEST_CASE("checkpoint: the corrupt-piece fault parses and needs its step") {
+  auto f = holdfast::fault::Parse("corrupt-piece:slot=1:step=20");
   REQUIRE(f.ok());
-  CHECK(f->at(0).kind == holdfast::fault::Kind::kCorruptShard);
+  CHECK(f->at(0).kind == holdfast::fault::Kind::kCorruptPiece);
   CHECK(f->at(0).step == 20);
-  CHECK(!holdfast::fault::Parse("corrupt-shard:slot=1").ok());
-  CHECK(!holdfast::fault::Parse("corrupt-shard:slot=1:recovery=1").ok());
+  CHECK(!holdfast::fault::Parse("corrupt-piece:slot=1").ok());
+  CHECK(!holdfast::fault::Parse("corrupt-piece:slot=1:recovery=1").ok());
   auto b = holdfast::fault::Parse("corrupt-backup:slot=2:step=10");
   REQUIRE(b.ok());
   CHECK(b->at(0).kind == holdfast::fault::Kind::kCorruptBackup);
@@ -459,17 +459,17 @@ TEST_CASE("shards: the corrupt-shard fault parses and needs its step") {
 // ---- End to end
 // ----------------------------------------------------------------
 
-TEST_CASE("shards: ZeRO-1 trains exactly like the plain trainer") {
+TEST_CASE("checkpoint: ZeRO-1 trains exactly like the plain trainer") {
   CHECK(Reference(4, true) == Reference(4, false));
 }
 
-TEST_CASE("shards: ZeRO-1 with a killed rank equals the fault-free run") {
+TEST_CASE("checkpoint: ZeRO-1 with a killed rank equals the fault-free run") {
   ExpectFaultFreeHash(
       {"-n", "4", "--standby", "1", "--inject", "kill:slot=2:step=20"});
 }
 
 TEST_CASE(
-    "shards: ZeRO-1 with snapshots copied during the next step (required) "
+    "checkpoint: ZeRO-1 with snapshots copied during the next step (required) "
     "and a killed rank equals the fault-free run") {
   // The kill waits for a commit past step 0 (a loaded machine may slow
   // the first rounds).
@@ -483,27 +483,27 @@ TEST_CASE(
   CHECK(r.summary["incidents"][0].value("lost_steps", 99) < 19);
 }
 
-TEST_CASE("shards: one fault per failure domain") {
+TEST_CASE("checkpoint: one fault per failure domain") {
   ExpectFaultFreeHash({"-n", "4", "--standby", "2", "--hosts", "2", "--inject",
                        "kill:slot=1:step=10", "--inject",
                        "kill:slot=2:step=25"});
 }
 
-TEST_CASE("shards: whole-node loss: two ranks with the same host label") {
+TEST_CASE("checkpoint: whole-node loss: two ranks with the same host label") {
   // host0 holds slots 0 and 1; their pieces' buddies are on host1.
   ExpectFaultFreeHash({"-n", "4", "--standby", "2", "--hosts", "2", "--inject",
                        "kill:slot=0:step=20", "--inject",
                        "kill:slot=1:step=21"});
 }
 
-TEST_CASE("shards: a corrupted copy is refused and another copy used") {
+TEST_CASE("checkpoint: a corrupted copy is refused and another copy used") {
   // Snapshots every 10 steps: step 20 is the one restored after the kill
   // at 25 (which waits for its commit, in case a loaded machine slows the
   // round), and slot 1's own copy of it is corrupt; its buddy (slot 3)
   // lives. Steps of 20 ms leave every round time to finish.
   JobRun r =
       ExpectFaultFreeHash({"-n", "4", "--standby", "1", "--hosts", "2",
-                           "--inject", "corrupt-shard:slot=1:step=20",
+                           "--inject", "corrupt-piece:slot=1:step=20",
                            "--inject", "kill:slot=2:step=25:committed=20"},
                           {"--snapshot-every", "10", "--step-ms", "20"});
   CHECK(r.err.find("slot 1's copy of the piece of slot 1 (world 4, step 20) "
@@ -511,7 +511,7 @@ TEST_CASE("shards: a corrupted copy is refused and another copy used") {
 }
 
 TEST_CASE(
-    "shards: a backup damaged on arrival is refused and its step not "
+    "checkpoint: a backup damaged on arrival is refused and its step not "
     "committed") {
   // Snapshots every 10 steps; slot 1 damages the copy it receives of step
   // 10. After the kill at 15 the survivors (at step 14) roll back to step
@@ -526,7 +526,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "shards: on four slots a damaged copy stops its step on every slot and "
+    "checkpoint: on four slots a damaged copy stops its step on every slot and "
     "the snapshots after it commit") {
   // Slot 1 damages the copy it receives of step 10 and does not ack it.
   // The round's verdict (a maximum over the four slots) tells the other
@@ -542,7 +542,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "shards: with verify-backups restore a damaged copy commits and the "
+    "checkpoint: with verify-backups restore a damaged copy commits and the "
     "restore refuses it") {
   // Two copies of each piece; slot 1 damages the copy of slot 0's piece
   // of step 10 as it lands, and does not check it. Step 10 commits; after
@@ -562,7 +562,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "shards: a piece damaged in a restore's transfer comes again from its "
+    "checkpoint: a piece damaged in a restore's transfer comes again from its "
     "next holder") {
   // Two copies of every piece: the standby taking slot 1 receives every
   // piece of the restored step (5 or later, so not the initial state it
@@ -602,7 +602,8 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "shards: a piece read in place straight into the live state and damaged "
+    "checkpoint: a piece read in place straight into the live state and "
+    "damaged "
     "there comes again from its next holder") {
   // The plain trainer (all its state replicated: every byte of every
   // piece is needed by every member). Slot 3 dies; its piece and slot 2's
@@ -633,7 +634,8 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "shards: after a restore every piece has replicas + 1 copies again, so a "
+    "checkpoint: after a restore every piece has replicas + 1 copies again, so "
+    "a "
     "second loss before the next commit loses nothing") {
   // One copy of each piece besides its owner's; snapshots every 10 steps.
   // Slot 1 dies at step 15: step 10 is restored, and the pieces slot 1
@@ -671,7 +673,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "shards: a holder that dies while a restore moves its copies is "
+    "checkpoint: a holder that dies while a restore moves its copies is "
     "replaced, and the next restore uses the other copies") {
   // Three copies of every piece. Slot 1 dies; in the restore that follows
   // (generation 1) slot 2 kills itself as the pieces begin to move, after
@@ -708,7 +710,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "shards: a piece damaged in a restore's transfer with no other holder "
+    "checkpoint: a piece damaged in a restore's transfer with no other holder "
     "is refused, never loaded") {
   // One copy of every piece: the damaged one (slot 0's, whose buddy was
   // the killed slot 1) has no other holder. The standby refuses it with
@@ -732,7 +734,8 @@ TEST_CASE(
   CHECK(r.summary["error"].value("code", "") == "DATA_LOSS");
 }
 
-TEST_CASE("shards: a piece lost with all its copies is DataLoss and no model") {
+TEST_CASE(
+    "checkpoint: a piece lost with all its copies is DataLoss and no model") {
   // Slot 1's buddy is slot 3 (the same place on the other host). Slot 3
   // dies as soon as the recovery from slot 1's loss begins, before any
   // copy of slot 1's piece could be made elsewhere. (Two kills "at step
@@ -755,7 +758,7 @@ TEST_CASE("shards: a piece lost with all its copies is DataLoss and no model") {
         std::string::npos);
 }
 
-TEST_CASE("shards: the disk tier restores when every memory copy is gone") {
+TEST_CASE("checkpoint: the disk tier restores when every memory copy is gone") {
   const std::string dir = holdfast::proc::MakeTempDir();
   // Slot 1 and its buddy, slot 3, are lost: slot 3 as soon as the
   // recovery from slot 1's loss begins, so no copy of slot 1's piece can be
@@ -774,7 +777,7 @@ TEST_CASE("shards: the disk tier restores when every memory copy is gone") {
   CHECK(d < 25);
 }
 
-TEST_CASE("shards: a restarted job resumes from the disk tier") {
+TEST_CASE("checkpoint: a restarted job resumes from the disk tier") {
   const std::string dir = holdfast::proc::MakeTempDir();
   // The first run stops (below its minimum world) at step 35, after some
   // committed steps were written.
@@ -799,7 +802,7 @@ TEST_CASE("shards: a restarted job resumes from the disk tier") {
   CHECK(again.losses[0] == Approx(ref2.losses[0]).epsilon(0.01));
 }
 
-TEST_CASE("shards: in shrink mode the survivors take over the lost shard") {
+TEST_CASE("checkpoint: in shrink mode the survivors take over the lost shard") {
   JobRun ref = Launch({"-n", "4"}, Trainer());
   REQUIRE(ref.losses.size() == 4);
   JobRun r =

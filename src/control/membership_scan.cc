@@ -1,0 +1,234 @@
+// Membership's scans (members gone silent, rendezvous no-shows, stalled
+// steps) and its status reply.
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "src/common/logging.h"
+#include "src/control/duration_text.h"
+#include "src/control/membership.h"
+
+namespace holdfast::control {
+
+absl::Duration Membership::MedianStepLocked() const {
+  if (step_history_us_.empty()) return absl::ZeroDuration();
+  std::vector<int64_t> v(step_history_us_.begin(), step_history_us_.end());
+  auto mid = v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2);
+  std::nth_element(v.begin(), mid, v.end());
+  return absl::Microseconds(*mid);
+}
+
+std::optional<absl::Duration> Membership::StallThresholdLocked() const {
+  if (static_cast<int>(step_history_us_.size()) <
+      std::max(1, detection_.stall_min_history)) {
+    return std::nullopt;
+  }
+  const int64_t longest =
+      *std::max_element(step_history_us_.begin(), step_history_us_.end());
+  return std::max({detection_.stall_floor,
+                   detection_.stall_factor * MedianStepLocked(),
+                   detection_.stall_max_factor * absl::Microseconds(longest)});
+}
+
+void Membership::Scan(absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  std::vector<Member*> silent;
+  for (auto& [id, m] : members_) {
+    if (m.state == STATE_ALIVE && now - m.last_seen > detection_.silent_after) {
+      silent.push_back(&m);
+    }
+  }
+  for (Member* m : silent) {
+    DeclareLocked(
+        *m, INCIDENT_SILENT,
+        absl::StrCat("no heartbeat for ", Seconds(now - m->last_seen),
+                     " (threshold ", Seconds(detection_.silent_after), ")"),
+        m->last_seen, 0, now);
+  }
+  ScanStallsLocked(now);
+  ScanRendezvousLocked(now);
+}
+
+void Membership::ScanRendezvousLocked(absl::Time now) {
+  // The first generation's members set up at their own pace; a finishing
+  // job has no group to rebuild; a vacant slot has nobody to wait for.
+  if (generation_ == 0 || job_state_ != JOB_RUNNING || finished_workers_ > 0 ||
+      !vacant_.empty()) {
+    return;
+  }
+  absl::Time ready_at = absl::InfinitePast();
+  int ready = 0;
+  std::vector<Member*> absent;
+  for (uint64_t id : slots_) {
+    Member& m = members_.at(id);
+    if (m.rendezvous_generation >= generation_) {
+      ++ready;
+      ready_at = std::max(ready_at, m.rendezvous_at);
+    } else {
+      absent.push_back(&m);
+    }
+  }
+  if (ready == 0 || absent.empty()) return;
+  const absl::Duration quiet =
+      std::max(detection_.rendezvous_grace, 2 * detection_.heartbeat_interval);
+  const int64_t gen = generation_;
+  std::vector<std::pair<Member*, std::string>> out;
+  for (Member* m : absent) {
+    const bool answers =
+        m->seen_generation >= gen && now - m->last_seen <= quiet;
+    const absl::Duration bound =
+        answers ? detection_.rendezvous_timeout : detection_.rendezvous_grace;
+    if (now - ready_at < bound) continue;
+    out.emplace_back(
+        m,
+        absl::StrCat(
+            "did not come to the rendezvous of generation ", gen, " within ",
+            Seconds(bound), " of the other ", ready, " member(s) being there; ",
+            answers ? "it still heartbeats (its training thread is stuck)"
+                    : absl::StrCat("no answer: last heartbeat ",
+                                   Seconds(now - m->last_seen), " ago",
+                                   m->seen_generation < gen
+                                       ? ", never of this generation"
+                                       : "")));
+  }
+  // Every absent member is declared, each opening a generation of its own.
+  for (auto& [m, evidence] : out) {
+    DeclareLocked(*m, INCIDENT_ABSENT, std::move(evidence), ready_at, 0, now);
+  }
+}
+
+void Membership::ScanStallsLocked(absl::Time now) {
+  const std::optional<absl::Duration> threshold = StallThresholdLocked();
+  if (!threshold.has_value()) return;
+  // Progress is (step, last collective entered). When one rank hangs in its
+  // step, the others soon wait for it inside the next collective: they stop
+  // advancing too, but they are ahead. Only the laggards are declared.
+  using Progress = std::pair<int64_t, int64_t>;
+  std::vector<Member*> stuck;
+  int live_workers = 0;
+  for (auto& [id, m] : members_) {
+    if (m.state != STATE_ALIVE || m.role != ROLE_WORKER) continue;
+    ++live_workers;
+    if (m.phase == PHASE_RECOVERING) continue;
+    if (now - m.step_changed_at > *threshold) stuck.push_back(&m);
+  }
+  if (stuck.empty()) return;
+  auto progress = [](const Member* m) {
+    return Progress(m->step, m->collective_seq);
+  };
+  Progress lowest = progress(stuck[0]);
+  for (const Member* m : stuck) lowest = std::min(lowest, progress(m));
+  std::vector<Member*> laggards;
+  bool all_equal = static_cast<int>(stuck.size()) == live_workers;
+  for (Member* m : stuck) {
+    if (progress(m) == lowest) {
+      laggards.push_back(m);
+    } else {
+      all_equal = false;
+    }
+  }
+  const absl::Duration median = MedianStepLocked();
+  auto evidence = [&](const Member* m) {
+    return absl::StrCat(
+        "step ", m->step, " has not advanced for ",
+        Seconds(now - m->step_changed_at), " (threshold ", Seconds(*threshold),
+        ": ", detection_.stall_factor, " x median step ", Seconds(median),
+        ", floor ", Seconds(detection_.stall_floor), "); phase ",
+        PhaseName(m->phase), ", last collective #", m->collective_seq);
+  };
+  if (all_equal && live_workers > 1) {
+    // Every worker is stuck at the same point: no culprit to fence. Record
+    // it once per step and generation.
+    if (job_stall_step_ == lowest.first &&
+        job_stall_generation_ == generation_) {
+      return;
+    }
+    job_stall_step_ = lowest.first;
+    job_stall_generation_ = generation_;
+    Incident inc;
+    inc.set_kind(INCIDENT_STALLED);
+    inc.set_slot(-1);
+    inc.set_generation(generation_);
+    inc.set_detected_unix_ms(absl::ToUnixMillis(now));
+    inc.set_time_to_detect_ms(std::max<int64_t>(
+        0, ToMs(now - (laggards[0]->step_changed_at + median))));
+    inc.set_evidence(absl::StrCat(
+        "all ", live_workers,
+        " workers stuck alike, no culprit: ", evidence(laggards[0])));
+    RecordIncidentLocked(std::move(inc));
+    return;
+  }
+  for (Member* m : laggards) {
+    DeclareLocked(*m, INCIDENT_STALLED, evidence(m),
+                  m->step_changed_at + median, 0, now);
+  }
+}
+
+StatusResponse Membership::Status(const StatusRequest& req,
+                                  absl::Time now) const {
+  absl::MutexLock lock(&mu_);
+  StatusResponse r;
+  r.set_world_size(world_size_);
+  r.set_initial_world_size(initial_world_size_);
+  r.set_job_state(job_state_);
+  r.set_job_reason(job_reason_);
+  r.set_shrink(policy_.shrink);
+  r.set_min_world(policy_.min_world);
+  r.set_generation(generation_);
+  r.set_committed_step(committed_step_);
+  r.set_uptime_ms(ToMs(now - started_));
+  r.set_vacant_slots(static_cast<int32_t>(vacant_.size()));
+  r.set_standbys(static_cast<int32_t>(standbys_.size()));
+  r.set_median_step_us(absl::ToInt64Microseconds(MedianStepLocked()));
+  auto threshold = StallThresholdLocked();
+  r.set_stall_threshold_ms(threshold.has_value() ? ToMs(*threshold) : -1);
+  r.set_heartbeats_total(heartbeats_total_);
+  r.set_incidents_total(incidents_total_);
+  int alive = 0, left = 0;
+  for (const auto& [id, m] : members_) {
+    alive += m.state == STATE_ALIVE;
+    left += m.state == STATE_LEFT;
+    if (!req.include_members()) continue;
+    MemberInfo* info = r.add_members();
+    info->set_member_id(m.id);
+    info->set_role(m.role);
+    info->set_slot(m.slot);
+    info->set_state(m.state);
+    info->set_host(m.host);
+    info->set_pid(m.pid);
+    info->set_failure_domain(m.failure_domain);
+    info->set_topology_block(m.topology_block);
+    info->set_step(m.step);
+    info->set_phase(m.phase);
+    info->set_collective_seq(m.collective_seq);
+    info->set_last_step_us(m.last_step_us);
+    info->set_heartbeat_age_ms(ToMs(now - m.last_seen));
+    info->mutable_metrics()->insert(m.metrics.begin(), m.metrics.end());
+    info->set_connected(m.sink != nullptr);
+  }
+  r.set_alive(alive);
+  // Every member declared dead is fenced, also those whose records dropped.
+  r.set_dead(static_cast<int32_t>(fenced_.size()));
+  r.set_left(left);
+  if (req.include_members()) {
+    std::sort(r.mutable_members()->begin(), r.mutable_members()->end(),
+              [](const MemberInfo& a, const MemberInfo& b) {
+                auto key = [](const MemberInfo& m) {
+                  return std::make_tuple(m.state() != STATE_ALIVE,
+                                         m.slot() < 0 ? INT32_MAX : m.slot(),
+                                         m.member_id());
+                };
+                return key(a) < key(b);
+              });
+  }
+  const int n = std::min<int>(std::max(0, req.max_incidents()),
+                              static_cast<int>(incidents_.size()));
+  for (auto it = incidents_.end() - n; it != incidents_.end(); ++it) {
+    *r.add_incidents() = *it;
+  }
+  return r;
+}
+
+}  // namespace holdfast::control
