@@ -62,7 +62,8 @@ int RawConnect(const std::string& address) {
 
 }  // namespace
 
-TEST_CASE("a piece and its checksum cross a link intact and hashed") {
+TEST_CASE(
+    "a piece, its checksum and its ledger cross a link intact and hashed") {
   Pair p = Connect();
   // Not a multiple of the chunk size, so the last chunk is short.
   const size_t size = 3 * bulk::kChunkBytes + 12345;
@@ -73,7 +74,9 @@ TEST_CASE("a piece and its checksum cross a link intact and hashed") {
   absl::Status send;
   std::thread sender([&] {
     send = p.owner->SendPiece(1, 42, out.data(), size, &sent_hash);
-    if (send.ok()) send = p.owner->SendChecksum(1, sent_hash.Digest());
+    if (send.ok()) {
+      send = p.owner->SendTrailer(1, {sent_hash.Digest(), {7, 8, 9}});
+    }
   });
   absl::Status recv =
       p.buddy->RecvPiece(0, 42, in.data(), size, [&](size_t off, size_t n) {
@@ -81,15 +84,16 @@ TEST_CASE("a piece and its checksum cross a link intact and hashed") {
         got_hash.Update(in.data() + off, n);
         landed += n;
       });
-  absl::StatusOr<uint64_t> checksum = p.buddy->RecvChecksum(0);
+  absl::StatusOr<bulk::PieceTrailer> trailer = p.buddy->RecvTrailer(0);
   sender.join();
   REQUIRE(send.ok());
   REQUIRE(recv.ok());
-  REQUIRE(checksum.ok());
+  REQUIRE(trailer.ok());
   CHECK(landed == size);
   CHECK(in == out);
-  CHECK(*checksum == pieces::Checksum(out.data(), size));
-  CHECK(got_hash.Digest() == *checksum);
+  CHECK(trailer->checksum == pieces::Checksum(out.data(), size));
+  CHECK(got_hash.Digest() == trailer->checksum);
+  CHECK(trailer->ledger == pieces::Ledger{7, 8, 9});
 }
 
 TEST_CASE("a receiver refuses a piece of another step or size") {
@@ -146,7 +150,7 @@ TEST_CASE("abort wakes a receiver blocked on a silent peer") {
   CHECK(s.code() == absl::StatusCode::kAborted);
   CHECK_THAT(std::string(s.message()), Catch::Contains("generation 8 opened"));
   // Every later op fails the same way.
-  CHECK(p.buddy->RecvChecksum(0).status().code() == absl::StatusCode::kAborted);
+  CHECK(p.buddy->RecvTrailer(0).status().code() == absl::StatusCode::kAborted);
 }
 
 TEST_CASE("a peer that stalls fails the op after the io timeout") {

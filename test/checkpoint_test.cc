@@ -372,7 +372,9 @@ TEST_CASE("checkpoint: every checksum variant gives libxxhash's XXH3 value") {
 // ---- The disk format
 // ---------------------------------------------------------
 
-TEST_CASE("checkpoint: disk pieces round-trip and damage is refused by name") {
+TEST_CASE(
+    "checkpoint: disk pieces round-trip with their ledger, and damage or an "
+    "old format is refused by name") {
   const std::string dir = holdfast::proc::MakeTempDir();
   std::vector<uint8_t> data(1000);
   for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>(i);
@@ -382,6 +384,7 @@ TEST_CASE("checkpoint: disk pieces round-trip and damage is refused by name") {
   h.layout_hash = 42;
   h.bytes = data.size();
   h.checksum = pieces::Checksum(data.data(), data.size());
+  h.ledger = {1700000000000, 123456, 789};
   for (int slot = 0; slot < 2; ++slot) {
     h.slot = slot;
     REQUIRE(pieces::WritePiece(dir, h, data.data()).ok());
@@ -402,6 +405,7 @@ TEST_CASE("checkpoint: disk pieces round-trip and damage is refused by name") {
   REQUIRE(pieces::ReadPiece(path, 42, &got, &back).ok());
   CHECK(back == data);
   CHECK(got.slot == 1);
+  CHECK(got.ledger == h.ledger);
 
   absl::Status s = pieces::ReadPiece(path, 43, &got, &back);
   CHECK(s.code() == absl::StatusCode::kDataLoss);
@@ -409,13 +413,24 @@ TEST_CASE("checkpoint: disk pieces round-trip and damage is refused by name") {
 
   {  // One flipped byte.
     std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(56 + 500);
+    f.seekp(80 + 500);  // past the header
     f.put(static_cast<char>(0xff));
   }
   s = pieces::ReadPiece(path, 42, &got, &back);
   CHECK(s.code() == absl::StatusCode::kDataLoss);
   CHECK(s.message().find("failed its checksum") != absl::string_view::npos);
   CHECK(s.message().find(path) != absl::string_view::npos);
+
+  {  // Format 1, from before pieces carried the ledger.
+    const std::string old_path = pieces::PiecePath(dir, 30, 2, 0);
+    std::fstream f(old_path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(7);
+    f.put('1');
+    f.close();
+    s = pieces::ReadPiece(old_path, 42, &got, &back);
+    CHECK(s.code() == absl::StatusCode::kDataLoss);
+    CHECK(s.message().find("format 1") != absl::string_view::npos);
+  }
 
   std::filesystem::resize_file(path, 300);
   s = pieces::ReadPiece(path, 42, &got, &back);

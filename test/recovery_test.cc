@@ -410,9 +410,8 @@ TEST_CASE(
     "standby replaces a killed rank") {
   // Slot 1 is killed in step 10, 50 ms after step 9 committed (the
   // others wait in the step meanwhile). The survivors finished step 9 and
-  // still hold it live, including the killed slot's piece, whose ledger
-  // part (the killed slot's step timings) comes from the copies of it:
-  // they receive nothing, and the standby receives the state.
+  // still hold it live, including the killed slot's piece: they receive
+  // nothing, and the standby receives the state.
   JobRun r = RunWithCommittedSteps(
       {"--standby", "1", "--inject", "kill:slot=1:step=10:committed=9:ms=50"},
       "crashed");

@@ -210,34 +210,26 @@ absl::Status Round::Transfer(const BackupPlacement& placement, bool* good) {
           }
         }
       }
-      return links_->SendChecksum(own_buddies[i], own->checksum);
+      return links_->SendTrailer(own_buddies[i], {own->checksum, own->ledger});
     });
   }
-  // A damaged arrival hits the copy from the lowest owner (decided here:
-  // the receiving threads race).
-  const Incoming* damaged =
-      !got_.empty() && hooks_.damage_arrival && hooks_.damage_arrival(s_)
-          ? got_.front().get()
-          : nullptr;
+  std::vector<int> owners;  // ascending, as got_
+  for (const auto& in : got_) owners.push_back(in->piece->slot);
+  hooks_.io->Receiving(s_, owners);
   for (auto& in : got_) {
     jobs.push_back([&, p = in.get()]() -> absl::Status {
       Piece& piece = *p->piece;
       HOLDFAST_RETURN_IF_ERROR(links_->RecvPiece(
           piece.slot, s_, piece.bytes.get(), piece.size,
           [&](size_t off, size_t n) {
-            if (off == 0 && p == damaged) {
-              piece.bytes[0] ^= 0x5a;
-              HOLDFAST_LOG_WARN(
-                  "backup: corrupted slot {}'s backup of slot {}'s piece of "
-                  "step {} on arrival (injected)",
-                  me_, piece.slot, s_);
-            }
+            hooks_.io->Landed(s_, piece.slot, piece.bytes.get(), off, n);
             if (verify) p->hasher.Update(piece.bytes.get() + off, n);
           }));
-      absl::StatusOr<uint64_t> sent = links_->RecvChecksum(piece.slot);
+      absl::StatusOr<bulk::PieceTrailer> sent = links_->RecvTrailer(piece.slot);
       if (!sent.ok()) return sent.status();
-      piece.checksum = *sent;
-      p->damaged = verify && p->hasher.Digest() != *sent;
+      piece.checksum = sent->checksum;
+      piece.ledger = sent->ledger;
+      p->damaged = verify && p->hasher.Digest() != sent->checksum;
       return absl::OkStatus();
     });
   }

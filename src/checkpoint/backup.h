@@ -17,6 +17,7 @@
 #include "absl/time/time.h"
 #include "holdfast/communicator.h"
 #include "src/checkpoint/bulk.h"
+#include "src/checkpoint/piece_io.h"
 #include "src/checkpoint/pieces.h"
 #include "src/checkpoint/snapshots.h"
 #include "src/checkpoint/state.h"
@@ -38,9 +39,9 @@ struct BackupHooks {
   // Called with this member's piece once its step committed (the disk
   // tier; a test's damage to the piece).
   std::function<void(Piece* own)> after_commit;
-  // Whether the copy that arrives from the lowest owner in the round of
-  // `step` is damaged on arrival (a test's fault).
-  std::function<bool(int64_t step)> damage_arrival;
+  // The I/O of the copies this member receives (not null; outlives the
+  // rounds).
+  PieceIo* io = nullptr;
 };
 
 struct RoundResult {

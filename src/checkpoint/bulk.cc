@@ -376,10 +376,10 @@ absl::Status Links::SendPiece(int peer, int64_t step, const uint8_t* data,
   return s;
 }
 
-absl::Status Links::SendChecksum(int peer, uint64_t checksum) {
+absl::Status Links::SendTrailer(int peer, const PieceTrailer& trailer) {
   absl::StatusOr<int> fd = Fd(peer, /*out=*/true);
   if (!fd.ok()) return fd.status();
-  return Write(*fd, peer, &checksum, sizeof(checksum));
+  return Write(*fd, peer, &trailer, sizeof(trailer));
 }
 
 absl::Status Links::RecvPiece(
@@ -407,12 +407,12 @@ absl::Status Links::RecvPiece(
   return absl::OkStatus();
 }
 
-absl::StatusOr<uint64_t> Links::RecvChecksum(int peer) {
+absl::StatusOr<PieceTrailer> Links::RecvTrailer(int peer) {
   absl::StatusOr<int> fd = Fd(peer, /*out=*/false);
   if (!fd.ok()) return fd.status();
-  uint64_t c = 0;
-  HOLDFAST_RETURN_IF_ERROR(Read(*fd, peer, &c, sizeof(c)));
-  return c;
+  PieceTrailer t;
+  HOLDFAST_RETURN_IF_ERROR(Read(*fd, peer, &t, sizeof(t)));
+  return t;
 }
 
 void Links::Abort(absl::string_view reason) {

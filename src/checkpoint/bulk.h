@@ -69,6 +69,13 @@ class Listener {
 // Polled while links are made; a reason stops the wait with Aborted.
 using Cancelled = std::function<std::optional<std::string>()>;
 
+// What follows a piece's bytes on a backup link.
+struct PieceTrailer {
+  uint64_t checksum = 0;  // the owner's, of the bytes
+  pieces::Ledger ledger{};
+};
+static_assert(sizeof(PieceTrailer) == 32, "the wire layout is fixed");
+
 class Links {
  public:
   // The links of member `slot` in `generation`. `token` (a hash of the
@@ -93,13 +100,14 @@ class Links {
   // hashing each chunk into `hasher` (if not null) just before writing it.
   absl::Status SendPiece(int peer, int64_t step, const uint8_t* data,
                          size_t size, pieces::CopyHasher* hasher);
-  absl::Status SendChecksum(int peer, uint64_t checksum);
+  // Sends what follows a piece's bytes: its checksum and metadata.
+  absl::Status SendTrailer(int peer, const PieceTrailer& trailer);
 
   // Receives `peer`'s piece of `step` into `data`; its header must name
   // that step and `size`. `landed(offset, n)` runs after each chunk lands.
   absl::Status RecvPiece(int peer, int64_t step, uint8_t* data, size_t size,
                          const std::function<void(size_t, size_t)>& landed);
-  absl::StatusOr<uint64_t> RecvChecksum(int peer);
+  absl::StatusOr<PieceTrailer> RecvTrailer(int peer);
 
   // Shuts every link down; ops in progress and later ones fail with
   // Aborted naming `reason`. Idempotent; the first reason stays.

@@ -23,7 +23,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr char kMagic[8] = {'H', 'F', 'P', 'I', 'E', 'C', 'E', '1'};
+// Format 2 carries the ledger; format 1 (without it) is refused by name.
+constexpr char kMagic[8] = {'H', 'F', 'P', 'I', 'E', 'C', 'E', '2'};
+constexpr char kMagicV1[8] = {'H', 'F', 'P', 'I', 'E', 'C', 'E', '1'};
 
 // The header as it lies on disk (little-endian hosts only, like the rest of
 // the wire formats here).
@@ -36,8 +38,9 @@ struct DiskHeader {
   uint64_t layout_hash;
   uint64_t bytes;
   uint64_t checksum;
+  int64_t ledger[kLedgerWords];
 };
-static_assert(sizeof(DiskHeader) == 56, "the header layout is fixed");
+static_assert(sizeof(DiskHeader) == 80, "the header layout is fixed");
 
 absl::Status Errno(const std::string& what, const std::string& path) {
   return absl::InternalError(
@@ -97,6 +100,13 @@ int64_t StepOfDir(const std::string& name) {
 absl::Status ReadHeader(int fd, const std::string& path, DiskHeader* h) {
   absl::StatusOr<size_t> n = ReadAll(fd, h, sizeof(*h), path);
   if (!n.ok()) return n.status();
+  if (*n >= sizeof(kMagicV1) &&
+      std::memcmp(h->magic, kMagicV1, sizeof(kMagicV1)) == 0) {
+    return absl::DataLossError(absl::StrCat(
+        "checkpoint piece ", path,
+        " is in format 1, which this holdfast no longer reads (written "
+        "before pieces carried the ledger); start the job without it"));
+  }
   if (*n != sizeof(*h) || std::memcmp(h->magic, kMagic, sizeof(kMagic)) != 0) {
     return absl::DataLossError(
         absl::StrCat("checkpoint piece ", path,
@@ -246,6 +256,7 @@ absl::Status WritePiece(const std::string& dir, const PieceHeader& header,
   h.layout_hash = header.layout_hash;
   h.bytes = header.bytes;
   h.checksum = header.checksum;
+  std::copy(header.ledger.begin(), header.ledger.end(), h.ledger);
   absl::Status s = WriteAll(fd, &h, sizeof(h), tmp);
   if (s.ok()) s = WriteAll(fd, data, header.bytes, tmp);
   if (s.ok() && ::fsync(fd) != 0) s = Errno("syncing", tmp);
@@ -300,6 +311,7 @@ absl::Status ReadPiece(const std::string& path, uint64_t layout_hash,
   header->layout_hash = h.layout_hash;
   header->bytes = h.bytes;
   header->checksum = h.checksum;
+  std::copy(h.ledger, h.ledger + kLedgerWords, header->ledger.begin());
   return absl::OkStatus();
 }
 

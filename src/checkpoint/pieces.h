@@ -12,6 +12,7 @@
 #ifndef HOLDFAST_SRC_CHECKPOINT_PIECES_H_
 #define HOLDFAST_SRC_CHECKPOINT_PIECES_H_
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -23,6 +24,15 @@
 #include "absl/status/statusor.h"
 
 namespace holdfast::pieces {
+
+// What each piece carries besides its bytes: its owner's ledger when the
+// snapshot was taken, int64s of the first step's start (unix ms), the
+// productive time of the steps done so far (us) and the first step's
+// duration (us). A restore gives every member the ledger of the target's
+// piece 0, so the productive time survives a rollback and reaches a member
+// that takes over.
+inline constexpr int kLedgerWords = 3;
+using Ledger = std::array<int64_t, kLedgerWords>;
 
 struct Range {
   size_t offset = 0;
@@ -104,6 +114,7 @@ struct PieceHeader {
   uint64_t layout_hash = 0;  // names, kinds and sizes of the state
   uint64_t bytes = 0;
   uint64_t checksum = 0;  // of the payload
+  Ledger ledger{};
 };
 
 // DIR/step-<step>/piece-<slot>-of-<world>.bin

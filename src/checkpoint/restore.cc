@@ -89,8 +89,8 @@ absl::Status CheckReplicatedEqual(Communicator* comm, int world, int slot,
                                   const StateRegistry& state) {
   std::vector<int64_t> hashes;
   for (const StateBuffer& b : state.buffers()) {
-    if (b.sharded || b.ledger) {
-      hashes.push_back(0);  // the ledger times each slot's own steps
+    if (b.sharded) {
+      hashes.push_back(0);
       continue;
     }
     hashes.push_back(static_cast<int64_t>(SampleHash(b.data, b.global)));
@@ -132,6 +132,11 @@ absl::Status CheckReplicatedEqual(Communicator* comm, int world, int slot,
     }
   }
   return absl::OkStatus();
+}
+
+PieceIo* Restore::io() const {
+  static PieceIo plain;
+  return hooks_.io != nullptr ? hooks_.io : &plain;
 }
 
 Restore::Restore(Communicator* comm, int world, int slot, StateRegistry* state,
@@ -248,6 +253,7 @@ absl::StatusOr<Restored> Restore::FromMemory(int64_t committed) {
   out.received_state = out.bytes_received > 0;
   progress_->high_step = std::max(progress_->high_step, target);
   progress_->live_step = target;
+  progress_->ledger = use.ledger[0];  // every member alike
   return out;
 }
 
@@ -259,8 +265,8 @@ absl::StatusOr<std::vector<std::vector<OfferedCopy>>> Restore::OfferCopies(
     std::vector<bool>* good_at) {
   Communicator* const comm = comm_;
   // What this member holds of the target: [layout generation, world,
-  // slot, checksum, good, address], padded with world = 0.
-  constexpr int kFields = 6;
+  // slot, checksum, good, address, ledger...], padded with world = 0.
+  constexpr int kFields = 6 + pieces::kLedgerWords;
   std::vector<int64_t> entries(static_cast<size_t>(kmax) * kFields, 0);
   *at = snapshots_->At(target);
   good_at->assign(at->size(), false);
@@ -286,6 +292,7 @@ absl::StatusOr<std::vector<std::vector<OfferedCopy>>> Restore::OfferCopies(
     e[3] = static_cast<int64_t>(p.checksum);
     e[4] = good ? 1 : 0;
     e[5] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(p.bytes.get()));
+    std::copy(p.ledger.begin(), p.ledger.end(), e + 6);
   }
   std::vector<int64_t> every(entries.size() * static_cast<size_t>(world_));
   HOLDFAST_RETURN_IF_ERROR(comm->AllGather(entries.data(), every.data(),
@@ -298,10 +305,14 @@ absl::StatusOr<std::vector<std::vector<OfferedCopy>>> Restore::OfferCopies(
           &every[(static_cast<size_t>(m) * static_cast<size_t>(kmax) +
                   static_cast<size_t>(i)) *
                  kFields];
-      offers[static_cast<size_t>(m)].push_back(
-          {e[0], static_cast<int>(e[1]), static_cast<int>(e[2]),
-           static_cast<uint64_t>(e[3]), e[4] != 0,
-           static_cast<uint64_t>(e[5])});
+      OfferedCopy c{e[0],
+                    static_cast<int>(e[1]),
+                    static_cast<int>(e[2]),
+                    static_cast<uint64_t>(e[3]),
+                    e[4] != 0,
+                    static_cast<uint64_t>(e[5])};
+      std::copy(e + 6, e + kFields, c.ledger.begin());
+      offers[static_cast<size_t>(m)].push_back(c);
     }
   }
   return offers;
@@ -347,19 +358,17 @@ absl::StatusOr<std::optional<Restored>> Restore::FromLive(
   progress_->live_step = -1;  // until the broadcast has landed and checked
   int64_t bytes = 0;
   for (const StateBuffer& b : state_->buffers()) {
-    if (b.ledger || b.global == 0) continue;
+    if (b.global == 0) continue;
     HOLDFAST_RETURN_IF_ERROR(
         comm->Broadcast(b.data, b.global, DataType::kUInt8, source)->Wait());
     bytes += static_cast<int64_t>(b.global);
   }
-  // A member that never stepped has no timings of its own: it goes on
-  // with the source's (the slots step together).
-  int64_t ledger[kLedgerWords];
-  std::memcpy(ledger, progress_->ledger, sizeof(ledger));
-  HOLDFAST_RETURN_IF_ERROR(
-      comm->Broadcast(ledger, kLedgerWords, DataType::kInt64, source)->Wait());
-  if (progress_->ledger[0] == 0)
-    std::memcpy(progress_->ledger, ledger, sizeof(ledger));
+  // Every member goes on with the source's ledger, as a restore from
+  // memory gives every member the ledger of the target's piece 0.
+  HOLDFAST_RETURN_IF_ERROR(comm->Broadcast(progress_->ledger.data(),
+                                           pieces::kLedgerWords,
+                                           DataType::kInt64, source)
+                               ->Wait());
   if (state_->LiveHash() != want) {
     return absl::DataLossError(absl::StrCat(
         why, "; the live state of step ", step, " broadcast by slot ", source,
@@ -424,14 +433,6 @@ absl::StatusOr<Restore::InPlace> Restore::InPlaceReach(
 // received as usual). When commits keep up with the steps, survivors of
 // a fault then receive nothing. When no member is at the target nothing
 // is hashed or exchanged.
-//
-// The runtime's ledger is the one registered buffer that differs
-// between slots (each times its own steps): piece p carries slot p's
-// part of slot p's ledger. No live ledger holds those bytes (a
-// replacement's is new), so they are taken from the target's copies:
-// each member contributes the ledger parts of the pieces it holds
-// (TargetLedger). They are copied into this member's ledger when the
-// piece matches, as a received piece would have been.
 absl::StatusOr<PieceSets> Restore::LivePieces(
     int64_t target, const std::vector<int64_t>& highs, int old_world,
     const std::vector<uint64_t>& checksums,
@@ -442,8 +443,6 @@ absl::StatusOr<PieceSets> Restore::LivePieces(
       std::find(highs.begin(), highs.end(), target) == highs.end()) {
     return live;
   }
-  HOLDFAST_ASSIGN_OR_RETURN(LedgerImage image, TargetLedger(old_world, local));
-  const auto* target_ledger = reinterpret_cast<const uint8_t*>(image.bytes);
   std::vector<int64_t> mine = PieceSets::Mine(old_world);
   int count = 0;
   if (progress_->high_step == target) {
@@ -453,27 +452,13 @@ absl::StatusOr<PieceSets> Restore::LivePieces(
         continue;
       }
       pieces::CopyHasher h;
-      bool comparable = true;
-      pieces::Range ledger_part{0, 0};  // of the ledger, in piece p
       for (const StateBuffer& b : state_->buffers()) {
         const pieces::Range r = StateRegistry::PartOf(b, old_world, p);
-        if (r.bytes == 0) continue;
-        if (!b.ledger) {
-          h.Update(b.data + r.offset, r.bytes);
-        } else if (image.Covers(r)) {
-          h.Update(target_ledger + r.offset, r.bytes);
-          ledger_part = r;
-        } else {
-          comparable = false;  // no member holds it (never so in a restore)
-          break;
-        }
+        if (r.bytes > 0) h.Update(b.data + r.offset, r.bytes);
       }
-      if (comparable && h.Digest() == checksums[static_cast<size_t>(p)]) {
+      if (h.Digest() == checksums[static_cast<size_t>(p)]) {
         PieceSets::Add(&mine, p);
         ++count;
-        std::memcpy(
-            reinterpret_cast<uint8_t*>(progress_->ledger) + ledger_part.offset,
-            target_ledger + ledger_part.offset, ledger_part.bytes);
       }
     }
   }
@@ -486,52 +471,6 @@ absl::StatusOr<PieceSets> Restore::LivePieces(
         slot_, count, target);
   }
   return live;
-}
-
-bool Restore::LedgerImage::Covers(const pieces::Range& r) const {
-  for (size_t i = r.offset; i < r.offset + r.bytes; ++i) {
-    if (((known >> i) & 1) == 0) return false;
-  }
-  return true;
-}
-
-// Gathers the ledger parts of the target's pieces from the members
-// holding copies of them (`local`, this member's: slot -> copy).
-absl::StatusOr<Restore::LedgerImage> Restore::TargetLedger(
-    int old_world, const std::map<int, const Piece*>& local) {
-  Communicator* const comm = comm_;
-  static_assert(sizeof(LedgerImage::bytes) <= 64, "one bit a byte");
-  LedgerImage mine;
-  auto* out = reinterpret_cast<uint8_t*>(mine.bytes);
-  for (const auto& [p, piece] : local) {
-    size_t at = 0;  // where the ledger's part lies in the piece
-    for (const StateBuffer& b : state_->buffers()) {
-      const pieces::Range r = StateRegistry::PartOf(b, old_world, p);
-      if (b.ledger) {
-        std::memcpy(out + r.offset, piece->bytes.get() + at, r.bytes);
-        for (size_t i = r.offset; i < r.offset + r.bytes; ++i) {
-          mine.known |= int64_t{1} << i;
-        }
-        break;
-      }
-      at += r.bytes;
-    }
-  }
-  constexpr size_t kWords = kLedgerWords + 1;
-  static_assert(sizeof(LedgerImage) == kWords * sizeof(int64_t));
-  std::vector<LedgerImage> all(static_cast<size_t>(world_));
-  HOLDFAST_RETURN_IF_ERROR(
-      comm->AllGather(&mine, all.data(), kWords, DataType::kInt64)->Wait());
-  LedgerImage image;
-  auto* in = reinterpret_cast<uint8_t*>(image.bytes);
-  for (const LedgerImage& m : all) {
-    const auto* from = reinterpret_cast<const uint8_t*>(m.bytes);
-    for (size_t i = 0; i < sizeof(image.bytes); ++i) {
-      if (((m.known >> i) & 1) != 0) in[i] = from[i];
-    }
-    image.known |= m.known;
-  }
-  return image;
 }
 
 // Restores from the disk tier's newest complete checkpoint. nullopt when
@@ -575,6 +514,10 @@ absl::StatusOr<std::optional<Restored>> Restore::FromDisk(bool required) {
   state_->RepartitionAll(world_, slot_);
   absl::Status s;
   std::vector<uint8_t> data;
+  // [ok, the lowest piece read, its ledger]: every member goes on with the
+  // ledger of the lowest piece any member read.
+  constexpr size_t kWords = 2 + pieces::kLedgerWords;
+  int64_t mine_read[kWords] = {1, INT64_MAX};
   for (int p = 0; p < world && s.ok(); ++p) {
     if (!state_->NeedsPiece(world_, slot_, world, p)) continue;
     pieces::PieceHeader h;
@@ -586,19 +529,31 @@ absl::StatusOr<std::optional<Restored>> Restore::FromDisk(bool required) {
           " holds ", data.size(), " bytes; ", state_->PieceSize(world, p),
           " expected"));
     }
-    if (s.ok()) state_->ApplyPiece(data.data(), world, p, world_, slot_);
+    if (!s.ok()) break;
+    state_->ApplyPiece(data.data(), world, p, world_, slot_);
+    if (mine_read[1] == INT64_MAX) {
+      mine_read[1] = p;
+      std::copy(h.ledger.begin(), h.ledger.end(), mine_read + 2);
+    }
   }
-  const int64_t ok = s.ok() ? 1 : 0;
-  std::vector<int64_t> oks(static_cast<size_t>(world_));
+  mine_read[0] = s.ok() ? 1 : 0;
+  std::vector<int64_t> reads(static_cast<size_t>(world_) * kWords);
   HOLDFAST_RETURN_IF_ERROR(
-      comm->AllGather(&ok, oks.data(), 1, DataType::kInt64)->Wait());
+      comm->AllGather(mine_read, reads.data(), kWords, DataType::kInt64)
+          ->Wait());
   if (!s.ok()) return s;
+  const int64_t* lowest = nullptr;
   for (int r = 0; r < world_; ++r) {
-    if (oks[static_cast<size_t>(r)] == 0) {
+    const int64_t* e = &reads[static_cast<size_t>(r) * kWords];
+    if (e[0] == 0) {
       return absl::DataLossError(absl::StrCat(
           "slot ", r, " could not read the disk checkpoint of step ", step,
           " in ", dir, " (see its log)"));
     }
+    if (lowest == nullptr || e[1] < lowest[1]) lowest = e;
+  }
+  if (lowest != nullptr && lowest[1] != INT64_MAX) {
+    std::copy(lowest + 2, lowest + kWords, progress_->ledger.begin());
   }
   progress_->lost_steps = std::max<int64_t>(0, progress_->high_step - step);
   Restored out;

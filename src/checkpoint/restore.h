@@ -23,17 +23,12 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "holdfast/communicator.h"
+#include "src/checkpoint/piece_io.h"
 #include "src/checkpoint/restore_plan.h"
 #include "src/checkpoint/snapshots.h"
 #include "src/checkpoint/state.h"
 
 namespace holdfast::checkpoint {
-
-// The int64 words of the runtime's ledger, registered as replicated state
-// (StateBuffer::ledger): the first step's start (unix ms), the productive
-// time (us) and the first step's duration (us). Each slot times its own
-// steps; piece p carries slot p's part of slot p's ledger.
-inline constexpr int kLedgerWords = 3;
 
 // What the training thread knows of its own progress. A restore reads it
 // and sets it.
@@ -44,7 +39,8 @@ struct Progress {
   // a standby that never trained).
   int64_t live_step = -1;
   int64_t lost_steps = 0;  // the steps the last restore rolled back
-  int64_t ledger[kLedgerWords] = {0, 0, 0};
+  // This member's ledger (pieces::Ledger), which its snapshots carry.
+  pieces::Ledger ledger{};
 };
 
 struct RestoreOptions {
@@ -61,9 +57,9 @@ struct RestoreHooks {
   // Called once every member knows where the others' copies lie, before
   // any piece moves.
   std::function<void()> before_transfers;
-  // Whether the first piece this member takes in restoring `step` is
-  // damaged as it lands.
-  std::function<bool(int64_t step)> damage_first_taken;
+  // The I/O of the pieces this member takes (null: the plain one);
+  // outlives the restore.
+  PieceIo* io = nullptr;
 };
 
 struct Restored {
@@ -131,13 +127,6 @@ class Restore {
     PieceSets reach;
     std::vector<int64_t> pids;
   };
-  // The ledger as a restore of the target assembles it: the part of piece
-  // p is slot p's. `known` has bit i set where byte i is.
-  struct LedgerImage {
-    int64_t bytes[kLedgerWords] = {0, 0, 0};
-    int64_t known = 0;
-    bool Covers(const pieces::Range& r) const;
-  };
 
   absl::StatusOr<std::vector<std::vector<OfferedCopy>>> OfferCopies(
       int64_t target, int64_t kmax, std::vector<Piece*>* at,
@@ -150,8 +139,6 @@ class Restore {
       int64_t target, const std::vector<int64_t>& highs, int old_world,
       const std::vector<uint64_t>& checksums,
       const std::map<int, const Piece*>& local);
-  absl::StatusOr<LedgerImage> TargetLedger(
-      int old_world, const std::map<int, const Piece*>& local);
   absl::Status ApplyTarget(int64_t target, int64_t use_gen, int old_world,
                            const Holders& use,
                            const std::map<int, const Piece*>& local,
@@ -173,12 +160,12 @@ class Restore {
 
   // Reads piece `p` in place from slot `from` (process `pid`, the copy at
   // `address`) into `lands`, chunk by chunk; with `h`, each chunk is hashed
-  // (and copied on into `also`, if set) while it is in the cache, and
-  // `damage` runs for the chunk holding `damage_at`.
+  // (and copied on into `also`, if set) while it is in the cache.
   absl::Status ReadInPlace(int p, int from, int64_t pid, uint64_t address,
                            const Segments& lands, pieces::CopyHasher* h,
-                           const Segments* also, const uint8_t* damage_at,
-                           const std::function<void()>& damage);
+                           const Segments* also);
+  // The piece I/O (RestoreHooks::io, or the plain one).
+  PieceIo* io() const;
 
   // Copies what this member needs of a received `piece` (cut for
   // `old_world`) into the live state; the piece's hash.

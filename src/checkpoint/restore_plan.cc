@@ -34,10 +34,12 @@ CutChoice ChooseCut(const std::vector<std::vector<OfferedCopy>>& offers) {
       h.by_slot.resize(w);
       h.address_by_slot.resize(w);
       h.checksum.resize(w);
+      h.ledger.resize(w);
       const size_t s = static_cast<size_t>(c.slot);
       h.by_slot[s].push_back(static_cast<int>(m));
       h.address_by_slot[s].push_back(c.address);
       h.checksum[s] = c.checksum;
+      h.ledger[s] = c.ledger;
     }
   }
   CutChoice choice;

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "src/checkpoint/pieces.h"
+
 namespace holdfast::checkpoint {
 
 // What one member said about itself at the start of a restore.
@@ -38,6 +40,7 @@ struct OfferedCopy {
   uint64_t checksum = 0;          // the owner's checksum of the piece
   bool good = false;              // it passed the holder's check
   uint64_t address = 0;           // where it lies in the holder's memory
+  pieces::Ledger ledger{};        // the piece's metadata
 };
 
 // Of one cut: per piece, the members holding a good copy (in member
@@ -46,6 +49,7 @@ struct Holders {
   std::vector<std::vector<int>> by_slot;
   std::vector<std::vector<uint64_t>> address_by_slot;
   std::vector<uint64_t> checksum;
+  std::vector<pieces::Ledger> ledger;  // each piece's metadata
 };
 
 struct Cut {

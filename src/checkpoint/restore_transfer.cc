@@ -118,17 +118,14 @@ absl::Status Restore::ApplyTarget(
 
 absl::Status Restore::ReadInPlace(int p, int from, int64_t pid,
                                   uint64_t address, const Segments& lands,
-                                  pieces::CopyHasher* h, const Segments* also,
-                                  const uint8_t* damage_at,
-                                  const std::function<void()>& damage) {
+                                  pieces::CopyHasher* h, const Segments* also) {
   absl::Status s;
   size_t done = 0;  // of the piece's bytes
   for (const auto& [dst, bytes] : lands) {
     for (size_t off = 0; s.ok() && off < bytes; off += kReadChunk) {
       const size_t n = std::min(kReadChunk, bytes - off);
-      s = peer_memory::Read(pid, address + off, dst + off, n);
+      s = io()->Read(p, pid, address + off, dst + off, n);
       if (h == nullptr || !s.ok()) continue;
-      if (damage_at >= dst + off && damage_at < dst + off + n) damage();
       if (also != nullptr) {
         checkpoint::CopyInto(*also, done + off, dst + off, n, h);
       } else {
@@ -198,30 +195,16 @@ absl::Status Restore::TransferRound(
       }
       std::unique_ptr<Piece>& piece = (*received)[p];
       piece = snapshots_->NewPiece(target, use_gen, old_world, p, checksum);
+      piece->ledger = use.ledger[static_cast<size_t>(p)];
       if (!direct) PostRecvs(comm_, piece.get(), from, oo, &works);
       lands[p] = {{piece->bytes.get(), piece->size}};
       if (!live_at.empty()) also_live[p] = std::move(live_at);
     }
   }
-  // An injected `corrupt-restore` damages the first piece this member
-  // takes, in the middle of its first landing segment: for a piece
-  // read in place and hashed as it lands, in its chunk before the
-  // chunk is hashed; else once every piece is in.
-  const int hit = !sender.empty() && hooks_.damage_first_taken &&
-                          hooks_.damage_first_taken(target)
-                      ? sender.begin()->first
-                      : -1;
-  uint8_t* const damage_at =
-      hit >= 0 ? lands.at(hit).front().first + lands.at(hit).front().second / 2
-               : nullptr;
-  auto damage = [&] {
-    *damage_at ^= 0x5a;
-    HOLDFAST_LOG_WARN(
-        "restore: corrupted the piece of slot {} that slot {} received "
-        "for step {}{} (injected)",
-        hit, slot_, target,
-        into_live.count(hit) > 0 ? ", read into its live state" : "");
-  };
+  std::vector<PieceIo::Take> takes;
+  for (const auto& [p, from] : sender)
+    takes.push_back({p, into_live.count(p) > 0});
+  io()->Taking(target, takes);
   // The holders stay in this round (its all-gather below) until every
   // reader is done, so the pieces read are there; their checksums are
   // checked below all the same: a piece read into the live state, or
@@ -241,8 +224,7 @@ absl::Status Restore::TransferRound(
                        use.address_by_slot[static_cast<size_t>(p)][round],
                        lands.at(p),
                        hashed != live_hashes.end() ? &hashed->second : nullptr,
-                       copied != also_live.end() ? &copied->second : nullptr,
-                       damage_at, damage);
+                       copied != also_live.end() ? &copied->second : nullptr);
   };
   std::vector<absl::Status> read_out(reads.size());
   ForEachOnThreads(reads.size(), kRestoreThreads,
@@ -258,7 +240,11 @@ absl::Status Restore::TransferRound(
   }
   for (auto& w : works) HOLDFAST_RETURN_IF_ERROR(w->Wait());
   HOLDFAST_RETURN_IF_ERROR(read_status);
-  if (hit >= 0 && live_hashes.count(hit) == 0) damage();
+  for (const auto& [p, from] : sender) {
+    if (std::find(reads.begin(), reads.end(), p) != reads.end()) continue;
+    Piece& piece = *received->at(p);
+    io()->Received(p, piece.bytes.get(), piece.size);
+  }
   std::vector<int64_t> bad = PieceSets::Mine(old_world);
   for (const auto& [p, from] : sender) {
     out->bytes_received +=

@@ -57,6 +57,7 @@ struct Piece {
   bool own = false;
   size_t size = 0;
   std::unique_ptr<uint8_t[]> bytes;
+  pieces::Ledger ledger{};  // the owner's, when the snapshot was taken
   // A deferred snapshot's flags (see the states above), guarded by the
   // pipeline's lock.
   bool deferred = false;

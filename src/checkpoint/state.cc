@@ -51,7 +51,7 @@ absl::Status StateRegistry::CheckName(const std::string& name) const {
 }
 
 absl::Status StateRegistry::AddReplicated(const std::string& name, void* data,
-                                          size_t bytes, bool ledger) {
+                                          size_t bytes) {
   if (data == nullptr && bytes > 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "RegisterState('", name, "'): the data is null but bytes is ", bytes));
@@ -59,7 +59,6 @@ absl::Status StateRegistry::AddReplicated(const std::string& name, void* data,
   if (absl::Status s = CheckName(name); !s.ok()) return s;
   StateBuffer b;
   b.name = name;
-  b.ledger = ledger;
   b.global = bytes;
   b.data = static_cast<uint8_t*>(data);
   buffers_.push_back(std::move(b));
@@ -200,7 +199,7 @@ uint64_t StateRegistry::LayoutHash() const {
 uint64_t StateRegistry::LiveHash() const {
   pieces::CopyHasher h;
   for (const StateBuffer& b : buffers_) {
-    if (!b.sharded && !b.ledger) h.Update(b.data, b.global);
+    if (!b.sharded) h.Update(b.data, b.global);
   }
   return h.Digest();
 }

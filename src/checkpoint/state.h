@@ -34,9 +34,6 @@ namespace holdfast::checkpoint {
 struct StateBuffer {
   std::string name;
   bool sharded = false;
-  // The runtime's own per-slot timing record: carried in pieces, left out
-  // of the state's hash and of the check that slots hold equal state.
-  bool ledger = false;
   size_t global = 0;             // bytes of the global array
   size_t unit = 1;               // partitions are whole units
   uint8_t* data = nullptr;       // replicated: the caller's whole array
@@ -51,8 +48,7 @@ class StateRegistry {
  public:
   // InvalidArgument for an empty or repeated name, or null data with
   // bytes > 0.
-  absl::Status AddReplicated(const std::string& name, void* data, size_t bytes,
-                             bool ledger = false);
+  absl::Status AddReplicated(const std::string& name, void* data, size_t bytes);
   // InvalidArgument for an empty or repeated name, or a size that is not
   // whole units. Its partition is sized for (world, slot) when world > 0.
   absl::StatusOr<ShardView> AddSharded(const std::string& name,
@@ -99,7 +95,7 @@ class StateRegistry {
 
   // A hash of the names, kinds and sizes, in order.
   uint64_t LayoutHash() const;
-  // A hash of the live replicated state, the ledger left out.
+  // A hash of the live replicated state.
   uint64_t LiveHash() const;
   // A hash of this member's partitions of the sharded state.
   uint64_t ShardedHash() const;

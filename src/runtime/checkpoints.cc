@@ -21,9 +21,7 @@ checkpoint::Restore RuntimeImpl::NewRestore(Communicator* comm, const View& v) {
   hooks.before_transfers = [faults, slot, restores] {
     faults->AtRestore(slot, restores);
   };
-  hooks.damage_first_taken = [faults, slot](int64_t step) {
-    return faults->AtPiece(fault::Kind::kCorruptRestore, slot, step);
-  };
+  hooks.io = &piece_io_;
   return checkpoint::Restore(comm, v.world, v.slot, &state_, &snapshots_,
                              &progress_, std::move(o), std::move(hooks));
 }
@@ -85,9 +83,7 @@ checkpoint::BackupHooks RuntimeImpl::NewBackupHooks() {
     return AwaitRoundEnd(step, gen, deadline);
   };
   h.committed = [this] { return committed_step(); };
-  h.damage_arrival = [this](int64_t step) {
-    return faults_->AtPiece(fault::Kind::kCorruptBackup, slot(), step);
-  };
+  h.io = &piece_io_;
   h.after_commit = [this](Piece* own) { AfterCommit(own); };
   return h;
 }
@@ -119,6 +115,7 @@ void RuntimeImpl::WriteToDisk(const Piece& own) {
   h.layout_hash = state_.LayoutHash();
   h.bytes = own.size;
   h.checksum = own.checksum;
+  h.ledger = own.ledger;
   absl::Status s =
       pieces::WritePiece(options_.checkpoint_dir, h, own.bytes.get());
   if (!s.ok()) {

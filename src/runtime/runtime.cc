@@ -242,9 +242,10 @@ absl::StatusOr<bool> RuntimeImpl::TakeSnapshot(int64_t step, bool defer) {
     return false;
   }
   ++snapshots_taken_;
-  snapshots_.Queue(
-      snapshots_.NewPiece(step, comm_gen, v.world, v.slot, /*checksum=*/0),
-      defer);
+  std::unique_ptr<Piece> p =
+      snapshots_.NewPiece(step, comm_gen, v.world, v.slot, /*checksum=*/0);
+  p->ledger = progress_.ledger;
+  snapshots_.Queue(std::move(p), defer);
   return true;
 }
 

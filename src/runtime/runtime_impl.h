@@ -47,6 +47,7 @@
 #include "src/control/client.h"
 #include "src/control/member.h"
 #include "src/fault/fault.h"
+#include "src/runtime/fault_io.h"
 
 namespace holdfast {
 
@@ -335,7 +336,7 @@ class RuntimeImpl final : public Runtime {
   // The training thread's own.
   checkpoint::StateRegistry state_;
   // What the training thread knows of its progress (the restore sets it);
-  // its ledger is registered as state.
+  // its ledger travels with its snapshots' pieces.
   checkpoint::Progress progress_;
   bool started_ = false;
   bool finished_ = false;
@@ -363,6 +364,9 @@ class RuntimeImpl final : public Runtime {
   // destructor clears them.
   const std::shared_ptr<fault::Injector> faults_ =
       std::make_shared<fault::Injector>();
+  // The I/O of the pieces this member receives, through which the
+  // corrupt-backup and corrupt-restore faults damage them.
+  FaultyPieceIo piece_io_{faults_, [this] { return slot(); }};
   std::atomic<bool> finishing_{false};
   std::atomic<int64_t> last_disk_step_{0};
   std::thread backup_thread_;

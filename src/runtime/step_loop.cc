@@ -158,11 +158,6 @@ absl::StatusOr<RunResult> RuntimeImpl::RunLoop(
     return absl::InvalidArgumentError(
         "Run: steps must be >= 0, snapshot_every >= 1 and step_fn set");
   }
-  // The runtime's own ledger travels with the state, so the productive
-  // time survives a rollback (and reaches a member that takes over).
-  HOLDFAST_RETURN_IF_ERROR(
-      state_.AddReplicated("holdfast/ledger", progress_.ledger,
-                           sizeof(progress_.ledger), /*ledger=*/true));
   started_ = true;
   HOLDFAST_RETURN_IF_ERROR(AwaitSlot());
   Loop loop;
