@@ -39,6 +39,7 @@
 #include "absl/time/time.h"
 #include "holdfast/status.h"
 #include "src/backend/backend.h"
+#include "src/backend/gloo/gloo_access.h"
 #include "src/backend/gloo/reduce.h"
 #include "src/common/config.h"
 #include "src/common/status_util.h"
@@ -48,8 +49,6 @@
 
 namespace holdfast::backend {
 namespace {
-
-namespace tcp = ::gloo::transport::tcp;
 
 // Slot prefixes for the algorithms written here; Gloo's own use small values.
 constexpr uint8_t kReduceScatterSlotPrefix = 0xa1;
@@ -66,63 +65,6 @@ constexpr uint8_t kAllReduceOutSlotPrefix = 0xa5;
 // and send it back (two steps, each rank moving 2 (n - 1) / n of the
 // bytes, as a ring does).
 constexpr size_t kExchangeAllReduceBytes = size_t{64} << 10;
-
-std::chrono::milliseconds ToChrono(absl::Duration d) {
-  return std::chrono::milliseconds(
-      std::max<int64_t>(1, absl::ToInt64Milliseconds(d)));
-}
-
-// Some tcp::Pair and tcp::UnboundBuffer members that holdfast needs are
-// protected in this Gloo version. A derived class may name them as pointers
-// to members of the base, which can then be applied to any object of it.
-// These structs are never instantiated.
-struct UnboundBufferAccess : tcp::UnboundBuffer {
-  static void Signal(tcp::UnboundBuffer* buf, std::exception_ptr ex) {
-    (buf->*(&UnboundBufferAccess::signalException))(std::move(ex));
-  }
-  // Whether a receive posted on `buf` has completed, without waiting.
-  static bool Received(tcp::UnboundBuffer* buf) {
-    std::lock_guard<std::mutex> lock(buf->*(&UnboundBufferAccess::m_));
-    return buf->*(&UnboundBufferAccess::recvCompletions_) > 0;
-  }
-};
-
-struct PairAccess : tcp::Pair {
-  static void Fail(tcp::Pair* pair, const std::string& msg) {
-    (pair->*(&PairAccess::signalExceptionExternal))(msg);
-  }
-  static std::string PeerAddress(const tcp::Pair* pair) {
-    return (pair->*(&PairAccess::peer))().str();
-  }
-  // If the pair has failed, wakes every unbound-buffer op still bound to
-  // it with the pair's error and returns it; returns null otherwise.
-  //
-  // Why: when a pair fails, this Gloo version does not signal every
-  // unbound-buffer op: not sends already queued in tx_ (a message larger
-  // than the socket buffer), nor a receive in progress (rx_), nor ops
-  // waiting for the peer's notification (localPendingSend_/Recv_). A thread
-  // in waitSend or waitRecv on one would sleep until Gloo's own timeout,
-  // even after abort. Signalling a buffer twice is harmless. Lock order is
-  // Gloo's own: pair, then buffer.
-  static std::exception_ptr WakeStranded(tcp::Pair* pair) {
-    std::lock_guard<std::mutex> lock(pair->*(&PairAccess::m_));
-    std::exception_ptr ex = pair->*(&PairAccess::ex_);
-    if (ex == nullptr) return nullptr;
-    auto wake = [&ex](auto& weak) {
-      ::gloo::NonOwningPtr<tcp::UnboundBuffer> buf(weak);
-      if (buf) UnboundBufferAccess::Signal(buf.operator->(), ex);
-    };
-    for (tcp::Op& op : pair->*(&PairAccess::tx_)) wake(op.ubuf);
-    wake((pair->*(&PairAccess::rx_)).ubuf);
-    for (auto& [slot, ops] : pair->*(&PairAccess::localPendingSend_)) {
-      for (auto& op : ops) wake(std::get<0>(op));
-    }
-    for (auto& [slot, ops] : pair->*(&PairAccess::localPendingRecv_)) {
-      for (auto& op : ops) wake(std::get<0>(op));
-    }
-    return ex;
-  }
-};
 
 // The reason given to the pairs the watcher fails because another one
 // failed to connect.

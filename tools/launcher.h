@@ -1,0 +1,134 @@
+// holdfast-run's launcher (tools/run_main.cc has the command): the
+// embedded controller, the processes it starts, their output, and the
+// summary of the job. One Launcher per process; not thread-safe.
+#ifndef HOLDFAST_TOOLS_LAUNCHER_H_
+#define HOLDFAST_TOOLS_LAUNCHER_H_
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "src/control/client.h"
+#include "src/control/membership.h"
+
+namespace holdfast::run {
+
+using control::StatusResponse;
+using nlohmann::json;
+
+// The last SIGINT or SIGTERM (0: none), set by OnSignal.
+extern std::atomic<int> g_signal;
+void OnSignal(int sig);
+
+// The label of a process the controller does not know yet.
+inline constexpr char kStarting[] = "starting";
+
+struct Proc {
+  int index = 0;
+  pid_t pid = -1;
+  int out_fd = -1;  // its stdout
+  int err_fd = -1;  // its stderr
+  std::string out_buf, err_buf;
+  bool exited = false;
+  int status = 0;  // wait status
+  std::string label = kStarting;
+  std::ofstream log;
+};
+
+// A command is runnable: a path with '/', or a name found on PATH.
+bool Resolves(const std::string& cmd);
+std::string DescribeExit(int status);
+
+// The command line (see tools/run_main.cc).
+struct Flags {
+  int n = 0, standby = 0, min_world = 1, hosts = 0, replicas = 0;
+  std::string checkpoint_dir, verify_backups, log_dir;
+  int64_t checkpoint_every = 0;
+  std::string mode = "replace";
+  std::vector<std::string> inject;
+  int64_t heartbeat_ms = 500, silent_ms = 3000, join_timeout_s = 60;
+  int64_t rendezvous_grace_ms = 1000;
+  bool no_disk_tier = false, fresh = false;
+};
+
+class Launcher {
+ public:
+  int Main(int argc, char** argv);
+
+ private:
+  // run_main.cc: the steps of Main.
+  // Parses the command line into `f`; an exit code when Main is done
+  // (help, or a parse error).
+  std::optional<int> ParseFlags(int argc, char** argv, Flags* f);
+  // Refuses bad flags by name (exit code 2), and chooses the disk tier
+  // and the log directory; `faults` gets the joined --inject list.
+  std::optional<int> CheckFlags(const Flags& f, std::string* faults);
+  // The environment of process `i` (workers 0..n-1, then standbys).
+  std::vector<std::string> ProcEnv(const Flags& f, int i,
+                                   const std::string& token,
+                                   const std::string& faults) const;
+  // Starts the standbys, waits for them to register, then the workers.
+  absl::Status SpawnAll(const Flags& f, const std::string& token,
+                        const std::string& faults);
+  // Watches the job until it ends, every process is gone, or a signal;
+  // the outcome and why, and the controller's last view in `last`.
+  std::pair<std::string, std::string> Watch(const Flags& f,
+                                            StatusResponse* last);
+  // Lets the processes finish, then ends those that do not.
+  void StopAll(const std::string& outcome);
+
+  absl::Status Spawn(Proc& p, const std::vector<std::string>& env_extra);
+  // Pumps output until `k` standbys are registered. DeadlineExceeded at
+  // `deadline`, Unavailable if a standby process exits first.
+  absl::Status AwaitStandbys(int k, absl::Time deadline);
+  void Pump(absl::Duration timeout);
+  void Emit(Proc& p, std::string& buf, bool is_err, bool flush_all);
+  void RefreshLabels(const StatusResponse& s);
+  // Asks the controller for labels (at most every 20 ms): a process still
+  // labeled "starting" may have registered, or even finished, since the
+  // last poll.
+  void RefreshLabelsNow();
+  json Summary(const StatusResponse& s, const std::string& outcome,
+               const std::string& reason);
+  void PrintSummary(const json& j);
+  // The controller's view, with members and every incident kept.
+  absl::StatusOr<StatusResponse> FetchJob() const;
+  void KillAll(int sig);
+  bool AllExited() const;
+  void Reap();
+  // DIR/members.json (with --log-dir): the launcher's processes (pid,
+  // exit) and the controller's members (pid, role, slot, state, host), for
+  // tools that act on processes from outside (holdfast-chaos). Replaced
+  // atomically at every status poll.
+  void WriteMembers(const StatusResponse& s);
+  // Chooses the disk tier's directory (see --checkpoint-dir) and locks it;
+  // an empty string when it is off. Usage errors name the problem.
+  absl::StatusOr<std::string> ChooseCheckpointDir(const std::string& flag,
+                                                  bool off, bool fresh);
+
+  std::vector<std::string> cmd_;
+  std::vector<std::unique_ptr<Proc>> procs_;
+  holdfast::control::ClientOptions client_;
+  absl::Time start_;
+  std::string log_dir_;
+  std::string checkpoint_dir_;           // empty: no disk tier
+  bool default_checkpoint_dir_ = false;  // chosen here, removed on success
+  int n_ = 0;
+  absl::Time next_label_fetch_ = absl::InfinitePast();
+};
+
+}  // namespace holdfast::run
+
+#endif  // HOLDFAST_TOOLS_LAUNCHER_H_
