@@ -1,0 +1,272 @@
+#include "src/control/diagnosis.h"
+
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace holdfast::control {
+namespace {
+
+bool Entered(const TraceRecord& r) { return r.state != OpState::kEnqueued; }
+
+// What every slot must call alike: the kind, the root, the size, the type
+// and the reduction.
+std::string Signature(const TraceRecord& r) {
+  std::string s(OpTypeName(r.op));
+  if (r.op == OpType::kBroadcast) absl::StrAppend(&s, " root=", r.peer);
+  if (r.op == OpType::kBarrier) return s;
+  absl::StrAppend(&s, " (", r.count, " x ", DataTypeName(r.dtype));
+  if (r.op == OpType::kAllReduce || r.op == OpType::kReduceScatter) {
+    absl::StrAppend(&s, ", ", ReduceOpName(r.reduce));
+  }
+  return absl::StrCat(s, ")");
+}
+
+std::string Slots(const std::vector<int>& slots) {
+  return absl::StrCat(slots.size() == 1 ? "slot " : "slots ",
+                      absl::StrJoin(slots, ", "));
+}
+
+// One answering slot's collectives, by sequence number.
+struct Trace {
+  const SlotEvidence* slot = nullptr;
+  std::map<int64_t, const TraceRecord*> by_seq;
+  int64_t first = -1;    // the lowest sequence number its tail holds
+  int64_t entered = -1;  // the highest it entered
+};
+
+// The lowest collective at which the answering slots differ, if any.
+std::optional<int64_t> FirstDifference(const std::vector<Trace>& traces) {
+  int64_t lo = -1, hi = -1;
+  for (const Trace& t : traces) {
+    if (t.first >= 0) lo = std::max(lo, t.first);
+    hi = std::max(hi, t.entered);
+  }
+  if (hi < 0) return std::nullopt;
+  for (int64_t c = std::max<int64_t>(lo, 0); c <= hi; ++c) {
+    std::set<std::string> signatures;
+    int entered = 0, completed = 0;
+    for (const Trace& t : traces) {
+      auto it = t.by_seq.find(c);
+      if (it == t.by_seq.end() || !Entered(*it->second)) continue;
+      ++entered;
+      signatures.insert(Signature(*it->second));
+      if (it->second->state == OpState::kCompleted) ++completed;
+    }
+    const int n = static_cast<int>(traces.size());
+    if (entered < n || signatures.size() > 1 ||
+        (completed > 0 && completed < n)) {
+      return c;
+    }
+  }
+  return std::nullopt;
+}
+
+void Describe(const TraceRecord& r, Diagnosis* d) {
+  d->coll_seq = r.coll_seq;
+  d->op = r.op;
+  d->count = r.count;
+  d->dtype = r.dtype;
+}
+
+void SetVictims(const std::vector<SlotEvidence>& slots, Diagnosis* d) {
+  d->victims.clear();
+  for (const SlotEvidence& s : slots) {
+    if (std::find(d->culprits.begin(), d->culprits.end(), s.slot) ==
+        d->culprits.end()) {
+      d->victims.push_back(s.slot);
+    }
+  }
+  std::sort(d->culprits.begin(), d->culprits.end());
+  std::sort(d->victims.begin(), d->victims.end());
+}
+
+// At collective `c`, where the answering slots differ: who never entered
+// it, who called it differently, or who is stuck in it.
+void Judge(const std::vector<Trace>& traces, int64_t c, Diagnosis* d) {
+  std::vector<int> missing;
+  std::map<std::string, std::vector<int>> by_signature;
+  std::vector<int> completed, stuck;
+  for (const Trace& t : traces) {
+    auto it = t.by_seq.find(c);
+    if (it == t.by_seq.end() || !Entered(*it->second)) {
+      missing.push_back(t.slot->slot);
+      continue;
+    }
+    if (d->coll_seq < 0) Describe(*it->second, d);
+    by_signature[Signature(*it->second)].push_back(t.slot->slot);
+    (it->second->state == OpState::kCompleted ? completed : stuck)
+        .push_back(t.slot->slot);
+  }
+  const std::string at = absl::StrCat("collective #", c);
+  if (!missing.empty()) {
+    d->kind = DiagnosisKind::kComputeHang;
+    d->culprits = missing;
+    d->confidence = 0.8;
+    std::vector<std::string> where;
+    for (const Trace& t : traces) {
+      if (std::find(missing.begin(), missing.end(), t.slot->slot) ==
+          missing.end()) {
+        continue;
+      }
+      where.push_back(absl::StrCat(
+          "slot ", t.slot->slot, " is alive (phase ", Phase_Name(t.slot->phase),
+          ", step ", t.slot->step, ") and never entered it (last entered #",
+          t.entered, ")"));
+    }
+    d->evidence = absl::StrCat(at, ": ", absl::StrJoin(where, "; "),
+                               "; the others entered it and wait");
+    return;
+  }
+  if (by_signature.size() > 1) {
+    d->kind = DiagnosisKind::kMismatch;
+    std::vector<std::string> sides;
+    size_t largest = 0, ties = 0;
+    for (const auto& [sig, who] : by_signature) {
+      sides.push_back(absl::StrCat(Slots(who), " called ", sig));
+      if (who.size() > largest) {
+        largest = who.size();
+        ties = 1;
+      } else if (who.size() == largest) {
+        ++ties;
+      }
+    }
+    // The slots outside a strict majority call are the culprits; with no
+    // such call every side is named.
+    for (const auto& [sig, who] : by_signature) {
+      if (ties > 1 || who.size() != largest) {
+        d->culprits.insert(d->culprits.end(), who.begin(), who.end());
+      }
+    }
+    d->confidence = ties > 1 ? 0.5 : 0.9;
+    d->evidence = absl::StrCat(
+        at, " was called differently: ", absl::StrJoin(sides, "; "),
+        ties > 1 ? " (no call is the majority's: every side named)" : "");
+    return;
+  }
+  d->kind = DiagnosisKind::kStuckInCollective;
+  d->culprits = stuck;
+  d->confidence = 0.6;
+  d->evidence =
+      absl::StrCat(Slots(stuck), " did not complete ", at, " (",
+                   by_signature.begin()->first, "), which ", Slots(completed),
+                   " completed: a link or peer problem between them");
+}
+
+}  // namespace
+
+const char* DiagnosisKindName(DiagnosisKind kind) {
+  switch (kind) {
+    case DiagnosisKind::kUndecided:
+      return "undecided";
+    case DiagnosisKind::kDead:
+      return "dead";
+    case DiagnosisKind::kFrozen:
+      return "frozen";
+    case DiagnosisKind::kComputeHang:
+      return "compute-hang";
+    case DiagnosisKind::kMismatch:
+      return "mismatch";
+    case DiagnosisKind::kStuckInCollective:
+      return "stuck-in-collective";
+  }
+  return "unknown";
+}
+
+Diagnosis Diagnose(const std::vector<SlotEvidence>& slots) {
+  Diagnosis d;
+  std::vector<Trace> traces;
+  std::vector<int> dead, frozen, unanswered;
+  for (const SlotEvidence& s : slots) {
+    if (s.liveness == SlotEvidence::Liveness::kDead) {
+      dead.push_back(s.slot);
+      continue;
+    }
+    if (s.liveness == SlotEvidence::Liveness::kSilent) {
+      frozen.push_back(s.slot);
+      continue;
+    }
+    if (!s.answered) {
+      unanswered.push_back(s.slot);
+      continue;
+    }
+    Trace t;
+    t.slot = &s;
+    for (const TraceRecord& r : s.trace) {
+      if (!IsCollective(r.op) || r.coll_seq < 0) continue;
+      t.by_seq[r.coll_seq] = &r;
+      t.first = t.first < 0 ? r.coll_seq : std::min(t.first, r.coll_seq);
+      if (Entered(r)) t.entered = std::max(t.entered, r.coll_seq);
+    }
+    traces.push_back(std::move(t));
+  }
+  const std::optional<int64_t> k = FirstDifference(traces);
+  if (!dead.empty() || !frozen.empty()) {
+    // A process that is gone or silent is a culprit whatever the traces
+    // say; the others wait for it (in the collective where they differ,
+    // if the survivors' traces show one).
+    d.kind = dead.empty() ? DiagnosisKind::kFrozen : DiagnosisKind::kDead;
+    d.culprits = dead;
+    d.culprits.insert(d.culprits.end(), frozen.begin(), frozen.end());
+    d.confidence = frozen.empty() ? 1.0 : 0.9;
+    std::vector<std::string> parts;
+    if (!dead.empty())
+      parts.push_back(absl::StrCat(Slots(dead), ": the process is gone"));
+    if (!frozen.empty()) {
+      parts.push_back(
+          absl::StrCat(Slots(frozen), ": no heartbeat (stopped or wedged)"));
+    }
+    d.evidence = absl::StrJoin(parts, "; ");
+    // Where the others wait: the collective where they differ, else the
+    // lowest one they entered and did not complete.
+    std::optional<int64_t> wait = k;
+    if (!wait.has_value()) {
+      for (const Trace& t : traces) {
+        for (const auto& [c, r] : t.by_seq) {
+          if (Entered(*r) && r->state != OpState::kCompleted &&
+              (!wait.has_value() || c < *wait)) {
+            wait = c;
+          }
+        }
+      }
+    }
+    if (wait.has_value()) {
+      for (const Trace& t : traces) {
+        auto it = t.by_seq.find(*wait);
+        if (it != t.by_seq.end() && Entered(*it->second)) {
+          Describe(*it->second, &d);
+          break;
+        }
+      }
+      absl::StrAppend(
+          &d.evidence,
+          k.has_value() ? "; the others differ first" : "; the others wait",
+          " at collective #", *wait);
+    }
+    SetVictims(slots, &d);
+    return d;
+  }
+  if (!unanswered.empty()) {
+    d.evidence =
+        absl::StrCat(Slots(unanswered),
+                     " heartbeat but gave no trace: the traces cannot be "
+                     "compared");
+    return d;
+  }
+  if (!k.has_value()) {
+    d.evidence =
+        "every member answered, and no collective differs between their "
+        "traces";
+    return d;
+  }
+  Judge(traces, *k, &d);
+  SetVictims(slots, &d);
+  return d;
+}
+
+}  // namespace holdfast::control
