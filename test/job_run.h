@@ -26,6 +26,7 @@ using nlohmann::json;
 
 struct JobRun {
   int rc = -1;
+  std::string dir;  // holdfast-run's --log-dir
   std::string out, err;
   json summary;
   // slot label -> (world, hash) from each "final step=" line.
@@ -64,6 +65,7 @@ inline JobRun Launch(const std::vector<std::string>& args,
       absl::StrJoin(trainer_args, " "), " > ", dir, "/out.txt 2> ", dir,
       "/err.txt");
   JobRun r;
+  r.dir = dir;
   const int status = std::system(cmd.c_str());
   r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   r.out = ReadFile(dir + "/out.txt");

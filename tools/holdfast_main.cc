@@ -7,10 +7,17 @@
 // step time, metrics) and the most recent incidents. The token comes from
 // --token-file or HOLDFAST_JOB_TOKEN. Exit codes: 0 ok, 1 the controller
 // refused or did not answer, 2 bad usage.
+//
+//   holdfast diagnose DIR [--generation G] [--json]
+//
+// Names the culprit of an incident from holdfast-run's log directory DIR
+// (its trace dumps and summary.json; tools/diagnose.h). Exit codes: 0 a
+// verdict (undecided included), 1 no usable evidence, 2 bad usage.
 #include <google/protobuf/util/json_util.h>
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <optional>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -19,7 +26,9 @@
 #include "absl/time/time.h"
 #include "src/control/auth.h"
 #include "src/control/client.h"
+#include "src/control/diagnosis.h"
 #include "src/control/membership.h"
+#include "tools/diagnose.h"
 
 namespace {
 
@@ -92,6 +101,36 @@ void PrintTable(const StatusResponse& s) {
   }
 }
 
+// `holdfast diagnose`: 0 with a verdict (undecided included), 1 when the
+// directory holds no usable evidence.
+int Diagnose(const std::string& dir, std::optional<int64_t> generation,
+             bool as_json) {
+  absl::StatusOr<holdfast::diagnose::Evidence> ev =
+      holdfast::diagnose::Load(dir, generation);
+  if (!ev.ok()) {
+    std::fprintf(stderr, "holdfast diagnose: %s\n",
+                 std::string(ev.status().message()).c_str());
+    return 1;
+  }
+  const holdfast::control::Diagnosis d = holdfast::control::Diagnose(ev->slots);
+  const nlohmann::json j = holdfast::diagnose::ToJson(ev->generation, d);
+  if (as_json) {
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("generation %lld: %s", static_cast<long long>(ev->generation),
+              holdfast::control::DiagnosisKindName(d.kind));
+  if (!d.culprits.empty()) {
+    std::printf("; culprit%s %s", d.culprits.size() > 1 ? "s" : "",
+                absl::StrJoin(d.culprits, ", ").c_str());
+  }
+  if (!d.victims.empty()) {
+    std::printf("; victims %s", absl::StrJoin(d.victims, ", ").c_str());
+  }
+  std::printf(" (confidence %.1f)\n  %s\n", d.confidence, d.evidence.c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -115,7 +154,24 @@ int main(int argc, char** argv) {
   status
       ->add_option("--timeout-ms", timeout_ms, "how long to wait for an answer")
       ->check(CLI::Range(int64_t{1}, int64_t{600000}));
+  CLI::App* diagnose = app.add_subcommand(
+      "diagnose",
+      "name the culprit of an incident from a holdfast-run log directory");
+  std::string dir;
+  int64_t generation = -1;
+  bool diagnose_json = false;
+  diagnose->add_option("dir", dir, "holdfast-run's --log-dir")->required();
+  diagnose->add_option("--generation", generation,
+                       "the generation to analyze (default: the first with "
+                       "an incident)");
+  diagnose->add_flag("--json", diagnose_json, "print the verdict as JSON");
   CLI11_PARSE(app, argc, argv);
+  if (diagnose->parsed()) {
+    return Diagnose(
+        dir,
+        generation >= 0 ? std::optional<int64_t>(generation) : std::nullopt,
+        diagnose_json);
+  }
 
   auto token = holdfast::control::LoadToken(token_file);
   if (!token.ok()) {

@@ -27,8 +27,13 @@ absl::StatusOr<std::shared_ptr<Communicator>> RuntimeImpl::CreateComm(
   }
   CommunicatorOptions o = options_.comm;
   // The side communicator moves host snapshots: always Gloo. A fault spec
-  // names an op of the training communicator.
-  if (side) o.backend = "gloo";
+  // names an op of the training communicator, and the trace dumps on
+  // abort are the training communicator's (the two would share a file
+  // name).
+  if (side) {
+    o.backend = "gloo";
+    o.trace_dir.clear();
+  }
   o.rank = slot;
   o.size = world;
   o.generation = gen;
