@@ -43,6 +43,15 @@ TEST_CASE("diagnose: a rank killed in its step is named dead") {
   CHECK(v["kind"] == "dead");
   CHECK(v["culprits"] == json::array({2}));
   CHECK(v["victims"] == json::array({0, 1, 3}));
+  // holdfast-run gives each incident the same verdict in summary.json.
+  REQUIRE(r.summary["incidents"].is_array());
+  REQUIRE(!r.summary["incidents"].empty());
+  const json& first = r.summary["incidents"][0];
+  CHECK(first["slot"] == 2);
+  REQUIRE(first.contains("diagnosis"));
+  CHECK(first["diagnosis"]["kind"] == "dead");
+  CHECK(first["diagnosis"]["culprits"] == json::array({2}));
+  CHECK(r.err.find("diagnosis: dead; culprit 2") != std::string::npos);
 }
 
 TEST_CASE("diagnose: a rank frozen by SIGSTOP is named frozen") {

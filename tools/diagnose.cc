@@ -65,6 +65,18 @@ bool ParseOp(const json& o, TraceRecord* r) {
 
 absl::StatusOr<Evidence> Load(const std::string& dir,
                               std::optional<int64_t> generation) {
+  json incidents = json::array();
+  if (fs::exists(fs::path(dir) / "summary.json")) {
+    absl::StatusOr<json> summary = ReadJson(fs::path(dir) / "summary.json");
+    if (!summary.ok()) return summary.status();
+    if (summary->contains("incidents")) incidents = (*summary)["incidents"];
+  }
+  return Load(dir, generation, incidents);
+}
+
+absl::StatusOr<Evidence> Load(const std::string& dir,
+                              std::optional<int64_t> generation,
+                              const json& incidents) {
   // The dumps: generation -> rank -> file.
   static const std::regex kDump(R"(trace-g(\d+)-r(\d+)-p\d+\.json)");
   std::map<int64_t, std::map<int, fs::path>> dumps;
@@ -75,12 +87,6 @@ absl::StatusOr<Evidence> Load(const std::string& dir,
     if (std::regex_match(name, m, kDump)) {
       dumps[std::stoll(m[1])][std::stoi(m[2])] = e.path();
     }
-  }
-  json incidents = json::array();
-  if (fs::exists(fs::path(dir) / "summary.json")) {
-    absl::StatusOr<json> summary = ReadJson(fs::path(dir) / "summary.json");
-    if (!summary.ok()) return summary.status();
-    if (summary->contains("incidents")) incidents = (*summary)["incidents"];
   }
   Evidence ev;
   if (generation.has_value()) {

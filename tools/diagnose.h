@@ -31,6 +31,10 @@ struct Evidence {
 // or summary that does not parse, naming the file.
 absl::StatusOr<Evidence> Load(const std::string& dir,
                               std::optional<int64_t> generation);
+// The same with the incidents given (summary.json's "incidents" array).
+absl::StatusOr<Evidence> Load(const std::string& dir,
+                              std::optional<int64_t> generation,
+                              const nlohmann::json& incidents);
 
 // The verdict as JSON (kind, culprits, victims, collective, evidence,
 // confidence).

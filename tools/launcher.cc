@@ -34,6 +34,7 @@
 #include "src/control/server.h"
 #include "src/runtime/report.h"
 #include "src/store/keys.h"
+#include "tools/diagnose.h"
 
 extern char** environ;
 
@@ -506,6 +507,17 @@ void Launcher::PrintSummary(const json& j) {
                       "), ", i.value("lost_steps", 0), " lost steps");
     }
     absl::StrAppend(&out, "\n      ", i.value("evidence", ""), "\n");
+    if (i.contains("diagnosis")) {
+      const json& d = i["diagnosis"];
+      std::vector<int> culprits = d.value("culprits", std::vector<int>{});
+      absl::StrAppend(
+          &out, "      diagnosis: ", d.value("kind", ""),
+          culprits.empty()
+              ? std::string()
+              : absl::StrCat("; culprit", culprits.size() > 1 ? "s " : " ",
+                             absl::StrJoin(culprits, ", ")),
+          " (", d.value("evidence", ""), ")\n");
+    }
   }
   if (j.contains("ettr")) {
     absl::StrAppend(
@@ -539,6 +551,31 @@ void Launcher::PrintSummary(const json& j) {
   }
   absl::StrAppend(&out, "wall: ", j.value("wall_ms", 0), " ms\n");
   std::fputs(out.c_str(), stderr);
+}
+
+void Launcher::AddDiagnoses(json* summary) const {
+  if (log_dir_.empty() || !summary->contains("incidents")) return;
+  const json incidents = (*summary)["incidents"];
+  std::map<int64_t, json> verdicts;  // generation -> verdict
+  for (json& i : (*summary)["incidents"]) {
+    const int64_t g = i.value("generation", int64_t{-1});
+    if (g < 0) continue;
+    auto v = verdicts.find(g);
+    if (v == verdicts.end()) {
+      absl::StatusOr<diagnose::Evidence> ev =
+          diagnose::Load(log_dir_, g, incidents);
+      json verdict;
+      if (ev.ok()) {
+        verdict = diagnose::ToJson(g, control::Diagnose(ev->slots));
+      } else {
+        verdict = {{"generation", g},
+                   {"kind", "undecided"},
+                   {"evidence", std::string(ev.status().message())}};
+      }
+      v = verdicts.emplace(g, std::move(verdict)).first;
+    }
+    i["diagnosis"] = v->second;
+  }
 }
 
 }  // namespace holdfast::run

@@ -103,6 +103,9 @@ class Launcher {
   json Summary(const StatusResponse& s, const std::string& outcome,
                const std::string& reason);
   void PrintSummary(const json& j);
+  // With --log-dir: the verdict of `holdfast diagnose` on each incident's
+  // generation, as the incident's "diagnosis" (tools/diagnose.h).
+  void AddDiagnoses(json* summary) const;
   // The controller's view, with members and every incident kept.
   absl::StatusOr<StatusResponse> FetchJob() const;
   void KillAll(int sig);

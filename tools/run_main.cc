@@ -340,6 +340,7 @@ int Launcher::Main(int argc, char** argv) {
   if (auto s = FetchJob(); s.ok()) last = *s;
   WriteMembers(last);
   json summary = Summary(last, outcome, reason);
+  AddDiagnoses(&summary);
   PrintSummary(summary);
   if (!log_dir_.empty()) {
     std::ofstream out(absl::StrCat(log_dir_, "/summary.json"));
