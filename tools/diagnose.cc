@@ -54,11 +54,15 @@ bool ParseOp(const json& o, TraceRecord* r) {
   r->ended_ns = o.value("ended_ns", int64_t{0});
   r->enqueued_ns = o.value("enqueued_ns", int64_t{0});
   r->peer = o.value("root", o.value("peer", -1));
-  return Named(o.value("op", std::string()), &OpTypeName, 8, &r->op) &&
-         Named(o.value("dtype", std::string()), &DataTypeName, 7, &r->dtype) &&
-         Named(o.value("state", std::string()), &OpStateName, 6, &r->state) &&
-         (!o.contains("reduce") || Named(o.value("reduce", std::string()),
-                                         &ReduceOpName, 5, &r->reduce));
+  return Named(o.value("op", std::string()), &OpTypeName, 8 /* kRecv + 1 */,
+               &r->op) &&
+         Named(o.value("dtype", std::string()), &DataTypeName, kNumDataTypes,
+               &r->dtype) &&
+         Named(o.value("state", std::string()), &OpStateName,
+               6 /* kAborted + 1 */, &r->state) &&
+         (!o.contains("reduce") ||
+          Named(o.value("reduce", std::string()), &ReduceOpName, kNumReduceOps,
+                &r->reduce));
 }
 
 }  // namespace

@@ -8,24 +8,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "src/common/op_text.h"
 
 namespace holdfast::control {
 namespace {
 
 bool Entered(const TraceRecord& r) { return r.state != OpState::kEnqueued; }
-
-// What every slot must call alike: the kind, the root, the size, the type
-// and the reduction.
-std::string Signature(const TraceRecord& r) {
-  std::string s(OpTypeName(r.op));
-  if (r.op == OpType::kBroadcast) absl::StrAppend(&s, " root=", r.peer);
-  if (r.op == OpType::kBarrier) return s;
-  absl::StrAppend(&s, " (", r.count, " x ", DataTypeName(r.dtype));
-  if (r.op == OpType::kAllReduce || r.op == OpType::kReduceScatter) {
-    absl::StrAppend(&s, ", ", ReduceOpName(r.reduce));
-  }
-  return absl::StrCat(s, ")");
-}
 
 std::string Slots(const std::vector<int>& slots) {
   return absl::StrCat(slots.size() == 1 ? "slot " : "slots ",

@@ -1,6 +1,7 @@
-// How the comm layer names an operation in its errors and trace states.
-#ifndef HOLDFAST_SRC_COMM_OP_TEXT_H_
-#define HOLDFAST_SRC_COMM_OP_TEXT_H_
+// How an operation is named in errors, abort notices and diagnoses, and
+// the trace state of one that ended.
+#ifndef HOLDFAST_SRC_COMMON_OP_TEXT_H_
+#define HOLDFAST_SRC_COMMON_OP_TEXT_H_
 
 #include <string>
 
@@ -9,7 +10,7 @@
 #include "holdfast/trace.h"
 #include "holdfast/types.h"
 
-namespace holdfast::comm {
+namespace holdfast {
 
 // The trace state of an op that ended with `s`.
 inline OpState FinalState(const absl::Status& s) {
@@ -44,6 +45,6 @@ inline std::string Signature(const TraceRecord& r) {
   return absl::StrCat(s, Shape(r));
 }
 
-}  // namespace holdfast::comm
+}  // namespace holdfast
 
-#endif  // HOLDFAST_SRC_COMM_OP_TEXT_H_
+#endif  // HOLDFAST_SRC_COMMON_OP_TEXT_H_
