@@ -181,6 +181,28 @@ TEST_CASE(
   CHECK(text.find("holdfast_heartbeats_total") != std::string::npos);
   CHECK(text.find("holdfast_detection_latency_seconds_count{kind=\"crashed\"} "
                   "1") != std::string::npos);
+
+  // The culprit analysis: these members keep no communicator, so they
+  // leave no abort notice; after the settle time the verdict rests on the
+  // dead process alone, and is counted by kind and action.
+  std::optional<Incident> judged;
+  for (int i = 0; i < 100 && !judged.has_value(); ++i) {
+    const StatusResponse now = GetStatus(addr);
+    for (const Incident& x : now.incidents()) {
+      if (x.member_id() == reg[1].member && x.has_diagnosis()) judged = x;
+    }
+    if (!judged.has_value()) absl::SleepFor(absl::Milliseconds(50));
+  }
+  REQUIRE(judged.has_value());
+  CHECK(judged->diagnosis().kind() == "dead");
+  REQUIRE(judged->diagnosis().culprits_size() == 1);
+  CHECK(judged->diagnosis().culprits(0) == reg[1].slot);
+  CHECK(judged->diagnosis().victims_size() == 2);
+  CHECK(judged->diagnosis().action() == "replace");
+  CHECK(judged->evicted());
+  text = HttpGet((*server)->metrics_port(), "/metrics");
+  CHECK(text.find("holdfast_diagnoses_total{action=\"replace\",kind=\"dead\"} "
+                  "1") != std::string::npos);
 }
 
 TEST_CASE(

@@ -93,8 +93,8 @@ TEST_CASE("diagnosis: a slot hung in compute never entered the collective") {
   // computes, and its trace ends at #8 while the others wait in #9.
   SlotEvidence hung = Slot(3, 0, 8);
   hung.phase = holdfast::control::PHASE_COMPUTING;
-  const Diagnosis d =
-      Diagnose({Slot(0, 0, 8, 9), Slot(1, 0, 8, 9), Slot(2, 0, 8, 9), hung});
+  const Diagnosis d = Diagnose({Slot(0, 0, 8, 9, OpState::kTimedOut),
+                                Slot(1, 0, 8, 9), Slot(2, 0, 8, 9), hung});
   CHECK(d.kind == DiagnosisKind::kComputeHang);
   CHECK(d.culprits == std::vector<int>{3});
   CHECK(d.victims == std::vector<int>{0, 1, 2});
@@ -103,6 +103,22 @@ TEST_CASE("diagnosis: a slot hung in compute never entered the collective") {
   CHECK(d.count == 1024);
   CHECK(Mentions(d, "slot 3 is alive (phase PHASE_COMPUTING"));
   CHECK(Mentions(d, "last entered #8"));
+}
+
+TEST_CASE(
+    "diagnosis: a slot that never entered the collective is not accused "
+    "when nobody timed out waiting for it") {
+  // Slot 1's op failed at #9 (an injected transport error) and the group
+  // was aborted while slot 3 was still computing: slot 3 is innocent.
+  SlotEvidence computing = Slot(3, 0, 8);
+  computing.phase = holdfast::control::PHASE_COMPUTING;
+  const Diagnosis d = Diagnose(
+      {Slot(0, 0, 8, 9, OpState::kAborted), Slot(1, 0, 8, 9, OpState::kFailed),
+       Slot(2, 0, 8, 9, OpState::kAborted), computing});
+  CHECK(d.kind == DiagnosisKind::kUndecided);
+  CHECK(d.culprits.empty());
+  CHECK(Mentions(d, "nobody timed out waiting for it"));
+  CHECK_FALSE(holdfast::control::Actionable(d));
 }
 
 TEST_CASE("diagnosis: a mismatch names the slot that called differently") {
@@ -173,8 +189,8 @@ TEST_CASE(
     "diagnosis: ring tails of different lengths are compared where they "
     "overlap") {
   // Slot 1's ring kept #4.. only; the others #0..; all completed #0..#7
-  // and slot 3 never entered #8.
-  SlotEvidence short_tail = Slot(1, 4, 7, 8);
+  // and slot 3 never entered #8, where slot 1 timed out.
+  SlotEvidence short_tail = Slot(1, 4, 7, 8, OpState::kTimedOut);
   SlotEvidence hung = Slot(3, 0, 7);
   hung.phase = holdfast::control::PHASE_COMPUTING;
   const Diagnosis d =
@@ -182,4 +198,50 @@ TEST_CASE(
   CHECK(d.kind == DiagnosisKind::kComputeHang);
   CHECK(d.culprits == std::vector<int>{3});
   CHECK(d.coll_seq == 8);
+}
+
+TEST_CASE(
+    "diagnosis: an op that failed on its own is named from the abort "
+    "notices, and not acted on") {
+  // Slot 1's op #16 failed (a transport error); slots 0, 2 and 3 adopted
+  // its abort, as their notices say.
+  std::vector<SlotEvidence> slots;
+  for (int s = 0; s < 4; ++s) {
+    slots.push_back(Slot(s, 0, 15, 16, OpState::kFailed));
+    if (s != 1) slots.back().blames = 1;
+  }
+  const Diagnosis d = Diagnose(slots);
+  CHECK(d.kind == DiagnosisKind::kOpFailed);
+  CHECK(d.culprits == std::vector<int>{1});
+  CHECK(d.victims == std::vector<int>{0, 2, 3});
+  CHECK(Mentions(d, "slot 1 failed its op on its own"));
+  CHECK_FALSE(holdfast::control::Actionable(d));
+  // A slot that blames one that blames another: no single origin.
+  slots[3].blames = 0;
+  CHECK(Diagnose(slots).kind == DiagnosisKind::kUndecided);
+}
+
+TEST_CASE("diagnosis: an abort notice gives its trace tail and its blame") {
+  SlotEvidence s;
+  s.slot = 2;
+  REQUIRE(holdfast::control::ReadNotice(
+      R"({"rank":2,"code":13,"message":"m","peer":1,"trace":[)"
+      R"({"seq":4,"generation":0,"coll_seq":4,"op":"AllReduce",)"
+      R"("dtype":"float32","count":8,"bytes":32,"state":"failed",)"
+      R"("reduce":"sum"}]})",
+      &s));
+  CHECK(s.answered);
+  CHECK(s.blames == 1);
+  REQUIRE(s.trace.size() == 1);
+  CHECK(s.trace[0].coll_seq == 4);
+  CHECK(s.trace[0].op == OpType::kAllReduce);
+  CHECK(s.trace[0].state == OpState::kFailed);
+  // Malformed: not JSON, no trace, an op of an unknown name.
+  SlotEvidence bad;
+  CHECK_FALSE(holdfast::control::ReadNotice("not json", &bad));
+  CHECK_FALSE(holdfast::control::ReadNotice(R"({"peer":1})", &bad));
+  CHECK_FALSE(holdfast::control::ReadNotice(
+      R"({"trace":[{"op":"Teleport","dtype":"float32","state":"failed"}]})",
+      &bad));
+  CHECK_FALSE(bad.answered);
 }

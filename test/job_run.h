@@ -47,10 +47,14 @@ inline std::string ReadFile(const std::string& path) {
 // `cwd` it runs there, with holdfast-run's default disk tier; without, the
 // disk tier is a fresh directory of its own (unless `args` choose), so no
 // job resumes another's checkpoint.
+// `log_dir`: the log directory to use (made fresh when empty), for a test
+// that watches it while the job runs.
 inline JobRun Launch(const std::vector<std::string>& args,
                      const std::vector<std::string>& trainer_args,
-                     const std::string& cwd = "") {
-  const std::string dir = holdfast::proc::MakeTempDir();
+                     const std::string& cwd = "",
+                     const std::string& log_dir = "") {
+  const std::string dir =
+      log_dir.empty() ? holdfast::proc::MakeTempDir() : log_dir;
   std::string disk;
   if (cwd.empty() &&
       std::none_of(args.begin(), args.end(), [](const std::string& a) {

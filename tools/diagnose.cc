@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "holdfast/types.h"
+#include "src/trace/trace_json.h"
 
 namespace holdfast::diagnose {
 namespace {
@@ -27,42 +28,6 @@ absl::StatusOr<json> ReadJson(const fs::path& path) {
         absl::StrCat(path.string(), " is not a JSON object"));
   }
   return j;
-}
-
-template <typename E>
-bool Named(const std::string& name, absl::string_view (*to_name)(E), int n,
-           E* out) {
-  for (int i = 0; i < n; ++i) {
-    const E e = static_cast<E>(i);
-    if (to_name(e) == name) {
-      *out = e;
-      return true;
-    }
-  }
-  return false;
-}
-
-// One op of a dump (docs/trace-schema.md); false if it does not parse.
-bool ParseOp(const json& o, TraceRecord* r) {
-  if (!o.is_object()) return false;
-  r->seq = o.value("seq", uint64_t{0});
-  r->generation = o.value("generation", int64_t{0});
-  r->coll_seq = o.value("coll_seq", int64_t{-1});
-  r->count = o.value("count", uint64_t{0});
-  r->bytes = o.value("bytes", uint64_t{0});
-  r->started_ns = o.value("started_ns", int64_t{0});
-  r->ended_ns = o.value("ended_ns", int64_t{0});
-  r->enqueued_ns = o.value("enqueued_ns", int64_t{0});
-  r->peer = o.value("root", o.value("peer", -1));
-  return Named(o.value("op", std::string()), &OpTypeName, 8 /* kRecv + 1 */,
-               &r->op) &&
-         Named(o.value("dtype", std::string()), &DataTypeName, kNumDataTypes,
-               &r->dtype) &&
-         Named(o.value("state", std::string()), &OpStateName,
-               6 /* kAborted + 1 */, &r->state) &&
-         (!o.contains("reduce") ||
-          Named(o.value("reduce", std::string()), &ReduceOpName, kNumReduceOps,
-                &r->reduce));
 }
 
 }  // namespace
@@ -118,9 +83,17 @@ absl::StatusOr<Evidence> Load(const std::string& dir,
     control::SlotEvidence& s = slots[rank];
     s.slot = rank;
     s.answered = true;
+    // The slot whose abort it adopted, as its abort reason names it.
+    static const std::regex kPeer(R"(holdfast\.dev/peer='(\d+)')");
+    std::smatch pm;
+    const std::string reason = d->value("abort_reason", std::string());
+    if (std::regex_search(reason, pm, kPeer)) {
+      s.blames = std::stoi(pm[1]);
+      if (s.blames == rank) s.blames = -1;
+    }
     for (const json& o : d->value("ops", json::array())) {
       TraceRecord r;
-      if (!ParseOp(o, &r)) {
+      if (!trace::OpFromJson(o, &r)) {
         return absl::InvalidArgumentError(
             absl::StrCat(path.string(), ": an op does not parse: ", o.dump()));
       }
@@ -155,6 +128,25 @@ json ToJson(int64_t generation, const control::Diagnosis& d) {
                        {"op", std::string(OpTypeName(d.op))},
                        {"count", d.count},
                        {"dtype", std::string(DataTypeName(d.dtype))}};
+  }
+  return j;
+}
+
+json ToJson(const control::Verdict& v) {
+  json j = {
+      {"kind", v.kind()},
+      {"culprits", std::vector<int>(v.culprits().begin(), v.culprits().end())},
+      {"victims", std::vector<int>(v.victims().begin(), v.victims().end())},
+      {"evidence", v.evidence()},
+      {"confidence", v.confidence()},
+      {"action", v.action()},
+      {"action_reason", v.action_reason()},
+      {"verdict_unix_ms", v.verdict_unix_ms()}};
+  if (v.coll_seq() >= 0) {
+    j["collective"] = {{"seq", v.coll_seq()},
+                       {"op", v.op()},
+                       {"count", v.count()},
+                       {"dtype", v.dtype()}};
   }
   return j;
 }

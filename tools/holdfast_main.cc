@@ -98,6 +98,17 @@ void PrintTable(const StatusResponse& s) {
         static_cast<unsigned long long>(i.member_id()), i.host().c_str(),
         static_cast<long long>(i.generation()),
         Ms(i.time_to_detect_ms()).c_str(), i.evidence().c_str());
+    if (!i.has_diagnosis()) {
+      std::printf("      diagnosis: pending\n");
+      continue;
+    }
+    const auto& d = i.diagnosis();
+    std::printf(
+        "      diagnosis: %s; culprits [%s], victims [%s] "
+        "(confidence %.2f): %s\n      action: %s (%s)\n",
+        d.kind().c_str(), absl::StrJoin(d.culprits(), ", ").c_str(),
+        absl::StrJoin(d.victims(), ", ").c_str(), d.confidence(),
+        d.evidence().c_str(), d.action().c_str(), d.action_reason().c_str());
   }
 }
 

@@ -260,7 +260,9 @@ void Launcher::WriteMembers(const StatusResponse& s) {
          {"slot", m.slot()},
          {"state", holdfast::control::MemberState_Name(m.state())},
          {"host", m.host()},
-         {"step", m.step()}});
+         {"step", m.step()},
+         {"phase", holdfast::control::PhaseName(m.phase())},
+         {"collective_seq", m.collective_seq()}});
   }
   json procs = json::array();
   for (const auto& p : procs_) {
@@ -438,6 +440,12 @@ json Launcher::Summary(const StatusResponse& s, const std::string& outcome,
     i["detected_unix_ms"] = inc.detected_unix_ms();
     i["detect_ms"] = inc.time_to_detect_ms();
     i["evidence"] = inc.evidence();
+    i["evicted"] = inc.evicted();
+    if (inc.has_diagnosis()) {
+      i["diagnosis"] = diagnose::ToJson(inc.diagnosis());
+      i["diagnosis"]["verdict_ms"] =
+          inc.diagnosis().verdict_unix_ms() - inc.detected_unix_ms();
+    }
     // The recovery that handled it: the first whose broken generation
     // range covers the incident's generation.
     for (const json& r : recoveries) {
@@ -516,7 +524,8 @@ void Launcher::PrintSummary(const json& j) {
               ? std::string()
               : absl::StrCat("; culprit", culprits.size() > 1 ? "s " : " ",
                              absl::StrJoin(culprits, ", ")),
-          " (", d.value("evidence", ""), ")\n");
+          " (", d.value("evidence", ""), "); action: ", d.value("action", ""),
+          " (", d.value("action_reason", ""), ")\n");
     }
   }
   if (j.contains("ettr")) {
@@ -574,7 +583,7 @@ void Launcher::AddDiagnoses(json* summary) const {
       }
       v = verdicts.emplace(g, std::move(verdict)).first;
     }
-    i["diagnosis"] = v->second;
+    i["offline_diagnosis"] = v->second;
   }
 }
 

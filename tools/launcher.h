@@ -104,7 +104,8 @@ class Launcher {
                const std::string& reason);
   void PrintSummary(const json& j);
   // With --log-dir: the verdict of `holdfast diagnose` on each incident's
-  // generation, as the incident's "diagnosis" (tools/diagnose.h).
+  // generation, as the incident's "offline_diagnosis" (tools/diagnose.h),
+  // beside the controller's own ("diagnosis").
   void AddDiagnoses(json* summary) const;
   // The controller's view, with members and every incident kept.
   absl::StatusOr<StatusResponse> FetchJob() const;

@@ -19,6 +19,7 @@
 #include "src/common/status_util.h"
 #include "src/store/keys.h"
 #include "src/store/store_util.h"
+#include "src/trace/trace_json.h"
 
 namespace holdfast::comm {
 namespace {
@@ -30,6 +31,10 @@ constexpr int kMismatchPeers = 64;
 
 // The most time those reads may add to a timeout's abort.
 constexpr absl::Duration kMismatchBudget = absl::Seconds(1);
+
+// How many of its last collectives an abort notice carries (the
+// controller's diagnosis compares them across ranks).
+constexpr size_t kNoticeTail = 32;
 
 // The collective a peer's abort notice says it was in, if any.
 struct NoticeOp {
@@ -197,6 +202,8 @@ absl::Status CommunicatorImpl::WriteNotice(
                      {"seq", op->coll_seq},
                      {"elements", Elements(*op)}};
   }
+  notice["trace"] =
+      trace::CollectiveTail(ring_.Snapshot(), options_.generation, kNoticeTail);
   absl::Status written = store_->Set(
       keys::AbortNotice(options_.generation, options_.rank), notice.dump());
   if (!written.ok()) {

@@ -238,6 +238,14 @@ std::shared_ptr<Work> CommunicatorImpl::Submit(backend::OpSpec spec,
   int64_t match_seq;
   if (IsCollective(spec.type)) {
     match_seq = next_coll_seq_++;
+    if (faults_ != nullptr && faults_->MismatchAt(options_.rank, match_seq)) {
+      // An injected mismatch: a Barrier goes where the peers' call goes.
+      spec = backend::OpSpec{};
+      spec.type = OpType::kBarrier;
+      r.op = OpType::kBarrier;
+      r.count = 0;
+      r.bytes = 0;
+    }
   } else if (spec.type == OpType::kSend) {
     match_seq = sends_to_[{spec.peer, options.tag}]++;
   } else {

@@ -6,9 +6,12 @@
 #include <set>
 #include <utility>
 
+#include <nlohmann/json.hpp>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "src/common/op_text.h"
+#include "src/trace/trace_json.h"
 
 namespace holdfast::control {
 namespace {
@@ -55,6 +58,23 @@ std::optional<int64_t> FirstDifference(const std::vector<Trace>& traces) {
   return std::nullopt;
 }
 
+const char* PhaseWord(Phase p) {
+  switch (p) {
+    case PHASE_IDLE:
+      return "idle";
+    case PHASE_COMPUTING:
+      return "computing";
+    case PHASE_COLLECTIVE:
+      return "in a collective";
+    case PHASE_CHECKPOINTING:
+      return "checkpointing";
+    case PHASE_RECOVERING:
+      return "recovering";
+    default:
+      return "in an unknown phase";
+  }
+}
+
 void Describe(const TraceRecord& r, Diagnosis* d) {
   d->coll_seq = r.coll_seq;
   d->op = r.op;
@@ -92,6 +112,24 @@ void Judge(const std::vector<Trace>& traces, int64_t c, Diagnosis* d) {
         .push_back(t.slot->slot);
   }
   const std::string at = absl::StrCat("collective #", c);
+  // A slot that never entered #c is the culprit only if the others waited
+  // for it there until their deadline; else another failure aborted the
+  // group before it came (it may simply have been computing).
+  bool waited = false;
+  for (const Trace& t : traces) {
+    auto it = t.by_seq.find(c);
+    if (it != t.by_seq.end() && it->second->state == OpState::kTimedOut) {
+      waited = true;
+    }
+  }
+  if (!missing.empty() && !waited) {
+    d->evidence = absl::StrCat(
+        Slots(missing), " never entered ", at,
+        ", but nobody timed out waiting for ",
+        missing.size() == 1 ? "it" : "them",
+        ": the group was aborted by a failure the traces do not show");
+    return;
+  }
   if (!missing.empty()) {
     d->kind = DiagnosisKind::kComputeHang;
     d->culprits = missing;
@@ -162,6 +200,8 @@ const char* DiagnosisKindName(DiagnosisKind kind) {
       return "mismatch";
     case DiagnosisKind::kStuckInCollective:
       return "stuck-in-collective";
+    case DiagnosisKind::kOpFailed:
+      return "op-failed";
   }
   return "unknown";
 }
@@ -206,8 +246,21 @@ Diagnosis Diagnose(const std::vector<SlotEvidence>& slots) {
     if (!dead.empty())
       parts.push_back(absl::StrCat(Slots(dead), ": the process is gone"));
     if (!frozen.empty()) {
-      parts.push_back(
-          absl::StrCat(Slots(frozen), ": no heartbeat (stopped or wedged)"));
+      std::vector<std::string> last;
+      for (const SlotEvidence& s : slots) {
+        if (s.liveness != SlotEvidence::Liveness::kSilent) continue;
+        if (s.phase == PHASE_COLLECTIVE && s.collective_seq >= 0) {
+          last.push_back(absl::StrCat("slot ", s.slot,
+                                      " last seen in collective #",
+                                      s.collective_seq, " at step ", s.step));
+        } else if (s.phase != PHASE_UNSPECIFIED) {
+          last.push_back(absl::StrCat("slot ", s.slot, " last seen ",
+                                      PhaseWord(s.phase), " at step ", s.step));
+        }
+      }
+      parts.push_back(absl::StrCat(
+          Slots(frozen), ": no heartbeat (stopped or wedged)",
+          last.empty() ? "" : absl::StrCat("; ", absl::StrJoin(last, ", "))));
     }
     d.evidence = absl::StrJoin(parts, "; ");
     // Where the others wait: the collective where they differ, else the
@@ -247,14 +300,91 @@ Diagnosis Diagnose(const std::vector<SlotEvidence>& slots) {
     return d;
   }
   if (!k.has_value()) {
-    d.evidence =
-        "every member answered, and no collective differs between their "
-        "traces";
+    // One op failed on its own and the others adopted its abort: the
+    // slots that blame nobody, when every other one blames one of them.
+    std::set<int> origins;
+    for (const SlotEvidence& s : slots) {
+      if (s.blames < 0) origins.insert(s.slot);
+    }
+    bool adopted = origins.size() < slots.size();
+    for (const SlotEvidence& s : slots) {
+      if (s.blames >= 0 && origins.count(s.blames) == 0) adopted = false;
+    }
+    if (!adopted) {
+      d.evidence =
+          "every member answered, and no collective differs between their "
+          "traces";
+      return d;
+    }
+    d.kind = DiagnosisKind::kOpFailed;
+    d.culprits.assign(origins.begin(), origins.end());
+    d.confidence = 0.7;
+    d.evidence = absl::StrCat(
+        "no collective differs; ", Slots(d.culprits),
+        origins.size() == 1 ? " failed its op on its own"
+                            : " failed their ops on their own",
+        " and every other slot aborted because of it (a transient fault: "
+        "the group is rebuilt)");
+    SetVictims(slots, &d);
     return d;
   }
   Judge(traces, *k, &d);
   SetVictims(slots, &d);
   return d;
+}
+
+bool ReadNotice(const std::string& notice, SlotEvidence* s) {
+  const nlohmann::json j =
+      nlohmann::json::parse(notice, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("trace") || !j.at("trace").is_array()) {
+    return false;
+  }
+  std::vector<TraceRecord> trace;
+  for (const nlohmann::json& o : j.at("trace")) {
+    TraceRecord r;
+    if (!trace::OpFromJson(o, &r)) return false;
+    trace.push_back(r);
+  }
+  s->trace = std::move(trace);
+  s->blames = j.contains("peer") && j.at("peer").is_number_integer()
+                  ? j.at("peer").get<int>()
+                  : -1;
+  if (s->blames == s->slot) s->blames = -1;
+  s->answered = true;
+  return true;
+}
+
+bool Actionable(const Diagnosis& d) {
+  if (d.culprits.empty() || d.confidence < 0.8) return false;
+  switch (d.kind) {
+    case DiagnosisKind::kDead:
+    case DiagnosisKind::kFrozen:
+    case DiagnosisKind::kComputeHang:
+    case DiagnosisKind::kMismatch:
+      return true;
+    case DiagnosisKind::kUndecided:
+    case DiagnosisKind::kStuckInCollective:
+    case DiagnosisKind::kOpFailed:
+      return false;
+  }
+  return false;
+}
+
+Verdict ToProto(const Diagnosis& d, int64_t verdict_unix_ms) {
+  Verdict v;
+  v.set_kind(DiagnosisKindName(d.kind));
+  for (int c : d.culprits) v.add_culprits(c);
+  for (int c : d.victims) v.add_victims(c);
+  v.set_coll_seq(d.coll_seq);
+  if (d.coll_seq >= 0) {
+    v.set_op(std::string(OpTypeName(d.op)));
+    v.set_count(d.count);
+    v.set_dtype(std::string(DataTypeName(d.dtype)));
+  }
+  v.set_evidence(d.evidence);
+  v.set_confidence(d.confidence);
+  v.set_verdict_unix_ms(verdict_unix_ms);
+  return v;
 }
 
 }  // namespace holdfast::control

@@ -11,6 +11,8 @@
 //     side named;
 //   - slots stuck inside it while their peers completed it: a link or
 //     peer problem;
+//   - when no collective differs: the slot whose own op failed, when
+//     every other slot's abort names it as the cause;
 // and every other slot as a victim. Where the evidence does not decide,
 // the verdict is "undecided" with the reason. No slot is presumed
 // innocent for its number.
@@ -46,6 +48,9 @@ struct SlotEvidence {
   // The tail of its trace ring for the generation of the incident: its
   // collectives (Send/Recv records are ignored), in any order.
   std::vector<TraceRecord> trace;
+  // The slot its abort names as the cause (it adopted that slot's abort),
+  // or -1: it failed on its own, or did not say.
+  int blames = -1;
 };
 
 enum class DiagnosisKind {
@@ -55,6 +60,7 @@ enum class DiagnosisKind {
   kComputeHang,        // a culprit is alive but never entered the collective
   kMismatch,           // the slots entered the collective with different calls
   kStuckInCollective,  // some slots completed it, the culprits did not
+  kOpFailed,           // a culprit's own op failed; the others adopted it
 };
 
 const char* DiagnosisKindName(DiagnosisKind kind);
@@ -78,6 +84,20 @@ struct Diagnosis {
 // The verdict for one incident. `slots` lists every slot of the
 // generation once, in any order.
 Diagnosis Diagnose(const std::vector<SlotEvidence>& slots);
+
+// Fills `s`'s trace from an abort notice (src/store/keys.h, AbortNotice)
+// and marks it answered. False, leaving `s` as it was, for a notice that
+// does not parse.
+bool ReadNotice(const std::string& notice, SlotEvidence* s);
+
+// Whether the verdict is sure enough to fence its culprits: a process gone
+// or silent, a hang in compute, or a mismatch with a majority call. A
+// slot stuck in a collective its peers completed is not acted on (the
+// fault may be the link, or the peer), nor is an undecided verdict.
+bool Actionable(const Diagnosis& d);
+
+// The verdict as the controller records it (without the action).
+Verdict ToProto(const Diagnosis& d, int64_t verdict_unix_ms);
 
 }  // namespace holdfast::control
 

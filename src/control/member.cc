@@ -387,6 +387,14 @@ class MemberClientImpl final : public MemberClient {
           ack_.reset();
         }
       }
+      if (req.report().phase() == PHASE_COMPUTING &&
+          callbacks_.collective_in_progress) {
+        const int64_t c = callbacks_.collective_in_progress();
+        if (c >= 0) {
+          req.mutable_report()->set_phase(PHASE_COLLECTIVE);
+          req.mutable_report()->set_collective_seq(c);
+        }
+      }
       if (!stream->Write(req)) {
         // The ack goes with the next stream (unless a newer one waits).
         absl::MutexLock lock(&mu_);

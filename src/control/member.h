@@ -57,6 +57,11 @@ struct MemberCallbacks {
   // The job is over (every worker finished, or it stopped below the
   // minimum world size).
   std::function<void(const JobEnd&)> on_job_end;
+  // The collective the member's training communicator is inside (its
+  // coll_seq), or -1. Asked on the heartbeat thread, with no lock held,
+  // before each report whose phase is computing; such a report then says
+  // PHASE_COLLECTIVE. Must not block.
+  std::function<int64_t()> collective_in_progress;
 };
 
 struct Assignment {

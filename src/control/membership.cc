@@ -49,6 +49,8 @@ const char* IncidentKindName(IncidentKind kind) {
       return "left";
     case INCIDENT_ABSENT:
       return "absent";
+    case INCIDENT_DIAGNOSED:
+      return "diagnosed";
     default:
       return "unknown";
   }
@@ -582,24 +584,46 @@ Incident Membership::MakeIncidentLocked(const Member& m, IncidentKind kind,
   return inc;
 }
 
-void Membership::RecordIncidentLocked(Incident incident) {
+Incident& Membership::RecordIncidentLocked(Incident incident) {
   incident.set_id(++incidents_total_);
   HOLDFAST_LOG_WARN("incident {}: {} member {} slot {} ({}): {} [{} ms]",
                     incident.id(), IncidentKindName(incident.kind()),
                     incident.member_id(), incident.slot(), incident.host(),
                     incident.evidence(), incident.time_to_detect_ms());
+  const int64_t g = incident.generation();
+  if (auto v = verdicts_.find(g); v != verdicts_.end()) {
+    if (!incident.has_diagnosis()) *incident.mutable_diagnosis() = v->second;
+  } else if (incident.slot() >= 0 && incident.member_id() != 0 &&
+             incident.kind() != INCIDENT_DIAGNOSED && cases_.count(g) == 0) {
+    PendingCase& c = cases_[g];
+    c.since = absl::FromUnixMillis(incident.detected_unix_ms());
+    c.roster = slots_;
+    while (cases_.size() > limits_.max_incidents) cases_.erase(cases_.begin());
+  }
   if (observer_ != nullptr) observer_->OnIncident(incident);
   incidents_.push_back(std::move(incident));
   while (incidents_.size() > limits_.max_incidents) incidents_.pop_front();
+  return incidents_.back();
 }
 
 void Membership::DeclareLocked(Member& m, IncidentKind kind,
                                std::string evidence, absl::Time onset,
                                uint64_t reporter, absl::Time now) {
-  RecordIncidentLocked(
-      MakeIncidentLocked(m, kind, evidence, onset, reporter, now));
+  Incident inc =
+      MakeIncidentLocked(m, kind, std::move(evidence), onset, reporter, now);
+  inc.set_evicted(true);
+  DeclareFencedLocked(m, std::move(inc), now);
+}
+
+void Membership::DeclareFencedLocked(Member& m, Incident incident,
+                                     absl::Time now) {
+  const IncidentKind kind = incident.kind();
+  const std::string evidence = incident.evidence();
+  RecordIncidentLocked(std::move(incident));
 
   m.state = STATE_DEAD;
+  m.fenced_by = kind;
+  m.fenced_at = now;
   fenced_.insert(m.id);
   if (m.sink != nullptr) {
     m.sink->Close(absl::FailedPreconditionError(absl::StrCat(

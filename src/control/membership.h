@@ -26,6 +26,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "src/control/controller.pb.h"
+#include "src/control/diagnosis.h"
 
 namespace holdfast::control {
 
@@ -55,6 +56,19 @@ struct DetectionOptions {
   // member must not hold a recovery while more members fail.
   absl::Duration rendezvous_grace = absl::Seconds(1);
   absl::Duration rendezvous_timeout = absl::Seconds(30);
+  // The culprit analysis of an incident's generation runs once every
+  // member of it that still heartbeats has left its abort notice, or
+  // this long after the incident (src/control/diagnosis.h).
+  absl::Duration diagnosis_settle = absl::Seconds(2);
+};
+
+// A generation whose incidents await the culprit analysis, with what the
+// controller knows of each of its slots (liveness, phase, step); the
+// trace tails are in the members' abort notices, in the job's store.
+struct DiagnosisCase {
+  int64_t generation = -1;
+  absl::Time since;  // its first incident's detection
+  std::vector<SlotEvidence> slots;
 };
 
 struct MembershipLimits {
@@ -152,6 +166,20 @@ class Membership {
   // Runs the silent, stalled and absent detectors.
   void Scan(absl::Time now);
 
+  // The generations with an incident (of a worker) and no verdict yet. A
+  // member is dead when its process is gone (its stream broke, or it
+  // left), silent when its last heartbeat was more than three heartbeat
+  // intervals (at least 1 s) before now or before it was fenced.
+  std::vector<DiagnosisCase> PendingDiagnoses(absl::Time now) const;
+  // Records the verdict on generation `generation`'s incidents (and on
+  // later ones of it), logs it, and acts on it: when it is Actionable,
+  // the culprits still alive in their slots are fenced (kind diagnosed)
+  // and replaced. A mismatch verdict is not acted on again when no step
+  // was committed since the last one was (the mismatch came back with a
+  // new member: it is the program's). Returns the verdict as recorded,
+  // with its action.
+  Verdict SetDiagnosis(int64_t generation, const Diagnosis& d, absl::Time now);
+
   StatusResponse Status(const StatusRequest& req, absl::Time now) const;
 
   int world_size() const;
@@ -179,6 +207,15 @@ class Membership {
     int64_t seen_generation = -1;
     int64_t rendezvous_generation = -1;
     absl::Time rendezvous_at;
+    // Why and when it was declared dead.
+    IncidentKind fenced_by = INCIDENT_UNSPECIFIED;
+    absl::Time fenced_at;
+  };
+  // A generation's roster when its first incident came: the member of
+  // each slot (0: vacant).
+  struct PendingCase {
+    absl::Time since;
+    std::vector<uint64_t> roster;
   };
 
   absl::Status CheckRegister(const RegisterRequest& req) const;
@@ -199,6 +236,9 @@ class Membership {
   void DeclareLocked(Member& m, IncidentKind kind, std::string evidence,
                      absl::Time onset, uint64_t reporter, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The same with the incident made (its kind and evidence say why).
+  void DeclareFencedLocked(Member& m, Incident incident, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Opens the next generation after `lost_slot` was lost (-1: none lost,
   // the group is only rebuilt): a standby takes the slot, or the world
   // shrinks; below the minimum world the job stops. Pushes it all.
@@ -217,7 +257,16 @@ class Membership {
                               std::string evidence, absl::Time onset,
                               uint64_t reporter, absl::Time now) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RecordIncidentLocked(Incident incident)
+  // Records `incident` (with the verdict on its generation, if there is
+  // one); an incident of a worker's generation with none yet opens its
+  // diagnosis case. Returns the recorded incident.
+  Incident& RecordIncidentLocked(Incident incident)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  SlotEvidence::Liveness LivenessLocked(const Member& m, absl::Time now) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What SetDiagnosis does about `v` (sets its action).
+  void ActOnVerdictLocked(int64_t generation, const PendingCase& c,
+                          const Diagnosis& d, Verdict* v, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Pushes the new generation to every live member (personalized), with an
   // abort order when `abort` is set.
@@ -280,6 +329,13 @@ class Membership {
   int64_t committed_step_ ABSL_GUARDED_BY(mu_) = -1;
 
   std::deque<Incident> incidents_ ABSL_GUARDED_BY(mu_);
+  // Diagnosis cases by generation, and the verdicts reached (the newest
+  // limits_.max_incidents of each).
+  std::map<int64_t, PendingCase> cases_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, Verdict> verdicts_ ABSL_GUARDED_BY(mu_);
+  // The committed step when a mismatch verdict last replaced its culprits
+  // (-2: never).
+  int64_t mismatch_replaced_at_ ABSL_GUARDED_BY(mu_) = -2;
   uint64_t incidents_total_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t heartbeats_total_ ABSL_GUARDED_BY(mu_) = 0;
   const absl::Time started_;

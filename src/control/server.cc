@@ -12,12 +12,16 @@
 #include <optional>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "src/common/config.h"
 #include "src/common/logging.h"
 #include "src/control/auth.h"
 #include "src/control/controller.grpc.pb.h"
+#include "src/control/diagnosis.h"
+#include "src/store/keys.h"
 
 namespace holdfast::control {
 namespace {
@@ -252,6 +256,11 @@ class Metrics final : public MembershipObserver {
                      .Name("holdfast_members")
                      .Help("Members by state, standbys and vacant slots")
                      .Register(*registry_)),
+        verdicts_(prometheus::BuildCounter()
+                      .Name("holdfast_diagnoses_total")
+                      .Help("Culprit verdicts on failed generations, by "
+                            "diagnosed kind and action")
+                      .Register(*registry_)),
         job_(prometheus::BuildGauge()
                  .Name("holdfast_job")
                  .Help("Job-wide values: generation, committed step, world "
@@ -269,6 +278,10 @@ class Metrics final : public MembershipObserver {
              prometheus::Histogram::BucketBoundaries{0.01, 0.05, 0.1, 0.25, 0.5,
                                                      1, 2, 5, 10, 30, 60, 300})
         .Observe(static_cast<double>(inc.time_to_detect_ms()) / 1000.0);
+  }
+
+  void OnVerdict(const Verdict& v) {
+    verdicts_.Add({{"kind", v.kind()}, {"action", v.action()}}).Increment();
   }
 
   void Refresh(const StatusResponse& s) {
@@ -293,6 +306,7 @@ class Metrics final : public MembershipObserver {
   prometheus::Family<prometheus::Counter>& incidents_;
   prometheus::Family<prometheus::Histogram>& latency_;
   prometheus::Family<prometheus::Gauge>& members_;
+  prometheus::Family<prometheus::Counter>& verdicts_;
   prometheus::Family<prometheus::Gauge>& job_;
 };
 
@@ -305,6 +319,7 @@ class Service final : public Controller::CallbackService {
                     o.recovery) {}
 
   Membership& membership() { return membership_; }
+  KvStore& kv() { return kv_; }
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx,
                                      const RegisterRequest* req,
@@ -474,14 +489,15 @@ class ServerImpl final : public ControllerServer {
   ServerImpl(std::unique_ptr<Service> service, std::unique_ptr<Metrics> metrics,
              std::unique_ptr<prometheus::Exposer> exposer,
              std::unique_ptr<grpc::Server> server, std::string host, int port,
-             absl::Duration scan_interval)
+             absl::Duration scan_interval, absl::Duration settle)
       : service_(std::move(service)),
         metrics_(std::move(metrics)),
         exposer_(std::move(exposer)),
         server_(std::move(server)),
         host_(std::move(host)),
         port_(port),
-        scan_interval_(scan_interval) {
+        scan_interval_(scan_interval),
+        settle_(settle) {
     detector_ = std::thread([this] { DetectLoop(); });
   }
   ~ServerImpl() override { Shutdown(); }
@@ -518,10 +534,40 @@ class ServerImpl final : public ControllerServer {
       if (stop_) break;
       const absl::Time now = absl::Now();
       service_->membership().Scan(now);
+      DiagnoseDue(now);
       if (metrics_ != nullptr && now >= next_refresh) {
         metrics_->Refresh(service_->membership().Status({}, now));
         next_refresh = now + absl::Seconds(1);
       }
+    }
+  }
+
+  // Runs the culprit analysis of each pending case whose members have all
+  // answered (left their abort notices), or whose settle time is over;
+  // the verdict goes to the incidents, the store (keys::Verdict) and the
+  // metrics.
+  void DiagnoseDue(absl::Time now) {
+    Membership& m = service_->membership();
+    for (DiagnosisCase& c : m.PendingDiagnoses(now)) {
+      bool all = true;
+      for (SlotEvidence& s : c.slots) {
+        if (s.liveness != SlotEvidence::Liveness::kAlive) continue;
+        absl::StatusOr<std::optional<std::string>> notice =
+            service_->kv().Get(keys::AbortNotice(c.generation, s.slot));
+        if (notice.ok() && notice->has_value()) ReadNotice(**notice, &s);
+        all = all && s.answered;
+      }
+      if (!all && now < c.since + settle_) continue;
+      const Verdict v = m.SetDiagnosis(c.generation, Diagnose(c.slots), now);
+      nlohmann::json j = {{"kind", v.kind()},
+                          {"culprits", v.culprits()},
+                          {"victims", v.victims()},
+                          {"evidence", v.evidence()},
+                          {"confidence", v.confidence()},
+                          {"action", v.action()},
+                          {"action_reason", v.action_reason()}};
+      (void)service_->kv().Set(keys::Verdict(c.generation), j.dump());
+      if (metrics_ != nullptr) metrics_->OnVerdict(v);
     }
   }
 
@@ -533,6 +579,7 @@ class ServerImpl final : public ControllerServer {
   const std::string host_;
   const int port_;
   const absl::Duration scan_interval_;
+  const absl::Duration settle_;
   absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread detector_;
@@ -614,10 +661,10 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
       absl::ToInt64Milliseconds(options.detection.heartbeat_interval),
       absl::ToInt64Milliseconds(options.detection.silent_after),
       absl::ToInt64Milliseconds(options.detection.stall_floor));
-  return std::unique_ptr<ControllerServer>(
-      new ServerImpl(std::move(service), std::move(metrics), std::move(exposer),
-                     std::move(server), options.bind_address, bound_port,
-                     options.scan_interval));
+  return std::unique_ptr<ControllerServer>(new ServerImpl(
+      std::move(service), std::move(metrics), std::move(exposer),
+      std::move(server), options.bind_address, bound_port,
+      options.scan_interval, options.detection.diagnosis_settle));
 }
 
 }  // namespace holdfast::control

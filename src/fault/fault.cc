@@ -28,7 +28,8 @@ absl::Status Bad(absl::string_view spec, absl::string_view why) {
                    " (expected e.g. kill:slot=2:step=30, hang:slot=1:step=50, "
                    "stall:slot=1:recovery=1, kill:slot=2:restore=1, "
                    "exit:slot=0:step=10, slow:slot=3:ms=300 or "
-                   "fail-op:slot=2:seq=120, corrupt-piece:slot=1:step=20, "
+                   "fail-op:slot=2:seq=120, mismatch:slot=2:seq=120, "
+                   "corrupt-piece:slot=1:step=20, "
                    "corrupt-backup:slot=1:step=10 or corrupt-restore:slot=1)"));
 }
 
@@ -50,6 +51,8 @@ absl::StatusOr<FaultSpec> ParseOne(absl::string_view text, int index) {
     f.kind = Kind::kSlow;
   } else if (kind == "fail-op") {
     f.kind = Kind::kFailOp;
+  } else if (kind == "mismatch") {
+    f.kind = Kind::kMismatch;
   } else if (kind == "corrupt-piece") {
     f.kind = Kind::kCorruptPiece;
   } else if (kind == "corrupt-backup") {
@@ -57,10 +60,11 @@ absl::StatusOr<FaultSpec> ParseOne(absl::string_view text, int index) {
   } else if (kind == "corrupt-restore") {
     f.kind = Kind::kCorruptRestore;
   } else {
-    return Bad(text, absl::StrCat("unknown kind '", kind,
-                                  "' (kill, hang, stall, exit, slow, fail-op, "
-                                  "corrupt-piece, corrupt-backup or "
-                                  "corrupt-restore)"));
+    return Bad(text, absl::StrCat(
+                         "unknown kind '", kind,
+                         "' (kill, hang, stall, exit, slow, fail-op, mismatch, "
+                         "corrupt-piece, corrupt-backup or "
+                         "corrupt-restore)"));
   }
   for (size_t i = 1; i < parts.size(); ++i) {
     std::pair<absl::string_view, absl::string_view> kv =
@@ -76,7 +80,8 @@ absl::StatusOr<FaultSpec> ParseOne(absl::string_view text, int index) {
       f.slot = static_cast<int>(v);
     } else if (key == "step") {
       f.step = v;
-    } else if (key == "seq" && f.kind == Kind::kFailOp) {
+    } else if (key == "seq" &&
+               (f.kind == Kind::kFailOp || f.kind == Kind::kMismatch)) {
       f.seq = v;
     } else if (key == "ms" &&
                (f.kind == Kind::kSlow || IsProcessFault(f.kind))) {
@@ -119,6 +124,7 @@ absl::StatusOr<FaultSpec> ParseOne(absl::string_view text, int index) {
       if (f.ms <= 0) return Bad(text, "ms=N (> 0) is required");
       break;
     case Kind::kFailOp:
+    case Kind::kMismatch:
       if (f.seq < 0) return Bad(text, "seq=N is required");
       break;
     case Kind::kCorruptPiece:
@@ -147,6 +153,8 @@ const char* KindName(Kind kind) {
       return "slow";
     case Kind::kFailOp:
       return "fail-op";
+    case Kind::kMismatch:
+      return "mismatch";
     case Kind::kCorruptPiece:
       return "corrupt-piece";
     case Kind::kCorruptBackup:
@@ -265,6 +273,7 @@ void Injector::Fire(const FaultSpec& f, absl::string_view where) {
       _exit(f.code);
     case Kind::kSlow:
     case Kind::kFailOp:
+    case Kind::kMismatch:
     case Kind::kCorruptPiece:
     case Kind::kCorruptBackup:
     case Kind::kCorruptRestore:
@@ -335,11 +344,25 @@ absl::Status Injector::AtCollective(int slot, int64_t seq) {
   for (const FaultSpec& f : faults_) {
     if (f.kind == Kind::kFailOp && f.slot == slot && f.seq == seq &&
         ClaimLocked(f)) {
-      HOLDFAST_LOG_WARN("injecting fault '{}' (pid {})", f.text, getpid());
+      HOLDFAST_LOG_WARN("injecting fault '{}' (pid {}, unix ms {})", f.text,
+                        getpid(), absl::ToUnixMillis(absl::Now()));
       return absl::InternalError(absl::StrCat("injected fault '", f.text, "'"));
     }
   }
   return absl::OkStatus();
+}
+
+bool Injector::MismatchAt(int slot, int64_t seq) {
+  absl::MutexLock lock(&mu_);
+  for (const FaultSpec& f : faults_) {
+    if (f.kind == Kind::kMismatch && f.slot == slot && f.seq == seq &&
+        ClaimLocked(f)) {
+      HOLDFAST_LOG_WARN("injecting fault '{}' (pid {}, unix ms {})", f.text,
+                        getpid(), absl::ToUnixMillis(absl::Now()));
+      return true;
+    }
+  }
+  return false;
 }
 
 bool Injector::AtPiece(Kind kind, int slot, int64_t step) {
@@ -348,7 +371,8 @@ bool Injector::AtPiece(Kind kind, int slot, int64_t step) {
     // Only corrupt-restore may leave the step out (any step).
     if (f.kind == kind && f.slot == slot && (f.step < 0 || f.step == step) &&
         ClaimLocked(f)) {
-      HOLDFAST_LOG_WARN("injecting fault '{}' (pid {})", f.text, getpid());
+      HOLDFAST_LOG_WARN("injecting fault '{}' (pid {}, unix ms {})", f.text,
+                        getpid(), absl::ToUnixMillis(absl::Now()));
       return true;
     }
   }

@@ -20,6 +20,9 @@
 //   slow:slot=3:ms=300       sleep ms at the start of every step (a
 //                            straggler), from step=S if given
 //   fail-op:slot=2:seq=120   collective number 120 of the communicator fails
+//   mismatch:slot=2:seq=120  slot 2 issues a Barrier in place of its
+//                            collective number 120 (a collective mismatch:
+//                            its peers time out, and the mismatch is named)
 //   kill:slot=1:recovery=1   SIGKILL itself inside its first recovery,
 //                            before rendezvous (also hang, stall and exit)
 //   kill:slot=2:restore=1    SIGKILL itself inside its first restore, as
@@ -75,6 +78,7 @@ enum class Kind {
   kExit,
   kSlow,
   kFailOp,
+  kMismatch,
   kCorruptPiece,
   kCorruptBackup,
   kCorruptRestore
@@ -85,7 +89,7 @@ struct FaultSpec {
   Kind kind = Kind::kKill;
   int slot = -1;           // required
   int64_t step = -1;       // at this step (slow: from this step)
-  int64_t seq = -1;        // fail-op: the collective number
+  int64_t seq = -1;        // fail-op, mismatch: the collective number
   int recovery = -1;       // at the start of this recovery (1 = the first)
   int restore = -1;        // as the pieces of this restore move (1 = first)
   int64_t ms = 0;          // slow: delay per step; kill etc.: into the step
@@ -132,6 +136,9 @@ class Injector {
   void AtRestore(int slot, int restore);
   // Non-OK (Internal, "injected fault ...") when fail-op fires.
   absl::Status AtCollective(int slot, int64_t seq);
+  // Whether `slot` issues a Barrier in place of its collective `seq`
+  // (mismatch); claims the fault when so.
+  bool MismatchAt(int slot, int64_t seq);
   // True once when a corrupt-piece, corrupt-backup or corrupt-restore
   // fault (`kind`) fires for this slot at `step` (the caller does the
   // corrupting).

@@ -34,6 +34,21 @@ Communicator* RuntimeImpl::CurrentComm() {
   return comm_.get();
 }
 
+int64_t RuntimeImpl::CollectiveInProgress() const {
+  std::shared_ptr<Communicator> comm;
+  {
+    absl::MutexLock lock(&mu_);
+    comm = comm_;
+  }
+  if (comm == nullptr) return -1;
+  const std::vector<TraceRecord> ops = comm->TraceSnapshot();
+  for (auto it = ops.rbegin(); it != ops.rend(); ++it) {
+    if (!IsCollective(it->op) || it->state == OpState::kEnqueued) continue;
+    return it->state == OpState::kStarted ? it->coll_seq : -1;
+  }
+  return -1;
+}
+
 absl::StatusOr<Communicator*> RuntimeImpl::HostComm() {
   absl::MutexLock lock(&mu_);
   Communicator* c = comm_.get();

@@ -67,6 +67,7 @@ absl::Status RuntimeImpl::Init() {
       AbortComm(INT64_MAX, absl::StrCat("the job stopped: ", e.reason()));
     }
   };
+  cb.collective_in_progress = [this] { return CollectiveInProgress(); };
   HOLDFAST_ASSIGN_OR_RETURN(member_,
                             control::MemberClient::Join(mo, std::move(cb)));
   const control::Assignment a = member_->assignment();

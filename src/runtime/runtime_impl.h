@@ -194,6 +194,10 @@ class RuntimeImpl final : public Runtime {
   // The training communicator of the current generation (null before the
   // first one is built).
   Communicator* CurrentComm();
+  // The coll_seq of the collective the training communicator is inside
+  // (started, not ended), or -1: what heartbeats report as
+  // PHASE_COLLECTIVE.
+  int64_t CollectiveInProgress() const;
   // The communicator for the runtime's own exchanges (the restore's
   // agreements and transfers, the check of replicated state), whose
   // buffers are in host memory: the training communicator, unless its

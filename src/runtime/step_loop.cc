@@ -12,6 +12,14 @@
 #include "src/store/keys.h"
 
 namespace holdfast {
+namespace {
+
+// How long a member that found a mismatch waits for the controller's
+// verdict on it (the controller reaches it within its diagnosis settle
+// time, DetectionOptions::diagnosis_settle).
+constexpr absl::Duration kMismatchVerdictWait = absl::Seconds(15);
+
+}  // namespace
 
 std::string Received(const RecoveryRecord& rec) {
   if (rec.from_disk) {
@@ -117,9 +125,48 @@ absl::Status RuntimeImpl::FoundMismatch(int64_t gen) {
   absl::StatusOr<std::optional<std::string>> found =
       store_->TryGet(keys::Mismatch(gen));
   if (!found.ok() || !found->has_value()) return absl::OkStatus();
-  HOLDFAST_LOG_ERROR("runtime: slot {} does not recover from generation {}: {}",
-                     slot(), gen, **found);
-  return absl::InvalidArgumentError(**found);
+  const std::string what = **found;
+  // The controller names the culprit from every rank's trace: with a
+  // majority call, the ranks that called otherwise are replaced and the
+  // others go on; else the job stops on the mismatch.
+  ReportBroken(what, -1, gen);
+  absl::StatusOr<std::string> raw =
+      store_->Get(keys::Verdict(gen), kMismatchVerdictWait);
+  std::string why = "no verdict came from the controller";
+  if (raw.ok()) {
+    const nlohmann::json v =
+        nlohmann::json::parse(*raw, nullptr, /*allow_exceptions=*/false);
+    if (v.is_object() && v.value("kind", "") == "mismatch" &&
+        v.value("action", "") == "replace" && v.contains("culprits") &&
+        v["culprits"].is_array()) {
+      const bool culprit = std::find(v["culprits"].begin(), v["culprits"].end(),
+                                     slot()) != v["culprits"].end();
+      if (!culprit) {
+        HOLDFAST_LOG_WARN(
+            "runtime: slot {}: {}; the controller replaces slot(s) {}, and "
+            "this slot goes on",
+            slot(), what, v["culprits"].dump());
+        return absl::OkStatus();
+      }
+      // Its fence is on its way: end as fenced, not with an error of the
+      // job's.
+      const absl::Time until = absl::Now() + kMismatchVerdictWait;
+      while (Stopped().ok() && absl::Now() < until) {
+        absl::SleepFor(absl::Milliseconds(20));
+      }
+      HOLDFAST_RETURN_IF_ERROR(Stopped());
+      why = "this slot was named its culprit and is replaced";
+    } else if (v.is_object()) {
+      why = absl::StrCat("the controller's verdict: ", v.value("kind", "?"),
+                         ", action ", v.value("action", "?"), " (",
+                         v.value("action_reason", ""), ")");
+    }
+  }
+  HOLDFAST_LOG_ERROR(
+      "runtime: slot {} does not recover from generation {}: "
+      "{}; {}",
+      slot(), gen, what, why);
+  return absl::InvalidArgumentError(absl::StrCat(what, "; ", why));
 }
 
 absl::StatusOr<RunResult> RuntimeImpl::Run(

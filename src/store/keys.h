@@ -25,7 +25,9 @@ inline std::string NcclUniqueId(int64_t g) {
 // The abort notice rank `rank` leaves before it closes its connections: a
 // JSON object with why it aborted ("code", "message", "peer") and the
 // collective it was in ("op": {"coll_seq", "signature"}) or its Send or
-// Recv ("p2p": {"kind", "peer", "tag", "seq", "elements"}), if any.
+// Recv ("p2p": {"kind", "peer", "tag", "seq", "elements"}), if any, and
+// its last collectives of the generation ("trace": ops as in
+// docs/trace-schema.md), which the controller's diagnosis compares.
 inline std::string AbortNotice(int64_t g, int rank) {
   return absl::StrCat("holdfast/g", g, "/abort/", rank);
 }
@@ -34,6 +36,13 @@ inline std::string AbortNotice(int64_t g, int rank) {
 // timeout.
 inline std::string Mismatch(int64_t g) {
   return absl::StrCat("holdfast/g", g, "/mismatch");
+}
+
+// The controller's verdict on an incident of generation `g`: a JSON
+// object with "kind", "culprits", "victims", "evidence", "confidence"
+// and "action" ("replace": the culprits are fenced and replaced; "none").
+inline std::string Verdict(int64_t g) {
+  return absl::StrCat("holdfast/g", g, "/verdict");
 }
 
 // ---- the runtime ------------------------------------------------------------

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/status/status.h"
+#include "src/trace/trace_json.h"
 
 namespace holdfast::trace {
 namespace {
@@ -112,34 +113,7 @@ std::string ToJson(const std::vector<TraceRecord>& records, int rank, int size,
                    const std::string& abort_reason) {
   using nlohmann::json;
   json ops = json::array();
-  for (const TraceRecord& r : records) {
-    json o = {
-        {"seq", r.seq},
-        {"generation", r.generation},
-        {"coll_seq", r.coll_seq},
-        {"op", std::string(OpTypeName(r.op))},
-        {"dtype", std::string(DataTypeName(r.dtype))},
-        {"count", r.count},
-        {"bytes", r.bytes},
-        {"state", std::string(OpStateName(r.state))},
-        {"enqueued_ns", r.enqueued_ns},
-        {"started_ns", r.started_ns},
-        {"ended_ns", r.ended_ns},
-    };
-    if (r.op == OpType::kAllReduce || r.op == OpType::kReduceScatter) {
-      o["reduce"] = std::string(ReduceOpName(r.reduce));
-    }
-    if (r.op == OpType::kBroadcast) o["root"] = r.peer;
-    if (r.op == OpType::kSend || r.op == OpType::kRecv) {
-      o["peer"] = r.peer;
-      o["tag"] = r.tag;
-    }
-    if (r.ended_ns != 0) {
-      o["status"] = absl::StatusCodeToString(
-          static_cast<absl::StatusCode>(r.status_code));
-    }
-    ops.push_back(std::move(o));
-  }
+  for (const TraceRecord& r : records) ops.push_back(OpToJson(r));
   json doc = {
       {"schema", "holdfast.trace.v1"},
       {"rank", rank},
