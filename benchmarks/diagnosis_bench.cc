@@ -1,0 +1,440 @@
+// Diagnosis benchmark: a seeded campaign of single faults on real jobs, and
+// how often the controller names the right culprit, how fast, and how many
+// members it fences for it.
+//
+// Each trial is one job of holdfast-run (R workers, 1 standby, no disk
+// tier) and the example trainer, with one fault on a random slot at a
+// random point of a random step:
+//   kill             SIGKILL from outside (by pid, from members.json);
+//   stop-compute     SIGSTOP from outside while the slot computes (steps
+//                    of --step-ms of compute);
+//   stop-collective  SIGSTOP from outside while the slot waits inside its
+//                    all-reduce: the next slot is slowed (slow:ms=300) and
+//                    the steps have almost no compute of their own, so
+//                    the others spend their steps waiting for it there;
+//   stall            the slot's step thread blocks (stall:): the process
+//                    heartbeats on;
+//   mismatch         the slot issues a Barrier where the others all-reduce
+//                    (mismatch:);
+//   fail-op          the slot's collective fails with a transport error
+//                    (fail-op:): a transient fault; the right verdict
+//                    names the slot and fences nobody.
+// Every job runs with HOLDFAST_TIMEOUT_MS=3000 (the op timeout: a stall or
+// a mismatch is seen when the others' collective times out) and
+// holdfast-run's detection defaults (heartbeat 500 ms, silent after 3 s).
+//
+// For each kind and world size it prints the share of trials whose first
+// incident's verdict named exactly the faulty slot (right), named another
+// slot (a false accusation), or named nobody (undecided); the time from
+// the fault (the signal, or the injector's log line) to the verdict, p50
+// and p90; the members fenced per fault (evictions); and the share that
+// ended with the fault-free model. The baseline, measured in the same run
+// as the fault-free hash, is what a job without diagnosis does: restart
+// every process, R evictions per fault.
+//
+//   diagnosis_bench [--ranks 4,8] [--faults 100] [--seed 1] [--json]
+//                   [--kinds kill,stop-compute,...] [--keep]
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "test/support/process_group.h"
+
+using nlohmann::json;
+
+namespace {
+
+constexpr int64_t kSteps = 30;
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
+
+struct Trial {
+  std::string kind;
+  int ranks = 4;
+  int slot = 0;
+  int64_t step = 0;  // the fault comes at this step (or collective)
+  int64_t ms = 0;    // and this far into it
+};
+
+struct Outcome {
+  Trial trial;
+  bool finished = false;
+  bool model_ok = false;
+  std::string verdict_kind;
+  std::vector<int> culprits;
+  int64_t verdict_ms = -1;  // from the fault; -1 without a verdict
+  int evictions = 0;
+  std::string note;
+};
+
+// Starts `cmd` through the shell with `env` added; its pid.
+pid_t Start(const std::string& cmd) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    setpgid(0, 0);
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  return pid;
+}
+
+// The exit status of `pid`, or nullopt once `deadline` passed (it is then
+// killed with its process group).
+std::optional<int> Await(pid_t pid, absl::Time deadline) {
+  for (;;) {
+    int status = 0;
+    if (waitpid(pid, &status, WNOHANG) == pid) return status;
+    if (absl::Now() > deadline) {
+      ::kill(-pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      return std::nullopt;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+}
+
+// The pid of slot `slot`'s worker once members.json shows it at `step` or
+// later; -1 if the job ends (or 60 s pass) first.
+pid_t AwaitWorker(const std::string& dir, int slot, int64_t step, pid_t job) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (absl::Now() < deadline) {
+    const json m = json::parse(ReadFile(dir + "/members.json"), nullptr, false);
+    if (m.is_object() && m.contains("members")) {
+      for (const json& e : m["members"]) {
+        if (e.value("role", "") == "ROLE_WORKER" &&
+            e.value("slot", -1) == slot &&
+            e.value("state", "") == "STATE_ALIVE" &&
+            e.value("step", int64_t{-1}) >= step) {
+          return e.value("pid", -1);
+        }
+      }
+    }
+    if (waitpid(job, nullptr, WNOHANG) == job) return -1;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return -1;
+}
+
+// The Unix ms of the injector's "injecting fault '<kind>..." line.
+int64_t InjectedAt(const std::string& log, const std::string& kind) {
+  std::istringstream in(log);
+  const std::string mark = "unix ms ";
+  for (std::string line; std::getline(in, line);) {
+    if (line.find("injecting fault '" + kind) == std::string::npos) continue;
+    const size_t at = line.rfind(mark);
+    if (at != std::string::npos) {
+      return std::strtoll(line.c_str() + at + mark.size(), nullptr, 10);
+    }
+  }
+  return 0;
+}
+
+struct Paths {
+  std::string run = HOLDFAST_RUN_BIN;
+  std::string trainer = HOLDFAST_DP_TRAINER_BIN;
+};
+
+// One job; `trial.kind` empty runs it without a fault. The final hash of
+// every slot goes to `hash` ("" when they differ or the job failed).
+Outcome RunTrial(const Paths& p, const Trial& t, const std::string& want_hash,
+                 std::string* hash, bool keep) {
+  Outcome o;
+  o.trial = t;
+  const std::string dir = holdfast::proc::MakeTempDir();
+  std::vector<std::string> args = {"-n", std::to_string(t.ranks), "--standby",
+                                   "1",  "--no-disk-tier",        "--log-dir",
+                                   dir};
+  std::vector<std::string> trainer = {"--steps", std::to_string(kSteps),
+                                      "--step-ms", "50"};
+  std::string inject;
+  if (t.kind == "stop-collective") {
+    inject = absl::StrCat("slow:slot=", (t.slot + 1) % t.ranks, ":ms=300");
+    trainer[3] = "2";
+  } else if (t.kind == "stall") {
+    inject =
+        absl::StrCat("stall:slot=", t.slot, ":step=", t.step, ":ms=", t.ms);
+  } else if (t.kind == "mismatch" || t.kind == "fail-op") {
+    inject = absl::StrCat(t.kind, ":slot=", t.slot, ":seq=", t.step);
+  }
+  if (!inject.empty()) {
+    args.push_back("--inject");
+    args.push_back(inject);
+  }
+  const std::string cmd = absl::StrCat(
+      "HOLDFAST_TIMEOUT_MS=3000 exec ", p.run, " ", absl::StrJoin(args, " "),
+      " -- ", p.trainer, " ", absl::StrJoin(trainer, " "), " > ", dir,
+      "/out.txt 2> ", dir, "/err.txt");
+  const pid_t job = Start(cmd);
+  int64_t fault_ms = 0;
+  pid_t victim = -1;
+  if (t.kind == "kill" || t.kind == "stop-compute" ||
+      t.kind == "stop-collective") {
+    victim = AwaitWorker(dir, t.slot, t.step, job);
+    if (victim > 0) {
+      absl::SleepFor(absl::Milliseconds(t.ms));
+      ::kill(victim, t.kind == "kill" ? SIGKILL : SIGSTOP);
+      fault_ms = NowMs();
+    }
+  }
+  const std::optional<int> status =
+      Await(job, absl::Now() + absl::Seconds(180));
+  if (victim > 0) ::kill(victim, SIGKILL);  // a stopped one, if left
+  const std::string out = ReadFile(dir + "/out.txt");
+  const std::string err = ReadFile(dir + "/err.txt");
+  if (fault_ms == 0 && !t.kind.empty()) {
+    fault_ms = InjectedAt(err, t.kind == "stall" ? "stall" : t.kind);
+  }
+  const json summary =
+      json::parse(ReadFile(dir + "/summary.json"), nullptr, false);
+  o.finished = status.has_value() && WIFEXITED(*status) &&
+               WEXITSTATUS(*status) == 0 && summary.is_object() &&
+               summary.value("outcome", "") == "finished";
+  if (!status.has_value()) o.note = "the job hung (killed after 180 s)";
+  // Every slot's final hash.
+  std::vector<std::string> hashes;
+  const std::string mark = "params_sha256=";
+  for (size_t at = out.find(mark); at != std::string::npos;
+       at = out.find(mark, at + 1)) {
+    hashes.push_back(out.substr(at + mark.size(), 64));
+  }
+  const bool agree =
+      static_cast<int>(hashes.size()) == t.ranks &&
+      std::all_of(hashes.begin(), hashes.end(),
+                  [&](const std::string& h) { return h == hashes[0]; });
+  if (hash != nullptr) *hash = agree && o.finished ? hashes[0] : "";
+  o.model_ok = o.finished && agree && hashes[0] == want_hash;
+  if (summary.is_object() && summary.contains("incidents") &&
+      summary["incidents"].is_array()) {
+    const json& incidents = summary["incidents"];
+    for (const json& i : incidents) o.evictions += i.value("evicted", false);
+    if (!incidents.empty() && incidents[0].contains("diagnosis")) {
+      const json& d = incidents[0]["diagnosis"];
+      o.verdict_kind = d.value("kind", "");
+      o.culprits = d.value("culprits", std::vector<int>{});
+      if (fault_ms > 0) {
+        o.verdict_ms = d.value("verdict_unix_ms", int64_t{0}) - fault_ms;
+      }
+    } else if (!t.kind.empty()) {
+      o.note = incidents.empty() ? "no incident" : "no verdict";
+    }
+  }
+  if (!t.kind.empty() && fault_ms == 0) o.note = "the fault did not fire";
+  if (!keep) {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  } else {
+    o.note += " (logs: " + dir + ")";
+  }
+  return o;
+}
+
+int64_t Percentile(std::vector<int64_t> v, double q) {
+  if (v.empty()) return -1;
+  std::sort(v.begin(), v.end());
+  const size_t i = std::min(
+      v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())));
+  return v[i];
+}
+
+struct Row {
+  std::string kind;
+  int ranks = 0;
+  int n = 0, right = 0, wrong = 0, undecided = 0, model_ok = 0, hung = 0;
+  int evictions = 0;
+  std::vector<int64_t> verdict_ms;  // right ones only
+};
+
+json RowJson(const Row& r) {
+  auto share = [&](int k) { return r.n > 0 ? double(k) / r.n : 0.0; };
+  return {{"kind", r.kind},
+          {"ranks", r.ranks},
+          {"faults", r.n},
+          {"right", share(r.right)},
+          {"false_accusations", share(r.wrong)},
+          {"undecided", share(r.undecided)},
+          {"verdict_ms_p50", Percentile(r.verdict_ms, 0.5)},
+          {"verdict_ms_p90", Percentile(r.verdict_ms, 0.9)},
+          {"evictions_per_fault", r.n > 0 ? double(r.evictions) / r.n : 0.0},
+          {"fault_free_model", share(r.model_ok)},
+          {"hung", r.hung}};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"diagnosis_bench: culprits named right, wrong or not at all"};
+  std::string ranks_list = "4,8";
+  std::string kinds_list =
+      "kill,stop-compute,stop-collective,stall,mismatch,fail-op";
+  int faults = 100;
+  uint64_t seed = 1;
+  bool as_json = false, keep = false;
+  Paths paths;
+  app.add_option("--ranks", ranks_list, "world sizes, comma-separated");
+  app.add_option("--faults", faults, "faults per world size")
+      ->check(CLI::Range(1, 100000));
+  app.add_option("--kinds", kinds_list, "fault kinds, comma-separated");
+  app.add_option("--seed", seed, "campaign seed");
+  app.add_option("--run", paths.run, "holdfast-run");
+  app.add_option("--trainer", paths.trainer, "the example trainer");
+  app.add_flag("--json", as_json, "print JSON");
+  app.add_flag("--keep", keep, "keep each job's log directory");
+  CLI11_PARSE(app, argc, argv);
+  const std::vector<std::string> kinds = absl::StrSplit(kinds_list, ',');
+  for (const std::string& k : kinds) {
+    if (k != "kill" && k != "stop-compute" && k != "stop-collective" &&
+        k != "stall" && k != "mismatch" && k != "fail-op") {
+      std::fprintf(stderr, "diagnosis_bench: unknown fault kind '%s'\n",
+                   k.c_str());
+      return 2;
+    }
+  }
+  std::vector<int> ranks;
+  for (absl::string_view r : absl::StrSplit(ranks_list, ',')) {
+    int v = 0;
+    if (!absl::SimpleAtoi(r, &v) || v < 3 || v > 64) {
+      std::fprintf(stderr,
+                   "diagnosis_bench: --ranks: '%s' is not a world size in "
+                   "[3, 64]\n",
+                   std::string(r).c_str());
+      return 2;
+    }
+    ranks.push_back(v);
+  }
+  std::mt19937_64 rng(seed);
+  std::vector<Row> rows;
+  json trials = json::array();
+  for (int n : ranks) {
+    std::string reference;
+    RunTrial(paths, Trial{"", n}, "", &reference, false);
+    if (reference.empty()) {
+      std::fprintf(stderr,
+                   "diagnosis_bench: the fault-free job of %d ranks failed\n",
+                   n);
+      return 1;
+    }
+    std::map<std::string, Row> by_kind;
+    for (int f = 0; f < faults; ++f) {
+      Trial t;
+      t.ranks = n;
+      t.kind = kinds[rng() % kinds.size()];
+      t.slot = static_cast<int>(rng() % n);
+      t.step = 6 + static_cast<int64_t>(rng() % 12);
+      t.ms = static_cast<int64_t>(rng() % 50);
+      const Outcome o = RunTrial(paths, t, reference, nullptr, keep);
+      Row& row = by_kind[t.kind];
+      row.kind = t.kind;
+      row.ranks = n;
+      ++row.n;
+      const bool right = o.culprits == std::vector<int>{t.slot};
+      const bool wrong = std::any_of(o.culprits.begin(), o.culprits.end(),
+                                     [&](int c) { return c != t.slot; });
+      row.right += right;
+      row.wrong += wrong;
+      row.undecided += o.culprits.empty();
+      row.model_ok += o.model_ok;
+      row.hung += o.note.find("hung") != std::string::npos;
+      row.evictions += o.evictions;
+      if (right && o.verdict_ms >= 0) row.verdict_ms.push_back(o.verdict_ms);
+      trials.push_back({{"ranks", n},
+                        {"kind", t.kind},
+                        {"slot", t.slot},
+                        {"step", t.step},
+                        {"ms", t.ms},
+                        {"verdict", o.verdict_kind},
+                        {"culprits", o.culprits},
+                        {"verdict_ms", o.verdict_ms},
+                        {"evictions", o.evictions},
+                        {"fault_free_model", o.model_ok},
+                        {"note", o.note}});
+      if (!as_json) {
+        std::fprintf(stderr,
+                     "  %d ranks #%d %-15s slot %d step %lld: %s [%s] in %lld "
+                     "ms, %d evicted, model %s %s\n",
+                     n, f + 1, t.kind.c_str(), t.slot,
+                     static_cast<long long>(t.step), o.verdict_kind.c_str(),
+                     absl::StrJoin(o.culprits, ",").c_str(),
+                     static_cast<long long>(o.verdict_ms), o.evictions,
+                     o.model_ok ? "ok" : "DIFFERS", o.note.c_str());
+      }
+    }
+    for (auto& [k, r] : by_kind) rows.push_back(r);
+  }
+  // Totals per world size.
+  json out_rows = json::array();
+  std::map<int, Row> totals;
+  for (const Row& r : rows) {
+    out_rows.push_back(RowJson(r));
+    Row& t = totals[r.ranks];
+    t.kind = "all";
+    t.ranks = r.ranks;
+    t.n += r.n;
+    t.right += r.right;
+    t.wrong += r.wrong;
+    t.undecided += r.undecided;
+    t.model_ok += r.model_ok;
+    t.hung += r.hung;
+    t.evictions += r.evictions;
+    t.verdict_ms.insert(t.verdict_ms.end(), r.verdict_ms.begin(),
+                        r.verdict_ms.end());
+  }
+  for (auto& [n, t] : totals) out_rows.push_back(RowJson(t));
+  if (as_json) {
+    json doc = {{"seed", seed},
+                {"faults_per_world", faults},
+                {"op_timeout_ms", 3000},
+                {"rows", out_rows},
+                {"trials", trials}};
+    std::printf("%s\n", doc.dump(1).c_str());
+    return 0;
+  }
+  std::printf("\n%-15s %5s %6s %6s %6s %6s %8s %8s %9s %9s %7s\n", "kind",
+              "ranks", "faults", "right", "false", "undec", "p50 ms", "p90 ms",
+              "evict/f", "vs restart", "model");
+  for (const json& r : out_rows) {
+    const double evict = r["evictions_per_fault"].get<double>();
+    std::printf(
+        "%-15s %5d %6d %5.0f%% %5.0f%% %5.0f%% %8lld %8lld %9.2f %9.2fx "
+        "%6.0f%%\n",
+        r["kind"].get<std::string>().c_str(), r["ranks"].get<int>(),
+        r["faults"].get<int>(), 100 * r["right"].get<double>(),
+        100 * r["false_accusations"].get<double>(),
+        100 * r["undecided"].get<double>(),
+        static_cast<long long>(r["verdict_ms_p50"].get<int64_t>()),
+        static_cast<long long>(r["verdict_ms_p90"].get<int64_t>()), evict,
+        evict / r["ranks"].get<int>(),
+        100 * r["fault_free_model"].get<double>());
+  }
+  std::printf(
+      "\nright: the first incident's verdict named the faulty slot alone; "
+      "false: it named another slot; p50/p90: from the fault to the verdict "
+      "(right ones); evict/f: members fenced per fault (fail-op: 0 is "
+      "right); vs restart: against restarting every process (R per fault); "
+      "model: ended with the fault-free hash.\n");
+  return 0;
+}
