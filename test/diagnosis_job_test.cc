@@ -146,6 +146,42 @@ TEST_CASE("diagnose: a rank killed in its step is named dead") {
              kTrainer);
   CheckCulprit(r, "dead", 2);
   CHECK(r.err.find("diagnosis: dead; culprit 2") != std::string::npos);
+  // The timeline page beside summary.json: well-formed (an XML parser
+  // reads it), one lane per slot, and every incident named with its
+  // diagnosis.
+  const std::string page = ReadFile(r.dir + "/timeline.html");
+  REQUIRE(!page.empty());
+  const std::string parse =
+      "python3 -c \"import sys, xml.dom.minidom; "
+      "xml.dom.minidom.parse(sys.argv[1])\" " +
+      r.dir + "/timeline.html 2> " + r.dir + "/parse.err";
+  const int parsed = std::system(parse.c_str());
+  INFO("parser: " << ReadFile(r.dir + "/parse.err"));
+  CHECK(WIFEXITED(parsed));
+  CHECK(WEXITSTATUS(parsed) == 0);
+  CHECK(page.find("<svg") != std::string::npos);
+  // Self-contained: no script, and no link but the XML namespaces.
+  CHECK(page.find("<script") == std::string::npos);
+  CHECK(page.find("src=") == std::string::npos);
+  CHECK(page.find("href") == std::string::npos);
+  size_t links = 0, namespaces = 0;
+  for (size_t at = page.find("http"); at != std::string::npos;
+       at = page.find("http", at + 1)) {
+    ++links;
+    namespaces += page.compare(at, 18, "http://www.w3.org/") == 0;
+  }
+  CHECK(links == namespaces);
+  for (int s = 0; s < 4; ++s) {
+    CHECK(page.find(">slot " + std::to_string(s) + "<") != std::string::npos);
+  }
+  for (const json& i : r.summary["incidents"]) {
+    const std::string id = "#" + std::to_string(i["id"].get<int>());
+    CHECK(page.find(id + " " + i["kind"].get<std::string>() + ": " +
+                    i["diagnosis"]["kind"].get<std::string>()) !=
+          std::string::npos);
+    CHECK(page.find("<td>" + id + "</td>") != std::string::npos);
+  }
+  CHECK(page.find("state restored") != std::string::npos);  // a recovery
 }
 
 TEST_CASE(

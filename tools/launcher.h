@@ -22,6 +22,7 @@
 #include "absl/time/time.h"
 #include "src/control/client.h"
 #include "src/control/membership.h"
+#include "tools/timeline.h"
 
 namespace holdfast::run {
 
@@ -131,6 +132,7 @@ class Launcher {
   bool default_checkpoint_dir_ = false;  // chosen here, removed on success
   int n_ = 0;
   absl::Time next_label_fetch_ = absl::InfinitePast();
+  Timeline timeline_;  // DIR/timeline.html (with --log-dir)
 };
 
 }  // namespace holdfast::run

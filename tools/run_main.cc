@@ -244,6 +244,7 @@ std::pair<std::string, std::string> Launcher::Watch(const Flags& f,
     *last = *s;
     RefreshLabels(*last);
     WriteMembers(*last);
+    timeline_.Sample(*last, absl::Now());
     max_seen = std::max(max_seen, last->alive() + last->dead() + last->left());
     if (last->job_state() == control::JOB_FINISHED) {
       outcome = "finished";
@@ -345,6 +346,8 @@ int Launcher::Main(int argc, char** argv) {
   if (!log_dir_.empty()) {
     std::ofstream out(absl::StrCat(log_dir_, "/summary.json"));
     out << summary.dump(2) << "\n";
+    std::ofstream page(absl::StrCat(log_dir_, "/timeline.html"));
+    page << timeline_.Html(summary);
   }
   // A finished job needs no resume point, so the next run starts afresh;
   // nor is a default directory without a checkpoint worth keeping.
