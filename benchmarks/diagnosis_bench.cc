@@ -86,6 +86,7 @@ struct Outcome {
   bool finished = false;
   bool model_ok = false;
   std::string verdict_kind;
+  std::string evidence;  // the verdict's
   std::vector<int> culprits;
   int64_t verdict_ms = -1;  // from the fault; -1 without a verdict
   int evictions = 0;
@@ -235,6 +236,7 @@ Outcome RunTrial(const Paths& p, const Trial& t, const std::string& want_hash,
     if (!incidents.empty() && incidents[0].contains("diagnosis")) {
       const json& d = incidents[0]["diagnosis"];
       o.verdict_kind = d.value("kind", "");
+      o.evidence = d.value("evidence", "");
       o.culprits = d.value("culprits", std::vector<int>{});
       if (fault_ms > 0) {
         o.verdict_ms = d.value("verdict_unix_ms", int64_t{0}) - fault_ms;
@@ -284,6 +286,125 @@ json RowJson(const Row& r) {
           {"hung", r.hung}};
 }
 
+// The faults on world size `n`: a fault-free job first (the reference
+// hash), then `faults` trials of random kinds; their rows and trials are
+// added. False if the fault-free job failed.
+bool Campaign(const Paths& paths, int n, int faults,
+              const std::vector<std::string>& kinds, bool keep, bool verbose,
+              std::mt19937_64* rng, std::vector<Row>* rows, json* trials) {
+  std::string reference;
+  RunTrial(paths, Trial{"", n}, "", &reference, false);
+  if (reference.empty()) {
+    std::fprintf(stderr,
+                 "diagnosis_bench: the fault-free job of %d ranks failed\n", n);
+    return false;
+  }
+  std::map<std::string, Row> by_kind;
+  for (int f = 0; f < faults; ++f) {
+    Trial t;
+    t.ranks = n;
+    t.kind = kinds[(*rng)() % kinds.size()];
+    t.slot = static_cast<int>((*rng)() % n);
+    t.step = 6 + static_cast<int64_t>((*rng)() % 12);
+    t.ms = static_cast<int64_t>((*rng)() % 50);
+    const Outcome o = RunTrial(paths, t, reference, nullptr, keep);
+    Row& row = by_kind[t.kind];
+    row.kind = t.kind;
+    row.ranks = n;
+    ++row.n;
+    const bool right = o.culprits == std::vector<int>{t.slot};
+    const bool wrong = std::any_of(o.culprits.begin(), o.culprits.end(),
+                                   [&](int c) { return c != t.slot; });
+    row.right += right;
+    row.wrong += wrong;
+    row.undecided += o.culprits.empty();
+    row.model_ok += o.model_ok;
+    row.hung += o.note.find("hung") != std::string::npos;
+    row.evictions += o.evictions;
+    if (right && o.verdict_ms >= 0) row.verdict_ms.push_back(o.verdict_ms);
+    trials->push_back({{"ranks", n},
+                       {"kind", t.kind},
+                       {"slot", t.slot},
+                       {"step", t.step},
+                       {"ms", t.ms},
+                       {"verdict", o.verdict_kind},
+                       {"culprits", o.culprits},
+                       {"evidence", o.evidence},
+                       {"verdict_ms", o.verdict_ms},
+                       {"evictions", o.evictions},
+                       {"fault_free_model", o.model_ok},
+                       {"note", o.note}});
+    if (verbose) {
+      std::fprintf(stderr,
+                   "  %d ranks #%d %-15s slot %d step %lld: %s [%s] in %lld "
+                   "ms, %d evicted, model %s %s\n",
+                   n, f + 1, t.kind.c_str(), t.slot,
+                   static_cast<long long>(t.step), o.verdict_kind.c_str(),
+                   absl::StrJoin(o.culprits, ",").c_str(),
+                   static_cast<long long>(o.verdict_ms), o.evictions,
+                   o.model_ok ? "ok" : "DIFFERS", o.note.c_str());
+    }
+  }
+  for (auto& [k, r] : by_kind) rows->push_back(r);
+  return true;
+}
+
+// Prints the table (or, with `as_json`, the rows and trials as JSON).
+void Report(const std::vector<Row>& rows, const json& trials, uint64_t seed,
+            int faults, bool as_json) {
+  // Totals per world size.
+  json out_rows = json::array();
+  std::map<int, Row> totals;
+  for (const Row& r : rows) {
+    out_rows.push_back(RowJson(r));
+    Row& t = totals[r.ranks];
+    t.kind = "all";
+    t.ranks = r.ranks;
+    t.n += r.n;
+    t.right += r.right;
+    t.wrong += r.wrong;
+    t.undecided += r.undecided;
+    t.model_ok += r.model_ok;
+    t.hung += r.hung;
+    t.evictions += r.evictions;
+    t.verdict_ms.insert(t.verdict_ms.end(), r.verdict_ms.begin(),
+                        r.verdict_ms.end());
+  }
+  for (auto& [n, t] : totals) out_rows.push_back(RowJson(t));
+  if (as_json) {
+    json doc = {{"seed", seed},
+                {"faults_per_world", faults},
+                {"op_timeout_ms", 3000},
+                {"rows", out_rows},
+                {"trials", trials}};
+    std::printf("%s\n", doc.dump(1).c_str());
+    return;
+  }
+  std::printf("\n%-15s %5s %6s %6s %6s %6s %8s %8s %9s %9s %7s\n", "kind",
+              "ranks", "faults", "right", "false", "undec", "p50 ms", "p90 ms",
+              "evict/f", "vs restart", "model");
+  for (const json& r : out_rows) {
+    const double evict = r["evictions_per_fault"].get<double>();
+    std::printf(
+        "%-15s %5d %6d %5.0f%% %5.0f%% %5.0f%% %8lld %8lld %9.2f %9.2fx "
+        "%6.0f%%\n",
+        r["kind"].get<std::string>().c_str(), r["ranks"].get<int>(),
+        r["faults"].get<int>(), 100 * r["right"].get<double>(),
+        100 * r["false_accusations"].get<double>(),
+        100 * r["undecided"].get<double>(),
+        static_cast<long long>(r["verdict_ms_p50"].get<int64_t>()),
+        static_cast<long long>(r["verdict_ms_p90"].get<int64_t>()), evict,
+        evict / r["ranks"].get<int>(),
+        100 * r["fault_free_model"].get<double>());
+  }
+  std::printf(
+      "\nright: the first incident's verdict named the faulty slot alone; "
+      "false: it named another slot; p50/p90: from the fault to the verdict "
+      "(right ones); evict/f: members fenced per fault (fail-op: 0 is "
+      "right); vs restart: against restarting every process (R per fault); "
+      "model: ended with the fault-free hash.\n");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -330,111 +451,11 @@ int main(int argc, char** argv) {
   std::vector<Row> rows;
   json trials = json::array();
   for (int n : ranks) {
-    std::string reference;
-    RunTrial(paths, Trial{"", n}, "", &reference, false);
-    if (reference.empty()) {
-      std::fprintf(stderr,
-                   "diagnosis_bench: the fault-free job of %d ranks failed\n",
-                   n);
+    if (!Campaign(paths, n, faults, kinds, keep, !as_json, &rng, &rows,
+                  &trials)) {
       return 1;
     }
-    std::map<std::string, Row> by_kind;
-    for (int f = 0; f < faults; ++f) {
-      Trial t;
-      t.ranks = n;
-      t.kind = kinds[rng() % kinds.size()];
-      t.slot = static_cast<int>(rng() % n);
-      t.step = 6 + static_cast<int64_t>(rng() % 12);
-      t.ms = static_cast<int64_t>(rng() % 50);
-      const Outcome o = RunTrial(paths, t, reference, nullptr, keep);
-      Row& row = by_kind[t.kind];
-      row.kind = t.kind;
-      row.ranks = n;
-      ++row.n;
-      const bool right = o.culprits == std::vector<int>{t.slot};
-      const bool wrong = std::any_of(o.culprits.begin(), o.culprits.end(),
-                                     [&](int c) { return c != t.slot; });
-      row.right += right;
-      row.wrong += wrong;
-      row.undecided += o.culprits.empty();
-      row.model_ok += o.model_ok;
-      row.hung += o.note.find("hung") != std::string::npos;
-      row.evictions += o.evictions;
-      if (right && o.verdict_ms >= 0) row.verdict_ms.push_back(o.verdict_ms);
-      trials.push_back({{"ranks", n},
-                        {"kind", t.kind},
-                        {"slot", t.slot},
-                        {"step", t.step},
-                        {"ms", t.ms},
-                        {"verdict", o.verdict_kind},
-                        {"culprits", o.culprits},
-                        {"verdict_ms", o.verdict_ms},
-                        {"evictions", o.evictions},
-                        {"fault_free_model", o.model_ok},
-                        {"note", o.note}});
-      if (!as_json) {
-        std::fprintf(stderr,
-                     "  %d ranks #%d %-15s slot %d step %lld: %s [%s] in %lld "
-                     "ms, %d evicted, model %s %s\n",
-                     n, f + 1, t.kind.c_str(), t.slot,
-                     static_cast<long long>(t.step), o.verdict_kind.c_str(),
-                     absl::StrJoin(o.culprits, ",").c_str(),
-                     static_cast<long long>(o.verdict_ms), o.evictions,
-                     o.model_ok ? "ok" : "DIFFERS", o.note.c_str());
-      }
-    }
-    for (auto& [k, r] : by_kind) rows.push_back(r);
   }
-  // Totals per world size.
-  json out_rows = json::array();
-  std::map<int, Row> totals;
-  for (const Row& r : rows) {
-    out_rows.push_back(RowJson(r));
-    Row& t = totals[r.ranks];
-    t.kind = "all";
-    t.ranks = r.ranks;
-    t.n += r.n;
-    t.right += r.right;
-    t.wrong += r.wrong;
-    t.undecided += r.undecided;
-    t.model_ok += r.model_ok;
-    t.hung += r.hung;
-    t.evictions += r.evictions;
-    t.verdict_ms.insert(t.verdict_ms.end(), r.verdict_ms.begin(),
-                        r.verdict_ms.end());
-  }
-  for (auto& [n, t] : totals) out_rows.push_back(RowJson(t));
-  if (as_json) {
-    json doc = {{"seed", seed},
-                {"faults_per_world", faults},
-                {"op_timeout_ms", 3000},
-                {"rows", out_rows},
-                {"trials", trials}};
-    std::printf("%s\n", doc.dump(1).c_str());
-    return 0;
-  }
-  std::printf("\n%-15s %5s %6s %6s %6s %6s %8s %8s %9s %9s %7s\n", "kind",
-              "ranks", "faults", "right", "false", "undec", "p50 ms", "p90 ms",
-              "evict/f", "vs restart", "model");
-  for (const json& r : out_rows) {
-    const double evict = r["evictions_per_fault"].get<double>();
-    std::printf(
-        "%-15s %5d %6d %5.0f%% %5.0f%% %5.0f%% %8lld %8lld %9.2f %9.2fx "
-        "%6.0f%%\n",
-        r["kind"].get<std::string>().c_str(), r["ranks"].get<int>(),
-        r["faults"].get<int>(), 100 * r["right"].get<double>(),
-        100 * r["false_accusations"].get<double>(),
-        100 * r["undecided"].get<double>(),
-        static_cast<long long>(r["verdict_ms_p50"].get<int64_t>()),
-        static_cast<long long>(r["verdict_ms_p90"].get<int64_t>()), evict,
-        evict / r["ranks"].get<int>(),
-        100 * r["fault_free_model"].get<double>());
-  }
-  std::printf(
-      "\nright: the first incident's verdict named the faulty slot alone; "
-      "false: it named another slot; p50/p90: from the fault to the verdict "
-      "(right ones); evict/f: members fenced per fault (fail-op: 0 is "
-      "right); vs restart: against restarting every process (R per fault); "
-      "model: ended with the fault-free hash.\n");
+  Report(rows, trials, seed, faults, as_json);
   return 0;
 }

@@ -206,6 +206,105 @@ const char* DiagnosisKindName(DiagnosisKind kind) {
   return "unknown";
 }
 
+namespace {
+
+// Where each silent slot was last seen, from its last heartbeat.
+std::string LastSeen(const std::vector<SlotEvidence>& slots) {
+  std::vector<std::string> last;
+  for (const SlotEvidence& s : slots) {
+    if (s.liveness != SlotEvidence::Liveness::kSilent) continue;
+    if (s.phase == PHASE_COLLECTIVE && s.collective_seq >= 0) {
+      last.push_back(absl::StrCat("slot ", s.slot, " last seen in collective #",
+                                  s.collective_seq, " at step ", s.step));
+    } else if (s.phase != PHASE_UNSPECIFIED) {
+      last.push_back(absl::StrCat("slot ", s.slot, " last seen ",
+                                  PhaseWord(s.phase), " at step ", s.step));
+    }
+  }
+  return last.empty() ? "" : absl::StrCat("; ", absl::StrJoin(last, ", "));
+}
+
+// A process that is gone or silent is a culprit whatever the traces say;
+// the others wait for it (in collective `k` where they differ, if the
+// survivors' traces show one).
+void JudgeGone(const std::vector<SlotEvidence>& slots,
+               const std::vector<Trace>& traces, const std::vector<int>& dead,
+               const std::vector<int>& frozen, std::optional<int64_t> k,
+               Diagnosis* d) {
+  d->kind = dead.empty() ? DiagnosisKind::kFrozen : DiagnosisKind::kDead;
+  d->culprits = dead;
+  d->culprits.insert(d->culprits.end(), frozen.begin(), frozen.end());
+  d->confidence = frozen.empty() ? 1.0 : 0.9;
+  std::vector<std::string> parts;
+  if (!dead.empty()) {
+    parts.push_back(absl::StrCat(Slots(dead), ": the process is gone"));
+  }
+  if (!frozen.empty()) {
+    parts.push_back(absl::StrCat(
+        Slots(frozen), ": no heartbeat (stopped or wedged)", LastSeen(slots)));
+  }
+  d->evidence = absl::StrJoin(parts, "; ");
+  // Where the others wait: the collective where they differ, else the
+  // lowest one they entered and did not complete.
+  std::optional<int64_t> wait = k;
+  if (!wait.has_value()) {
+    for (const Trace& t : traces) {
+      for (const auto& [c, r] : t.by_seq) {
+        if (Entered(*r) && r->state != OpState::kCompleted &&
+            (!wait.has_value() || c < *wait)) {
+          wait = c;
+        }
+      }
+    }
+  }
+  if (wait.has_value()) {
+    for (const Trace& t : traces) {
+      auto it = t.by_seq.find(*wait);
+      if (it != t.by_seq.end() && Entered(*it->second)) {
+        Describe(*it->second, d);
+        break;
+      }
+    }
+    absl::StrAppend(
+        &d->evidence,
+        k.has_value() ? "; the others differ first" : "; the others wait",
+        " at collective #", *wait);
+  }
+  SetVictims(slots, d);
+}
+
+// No collective differs. One op failed on its own and the others adopted
+// its abort: the slots that blame nobody, when every other one blames one
+// of them. Else undecided.
+void JudgeAdopted(const std::vector<SlotEvidence>& slots, Diagnosis* d) {
+  std::set<int> origins;
+  for (const SlotEvidence& s : slots) {
+    if (s.blames < 0) origins.insert(s.slot);
+  }
+  bool adopted = origins.size() < slots.size();
+  for (const SlotEvidence& s : slots) {
+    if (s.blames >= 0 && origins.count(s.blames) == 0) adopted = false;
+  }
+  if (!adopted) {
+    d->evidence =
+        "every member answered, and no collective differs between their "
+        "traces";
+    return;
+  }
+  d->kind = DiagnosisKind::kOpFailed;
+  d->culprits.assign(origins.begin(), origins.end());
+  d->confidence = 0.7;
+  d->evidence = absl::StrCat(
+      "no collective differs; ", Slots(d->culprits),
+      origins.size() == 1 ? " failed its op on its own"
+                          : " failed their ops on their own",
+      " and every other slot aborted because of it (a transient fault: "
+      "the group is rebuilt)");
+  SetVictims(slots, d);
+}
+
+}  // namespace
+
 Diagnosis Diagnose(const std::vector<SlotEvidence>& slots) {
   Diagnosis d;
   std::vector<Trace> traces;
@@ -235,101 +334,18 @@ Diagnosis Diagnose(const std::vector<SlotEvidence>& slots) {
   }
   const std::optional<int64_t> k = FirstDifference(traces);
   if (!dead.empty() || !frozen.empty()) {
-    // A process that is gone or silent is a culprit whatever the traces
-    // say; the others wait for it (in the collective where they differ,
-    // if the survivors' traces show one).
-    d.kind = dead.empty() ? DiagnosisKind::kFrozen : DiagnosisKind::kDead;
-    d.culprits = dead;
-    d.culprits.insert(d.culprits.end(), frozen.begin(), frozen.end());
-    d.confidence = frozen.empty() ? 1.0 : 0.9;
-    std::vector<std::string> parts;
-    if (!dead.empty())
-      parts.push_back(absl::StrCat(Slots(dead), ": the process is gone"));
-    if (!frozen.empty()) {
-      std::vector<std::string> last;
-      for (const SlotEvidence& s : slots) {
-        if (s.liveness != SlotEvidence::Liveness::kSilent) continue;
-        if (s.phase == PHASE_COLLECTIVE && s.collective_seq >= 0) {
-          last.push_back(absl::StrCat("slot ", s.slot,
-                                      " last seen in collective #",
-                                      s.collective_seq, " at step ", s.step));
-        } else if (s.phase != PHASE_UNSPECIFIED) {
-          last.push_back(absl::StrCat("slot ", s.slot, " last seen ",
-                                      PhaseWord(s.phase), " at step ", s.step));
-        }
-      }
-      parts.push_back(absl::StrCat(
-          Slots(frozen), ": no heartbeat (stopped or wedged)",
-          last.empty() ? "" : absl::StrCat("; ", absl::StrJoin(last, ", "))));
-    }
-    d.evidence = absl::StrJoin(parts, "; ");
-    // Where the others wait: the collective where they differ, else the
-    // lowest one they entered and did not complete.
-    std::optional<int64_t> wait = k;
-    if (!wait.has_value()) {
-      for (const Trace& t : traces) {
-        for (const auto& [c, r] : t.by_seq) {
-          if (Entered(*r) && r->state != OpState::kCompleted &&
-              (!wait.has_value() || c < *wait)) {
-            wait = c;
-          }
-        }
-      }
-    }
-    if (wait.has_value()) {
-      for (const Trace& t : traces) {
-        auto it = t.by_seq.find(*wait);
-        if (it != t.by_seq.end() && Entered(*it->second)) {
-          Describe(*it->second, &d);
-          break;
-        }
-      }
-      absl::StrAppend(
-          &d.evidence,
-          k.has_value() ? "; the others differ first" : "; the others wait",
-          " at collective #", *wait);
-    }
-    SetVictims(slots, &d);
-    return d;
-  }
-  if (!unanswered.empty()) {
+    JudgeGone(slots, traces, dead, frozen, k, &d);
+  } else if (!unanswered.empty()) {
     d.evidence =
         absl::StrCat(Slots(unanswered),
                      " heartbeat but gave no trace: the traces cannot be "
                      "compared");
-    return d;
-  }
-  if (!k.has_value()) {
-    // One op failed on its own and the others adopted its abort: the
-    // slots that blame nobody, when every other one blames one of them.
-    std::set<int> origins;
-    for (const SlotEvidence& s : slots) {
-      if (s.blames < 0) origins.insert(s.slot);
-    }
-    bool adopted = origins.size() < slots.size();
-    for (const SlotEvidence& s : slots) {
-      if (s.blames >= 0 && origins.count(s.blames) == 0) adopted = false;
-    }
-    if (!adopted) {
-      d.evidence =
-          "every member answered, and no collective differs between their "
-          "traces";
-      return d;
-    }
-    d.kind = DiagnosisKind::kOpFailed;
-    d.culprits.assign(origins.begin(), origins.end());
-    d.confidence = 0.7;
-    d.evidence = absl::StrCat(
-        "no collective differs; ", Slots(d.culprits),
-        origins.size() == 1 ? " failed its op on its own"
-                            : " failed their ops on their own",
-        " and every other slot aborted because of it (a transient fault: "
-        "the group is rebuilt)");
+  } else if (!k.has_value()) {
+    JudgeAdopted(slots, &d);
+  } else {
+    Judge(traces, *k, &d);
     SetVictims(slots, &d);
-    return d;
   }
-  Judge(traces, *k, &d);
-  SetVictims(slots, &d);
   return d;
 }
 
