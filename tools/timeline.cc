@@ -15,9 +15,9 @@ using nlohmann::json;
 constexpr int kWidth = 1200;
 constexpr int kLeft = 110;  // lane labels
 constexpr int kRight = 20;
-constexpr int kAxis = 30;         // the time axis, on top
-constexpr int kLane = 36;         // one slot's lane, and the commits'
-constexpr int kStage = 18;        // one recovery's bar
+constexpr int kAxis = 58;   // the time axis and the incident labels, on top
+constexpr int kLane = 36;   // one slot's lane, and the commits'
+constexpr int kStage = 18;  // one recovery's bar
 constexpr int kMinLabelGap = 30;  // px between two step labels of a lane
 
 // The stages of a recovery, as its record's timestamps bound them.
@@ -76,7 +76,7 @@ std::string XmlEscape(const std::string& text) {
 void Timeline::Sample(const control::StatusResponse& s, absl::Time now) {
   const int64_t ms = absl::ToUnixMillis(now);
   for (const auto& m : s.members()) {
-    if (m.role() != control::ROLE_WORKER || m.slot() < 0 ||
+    if (m.role() != control::ROLE_WORKER || m.slot() < 0 || m.step() < 0 ||
         m.state() != control::STATE_ALIVE) {
       continue;
     }
@@ -121,7 +121,7 @@ void Axis(Canvas& c) {
         &c.svg,
         "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"#ddd\"/>"
         "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%gs</text>\n",
-        tx, kAxis - 8, tx, c.stages_y, tx, kAxis - 12, s);
+        tx, 18, tx, c.stages_y, tx, 14, s);
   }
 }
 
@@ -136,6 +136,9 @@ void LaneLabel(Canvas& c, int y, const std::string& label) {
 
 // The incidents, across every lane, marked on the slot they name.
 void Incidents(Canvas& c, const json& incidents) {
+  // Labels go to the first of three rows where they do not overlap the
+  // previous one (about 6 px a character).
+  double row_end[3] = {-1e9, -1e9, -1e9};
   for (const json& i : incidents) {
     const double ix = c.X(i.value("detected_unix_ms", int64_t{0}));
     std::string title =
@@ -157,20 +160,31 @@ void Incidents(Canvas& c, const json& incidents) {
                       "\naction: ", d.value("action", ""), " (",
                       d.value("action_reason", ""), ")");
     }
-    const int slot = i.value("slot", -1);
+    // Marked on the culprits when the verdict names them, else on the
+    // slot the incident names (for comm_failed, the reporter).
+    std::vector<int> marked;
+    if (i.contains("diagnosis")) {
+      marked = i["diagnosis"].value("culprits", std::vector<int>{});
+    }
+    if (marked.empty() && i.value("slot", -1) >= 0) {
+      marked.push_back(i.value("slot", -1));
+    }
     absl::StrAppendFormat(
         &c.svg,
         "<g><title>%s</title><line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" "
         "y2=\"%d\" stroke=\"#d62828\" stroke-dasharray=\"4 2\"/>",
-        XmlEscape(title), ix, c.commits_y, ix, c.stages_y);
-    if (slot >= 0) {
+        XmlEscape(title), ix, 20, ix, c.stages_y);
+    for (int slot : marked) {
       absl::StrAppendFormat(
           &c.svg, "<circle cx=\"%.1f\" cy=\"%d\" r=\"5\" fill=\"#d62828\"/>",
           ix, c.lanes_y + slot * kLane + 17);
     }
+    int row = 0;
+    while (row < 2 && row_end[row] > ix) ++row;
+    row_end[row] = ix + 8 + 6.0 * static_cast<double>(label.size());
     absl::StrAppendFormat(
         &c.svg, "<text x=\"%.1f\" y=\"%d\" fill=\"#d62828\">%s</text></g>\n",
-        ix + 4, c.commits_y + 12, XmlEscape(label));
+        ix + 4, 29 + 11 * row, XmlEscape(label));
   }
 }
 
