@@ -80,12 +80,20 @@ TEST_CASE(
 TEST_CASE("diagnosis: slot 0 frozen is named like any other slot") {
   // SIGSTOP on slot 0: no heartbeat, no trace. Nothing presumes rank 0
   // innocent.
-  const Diagnosis d = Diagnose({Gone(0, Liveness::kSilent), Slot(1, 0, 4, 5),
-                                Slot(2, 0, 4, 5), Slot(3, 0, 4, 5)});
+  SlotEvidence stopped = Gone(0, Liveness::kSilent);
+  stopped.phase = holdfast::control::PHASE_COLLECTIVE;
+  stopped.collective_seq = 5;
+  stopped.step = 4;
+  stopped.still_ms = 900;
+  const Diagnosis d =
+      Diagnose({stopped, Slot(1, 0, 4, 5), Slot(2, 0, 4, 5), Slot(3, 0, 4, 5)});
   CHECK(d.kind == DiagnosisKind::kFrozen);
   CHECK(d.culprits == std::vector<int>{0});
   CHECK(d.victims == std::vector<int>{1, 2, 3});
   CHECK(Mentions(d, "slot 0: no heartbeat (stopped or wedged)"));
+  CHECK(Mentions(d,
+                 "slot 0 last seen in collective #5 at step 4 (its step "
+                 "still for 900 ms)"));
 }
 
 TEST_CASE("diagnosis: a slot hung in compute never entered the collective") {
@@ -93,6 +101,7 @@ TEST_CASE("diagnosis: a slot hung in compute never entered the collective") {
   // computes, and its trace ends at #8 while the others wait in #9.
   SlotEvidence hung = Slot(3, 0, 8);
   hung.phase = holdfast::control::PHASE_COMPUTING;
+  hung.still_ms = 3200;
   const Diagnosis d = Diagnose({Slot(0, 0, 8, 9, OpState::kTimedOut),
                                 Slot(1, 0, 8, 9), Slot(2, 0, 8, 9), hung});
   CHECK(d.kind == DiagnosisKind::kComputeHang);
@@ -103,6 +112,7 @@ TEST_CASE("diagnosis: a slot hung in compute never entered the collective") {
   CHECK(d.count == 1024);
   CHECK(Mentions(d, "slot 3 is alive (phase PHASE_COMPUTING"));
   CHECK(Mentions(d, "last entered #8"));
+  CHECK(Mentions(d, "still for 3200 ms"));
 }
 
 TEST_CASE(

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "holdfast/types.h"
+#include "src/control/membership.h"
 #include "src/trace/trace_json.h"
 
 namespace holdfast::diagnose {
@@ -107,6 +108,16 @@ absl::StatusOr<Evidence> Load(const std::string& dir,
     if (slot < 0) continue;
     control::SlotEvidence& s = slots[slot];
     s.slot = slot;
+    // Its last heartbeat, as the incident recorded it.
+    const std::string phase = i.value("phase", std::string());
+    for (control::Phase p :
+         {control::PHASE_IDLE, control::PHASE_COMPUTING,
+          control::PHASE_COLLECTIVE, control::PHASE_CHECKPOINTING,
+          control::PHASE_RECOVERING}) {
+      if (phase == control::PhaseName(p)) s.phase = p;
+    }
+    s.step = i.value("step", s.step);
+    s.collective_seq = i.value("collective_seq", s.collective_seq);
     if (kind == "crashed" || kind == "left") {
       s.liveness = control::SlotEvidence::Liveness::kDead;
     } else if (kind == "silent" || kind == "absent") {

@@ -441,6 +441,11 @@ json Launcher::Summary(const StatusResponse& s, const std::string& outcome,
     i["detect_ms"] = inc.time_to_detect_ms();
     i["evidence"] = inc.evidence();
     i["evicted"] = inc.evicted();
+    i["phase"] = control::PhaseName(inc.phase());
+    i["step"] = inc.step();
+    if (inc.phase() == control::PHASE_COLLECTIVE) {
+      i["collective_seq"] = inc.collective_seq();
+    }
     if (inc.has_diagnosis()) {
       i["diagnosis"] = diagnose::ToJson(inc.diagnosis());
       i["diagnosis"]["verdict_ms"] =

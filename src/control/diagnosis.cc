@@ -142,8 +142,11 @@ void Judge(const std::vector<Trace>& traces, int64_t c, Diagnosis* d) {
       }
       where.push_back(absl::StrCat(
           "slot ", t.slot->slot, " is alive (phase ", Phase_Name(t.slot->phase),
-          ", step ", t.slot->step, ") and never entered it (last entered #",
-          t.entered, ")"));
+          ", step ", t.slot->step,
+          t.slot->still_ms >= 0
+              ? absl::StrCat(", still for ", t.slot->still_ms, " ms")
+              : std::string(),
+          ") and never entered it (last entered #", t.entered, ")"));
     }
     d->evidence = absl::StrCat(at, ": ", absl::StrJoin(where, "; "),
                                "; the others entered it and wait");
@@ -208,6 +211,13 @@ const char* DiagnosisKindName(DiagnosisKind kind) {
 
 namespace {
 
+// ", its step still for N ms" when known.
+std::string Still(const SlotEvidence& s) {
+  return s.still_ms >= 0
+             ? absl::StrCat(" (its step still for ", s.still_ms, " ms)")
+             : std::string();
+}
+
 // Where each silent slot was last seen, from its last heartbeat.
 std::string LastSeen(const std::vector<SlotEvidence>& slots) {
   std::vector<std::string> last;
@@ -215,10 +225,12 @@ std::string LastSeen(const std::vector<SlotEvidence>& slots) {
     if (s.liveness != SlotEvidence::Liveness::kSilent) continue;
     if (s.phase == PHASE_COLLECTIVE && s.collective_seq >= 0) {
       last.push_back(absl::StrCat("slot ", s.slot, " last seen in collective #",
-                                  s.collective_seq, " at step ", s.step));
+                                  s.collective_seq, " at step ", s.step,
+                                  Still(s)));
     } else if (s.phase != PHASE_UNSPECIFIED) {
       last.push_back(absl::StrCat("slot ", s.slot, " last seen ",
-                                  PhaseWord(s.phase), " at step ", s.step));
+                                  PhaseWord(s.phase), " at step ", s.step,
+                                  Still(s)));
     }
   }
   return last.empty() ? "" : absl::StrCat("; ", absl::StrJoin(last, ", "));

@@ -45,6 +45,9 @@ struct SlotEvidence {
   Phase phase = PHASE_UNSPECIFIED;
   int64_t step = -1;
   int64_t collective_seq = -1;
+  // How long its step had not advanced (its last progress), as of the
+  // verdict or its fence; -1 if unknown.
+  int64_t still_ms = -1;
   // The tail of its trace ring for the generation of the incident: its
   // collectives (Send/Recv records are ignored), in any order.
   std::vector<TraceRecord> trace;

@@ -581,6 +581,9 @@ Incident Membership::MakeIncidentLocked(const Member& m, IncidentKind kind,
   inc.set_time_to_detect_ms(std::max<int64_t>(0, ToMs(now - onset)));
   inc.set_evidence(std::move(evidence));
   inc.set_reporter_id(reporter);
+  inc.set_phase(m.phase);
+  inc.set_step(m.step);
+  inc.set_collective_seq(m.collective_seq);
   return inc;
 }
 

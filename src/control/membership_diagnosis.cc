@@ -47,6 +47,10 @@ std::vector<DiagnosisCase> Membership::PendingDiagnoses(absl::Time now) const {
       s.step = m->second.step;
       s.collective_seq =
           m->second.phase == PHASE_COLLECTIVE ? m->second.collective_seq : -1;
+      const absl::Time until =
+          m->second.state == STATE_ALIVE ? now : m->second.fenced_at;
+      s.still_ms = std::max<int64_t>(
+          0, absl::ToInt64Milliseconds(until - m->second.step_changed_at));
     }
   }
   return out;
