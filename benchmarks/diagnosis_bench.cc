@@ -233,8 +233,15 @@ Outcome RunTrial(const Paths& p, const Trial& t, const std::string& want_hash,
       summary["incidents"].is_array()) {
     const json& incidents = summary["incidents"];
     for (const json& i : incidents) o.evictions += i.value("evicted", false);
-    if (!incidents.empty() && incidents[0].contains("diagnosis")) {
-      const json& d = incidents[0]["diagnosis"];
+    // The fault's incident: the first that is not a straggler report (the
+    // slowed slot of stop-collective is one).
+    size_t at = 0;
+    while (at < incidents.size() &&
+           incidents[at].value("kind", "") == "straggler") {
+      ++at;
+    }
+    if (at < incidents.size() && incidents[at].contains("diagnosis")) {
+      const json& d = incidents[at]["diagnosis"];
       o.verdict_kind = d.value("kind", "");
       o.evidence = d.value("evidence", "");
       o.culprits = d.value("culprits", std::vector<int>{});
@@ -242,7 +249,7 @@ Outcome RunTrial(const Paths& p, const Trial& t, const std::string& want_hash,
         o.verdict_ms = d.value("verdict_unix_ms", int64_t{0}) - fault_ms;
       }
     } else if (!t.kind.empty()) {
-      o.note = incidents.empty() ? "no incident" : "no verdict";
+      o.note = at >= incidents.size() ? "no incident" : "no verdict";
     }
   }
   if (!t.kind.empty() && fault_ms == 0) o.note = "the fault did not fire";

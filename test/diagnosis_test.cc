@@ -212,7 +212,7 @@ TEST_CASE(
 
 TEST_CASE(
     "diagnosis: an op that failed on its own is named from the abort "
-    "notices, and not acted on") {
+    "notices and not acted on") {
   // Slot 1's op #16 failed (a transport error); slots 0, 2 and 3 adopted
   // its abort, as their notices say.
   std::vector<SlotEvidence> slots;
