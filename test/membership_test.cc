@@ -2,6 +2,7 @@
 // controller restart, the four detectors, fencing, generations and the
 // checkpoint ledger. No sleeping: every call takes `now`.
 #include <catch2/catch.hpp>
+#include <functional>
 #include <vector>
 
 #include "src/control/membership.h"
@@ -736,4 +737,86 @@ TEST_CASE("membership: the first generation's rendezvous has no bound") {
     REQUIRE(job.Beat(i, -1, kT0, 0, PHASE_IDLE, 0, 0).ok());
   job.m.Scan(kT0 + absl::Seconds(20));
   CHECK(job.Incidents(kT0 + absl::Seconds(20)).empty());
+}
+
+namespace {
+
+// Runs `steps` steps of four workers in `job`: step s's work on slot i is
+// `work(s, i)` ms; every slot's step takes the longest work plus 2 ms of
+// transfer, and the rest of it is spent inside the all-reduce.
+void RunSteps(Job& job, int steps, const std::function<double(int, int)>& work,
+              absl::Time* t) {
+  for (int step = 0; step < steps; ++step) {
+    std::vector<int64_t> us(4);
+    int64_t longest = 0;
+    for (int i = 0; i < 4; ++i) {
+      us[i] = static_cast<int64_t>(work(step, i) * 1000);
+      longest = std::max(longest, us[i]);
+    }
+    const int64_t step_us = longest + 2000;
+    *t += absl::Microseconds(step_us);
+    for (size_t i = 0; i < 4; ++i) {
+      HeartbeatRequest h;
+      h.set_member_id(job.ids[i]);
+      h.set_generation(job.generation);
+      h.mutable_report()->set_step(step);
+      h.mutable_report()->set_phase(PHASE_COMPUTING);
+      h.mutable_report()->set_last_step_us(step_us);
+      h.mutable_report()->set_collective_us(step_us - us[i]);
+      h.mutable_report()->set_step_end(true);
+      REQUIRE(job.m.Heartbeat(h, job.sinks[i].get(), *t).ok());
+    }
+    job.m.Scan(*t);
+  }
+}
+
+int Stragglers(const std::vector<Incident>& incidents) {
+  int n = 0;
+  for (const Incident& i : incidents) n += i.kind() == INCIDENT_STRAGGLER;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "membership: a worker whose own work is twice its peers' is reported a "
+    "straggler once and nobody is fenced") {
+  Job job(4);
+  for (const char* h : {"a", "b", "c", "d"}) job.Join(h, kT0);
+  absl::Time t = kT0;
+  // Seven slow steps are not enough (the window is 8).
+  RunSteps(
+      job, 7, [](int, int i) { return i == 2 ? 60.0 : 30.0; }, &t);
+  CHECK(Stragglers(job.Incidents(t)) == 0);
+  RunSteps(
+      job, 30, [](int, int i) { return i == 2 ? 60.0 : 30.0; }, &t);
+  const std::vector<Incident> inc = job.Incidents(t);
+  REQUIRE(Stragglers(inc) == 1);
+  CHECK(inc[0].slot() == 2);
+  CHECK_FALSE(inc[0].evicted());
+  CHECK_FALSE(inc[0].has_diagnosis());
+  CHECK(inc[0].evidence().find("(2.00x)") != std::string::npos);
+  const StatusResponse s = job.m.Status({}, t);
+  CHECK(s.generation() == 0);
+  CHECK(s.alive() == 4);
+}
+
+TEST_CASE(
+    "membership: uneven steps that are long on every worker and a 1.2x "
+    "slowdown raise no straggler") {
+  Job job(4);
+  for (const char* h : {"a", "b", "c", "d"}) job.Join(h, kT0);
+  absl::Time t = kT0;
+  // An RL job: every 7th step is a rollout 8x as long, on every worker,
+  // with 5 % noise per worker; one worker is 1.2x slower throughout.
+  RunSteps(
+      job, 300,
+      [](int step, int i) {
+        const double base = step % 7 == 6 ? 240.0 : 30.0;
+        const double noise =
+            1.0 + 0.05 * (((step * 7 + i * 13) % 21) - 10) / 10;
+        return base * noise * (i == 1 ? 1.2 : 1.0);
+      },
+      &t);
+  CHECK(Stragglers(job.Incidents(t)) == 0);
 }

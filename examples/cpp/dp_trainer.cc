@@ -168,6 +168,34 @@ class Collectives {
   size_t device_bytes_ = 0;
 };
 
+// A draw in [0, 1) from (a, b), the same in every process.
+double Draw(uint64_t a, uint64_t b) {
+  uint64_t x = a * 0x9E3779B97F4A7C15ull ^ (b + 0x632BE59BD9B4E019ull);
+  x ^= x >> 30;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 27;
+  x *= 0x94D049BB133111EBull;
+  x ^= x >> 31;
+  return static_cast<double>(x >> 11) / 9007199254740992.0;
+}
+
+// --uneven: the step's compute as a multiple of --step-ms. The draw is
+// the step's (the same on every slot: it is the batch that is long), with
+// 5 % noise of the slot's own; 1 without --uneven.
+double StepScale(double sigma, int64_t step, int slot) {
+  if (sigma <= 0) return 1.0;
+  const auto s = static_cast<uint64_t>(step);
+  // Box-Muller: a standard normal from two uniforms.
+  const double u1 = std::max(Draw(s, 1), 1e-12);
+  const double z =
+      std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * Draw(s, 2));
+  double scale = std::exp(sigma * z - sigma * sigma / 2);
+  if (Draw(s, 3) < 0.05) scale = 5.0 + 5.0 * Draw(s, 4);
+  const double noise =
+      1.0 + 0.05 * (2.0 * Draw(s, 100 + static_cast<uint64_t>(slot)) - 1);
+  return scale * noise;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -176,6 +204,7 @@ int main(int argc, char** argv) {
   int64_t state_mb = 0;
   int64_t batch = 64;
   int64_t step_ms = 0;
+  double uneven = 0;
   int64_t snapshot_every = 1;
   float lr = 0.05f;
   std::string save, load;
@@ -212,6 +241,12 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   app.add_option("--step-ms", step_ms, "extra compute time per step, ms")
       ->check(CLI::Range(int64_t{0}, int64_t{600000}));
+  app.add_option("--uneven", uneven,
+                 "uneven steps, as an RL job's: each step's extra compute is "
+                 "--step-ms times a lognormal draw of this sigma, the same "
+                 "on every slot (5 % of the steps 5-10x), with 5 % noise per "
+                 "slot")
+      ->check(CLI::Range(0.0, 3.0));
   app.add_option("--snapshot-every", snapshot_every, "snapshot every k steps")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   app.add_option("--lr", lr, "learning rate");
@@ -299,7 +334,10 @@ int main(int argc, char** argv) {
     for (int64_t i = begin; i < end; ++i) {
       loss += Backprop(params.data(), MakeSample(ctx.step, i), grad.data());
     }
-    if (step_ms > 0) absl::SleepFor(absl::Milliseconds(step_ms));
+    if (step_ms > 0) {
+      absl::SleepFor(absl::Milliseconds(static_cast<double>(step_ms)) *
+                     StepScale(uneven, ctx.step, ctx.slot));
+    }
     // The last step snapshotted before this one (none before step 1, or
     // after a restore to step 0).
     const int64_t prev = (ctx.step - 1) / snapshot_every * snapshot_every;

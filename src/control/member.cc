@@ -1,5 +1,7 @@
 #include "src/control/member.h"
 
+#include <algorithm>
+
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
@@ -90,9 +92,9 @@ class MemberClientImpl final : public MemberClient {
     return assignment_;
   }
 
-  absl::Status ReportStep(
-      int64_t step, absl::Duration step_time,
-      const std::map<std::string, double>& metrics) override {
+  absl::Status ReportStep(int64_t step, absl::Duration step_time,
+                          const std::map<std::string, double>& metrics,
+                          absl::Duration collective_time) override {
     if (step < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("ReportStep: step ", step, " is negative"));
@@ -101,6 +103,8 @@ class MemberClientImpl final : public MemberClient {
     report_.set_step(step);
     report_.set_last_step_us(
         std::max<int64_t>(0, absl::ToInt64Microseconds(step_time)));
+    report_.set_collective_us(std::clamp<int64_t>(
+        absl::ToInt64Microseconds(collective_time), 0, report_.last_step_us()));
     report_.set_phase(PHASE_COMPUTING);
     report_.mutable_metrics()->clear();
     report_.mutable_metrics()->insert(metrics.begin(), metrics.end());

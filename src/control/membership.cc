@@ -51,6 +51,8 @@ const char* IncidentKindName(IncidentKind kind) {
       return "absent";
     case INCIDENT_DIAGNOSED:
       return "diagnosed";
+    case INCIDENT_STRAGGLER:
+      return "straggler";
     default:
       return "unknown";
   }
@@ -391,6 +393,18 @@ absl::Status Membership::Heartbeat(const HeartbeatRequest& req,
   mem.phase = r.phase();
   mem.collective_seq = r.collective_seq();
   if (r.last_step_us() > 0) mem.last_step_us = r.last_step_us();
+  if (r.step_end() && r.last_step_us() > 0 && mem.role == ROLE_WORKER &&
+      detection_.straggler_window > 0) {
+    if (!mem.work_us.empty() && mem.work_us.back().first >= r.step()) {
+      mem.work_us.clear();  // steps redone after a rollback
+    }
+    mem.work_us.emplace_back(
+        r.step(), std::max<int64_t>(0, r.last_step_us() - r.collective_us()));
+    while (mem.work_us.size() >
+           2 * static_cast<size_t>(detection_.straggler_window)) {
+      mem.work_us.pop_front();
+    }
+  }
   if (!r.metrics().empty()) {
     mem.metrics.clear();
     for (const auto& [k, v] : r.metrics()) mem.metrics.emplace(k, v);
@@ -597,7 +611,8 @@ Incident& Membership::RecordIncidentLocked(Incident incident) {
   if (auto v = verdicts_.find(g); v != verdicts_.end()) {
     if (!incident.has_diagnosis()) *incident.mutable_diagnosis() = v->second;
   } else if (incident.slot() >= 0 && incident.member_id() != 0 &&
-             incident.kind() != INCIDENT_DIAGNOSED && cases_.count(g) == 0) {
+             incident.kind() != INCIDENT_DIAGNOSED &&
+             incident.kind() != INCIDENT_STRAGGLER && cases_.count(g) == 0) {
     PendingCase& c = cases_[g];
     c.since = absl::FromUnixMillis(incident.detected_unix_ms());
     c.roster = slots_;
@@ -660,6 +675,7 @@ void Membership::OpenGenerationLocked(int lost_slot,
   abort.set_generation(generation_);
   ++generation_;
   acks_.clear();
+  for (auto& [id, m] : members_) m.work_us.clear();
   std::vector<SlotChange> changes;
   if (lost_slot >= 0 && !policy_.shrink && !standbys_.empty()) {
     // Replace: the standby that waited longest takes the slot, preferring

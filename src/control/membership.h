@@ -60,6 +60,16 @@ struct DetectionOptions {
   // member of it that still heartbeats has left its abort notice, or
   // this long after the incident (src/control/diagnosis.h).
   absl::Duration diagnosis_settle = absl::Seconds(2);
+  // straggler: for the last straggler_window steps that every worker
+  // reported, a worker's own work (its step time less its time inside
+  // collectives) was at least straggler_factor times the median of its
+  // peers' and straggler_floor more (Minder's continuity rule: one slow
+  // step is noise). Needs 3 workers or more. Each step is compared across
+  // the workers, so steps that are long on every rank (an RL rollout)
+  // raise nothing. 0 turns it off.
+  int straggler_window = 8;
+  double straggler_factor = 1.3;
+  absl::Duration straggler_floor = absl::Milliseconds(5);
 };
 
 // A generation whose incidents await the culprit analysis, with what the
@@ -207,6 +217,11 @@ class Membership {
     int64_t seen_generation = -1;
     int64_t rendezvous_generation = -1;
     absl::Time rendezvous_at;
+    // Its own work (step time less time inside collectives) of its last
+    // steps, by step number, oldest first; cleared at each generation.
+    std::deque<std::pair<int64_t, int64_t>> work_us;
+    // The generation in which it was last reported a straggler.
+    int64_t straggler_generation = -1;
     // Why and when it was declared dead.
     IncidentKind fenced_by = INCIDENT_UNSPECIFIED;
     absl::Time fenced_at;
@@ -281,6 +296,8 @@ class Membership {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Duration MedianStepLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ScanStallsLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reports the workers slower than their peers (straggler_*).
+  void ScanStragglersLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Leaves out the members absent from a recovery's rendezvous
   // (DetectionOptions::rendezvous_grace).
   void ScanRendezvousLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -2,10 +2,12 @@
 // steps) and its status reply.
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "src/common/logging.h"
 #include "src/control/duration_text.h"
 #include "src/control/membership.h"
@@ -48,6 +50,7 @@ void Membership::Scan(absl::Time now) {
         m->last_seen, 0, now);
   }
   ScanStallsLocked(now);
+  ScanStragglersLocked(now);
   ScanRendezvousLocked(now);
 }
 
@@ -229,6 +232,82 @@ StatusResponse Membership::Status(const StatusRequest& req,
     *r.add_incidents() = *it;
   }
   return r;
+}
+
+void Membership::ScanStragglersLocked(absl::Time now) {
+  const int window = detection_.straggler_window;
+  if (window <= 0 || job_state_ != JOB_RUNNING || finished_workers_ > 0 ||
+      slots_.size() < 3) {
+    return;
+  }
+  std::vector<Member*> workers;
+  for (uint64_t id : slots_) {
+    if (id == 0) return;
+    Member& m = members_.at(id);
+    if (m.state != STATE_ALIVE) return;
+    workers.push_back(&m);
+  }
+  // The steps every worker reported, with each one's work: the newest
+  // `window` of them.
+  const size_t n = workers.size();
+  std::map<int64_t, std::vector<int64_t>> by_step;
+  for (size_t i = 0; i < n; ++i) {
+    for (const auto& [step, us] : workers[i]->work_us) {
+      std::vector<int64_t>& v = by_step[step];
+      v.resize(n, -1);
+      v[i] = us;
+    }
+  }
+  std::vector<const std::vector<int64_t>*> steps;
+  for (auto it = by_step.rbegin();
+       it != by_step.rend() && steps.size() < static_cast<size_t>(window);
+       ++it) {
+    if (std::find(it->second.begin(), it->second.end(), -1) ==
+        it->second.end()) {
+      steps.push_back(&it->second);
+    }
+  }
+  if (steps.size() < static_cast<size_t>(window)) return;
+  const int64_t floor_us =
+      absl::ToInt64Microseconds(detection_.straggler_floor);
+  for (size_t i = 0; i < n; ++i) {
+    Member& m = *workers[i];
+    if (m.straggler_generation == generation_) continue;
+    bool slow = true;
+    double mine = 0, peers = 0;
+    for (const std::vector<int64_t>* v : steps) {
+      std::vector<int64_t> others;
+      for (size_t j = 0; j < n; ++j) {
+        if (j != i) others.push_back((*v)[j]);
+      }
+      std::nth_element(others.begin(), others.begin() + others.size() / 2,
+                       others.end());
+      const int64_t median = others[others.size() / 2];
+      const int64_t own = (*v)[i];
+      mine += static_cast<double>(own);
+      peers += static_cast<double>(median);
+      if (static_cast<double>(own) <
+              detection_.straggler_factor * static_cast<double>(median) ||
+          own - median < floor_us) {
+        slow = false;
+        break;
+      }
+    }
+    if (!slow) continue;
+    m.straggler_generation = generation_;
+    const double k = static_cast<double>(steps.size());
+    RecordIncidentLocked(MakeIncidentLocked(
+        m, INCIDENT_STRAGGLER,
+        absl::StrFormat(
+            "its own work took %.1f ms a step against its peers' %.1f ms "
+            "(%.2fx) over the last %d steps every worker reported (step "
+            "time less time inside collectives; threshold %.2fx): the "
+            "others wait for it in each collective",
+            mine / k / 1000.0, peers / k / 1000.0,
+            peers > 0 ? mine / peers : 0.0, static_cast<int>(steps.size()),
+            detection_.straggler_factor),
+        now, 0, now));
+  }
 }
 
 }  // namespace holdfast::control

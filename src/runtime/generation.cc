@@ -49,6 +49,30 @@ int64_t RuntimeImpl::CollectiveInProgress() const {
   return -1;
 }
 
+absl::Duration RuntimeImpl::CollectiveTimeSinceLastStep() {
+  std::shared_ptr<Communicator> comm;
+  {
+    absl::MutexLock lock(&mu_);
+    comm = comm_;
+  }
+  if (comm == nullptr) return absl::ZeroDuration();
+  if (comm->generation() != timed_generation_) {
+    timed_generation_ = comm->generation();
+    timed_seq_ = 0;
+  }
+  int64_t ns = 0;
+  const uint64_t from = timed_seq_;
+  for (const TraceRecord& r : comm->TraceSnapshot()) {
+    if (r.seq < from || !IsCollective(r.op) || r.state != OpState::kCompleted ||
+        r.started_ns <= 0) {
+      continue;
+    }
+    ns += std::max<int64_t>(0, r.ended_ns - r.started_ns);
+    timed_seq_ = std::max(timed_seq_, r.seq + 1);
+  }
+  return absl::Nanoseconds(ns);
+}
+
 absl::StatusOr<Communicator*> RuntimeImpl::HostComm() {
   absl::MutexLock lock(&mu_);
   Communicator* c = comm_.get();

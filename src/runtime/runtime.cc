@@ -177,7 +177,8 @@ absl::StatusOr<Communicator*> RuntimeImpl::communicator() {
 
 void RuntimeImpl::ReportStep(int64_t step, absl::Duration step_time,
                              const std::map<std::string, double>& metrics) {
-  (void)member_->ReportStep(step, step_time, metrics);
+  (void)member_->ReportStep(step, step_time, metrics,
+                            CollectiveTimeSinceLastStep());
 }
 
 void RuntimeImpl::Leave(bool finished) {

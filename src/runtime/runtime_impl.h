@@ -198,6 +198,10 @@ class RuntimeImpl final : public Runtime {
   // (started, not ended), or -1: what heartbeats report as
   // PHASE_COLLECTIVE.
   int64_t CollectiveInProgress() const;
+  // The time the training communicator spent inside the collectives that
+  // completed since the last call (at a step's end): StepReport's
+  // collective_us. Training thread only.
+  absl::Duration CollectiveTimeSinceLastStep();
   // The communicator for the runtime's own exchanges (the restore's
   // agreements and transfers, the check of replicated state), whose
   // buffers are in host memory: the training communicator, unless its
@@ -324,6 +328,10 @@ class RuntimeImpl final : public Runtime {
   absl::Status fenced_ ABSL_GUARDED_BY(mu_);
   std::optional<JobEnd> job_end_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<Communicator> comm_ ABSL_GUARDED_BY(mu_);
+  // CollectiveTimeSinceLastStep's place: the generation and the newest
+  // op seq it counted (the training thread's alone).
+  int64_t timed_generation_ = -1;
+  uint64_t timed_seq_ = 0;
   int64_t comm_generation_ ABSL_GUARDED_BY(mu_) = -1;
   std::shared_ptr<Communicator> side_ ABSL_GUARDED_BY(mu_);
   // The backup links of the side communicator's generation (bulk.h).
