@@ -2,12 +2,17 @@
 // rank slowed by the slow: fault is reported a straggler and nobody is
 // fenced; uneven steps (an RL job's, the same draw on every rank) raise
 // no alarm. Both end with the fault-free model.
+#include <signal.h>
+
+#include <atomic>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include "absl/time/clock.h"
 #include "test/job_run.h"
 
 namespace {
@@ -15,19 +20,78 @@ namespace {
 using holdfast::test::CheckFinished;
 using holdfast::test::JobRun;
 using holdfast::test::Launch;
+using holdfast::test::ReadFile;
 using nlohmann::json;
 
-const std::string& FaultFreeHash() {
-  static const std::string hash = [] {
-    JobRun r = Launch({"-n", "4"}, {"--steps", "40"});
-    REQUIRE(r.rc == 0);
-    CheckFinished(r, 4, 40);
-    return r.hashes.at(0);
-  }();
-  return hash;
+// The trainer's final hash after `steps` steps with no fault.
+std::string FaultFreeHash(int steps = 40) {
+  JobRun r = Launch({"-n", "4"}, {"--steps", std::to_string(steps)});
+  REQUIRE(r.rc == 0);
+  CheckFinished(r, 4, steps);
+  return r.hashes.at(0);
+}
+
+// The pid of slot `slot`'s worker once members.json in `dir` shows it at
+// step `step` or later; -1 after 60 s.
+pid_t AwaitWorker(const std::string& dir, int slot, int64_t step) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (absl::Now() < deadline) {
+    const json m = json::parse(ReadFile(dir + "/members.json"), nullptr, false);
+    if (m.is_object() && m.contains("members")) {
+      for (const json& e : m["members"]) {
+        if (e.value("role", "") == "ROLE_WORKER" &&
+            e.value("slot", -1) == slot &&
+            e.value("state", "") == "STATE_ALIVE" &&
+            e.value("step", int64_t{-1}) >= step) {
+          return e.value("pid", -1);
+        }
+      }
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return -1;
 }
 
 }  // namespace
+
+TEST_CASE(
+    "gray: a rank throttled from outside is replaced under the replace "
+    "policy and only it") {
+  // The OS-like throttle: slot 2's process runs 20 ms of every 60 (SIGSTOP
+  // and SIGCONT by pid), so its step's own work takes about 3x its
+  // peers'. The standby that replaces it runs at full speed.
+  const std::string dir = holdfast::proc::MakeTempDir();
+  std::atomic<bool> done{false};
+  pid_t throttled = -1;
+  std::thread throttle([&] {
+    throttled = AwaitWorker(dir, 2, 3);
+    while (throttled > 0 && !done) {
+      if (::kill(throttled, SIGSTOP) != 0) break;  // gone
+      absl::SleepFor(absl::Milliseconds(40));
+      ::kill(throttled, SIGCONT);
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    if (throttled > 0) ::kill(throttled, SIGCONT);
+  });
+  JobRun r = Launch({"-n", "4", "--standby", "1", "--stragglers", "replace",
+                     "--silent-after-ms", "5000"},
+                    {"--steps", "80", "--step-ms", "20"}, "", dir);
+  done = true;
+  throttle.join();
+  INFO("summary: " << r.summary.dump(1));
+  REQUIRE(throttled > 0);
+  REQUIRE(r.rc == 0);
+  CheckFinished(r, 4, 80);
+  CHECK(r.hashes.at(0) == FaultFreeHash(80));
+  int evicted = 0;
+  for (const json& i : r.summary["incidents"]) {
+    CHECK(i["kind"] == "straggler");
+    CHECK(i["slot"] == 2);
+    evicted += i["evicted"].get<bool>();
+  }
+  CHECK(evicted == 1);
+  CHECK(r.summary["generation"] == 1);
+}
 
 TEST_CASE(
     "gray: a rank three times slower than its peers is reported a "

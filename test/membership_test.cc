@@ -741,12 +741,13 @@ TEST_CASE("membership: the first generation's rendezvous has no bound") {
 
 namespace {
 
-// Runs `steps` steps of four workers in `job`: step s's work on slot i is
+// Runs steps `first` to `first + steps - 1` of four workers in `job`: step
+// s's work on slot i is
 // `work(s, i)` ms; every slot's step takes the longest work plus 2 ms of
 // transfer, and the rest of it is spent inside the all-reduce.
 void RunSteps(Job& job, int steps, const std::function<double(int, int)>& work,
-              absl::Time* t) {
-  for (int step = 0; step < steps; ++step) {
+              absl::Time* t, int first = 0) {
+  for (int step = first; step < first + steps; ++step) {
     std::vector<int64_t> us(4);
     int64_t longest = 0;
     for (int i = 0; i < 4; ++i) {
@@ -789,7 +790,7 @@ TEST_CASE(
       job, 7, [](int, int i) { return i == 2 ? 60.0 : 30.0; }, &t);
   CHECK(Stragglers(job.Incidents(t)) == 0);
   RunSteps(
-      job, 30, [](int, int i) { return i == 2 ? 60.0 : 30.0; }, &t);
+      job, 30, [](int, int i) { return i == 2 ? 60.0 : 30.0; }, &t, 7);
   const std::vector<Incident> inc = job.Incidents(t);
   REQUIRE(Stragglers(inc) == 1);
   CHECK(inc[0].slot() == 2);
@@ -819,4 +820,50 @@ TEST_CASE(
       },
       &t);
   CHECK(Stragglers(job.Incidents(t)) == 0);
+}
+
+TEST_CASE(
+    "membership: under the replace policy a straggler is replaced once it "
+    "has been slow for 16 steps and only while the budget and a standby "
+    "last") {
+  RecoveryPolicy p;
+  p.replace_stragglers = true;
+  p.straggler_budget = 1;
+  Job job(4, Job::Defaults(), p);
+  for (const char* h : {"a", "b", "c", "d", "spare"}) job.Join(h, kT0);
+  absl::Time t = kT0;
+  auto slot2_slow = [](int, int i) { return i == 2 ? 90.0 : 30.0; };
+  RunSteps(job, 15, slot2_slow, &t);
+  std::vector<Incident> inc = job.Incidents(t);
+  REQUIRE(Stragglers(inc) == 1);  // reported at 8, not replaced before 16
+  CHECK_FALSE(inc[0].evicted());
+  RunSteps(job, 1, slot2_slow, &t, 15);
+  inc = job.Incidents(t);
+  REQUIRE(Stragglers(inc) == 2);
+  CHECK(inc[1].slot() == 2);
+  CHECK(inc[1].evicted());
+  CHECK(inc[1].evidence().find("a standby replaces it (1 of the job's "
+                               "budget of 1)") != std::string::npos);
+  CHECK(job.m.Status({}, t).generation() == 1);
+  CHECK(job.sinks[2]->is_closed);  // fenced
+}
+
+TEST_CASE(
+    "membership: under the replace policy a straggler is only reported with "
+    "no standby or no budget left") {
+  for (const bool spare : {false, true}) {
+    RecoveryPolicy p;
+    p.replace_stragglers = true;
+    p.straggler_budget = spare ? 0 : 2;  // with a spare: no budget
+    Job job(4, Job::Defaults(), p);
+    for (const char* h : {"a", "b", "c", "d"}) job.Join(h, kT0);
+    if (spare) job.Join("spare", kT0);
+    absl::Time t = kT0;
+    RunSteps(
+        job, 40, [](int, int i) { return i == 2 ? 90.0 : 30.0; }, &t);
+    const std::vector<Incident> inc = job.Incidents(t);
+    REQUIRE(Stragglers(inc) == 1);
+    CHECK_FALSE(inc[0].evicted());
+    CHECK(job.m.Status({}, t).generation() == 0);
+  }
 }

@@ -52,6 +52,11 @@ int main(int argc, char** argv) {
   app.add_option("--min-world", min_world,
                  "stop the job below this many workers")
       ->check(CLI::Range(1, 1 << 20));
+  std::string stragglers = "report";
+  app.add_option("--stragglers", stragglers,
+                 "report a straggler, or replace it with a standby once it "
+                 "has been slow for 16 steps (docs/gray-failures.md)")
+      ->check(CLI::IsMember({"report", "replace"}));
   holdfast::control::DetectionOptions detection;
   int64_t heartbeat_ms =
       absl::ToInt64Milliseconds(detection.heartbeat_interval);
@@ -116,6 +121,7 @@ int main(int argc, char** argv) {
   options.detection = detection;
   options.recovery.shrink = mode == "shrink";
   options.recovery.min_world = min_world;
+  options.recovery.replace_stragglers = stragglers == "replace";
   options.scan_interval = absl::Milliseconds(scan_ms);
   options.metrics_port = metrics_port;
   auto server = holdfast::control::ControllerServer::Start(options);

@@ -58,6 +58,7 @@ struct Flags {
   std::string checkpoint_dir, verify_backups, log_dir;
   int64_t checkpoint_every = 0;
   std::string mode = "replace";
+  std::string stragglers = "report";
   std::vector<std::string> inject;
   int64_t heartbeat_ms = 500, silent_ms = 3000, join_timeout_s = 60;
   int64_t rendezvous_grace_ms = 1000;

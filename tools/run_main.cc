@@ -64,6 +64,10 @@ std::optional<int> Launcher::ParseFlags(int argc, char** argv, Flags* f) {
       ->check(CLI::IsMember({"replace", "shrink"}));
   app.add_option("--min-world", f->min_world,
                  "stop the job below this many workers");
+  app.add_option("--stragglers", f->stragglers,
+                 "report a straggler, or replace it with a standby once it "
+                 "has been slow for 16 steps (docs/gray-failures.md)")
+      ->check(CLI::IsMember({"report", "replace"}));
   app.add_option("--inject", f->inject,
                  "fault spec, e.g. kill:slot=2:step=30 (repeatable)")
       ->allow_extra_args(false);
@@ -306,6 +310,7 @@ int Launcher::Main(int argc, char** argv) {
   co.world_size = f.n;
   co.recovery.shrink = f.mode == "shrink";
   co.recovery.min_world = f.min_world;
+  co.recovery.replace_stragglers = f.stragglers == "replace";
   co.detection.heartbeat_interval = absl::Milliseconds(f.heartbeat_ms);
   co.detection.silent_after = absl::Milliseconds(f.silent_ms);
   co.detection.rendezvous_grace = absl::Milliseconds(f.rendezvous_grace_ms);

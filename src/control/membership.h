@@ -99,6 +99,17 @@ struct RecoveryPolicy {
   bool shrink = false;
   // Below this many workers the job stops (JobEnd STOPPED), >= 1.
   int min_world = 1;
+  // Stragglers (DetectionOptions::straggler_*): false, report them only;
+  // true, also replace one with a standby once it has been slow on each
+  // of the last straggler_replace_after steps every worker reported and
+  // its peers spend at least straggler_min_cost of each step waiting for
+  // it. Never without a standby, and at most straggler_budget times per
+  // job: a slowdown of every rank shows no straggler, and one that moves
+  // from rank to rank does not evict them all.
+  bool replace_stragglers = false;
+  int straggler_replace_after = 16;
+  double straggler_min_cost = 0.2;
+  int straggler_budget = 2;
 };
 
 // A member's heartbeat stream, as Membership sees it.
@@ -353,6 +364,7 @@ class Membership {
   // The committed step when a mismatch verdict last replaced its culprits
   // (-2: never).
   int64_t mismatch_replaced_at_ ABSL_GUARDED_BY(mu_) = -2;
+  int stragglers_replaced_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t incidents_total_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t heartbeats_total_ ABSL_GUARDED_BY(mu_) = 0;
   const absl::Time started_;

@@ -247,8 +247,7 @@ void Membership::ScanStragglersLocked(absl::Time now) {
     if (m.state != STATE_ALIVE) return;
     workers.push_back(&m);
   }
-  // The steps every worker reported, with each one's work: the newest
-  // `window` of them.
+  // The steps every worker reported, with each one's work, newest first.
   const size_t n = workers.size();
   std::map<int64_t, std::vector<int64_t>> by_step;
   for (size_t i = 0; i < n; ++i) {
@@ -259,9 +258,7 @@ void Membership::ScanStragglersLocked(absl::Time now) {
     }
   }
   std::vector<const std::vector<int64_t>*> steps;
-  for (auto it = by_step.rbegin();
-       it != by_step.rend() && steps.size() < static_cast<size_t>(window);
-       ++it) {
+  for (auto it = by_step.rbegin(); it != by_step.rend(); ++it) {
     if (std::find(it->second.begin(), it->second.end(), -1) ==
         it->second.end()) {
       steps.push_back(&it->second);
@@ -271,9 +268,9 @@ void Membership::ScanStragglersLocked(absl::Time now) {
   const int64_t floor_us =
       absl::ToInt64Microseconds(detection_.straggler_floor);
   for (size_t i = 0; i < n; ++i) {
-    Member& m = *workers[i];
-    if (m.straggler_generation == generation_) continue;
-    bool slow = true;
+    // The newest steps in a row on which it was slow, and its own work
+    // and its peers' median over them.
+    int run = 0;
     double mine = 0, peers = 0;
     for (const std::vector<int64_t>* v : steps) {
       std::vector<int64_t> others;
@@ -284,29 +281,43 @@ void Membership::ScanStragglersLocked(absl::Time now) {
                        others.end());
       const int64_t median = others[others.size() / 2];
       const int64_t own = (*v)[i];
-      mine += static_cast<double>(own);
-      peers += static_cast<double>(median);
       if (static_cast<double>(own) <
               detection_.straggler_factor * static_cast<double>(median) ||
           own - median < floor_us) {
-        slow = false;
         break;
       }
+      ++run;
+      mine += static_cast<double>(own);
+      peers += static_cast<double>(median);
     }
-    if (!slow) continue;
+    if (run < window) continue;
+    Member& m = *workers[i];
+    const std::string evidence = absl::StrFormat(
+        "its own work took %.1f ms a step against its peers' %.1f ms "
+        "(%.2fx) over the last %d steps every worker reported (step time "
+        "less time inside collectives; threshold %.2fx): the others wait "
+        "for it in each collective",
+        mine / run / 1000.0, peers / run / 1000.0,
+        peers > 0 ? mine / peers : 0.0, run, detection_.straggler_factor);
+    // The share of each step its peers spend waiting for it.
+    const double cost = mine > 0 ? 1.0 - peers / mine : 0.0;
+    if (policy_.replace_stragglers && run >= policy_.straggler_replace_after &&
+        cost >= policy_.straggler_min_cost && !standbys_.empty() &&
+        stragglers_replaced_ < policy_.straggler_budget) {
+      ++stragglers_replaced_;
+      DeclareLocked(m, INCIDENT_STRAGGLER,
+                    absl::StrFormat("%s; it costs the job %.0f%% of each "
+                                    "step, so a standby replaces it (%d of "
+                                    "the job's budget of %d)",
+                                    evidence, 100 * cost, stragglers_replaced_,
+                                    policy_.straggler_budget),
+                    now, 0, now);
+      return;  // a new generation: the steps start over
+    }
+    if (m.straggler_generation == generation_) continue;
     m.straggler_generation = generation_;
-    const double k = static_cast<double>(steps.size());
-    RecordIncidentLocked(MakeIncidentLocked(
-        m, INCIDENT_STRAGGLER,
-        absl::StrFormat(
-            "its own work took %.1f ms a step against its peers' %.1f ms "
-            "(%.2fx) over the last %d steps every worker reported (step "
-            "time less time inside collectives; threshold %.2fx): the "
-            "others wait for it in each collective",
-            mine / k / 1000.0, peers / k / 1000.0,
-            peers > 0 ? mine / peers : 0.0, static_cast<int>(steps.size()),
-            detection_.straggler_factor),
-        now, 0, now));
+    RecordIncidentLocked(
+        MakeIncidentLocked(m, INCIDENT_STRAGGLER, evidence, now, 0, now));
   }
 }
 
