@@ -56,6 +56,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "test/support/members_json.h"
 #include "test/support/process_group.h"
 
 using nlohmann::json;
@@ -119,28 +120,6 @@ std::optional<int> Await(pid_t pid, absl::Time deadline) {
   }
 }
 
-// The pid of slot `slot`'s worker once members.json shows it at `step` or
-// later; -1 if the job ends (or 60 s pass) first.
-pid_t AwaitWorker(const std::string& dir, int slot, int64_t step, pid_t job) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(60);
-  while (absl::Now() < deadline) {
-    const json m = json::parse(ReadFile(dir + "/members.json"), nullptr, false);
-    if (m.is_object() && m.contains("members")) {
-      for (const json& e : m["members"]) {
-        if (e.value("role", "") == "ROLE_WORKER" &&
-            e.value("slot", -1) == slot &&
-            e.value("state", "") == "STATE_ALIVE" &&
-            e.value("step", int64_t{-1}) >= step) {
-          return e.value("pid", -1);
-        }
-      }
-    }
-    if (waitpid(job, nullptr, WNOHANG) == job) return -1;
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  return -1;
-}
-
 // The Unix ms of the injector's "injecting fault '<kind>..." line.
 int64_t InjectedAt(const std::string& log, const std::string& kind) {
   std::istringstream in(log);
@@ -195,7 +174,14 @@ Outcome RunTrial(const Paths& p, const Trial& t, const std::string& want_hash,
   pid_t victim = -1;
   if (t.kind == "kill" || t.kind == "stop-compute" ||
       t.kind == "stop-collective") {
-    victim = AwaitWorker(dir, t.slot, t.step, job);
+    victim = holdfast::test::AwaitWorker(
+        dir, t.slot, t.step, absl::Seconds(60), [job] {
+          // Exited (without reaping it: Await does).
+          siginfo_t info{};
+          return waitid(P_PID, static_cast<id_t>(job), &info,
+                        WEXITED | WNOHANG | WNOWAIT) == 0 &&
+                 info.si_pid == job;
+        });
     if (victim > 0) {
       absl::SleepFor(absl::Milliseconds(t.ms));
       ::kill(victim, t.kind == "kill" ? SIGKILL : SIGSTOP);

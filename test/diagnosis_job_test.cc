@@ -17,9 +17,11 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "test/job_run.h"
+#include "test/support/members_json.h"
 
 namespace {
 
+using holdfast::test::AwaitWorker;
 using holdfast::test::CheckFinished;
 using holdfast::test::JobRun;
 using holdfast::test::Launch;
@@ -90,27 +92,6 @@ void CheckCulprit(const JobRun& r, const std::string& kind, int culprit) {
   INFO("offline verdict: " << offline.dump());
   CHECK(offline["kind"] == kind);
   CHECK(offline["culprits"] == json::array({culprit}));
-}
-
-// The pid of slot `slot`'s worker once members.json in `dir` shows it at
-// step `step` or later; -1 after 60 s.
-pid_t AwaitWorker(const std::string& dir, int slot, int64_t step) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(60);
-  while (absl::Now() < deadline) {
-    const json m = json::parse(ReadFile(dir + "/members.json"), nullptr, false);
-    if (m.is_object() && m.contains("members")) {
-      for (const json& e : m["members"]) {
-        if (e.value("role", "") == "ROLE_WORKER" &&
-            e.value("slot", -1) == slot &&
-            e.value("state", "") == "STATE_ALIVE" &&
-            e.value("step", int64_t{-1}) >= step) {
-          return e.value("pid", -1);
-        }
-      }
-    }
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  return -1;
 }
 
 // Runs the job; meanwhile SIGSTOPs slot `slot`'s process from outside
