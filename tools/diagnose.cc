@@ -143,23 +143,4 @@ json ToJson(int64_t generation, const control::Diagnosis& d) {
   return j;
 }
 
-json ToJson(const control::Verdict& v) {
-  json j = {
-      {"kind", v.kind()},
-      {"culprits", std::vector<int>(v.culprits().begin(), v.culprits().end())},
-      {"victims", std::vector<int>(v.victims().begin(), v.victims().end())},
-      {"evidence", v.evidence()},
-      {"confidence", v.confidence()},
-      {"action", v.action()},
-      {"action_reason", v.action_reason()},
-      {"verdict_unix_ms", v.verdict_unix_ms()}};
-  if (v.coll_seq() >= 0) {
-    j["collective"] = {{"seq", v.coll_seq()},
-                       {"op", v.op()},
-                       {"count", v.count()},
-                       {"dtype", v.dtype()}};
-  }
-  return j;
-}
-
 }  // namespace holdfast::diagnose

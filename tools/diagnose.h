@@ -39,9 +39,6 @@ absl::StatusOr<Evidence> Load(const std::string& dir,
 // The verdict as JSON (kind, culprits, victims, collective, evidence,
 // confidence).
 nlohmann::json ToJson(int64_t generation, const control::Diagnosis& d);
-// The controller's verdict as JSON: the same fields, with "action",
-// "action_reason" and "verdict_unix_ms".
-nlohmann::json ToJson(const control::Verdict& v);
 
 }  // namespace holdfast::diagnose
 

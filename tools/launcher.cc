@@ -447,7 +447,7 @@ json Launcher::Summary(const StatusResponse& s, const std::string& outcome,
       i["collective_seq"] = inc.collective_seq();
     }
     if (inc.has_diagnosis()) {
-      i["diagnosis"] = diagnose::ToJson(inc.diagnosis());
+      i["diagnosis"] = control::VerdictJson(inc.diagnosis());
       i["diagnosis"]["verdict_ms"] =
           inc.diagnosis().verdict_unix_ms() - inc.detected_unix_ms();
     }

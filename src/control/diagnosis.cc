@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "src/common/op_text.h"
+#include "src/control/membership.h"
 #include "src/trace/trace_json.h"
 
 namespace holdfast::control {
@@ -56,23 +57,6 @@ std::optional<int64_t> FirstDifference(const std::vector<Trace>& traces) {
     }
   }
   return std::nullopt;
-}
-
-const char* PhaseWord(Phase p) {
-  switch (p) {
-    case PHASE_IDLE:
-      return "idle";
-    case PHASE_COMPUTING:
-      return "computing";
-    case PHASE_COLLECTIVE:
-      return "in a collective";
-    case PHASE_CHECKPOINTING:
-      return "checkpointing";
-    case PHASE_RECOVERING:
-      return "recovering";
-    default:
-      return "in an unknown phase";
-  }
 }
 
 void Describe(const TraceRecord& r, Diagnosis* d) {
@@ -229,7 +213,7 @@ std::string LastSeen(const std::vector<SlotEvidence>& slots) {
                                   Still(s)));
     } else if (s.phase != PHASE_UNSPECIFIED) {
       last.push_back(absl::StrCat("slot ", s.slot, " last seen ",
-                                  PhaseWord(s.phase), " at step ", s.step,
+                                  PhaseName(s.phase), " at step ", s.step,
                                   Still(s)));
     }
   }
@@ -413,6 +397,25 @@ Verdict ToProto(const Diagnosis& d, int64_t verdict_unix_ms) {
   v.set_confidence(d.confidence);
   v.set_verdict_unix_ms(verdict_unix_ms);
   return v;
+}
+
+nlohmann::json VerdictJson(const Verdict& v) {
+  nlohmann::json j = {
+      {"kind", v.kind()},
+      {"culprits", std::vector<int>(v.culprits().begin(), v.culprits().end())},
+      {"victims", std::vector<int>(v.victims().begin(), v.victims().end())},
+      {"evidence", v.evidence()},
+      {"confidence", v.confidence()},
+      {"action", v.action()},
+      {"action_reason", v.action_reason()},
+      {"verdict_unix_ms", v.verdict_unix_ms()}};
+  if (v.coll_seq() >= 0) {
+    j["collective"] = {{"seq", v.coll_seq()},
+                       {"op", v.op()},
+                       {"count", v.count()},
+                       {"dtype", v.dtype()}};
+  }
+  return j;
 }
 
 }  // namespace holdfast::control

@@ -23,6 +23,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "holdfast/trace.h"
 #include "holdfast/types.h"
 #include "src/control/controller.pb.h"
@@ -101,6 +103,10 @@ bool Actionable(const Diagnosis& d);
 
 // The verdict as the controller records it (without the action).
 Verdict ToProto(const Diagnosis& d, int64_t verdict_unix_ms);
+// A recorded verdict as JSON (the store's keys::Verdict, summary.json):
+// kind, culprits, victims, evidence, confidence, action, action_reason,
+// verdict_unix_ms, and the collective when there is one.
+nlohmann::json VerdictJson(const Verdict& v);
 
 }  // namespace holdfast::control
 

@@ -602,7 +602,7 @@ Incident Membership::MakeIncidentLocked(const Member& m, IncidentKind kind,
   return inc;
 }
 
-Incident& Membership::RecordIncidentLocked(Incident incident) {
+void Membership::RecordIncidentLocked(Incident incident) {
   incident.set_id(++incidents_total_);
   HOLDFAST_LOG_WARN("incident {}: {} member {} slot {} ({}): {} [{} ms]",
                     incident.id(), IncidentKindName(incident.kind()),
@@ -622,7 +622,6 @@ Incident& Membership::RecordIncidentLocked(Incident incident) {
   if (observer_ != nullptr) observer_->OnIncident(incident);
   incidents_.push_back(std::move(incident));
   while (incidents_.size() > limits_.max_incidents) incidents_.pop_front();
-  return incidents_.back();
 }
 
 void Membership::DeclareLocked(Member& m, IncidentKind kind,

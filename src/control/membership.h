@@ -285,8 +285,8 @@ class Membership {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records `incident` (with the verdict on its generation, if there is
   // one); an incident of a worker's generation with none yet opens its
-  // diagnosis case. Returns the recorded incident.
-  Incident& RecordIncidentLocked(Incident incident)
+  // diagnosis case.
+  void RecordIncidentLocked(Incident incident)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   SlotEvidence::Liveness LivenessLocked(const Member& m, absl::Time now) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

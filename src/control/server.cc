@@ -12,8 +12,6 @@
 #include <optional>
 #include <thread>
 
-#include <nlohmann/json.hpp>
-
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "src/common/config.h"
@@ -559,14 +557,8 @@ class ServerImpl final : public ControllerServer {
       }
       if (!all && now < c.since + settle_) continue;
       const Verdict v = m.SetDiagnosis(c.generation, Diagnose(c.slots), now);
-      nlohmann::json j = {{"kind", v.kind()},
-                          {"culprits", v.culprits()},
-                          {"victims", v.victims()},
-                          {"evidence", v.evidence()},
-                          {"confidence", v.confidence()},
-                          {"action", v.action()},
-                          {"action_reason", v.action_reason()}};
-      (void)service_->kv().Set(keys::Verdict(c.generation), j.dump());
+      (void)service_->kv().Set(keys::Verdict(c.generation),
+                               VerdictJson(v).dump());
       if (metrics_ != nullptr) metrics_->OnVerdict(v);
     }
   }

@@ -34,12 +34,13 @@ Communicator* RuntimeImpl::CurrentComm() {
   return comm_.get();
 }
 
+std::shared_ptr<Communicator> RuntimeImpl::SharedComm() const {
+  absl::MutexLock lock(&mu_);
+  return comm_;
+}
+
 int64_t RuntimeImpl::CollectiveInProgress() const {
-  std::shared_ptr<Communicator> comm;
-  {
-    absl::MutexLock lock(&mu_);
-    comm = comm_;
-  }
+  const std::shared_ptr<Communicator> comm = SharedComm();
   if (comm == nullptr) return -1;
   const std::vector<TraceRecord> ops = comm->TraceSnapshot();
   for (auto it = ops.rbegin(); it != ops.rend(); ++it) {
@@ -50,11 +51,7 @@ int64_t RuntimeImpl::CollectiveInProgress() const {
 }
 
 absl::Duration RuntimeImpl::CollectiveTimeSinceLastStep() {
-  std::shared_ptr<Communicator> comm;
-  {
-    absl::MutexLock lock(&mu_);
-    comm = comm_;
-  }
+  const std::shared_ptr<Communicator> comm = SharedComm();
   if (comm == nullptr) return absl::ZeroDuration();
   if (comm->generation() != timed_generation_) {
     timed_generation_ = comm->generation();

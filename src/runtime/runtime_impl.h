@@ -194,6 +194,9 @@ class RuntimeImpl final : public Runtime {
   // The training communicator of the current generation (null before the
   // first one is built).
   Communicator* CurrentComm();
+  // The same, shared: it stays valid while the caller holds it, also
+  // across a generation change (for the heartbeat thread).
+  std::shared_ptr<Communicator> SharedComm() const;
   // The coll_seq of the collective the training communicator is inside
   // (started, not ended), or -1: what heartbeats report as
   // PHASE_COLLECTIVE.

@@ -150,9 +150,13 @@ absl::Status RuntimeImpl::FoundMismatch(int64_t gen) {
       }
       // Its fence is on its way: end as fenced, not with an error of the
       // job's.
-      const absl::Time until = absl::Now() + kMismatchVerdictWait;
-      while (Stopped().ok() && absl::Now() < until) {
-        absl::SleepFor(absl::Milliseconds(20));
+      {
+        absl::MutexLock lock(&mu_);
+        auto stopped = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return !MayGoOnLocked();
+        };
+        mu_.AwaitWithDeadline(absl::Condition(&stopped),
+                              absl::Now() + kMismatchVerdictWait);
       }
       HOLDFAST_RETURN_IF_ERROR(Stopped());
       why = "this slot was named its culprit and is replaced";

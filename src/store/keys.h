@@ -39,8 +39,9 @@ inline std::string Mismatch(int64_t g) {
 }
 
 // The controller's verdict on an incident of generation `g`: a JSON
-// object with "kind", "culprits", "victims", "evidence", "confidence"
-// and "action" ("replace": the culprits are fenced and replaced; "none").
+// object (control::VerdictJson) with "kind", "culprits", "victims",
+// "evidence", "confidence" and "action" ("replace": the culprits are
+// fenced and replaced; "none"), among others.
 inline std::string Verdict(int64_t g) {
   return absl::StrCat("holdfast/g", g, "/verdict");
 }
