@@ -44,12 +44,8 @@ json Offline(const JobRun& r) {
 
 // The trainer's final hash with no fault (the same for every step time).
 const std::string& FaultFreeHash() {
-  static const std::string hash = [] {
-    JobRun r = Launch({"-n", "4"}, kTrainer);
-    REQUIRE(r.rc == 0);
-    CheckFinished(r, 4, 40);
-    return r.hashes.at(0);
-  }();
+  static const std::string hash =
+      holdfast::test::FaultFreeHash(4, kTrainer, 40);
   return hash;
 }
 

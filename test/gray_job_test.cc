@@ -27,10 +27,8 @@ using nlohmann::json;
 
 // The trainer's final hash after `steps` steps with no fault.
 std::string FaultFreeHash(int steps = 40) {
-  JobRun r = Launch({"-n", "4"}, {"--steps", std::to_string(steps)});
-  REQUIRE(r.rc == 0);
-  CheckFinished(r, 4, steps);
-  return r.hashes.at(0);
+  return holdfast::test::FaultFreeHash(4, {"--steps", std::to_string(steps)},
+                                       steps);
 }
 
 }  // namespace

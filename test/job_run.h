@@ -121,6 +121,17 @@ inline void CheckFinished(const JobRun& r, int world, int64_t steps) {
   CHECK(r.summary.value("outcome", "") == "finished");
 }
 
+// The final hash of `n` ranks of the trainer with `trainer_args` (which
+// run `steps` steps) and no fault: every rank finished with one hash.
+inline std::string FaultFreeHash(int n,
+                                 const std::vector<std::string>& trainer_args,
+                                 int64_t steps) {
+  JobRun r = Launch({"-n", std::to_string(n)}, trainer_args);
+  REQUIRE(r.rc == 0);
+  CheckFinished(r, n, steps);
+  return r.hashes.at(0);
+}
+
 inline std::vector<std::string> Kinds(const JobRun& r) {
   std::vector<std::string> kinds;
   for (const json& i : r.summary["incidents"])

@@ -35,11 +35,7 @@ const std::vector<std::string> kTrainer = {"--steps", "40"};
 
 // The fault-free run's hash for `n` slots.
 std::string Reference(int n) {
-  JobRun r = Launch({"-n", std::to_string(n)}, kTrainer);
-  REQUIRE(r.rc == 0);
-  REQUIRE(r.hashes.size() == static_cast<size_t>(n));
-  for (const std::string& h : r.hashes) REQUIRE(h == r.hashes[0]);
-  return r.hashes[0];
+  return holdfast::test::FaultFreeHash(n, kTrainer, 40);
 }
 
 // Every survivor finished all steps in a world of `world` with one hash.
