@@ -8,7 +8,9 @@
 #include <vector>
 
 #include "src/checkpoint/pieces.h"
+#include "src/checkpoint/snapshots.h"
 #include "src/checkpoint/state.h"
+#include "src/fault/fault.h"
 
 namespace {
 
@@ -193,4 +195,44 @@ TEST_CASE(
   REQUIRE(shorter.AddReplicated("a", a.data(), a.size() - 1).ok());
   CHECK(other.LayoutHash() != same.LayoutHash());
   CHECK(shorter.LayoutHash() != same.LayoutHash());
+}
+
+TEST_CASE(
+    "checkpoint: the snapshot pipeline keeps the newest commits and a "
+    "rollback drops what came after its step") {
+  StateRegistry reg;
+  holdfast::checkpoint::Snapshots snaps(&reg);
+  snaps.SetKeep(2);
+  auto add = [&](int64_t step) { snaps.Add(snaps.NewPiece(step, 0, 4, 1, 0)); };
+  for (int64_t s = 0; s <= 3; ++s) {
+    add(s);
+    snaps.Committed(s);
+  }
+  // Steps 3 and 2 stay; 1 and 0 went at the commits after them.
+  CHECK(snaps.kept_commits() == std::vector<int64_t>{3, 2});
+  CHECK(snaps.At(3).size() == 1);
+  CHECK(snaps.At(2).size() == 1);
+  CHECK(snaps.At(1).empty());
+  CHECK(snaps.At(0).empty());
+  add(4);  // not committed: a rollback abandons it
+  snaps.AbandonAfter(2);
+  CHECK(snaps.kept_commits() == std::vector<int64_t>{2});
+  CHECK(snaps.At(4).empty());
+  CHECK(snaps.At(3).empty());
+  CHECK(snaps.At(2).size() == 1);
+  add(3);
+  snaps.Committed(3);
+  CHECK(snaps.kept_commits() == std::vector<int64_t>{3, 2});
+  CHECK(snaps.count() == 2);
+}
+
+TEST_CASE("checkpoint: the nan and spike faults parse and need their step") {
+  auto n = holdfast::fault::Parse("nan:slot=1:step=20,spike:slot=2:step=7");
+  REQUIRE(n.ok());
+  CHECK(n->at(0).kind == holdfast::fault::Kind::kNan);
+  CHECK(n->at(0).step == 20);
+  CHECK(n->at(1).kind == holdfast::fault::Kind::kSpike);
+  CHECK(!holdfast::fault::Parse("nan:slot=1").ok());
+  CHECK(!holdfast::fault::Parse("spike:slot=1:recovery=1").ok());
+  CHECK(!holdfast::fault::Parse("nan:step=3").ok());
 }

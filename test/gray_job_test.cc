@@ -1,7 +1,10 @@
 // Gray failures on real jobs: four ranks of the data-parallel trainer. A
 // rank slowed by the slow: fault is reported a straggler and nobody is
 // fenced; uneven steps (an RL job's, the same draw on every rank) raise
-// no alarm. Both end with the fault-free model.
+// no alarm. Both end with the fault-free model. A NaN or a loss spike
+// rolls the job back and skips the step's data: the model is then that of
+// a fault-free run told to skip the same data; a rank that is the source
+// of NaNs twice, at different data, is replaced.
 #include <signal.h>
 
 #include <atomic>
@@ -29,6 +32,24 @@ using nlohmann::json;
 std::string FaultFreeHash(int steps = 40) {
   return holdfast::test::FaultFreeHash(4, {"--steps", std::to_string(steps)},
                                        steps);
+}
+
+// The --skip-data argument that reproduces what the job skipped
+// (summary.json's skipped_data).
+std::string SkipArg(const json& summary) {
+  std::string out;
+  for (const json& r : summary["skipped_data"]) {
+    if (!out.empty()) out += ",";
+    out += std::to_string(r[0].get<int64_t>()) + ":" +
+           std::to_string(r[1].get<int64_t>());
+  }
+  return out;
+}
+
+// The trainer's final hash after 40 steps with no fault, skipping `skip`.
+std::string ReferenceHash(const std::string& skip) {
+  return holdfast::test::FaultFreeHash(
+      4, {"--steps", "40", "--skip-data", skip}, 40);
 }
 
 }  // namespace
@@ -100,4 +121,71 @@ TEST_CASE(
   REQUIRE(r.rc == 0);
   CheckFinished(r, 4, 200);
   CHECK(r.summary["incidents"].empty());
+}
+
+TEST_CASE(
+    "gray: a NaN in one rank's gradients rolls the job back and skips its "
+    "data and the model equals the reference run's") {
+  JobRun r =
+      Launch({"-n", "4", "--standby", "1", "--inject", "nan:slot=1:step=15"},
+             {"--steps", "40", "--step-ms", "10"});
+  INFO("summary: " << r.summary.dump(1));
+  REQUIRE(r.rc == 0);
+  CheckFinished(r, 4, 40);
+  REQUIRE(r.summary["incidents"].size() == 1);
+  const json& i = r.summary["incidents"][0];
+  CHECK(i["kind"] == "numeric");
+  CHECK(i["slot"] == 1);  // the source, named by its own check
+  CHECK_FALSE(i["evicted"].get<bool>());
+  CHECK(r.summary["rollbacks"] == 1);
+  // Batch 15 is data position 14: [14, 15) is skipped.
+  CHECK(SkipArg(r.summary) == "14:15");
+  CHECK(r.hashes.at(0) == ReferenceHash("14:15"));
+  // A rollback that did not skip would give the fault-free model instead.
+  CHECK(r.hashes.at(0) != FaultFreeHash());
+}
+
+TEST_CASE(
+    "gray: a loss spike seen by one rank rolls the job back and skips its "
+    "data") {
+  JobRun r = Launch({"-n", "4", "--inject", "spike:slot=2:step=20"},
+                    {"--steps", "40", "--step-ms", "10"});
+  INFO("summary: " << r.summary.dump(1));
+  REQUIRE(r.rc == 0);
+  CheckFinished(r, 4, 40);
+  REQUIRE(r.summary["incidents"].size() == 1);
+  CHECK(r.summary["incidents"][0]["kind"] == "numeric");
+  CHECK(r.summary["rollbacks"] == 1);
+  CHECK(SkipArg(r.summary) == "19:20");
+  CHECK(r.hashes.at(0) == ReferenceHash("19:20"));
+}
+
+TEST_CASE(
+    "gray: a rank that is the source of NaNs at two different data is "
+    "replaced and only the first data is skipped") {
+  JobRun r = Launch({"-n", "4", "--standby", "1", "--inject",
+                     "nan:slot=1:step=10,nan:slot=1:step=25"},
+                    {"--steps", "40", "--step-ms", "10"});
+  INFO("summary: " << r.summary.dump(1));
+  REQUIRE(r.rc == 0);
+  CheckFinished(r, 4, 40);
+  int numeric = 0, corruption = 0;
+  for (const json& i : r.summary["incidents"]) {
+    CHECK(i["slot"] == 1);
+    if (i["kind"] == "numeric") {
+      ++numeric;
+      CHECK_FALSE(i["evicted"].get<bool>());
+    } else {
+      CHECK(i["kind"] == "corruption");
+      CHECK(i["evicted"].get<bool>());
+      ++corruption;
+    }
+  }
+  CHECK(numeric == 2);
+  CHECK(corruption == 1);
+  CHECK(r.summary["rollbacks"] == 2);
+  // The second NaN came from the rank, not from the data.
+  CHECK(SkipArg(r.summary) == "9:10");
+  CHECK(r.hashes.at(0) == ReferenceHash("9:10"));
+  CHECK(holdfast::test::CountExits(r, "exited with code 3") == 1);  // fenced
 }

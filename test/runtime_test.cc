@@ -240,6 +240,8 @@ TEST_CASE(
            [](holdfast::RuntimeOptions& o) { o.checkpoint_every = 0; }},
           {"max_step_retries",
            [](holdfast::RuntimeOptions& o) { o.max_step_retries = -1; }},
+          {"keep_snapshots",
+           [](holdfast::RuntimeOptions& o) { o.keep_snapshots = 1; }},
           {"recovery_timeout",
            [](holdfast::RuntimeOptions& o) {
              o.recovery_timeout = absl::ZeroDuration();

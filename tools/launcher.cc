@@ -371,6 +371,12 @@ json Launcher::Summary(const StatusResponse& s, const std::string& outcome,
   j["world_size_final"] = s.world_size();
   j["generation"] = s.generation();
   j["committed_step"] = s.committed_step();
+  // The data the job skipped after numeric anomalies: a trainer given
+  // them (dp-trainer --skip-data B:E,...) reproduces the final model.
+  json skipped = json::array();
+  for (const auto& r : s.skip_data()) skipped.push_back({r.begin(), r.end()});
+  j["skipped_data"] = skipped;
+  j["rollbacks"] = s.rollbacks();
   j["wall_ms"] = absl::ToInt64Milliseconds(absl::Now() - start_);
   auto store = holdfast::control::ControllerStore::Connect(client_);
   json recoveries = json::array();
@@ -532,6 +538,18 @@ void Launcher::PrintSummary(const json& j) {
           " (", d.value("evidence", ""), "); action: ", d.value("action", ""),
           " (", d.value("action_reason", ""), ")\n");
     }
+  }
+  if (j.value("rollbacks", 0) > 0) {
+    std::vector<std::string> ranges;
+    for (const json& r : j["skipped_data"]) {
+      ranges.push_back(
+          absl::StrCat(r[0].get<int64_t>(), ":", r[1].get<int64_t>()));
+    }
+    absl::StrAppend(
+        &out, "numeric rollbacks: ", j.value("rollbacks", 0),
+        "; data skipped: ",
+        ranges.empty() ? std::string("none") : absl::StrJoin(ranges, ","),
+        "\n");
   }
   if (j.contains("ettr")) {
     absl::StrAppend(

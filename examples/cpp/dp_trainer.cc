@@ -1,7 +1,10 @@
 // A deterministic data-parallel trainer on the holdfast runtime: a small MLP
 // (16 -> 32 tanh -> 1) fitted with SGD and momentum to a fixed target
-// function. Sample i of step s is generated from a seed derived from (s, i),
-// so any slot can produce any sample; the global batch is split evenly over
+// function. Sample i of batch k is generated from a seed derived from (k, i),
+// so any slot can produce any sample. The next batch's index is the
+// registered data position (batch k at step k unless batches are skipped
+// after a numeric anomaly, or with --skip-data); the global batch is split
+// evenly over
 // the slots and the gradients are summed with an all-reduce in slot order.
 // A run with a fault in replace mode therefore ends with exactly the bytes
 // of the fault-free run.
@@ -36,7 +39,9 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "holdfast/runtime.h"
 #include "sha256.h"
@@ -250,6 +255,11 @@ int main(int argc, char** argv) {
   app.add_option("--snapshot-every", snapshot_every, "snapshot every k steps")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   app.add_option("--lr", lr, "learning rate");
+  std::string skip_data;
+  app.add_option("--skip-data", skip_data,
+                 "batches to skip, as a job that rolled back past a numeric "
+                 "anomaly skipped them: B:E[,B:E...] (positions [B, E); "
+                 "summary.json's skipped_data), for a reference run");
   CLI11_PARSE(app, argc, argv);
   if (await_commit && snapshot_copy != "between-steps") {
     // A snapshot copied during the next step commits only once that step
@@ -300,6 +310,10 @@ int main(int argc, char** argv) {
   if (reg.ok() && !table.empty()) {
     reg = runtime.RegisterState("table", table.data(), table.size());
   }
+  // The index of the next batch: registered, so a rollback restores it and
+  // the runtime moves it past the batches the job skips.
+  int64_t data_pos = 0;
+  if (reg.ok()) reg = runtime.RegisterDataPosition("data_pos", &data_pos);
   if (!reg.ok()) {
     std::fprintf(stderr, "dp-trainer: %s\n", reg.ToString().c_str());
     return 1;
@@ -325,15 +339,21 @@ int main(int argc, char** argv) {
 
   std::vector<float> grad(kParams);
   float last_loss = 0;
+  double last_grad_norm = 0;
   Collectives collectives;
   auto step_fn = [&](const holdfast::StepContext& ctx) -> absl::Status {
     std::fill(grad.begin(), grad.end(), 0.0f);
     const int64_t begin = batch * ctx.slot / ctx.world_size;
     const int64_t end = batch * (ctx.slot + 1) / ctx.world_size;
+    // Batch k (from 1) is the one step k gets when nothing is skipped.
+    const int64_t batch_id = data_pos + 1;
     float loss = 0;
     for (int64_t i = begin; i < end; ++i) {
-      loss += Backprop(params.data(), MakeSample(ctx.step, i), grad.data());
+      loss += Backprop(params.data(), MakeSample(batch_id, i), grad.data());
     }
+    // This slot's own gradients, before they meet the others': a NaN
+    // found here names this slot as its source.
+    ctx.runtime->CheckFinite("local gradients", grad.data(), kParams);
     if (step_ms > 0) {
       absl::SleepFor(absl::Milliseconds(static_cast<double>(step_ms)) *
                      StepScale(uneven, ctx.step, ctx.slot));
@@ -358,8 +378,12 @@ int main(int argc, char** argv) {
     last_loss = grad.back() / static_cast<float>(batch);
     grad.pop_back();
     if (!s.ok()) return s;
+    double norm = 0;
+    for (float g : grad) norm += static_cast<double>(g) * g;
+    last_grad_norm = std::sqrt(norm) / static_cast<double>(batch);
     // The registered state is written from here on.
     ctx.runtime->BeginStateUpdate();
+    ++data_pos;
     const float scale = 1.0f / static_cast<float>(batch);
     if (!zero1) {
       for (int i = 0; i < kParams; ++i) {
@@ -419,8 +443,21 @@ int main(int argc, char** argv) {
                          ? holdfast::RunOptions::SnapshotCopy::kDuringNextStep
                          : holdfast::RunOptions::SnapshotCopy::kAuto;
   ro.metrics = [&] {
-    return std::map<std::string, double>{{"loss", last_loss}};
+    return std::map<std::string, double>{{"loss", last_loss},
+                                         {"grad_norm", last_grad_norm}};
   };
+  for (absl::string_view r :
+       absl::StrSplit(skip_data, ',', absl::SkipEmpty())) {
+    std::pair<absl::string_view, absl::string_view> be =
+        absl::StrSplit(r, absl::MaxSplits(':', 1));
+    int64_t b = 0, e = 0;
+    if (!absl::SimpleAtoi(be.first, &b) || !absl::SimpleAtoi(be.second, &e)) {
+      std::fprintf(stderr, "dp-trainer: --skip-data: '%s' is not B:E\n",
+                   std::string(r).c_str());
+      return 2;
+    }
+    ro.skip_data.emplace_back(b, e);
+  }
   absl::StatusOr<holdfast::RunResult> result = runtime.Run(step_fn, ro);
   if (!result.ok()) {
     const absl::Status& s = result.status();

@@ -2,8 +2,10 @@
 """A deterministic PyTorch DDP trainer on holdfast (CPU, Gloo).
 
 A small MLP (16 -> 32 tanh -> 1) fitted with SGD and momentum to a fixed
-target function. The global batch of step s is generated from a seed of s
-and split evenly over the slots, and DistributedDataParallel averages the
+target function. Batch k is generated from a seed of k; the next batch's
+index is the registered data position (batch k at step k unless batches
+are skipped after a numeric anomaly, or with --skip-data). It is split
+evenly over the slots, and DistributedDataParallel averages the
 gradients over the "holdfast" process group. The model and the optimizer's
 momentum are registered with the runtime, which snapshots them every step
 and restores them after a failure, so a run with a fault in replace mode
@@ -43,6 +45,11 @@ def main():
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--skip-data", default="",
+                    help="batches to skip, as a job that rolled back past a "
+                    "numeric anomaly skipped them: B:E[,B:E...] (positions "
+                    "[B, E); summary.json's skipped_data), for a reference "
+                    "run")
     args = ap.parse_args()
     if args.steps < 0 or args.batch < 1:
         ap.error("--steps must be >= 0 and --batch >= 1")
@@ -65,25 +72,38 @@ def main():
         return 1
     rt.register_module(model, "model")
     rt.register_optimizer(opt, "sgd")
+    # The index of the next batch: a rollback restores it, and the runtime
+    # moves it past the batches the job skips.
+    data_pos = torch.zeros(1, dtype=torch.int64)
+    rt.register_data_position("data_pos", data_pos)
     hd.init_process_group(rt)
 
     last_loss = [0.0]
+    last_grad_norm = [0.0]
 
     def step(ctx):
         ddp = hd.ddp(rt, model)
-        x, y = make_batch(ctx.step, args.batch)
+        # Batch k (from 1) is the one step k gets when nothing is skipped.
+        x, y = make_batch(int(data_pos[0]) + 1, args.batch)
         lo = args.batch * ctx.slot // ctx.world_size
         hi = args.batch * (ctx.slot + 1) // ctx.world_size
         opt.zero_grad(set_to_none=False)
         loss = torch.nn.functional.mse_loss(ddp(x[lo:hi]), y[lo:hi])
         loss.backward()
+        last_grad_norm[0] = float(torch.norm(torch.stack(
+            [p.grad.norm() for p in model.parameters()])))
         ctx.runtime.begin_state_update()  # the first write comes next
         opt.step()
+        data_pos.add_(1)
         last_loss[0] = float(loss)
 
     try:
+        skip = [tuple(int(v) for v in r.split(":"))
+                for r in args.skip_data.split(",") if r]
         result = rt.run(step, args.steps,
-                        metrics=lambda: {"loss": last_loss[0]})
+                        metrics=lambda: {"loss": last_loss[0],
+                                         "grad_norm": last_grad_norm[0]},
+                        skip_data=skip)
     except holdfast.CancelledError as e:
         print(f"ddp_train: {e}", file=sys.stderr)
         return 0  # a standby that was never needed

@@ -47,6 +47,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -96,6 +97,7 @@ int PpSize();                       // HOLDFAST_PP_SIZE (1)
 std::string CheckpointDir();        // HOLDFAST_CHECKPOINT_DIR ("")
 int64_t CheckpointEvery();          // HOLDFAST_CHECKPOINT_EVERY (100)
 int MaxStepRetries();               // HOLDFAST_MAX_STEP_RETRIES (10)
+int KeepSnapshots();                // HOLDFAST_KEEP_SNAPSHOTS (2)
 }  // namespace defaults
 
 // Every field starts at its default, read from the environment when the
@@ -158,6 +160,12 @@ struct RuntimeOptions {
   // step function that always fails) would otherwise recover forever.
   // 0: no limit.
   int max_step_retries = defaults::MaxStepRetries();
+  // Committed snapshots kept in memory (own pieces and buddies' copies),
+  // 2 to 64. A numeric anomaly rolls the job back to the newest of them
+  // that is clean; the newest may already be poisoned (an update that was
+  // finite but wrong shows in the next step's loss). Each one costs the
+  // snapshot memory of one step.
+  int keep_snapshots = defaults::KeepSnapshots();
 };
 
 // A slot's partition of a sharded global array.
@@ -182,6 +190,27 @@ struct StepContext {
   Runtime* runtime = nullptr;    // for Shard()
 };
 
+// What Run checks after each step (docs/gray-failures.md). A step that
+// fails a check is not snapshotted: the member reports it to the
+// controller, which rolls the job back to the newest clean committed step
+// and skips the step's data (the registered data position moves past it).
+struct NumericChecks {
+  // NaN or Inf in these metrics (from RunOptions::metrics), or in values
+  // handed to Runtime::CheckFinite.
+  bool check_finite = true;
+  std::vector<std::string> metrics = {"loss", "grad_norm"};
+  // A loss spike: the metric "loss" above spike_factor times the median of
+  // its last spike_window values, once it has spike_warmup of them. 0:
+  // off. Losses are compared on one slot; a trainer whose loss is local
+  // to a slot gets its own slot's spikes.
+  double spike_factor = 10.0;
+  int spike_window = 64;
+  int spike_warmup = 16;
+};
+
+// Data positions [begin, end) to skip.
+using DataRanges = std::vector<std::pair<int64_t, int64_t>>;
+
 struct RunOptions {
   // Run steps 1..steps (the loop resumes after the committed step).
   int64_t steps = 0;
@@ -201,6 +230,11 @@ struct RunOptions {
   // before it writes it), which needs the step function to call
   // ctx.runtime->BeginStateUpdate() before its first write to registered
   // state. The last step's snapshot is always copied between the steps.
+  NumericChecks numerics;
+  // Data to skip from the start, as a job that rolled back past an anomaly
+  // skipped it (summary.json's skipped_data): a reference run. Needs a
+  // registered data position (Runtime::RegisterDataPosition).
+  DataRanges skip_data;
   enum class SnapshotCopy {
     // During the next step when the step just snapshotted called
     // BeginStateUpdate() (the trainer fences its writes), else between the
@@ -263,6 +297,8 @@ struct RunResult {
   int64_t backup_bytes = 0;
   int64_t backup_ms = 0;
   int64_t disk_writes = 0;
+  // The data the job skipped (numeric anomalies and RunOptions::skip_data).
+  DataRanges skipped_data;
 };
 
 class Runtime {
@@ -299,6 +335,32 @@ class Runtime {
       const std::string& name, size_t global_bytes, size_t unit_bytes) = 0;
   // The current partition of a sharded buffer. NotFound for another name.
   virtual absl::StatusOr<ShardView> Shard(const std::string& name) = 0;
+  // Registers `*position` (replicated state, like RegisterState) as the
+  // trainer's position in its data: the index of the next sample or batch
+  // it consumes. The step function reads it, consumes data from there,
+  // and advances it (after BeginStateUpdate(), as any registered state).
+  // Between the steps and after each restore, Run moves it past the data
+  // the job skips (numeric anomalies, RunOptions::skip_data), so a step
+  // never sees skipped data. At most one; before Run.
+  virtual absl::Status RegisterDataPosition(const std::string& name,
+                                            int64_t* position) = 0;
+
+  // ---- Numeric checks -----------------------------------------------------
+  // Checks this slot's own values (its local gradients before the
+  // all-reduce) for NaN and Inf; false if any. A slot that finds one is
+  // named the source of the step's anomaly, and its step is rolled back
+  // at its end (its trainer goes on with the step as usual: the collective
+  // spreads the NaN, which every slot's own checks then see). The values
+  // are written only by the injected fault nan:slot=S:step=N, which makes
+  // them NaN. Call from the step function.
+  virtual bool CheckFinite(absl::string_view what, float* data,
+                           size_t count) = 0;
+  // The same verdict from a trainer that checked its values itself (a
+  // framework's isfinite). Call from the step function.
+  virtual void ReportNonFinite(absl::string_view what) = 0;
+  // Whether the injected fault nan: fires for this slot at this step (for
+  // a trainer that checks its own way: it makes its values NaN then).
+  virtual bool InjectNanNow() = 0;
 
   // ---- The step loop ------------------------------------------------------
   // Runs steps committed+1 .. options.steps with automatic recovery. A

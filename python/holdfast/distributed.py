@@ -184,8 +184,13 @@ def allreduce_hook(process_group, bucket):
 
     DDP's own division uses the size the group had when DDP was built;
     this hook reads the size at every step, so it stays right after a
-    shrink."""
+    shrink. The bucket is checked for NaN and Inf before it meets the
+    other slots' (Runtime.check_finite): a slot that finds one is named
+    the source of the step's numeric anomaly."""
     tensor = bucket.buffer()
+    runtime = getattr(process_group, "_rt", None) or _runtime.current_runtime()
+    if runtime is not None:
+        runtime.check_finite("gradient bucket", tensor)
     process_group.allreduce([tensor])
     tensor.div_(process_group.size())
     fut = torch.futures.Future()

@@ -263,9 +263,47 @@ class Runtime:
         t.holdfast_offset = view["offset"] // size
         return t
 
+    def register_data_position(self, name, tensor):
+        """Registers a one-element int64 CPU tensor as the trainer's data
+        position (the index of the next batch it consumes) and as replicated
+        state. The step function reads it, consumes data from there and
+        advances it in place (after begin_state_update()); between the
+        steps and after each restore the runtime moves it past the data
+        the job skips after a numeric anomaly (and run's `skip_data`)."""
+        if tensor.dtype != torch.int64 or tensor.numel() != 1:
+            raise InvalidArgumentError(
+                f"data position '{name}': a one-element int64 tensor is "
+                f"needed, not {tensor.dtype} with {tensor.numel()} elements"
+            )
+        ptr, _, _ = host_buffer(tensor, f"data position '{name}'")
+        self._rt.register_data_position(name, ptr)
+        self._watched.append((name, tensor))
+
+    # ---- numeric checks ----------------------------------------------------
+    def check_finite(self, name, tensors):
+        """Checks this slot's own values (its local gradients, before the
+        all-reduce) for NaN and Inf; False if any. The slot that finds one
+        is named the source of the step's anomaly, and the job rolls back
+        to a clean committed step at the step's end and skips its data. The
+        step goes on as usual (the all-reduce spreads the NaN). `tensors`:
+        a tensor or an iterable of them, of any floating dtype and device.
+        The injected fault nan:slot=S:step=N makes the first one NaN."""
+        if isinstance(tensors, torch.Tensor):
+            tensors = [tensors]
+        tensors = [t for t in tensors if t is not None]
+        if tensors and self._rt.inject_nan_now():
+            with torch.no_grad():
+                tensors[0].view(-1)[0] = float("nan")
+        for t in tensors:
+            if not bool(torch.isfinite(t).all()):
+                self._rt.report_non_finite(name)
+                return False
+        return True
+
     # ---- the step loop -----------------------------------------------------
     def run(self, step_fn, steps, snapshot_every=1, metrics=None,
-            on_restore=None, snapshot_copy="auto"):
+            on_restore=None, snapshot_copy="auto", skip_data=(),
+            spike_factor=10.0):
         """Runs steps committed+1 .. `steps` with automatic recovery.
 
         `step_fn(ctx)` gets a StepContext. A holdfast error it raises (or
@@ -298,6 +336,14 @@ class Runtime:
         tensors' version counters, which torch ops that write in place
         move; writes through `.data`, numpy views or raw pointers do not,
         and go unseen.
+
+        After each step the metrics "loss" and "grad_norm" (from `metrics`)
+        are checked for NaN and Inf, and "loss" for a spike above
+        `spike_factor` times its running median (0: off); a step that fails
+        is rolled back with its data skipped (docs/gray-failures.md).
+        `skip_data`: (begin, end) data positions to skip from the start, as
+        a job that rolled back skipped them (summary.json's skipped_data),
+        for a reference run; it needs register_data_position.
         """
         watch = str(snapshot_copy) != "between_steps"
 
@@ -326,7 +372,9 @@ class Runtime:
                 on_restore(step)
 
         return self._rt.run(step, int(steps), int(snapshot_every), metrics,
-                            restored, str(snapshot_copy))
+                            restored, str(snapshot_copy),
+                            [(int(b), int(e)) for b, e in skip_data],
+                            float(spike_factor))
 
     def begin_state_update(self):
         """Call in every step before the first write to registered state,

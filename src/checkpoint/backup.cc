@@ -288,9 +288,9 @@ absl::StatusOr<bool> Round::Settle(bool good, bool verdicts) {
   hooks_.await_decided(s_, gen_, absl::InfiniteFuture());
   if (hooks_.committed() < s_) return false;
   if (clock.seen == absl::InfinitePast()) clock.seen = absl::Now();
-  // Older steps are superseded everywhere.
-  const int64_t s = s_;
-  snapshots_->Evict([s](const Piece& p) { return p.step < s; });
+  // Older steps are superseded everywhere, but for the newest few commits
+  // (a rollback past a numeric anomaly).
+  snapshots_->Committed(s_);
   if (hooks_.after_commit) hooks_.after_commit(own_);
   return true;
 }

@@ -192,7 +192,7 @@ absl::StatusOr<Restored> Restore::FromMemory(int64_t committed) {
   const int64_t target = chosen.step;
   progress_->lost_steps = chosen.lost;
   // Snapshots past the target belong to a timeline that was abandoned.
-  snapshots_->Evict([target](const Piece& p) { return p.step > target; });
+  snapshots_->AbandonAfter(target);
 
   std::vector<Piece*> at;
   std::vector<bool> good_at;

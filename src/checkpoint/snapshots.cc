@@ -81,6 +81,42 @@ void Snapshots::Evict(const std::function<bool(const Piece&)>& drop) {
   EvictLocked(drop);
 }
 
+void Snapshots::SetKeep(int keep) {
+  absl::MutexLock lock(&mu_);
+  keep_ = std::max(1, keep);
+}
+
+void Snapshots::Committed(int64_t step) {
+  absl::MutexLock lock(&mu_);
+  if (commits_.empty() || commits_.front() < step) {
+    commits_.insert(commits_.begin(), step);
+  }
+  if (commits_.size() > static_cast<size_t>(keep_)) {
+    commits_.resize(static_cast<size_t>(keep_));
+  }
+  const std::vector<int64_t> kept = commits_;
+  EvictLocked([step, &kept](const Piece& p) {
+    return p.step < step &&
+           std::find(kept.begin(), kept.end(), p.step) == kept.end();
+  });
+}
+
+void Snapshots::AbandonAfter(int64_t target) {
+  absl::MutexLock lock(&mu_);
+  EvictLocked([target](const Piece& p) { return p.step > target; });
+  commits_.erase(std::remove_if(commits_.begin(), commits_.end(),
+                                [target](int64_t c) { return c > target; }),
+                 commits_.end());
+  if (commits_.empty() || commits_.front() < target) {
+    commits_.insert(commits_.begin(), target);
+  }
+}
+
+std::vector<int64_t> Snapshots::kept_commits() const {
+  absl::MutexLock lock(&mu_);
+  return commits_;
+}
+
 void Snapshots::DropLocked(const Piece* p) {
   EvictLocked([p](const Piece& q) { return &q == p; });
 }

@@ -100,6 +100,17 @@ class Snapshots {
   // the pool, which keeps a few of each size).
   void Evict(const std::function<bool(const Piece&)>& drop);
   void Drop(const Piece* p);
+  // How many committed steps keep their pieces (>= 1; default 1): a
+  // rollback past a numeric anomaly restores an older one.
+  void SetKeep(int keep);
+  // `step` committed: the pieces of older steps go, except those of the
+  // newest `keep` committed steps.
+  void Committed(int64_t step);
+  // A restore of `target`: the pieces of newer steps (an abandoned
+  // timeline) go, and so do the newer commits.
+  void AbandonAfter(int64_t target);
+  // The committed steps whose pieces are kept, newest first.
+  std::vector<int64_t> kept_commits() const;
   // The listed pieces of `step`, and how many pieces are listed.
   std::vector<Piece*> At(int64_t step) const;
   size_t count() const;
@@ -187,6 +198,8 @@ class Snapshots {
   StateRegistry* const state_;
   mutable absl::Mutex mu_;
   std::vector<std::unique_ptr<Piece>> pieces_ ABSL_GUARDED_BY(mu_);
+  int keep_ ABSL_GUARDED_BY(mu_) = 1;
+  std::vector<int64_t> commits_ ABSL_GUARDED_BY(mu_);  // newest first
   std::multimap<size_t, std::unique_ptr<uint8_t[]>> pool_ ABSL_GUARDED_BY(mu_);
   Piece* queued_ ABSL_GUARDED_BY(mu_) = nullptr;
   // The deferred snapshot awaiting BeginStateUpdate(), and the one whose

@@ -106,6 +106,10 @@ const std::vector<Entry>& Registry() {
         "recoveries in a row with no new step done in between after which "
         "Runtime::Run gives up (0: no limit)"},
        Kind::kCount},
+      {{"HOLDFAST_KEEP_SNAPSHOTS", "2",
+        "committed snapshots kept in memory (2 to 64): a rollback past a "
+        "numeric anomaly restores the newest clean one"},
+       Kind::kInt},
       {{"HOLDFAST_CHECKPOINT_EVERY", "100",
         "the disk tier writes committed steps that are multiples of this"},
        Kind::kInt},
@@ -311,6 +315,10 @@ std::string CheckpointDir() {
 }
 int64_t CheckpointEvery() {
   return config::IntParam("HOLDFAST_CHECKPOINT_EVERY");
+}
+int KeepSnapshots() {
+  return static_cast<int>(
+      std::clamp<int64_t>(config::IntParam("HOLDFAST_KEEP_SNAPSHOTS"), 1, 64));
 }
 int MaxStepRetries() {
   return static_cast<int>(std::min<int64_t>(

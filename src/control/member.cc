@@ -23,6 +23,14 @@
 namespace holdfast::control {
 namespace {
 
+std::vector<std::pair<int64_t, int64_t>> SkipList(
+    const google::protobuf::RepeatedPtrField<DataRange>& ranges) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  out.reserve(static_cast<size_t>(ranges.size()));
+  for (const DataRange& r : ranges) out.emplace_back(r.begin(), r.end());
+  return out;
+}
+
 // Statuses after which this identity must never be used again.
 bool IsFinal(absl::StatusCode c) {
   return c == absl::StatusCode::kFailedPrecondition ||
@@ -146,6 +154,26 @@ class MemberClientImpl final : public MemberClient {
     return resp.declared();
   }
 
+  absl::StatusOr<bool> ReportAnomaly(const Anomaly& anomaly,
+                                     int64_t generation) override {
+    ReportFailureRequest req;
+    {
+      absl::MutexLock lock(&mu_);
+      req.set_member_id(assignment_.member_id);
+    }
+    req.set_generation(generation);
+    req.set_peer_slot(-1);
+    req.set_reason(absl::StrCat(anomaly.kind(), " in ", anomaly.what(),
+                                " at step ", anomaly.step()));
+    *req.mutable_anomaly() = anomaly;
+    ReportFailureResponse resp;
+    auto ctx = Context();
+    absl::Status s =
+        FromGrpc(stub_->ReportFailure(ctx.get(), req, &resp), "ReportFailure");
+    if (!s.ok()) return s;
+    return resp.declared();
+  }
+
   absl::StatusOr<int64_t> AckCheckpoint(int64_t step,
                                         int64_t generation) override {
     AckCheckpointRequest req;
@@ -206,6 +234,7 @@ class MemberClientImpl final : public MemberClient {
     assignment_.generation = r.generation();
     assignment_.world_size = r.world_size();
     assignment_.committed_step = r.committed_step();
+    assignment_.skip_data = SkipList(r.skip_data());
   }
 
   // Keeps the channel alive until the process exits. Under a thread limit
@@ -429,8 +458,12 @@ class MemberClientImpl final : public MemberClient {
         assignment_.world_size = u.world_size();
         assignment_.standby = u.role() == ROLE_STANDBY;
         assignment_.slot = u.slot();
+        // A rollback abandons the newer commits.
         assignment_.committed_step =
-            std::max(assignment_.committed_step, u.committed_step());
+            u.rollback()
+                ? u.committed_step()
+                : std::max(assignment_.committed_step, u.committed_step());
+        assignment_.skip_data = SkipList(u.skip_data());
         // Answer at once: the controller tells a member that heard of a
         // new generation from one that does not answer.
         report_now_ = true;

@@ -18,6 +18,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -71,6 +73,8 @@ struct Assignment {
   int64_t generation = 0;
   int world_size = 0;
   int64_t committed_step = -1;
+  // The data the job skips (numeric anomalies), [begin, end) in order.
+  std::vector<std::pair<int64_t, int64_t>> skip_data;
 };
 
 class MemberClient {
@@ -109,6 +113,11 @@ class MemberClient {
   // the new generation.
   virtual absl::StatusOr<bool> ReportFailure(int peer_slot,
                                              const std::string& reason,
+                                             int64_t generation) = 0;
+  // A numeric anomaly of a step of `generation` (the controller rolls the
+  // job back by opening the next generation). Whether it was taken up
+  // (false: the job is not running).
+  virtual absl::StatusOr<bool> ReportAnomaly(const Anomaly& anomaly,
                                              int64_t generation) = 0;
   // `generation`: the generation the snapshot was taken in (-1: the
   // current one); an ack from an older one is refused.

@@ -53,6 +53,10 @@ const char* IncidentKindName(IncidentKind kind) {
       return "diagnosed";
     case INCIDENT_STRAGGLER:
       return "straggler";
+    case INCIDENT_NUMERIC:
+      return "numeric";
+    case INCIDENT_CORRUPTION:
+      return "corruption";
     default:
       return "unknown";
   }
@@ -220,6 +224,7 @@ RegisterResponse Membership::AssignmentLocked(const Member& m) const {
   r.set_world_size(world_size_);
   r.set_heartbeat_interval_ms(ToMs(detection_.heartbeat_interval));
   r.set_committed_step(committed_step_);
+  FillSkipData(r.mutable_skip_data());
   return r;
 }
 
@@ -472,6 +477,9 @@ absl::StatusOr<bool> Membership::ReportFailure(const ReportFailureRequest& req,
         "report from generation ", req.generation(), "; the job is at ",
         generation_, " (the failure was already handled)"));
   }
+  if (req.has_anomaly()) {
+    return ReportAnomalyLocked(**reporter, req.anomaly(), now);
+  }
   if (req.peer_slot() < -1 || req.peer_slot() >= world_size_) {
     return absl::InvalidArgumentError(
         absl::StrCat("peer slot ", req.peer_slot(), " is out of range [0, ",
@@ -551,6 +559,7 @@ void Membership::MaybeCommitLocked() {
   }
   if (newest <= committed_step_) return;
   committed_step_ = newest;
+  NoteCommitLocked(newest);
   acks_.erase(acks_.begin(), acks_.upper_bound(newest));
   HeartbeatResponse msg;
   msg.set_committed_step(newest);
@@ -613,7 +622,9 @@ void Membership::RecordIncidentLocked(Incident incident) {
     if (!incident.has_diagnosis()) *incident.mutable_diagnosis() = v->second;
   } else if (incident.slot() >= 0 && incident.member_id() != 0 &&
              incident.kind() != INCIDENT_DIAGNOSED &&
-             incident.kind() != INCIDENT_STRAGGLER && cases_.count(g) == 0) {
+             incident.kind() != INCIDENT_STRAGGLER &&
+             incident.kind() != INCIDENT_NUMERIC &&
+             incident.kind() != INCIDENT_CORRUPTION && cases_.count(g) == 0) {
     PendingCase& c = cases_[g];
     c.since = absl::FromUnixMillis(incident.detected_unix_ms());
     c.roster = slots_;
@@ -793,6 +804,8 @@ void Membership::BroadcastGenerationLocked(
   u->set_generation(generation_);
   u->set_world_size(world_size_);
   u->set_committed_step(committed_step_);
+  u->set_rollback(rollback_pending_);
+  FillSkipData(u->mutable_skip_data());
   for (const SlotChange& c : changes) *u->add_changes() = c;
   if (abort != nullptr) *msg.mutable_abort() = *abort;
   for (auto& [id, m] : members_) {

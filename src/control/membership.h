@@ -15,6 +15,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -70,6 +71,10 @@ struct DetectionOptions {
   int straggler_window = 8;
   double straggler_factor = 1.3;
   absl::Duration straggler_floor = absl::Milliseconds(5);
+  // A numeric anomaly (ReportFailureRequest::anomaly) is decided once
+  // every worker has reported one for the generation, or this long after
+  // the first report (a loss spike seen by one slot only).
+  absl::Duration anomaly_settle = absl::Seconds(1);
 };
 
 // A generation whose incidents await the culprit analysis, with what the
@@ -180,6 +185,9 @@ class Membership {
   // that arrived on `stream` (the member's bound heartbeat stream) is
   // answered there: the commit it completes is pushed to every stream, and
   // a step committed already is pushed to `stream`.
+  // (A report with an anomaly is a numeric anomaly, not a failure: the
+  // job rolls back to a clean committed step and skips the step's data;
+  // see ReportAnomalyLocked.)
   absl::StatusOr<int64_t> AckCheckpoint(const AckCheckpointRequest& req,
                                         absl::Time now,
                                         MemberSink* stream = nullptr);
@@ -313,6 +321,22 @@ class Membership {
   // (DetectionOptions::rendezvous_grace).
   void ScanRendezvousLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeCommitLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Numeric anomalies (membership_numeric.cc). A report joins the
+  // generation's case; the case is decided when every worker has reported
+  // or anomaly_settle after the first report: the job rolls back to the
+  // newest clean committed step the members still keep, skips the step's
+  // data, and opens the next generation; a slot that was the source of
+  // non-finite values at two different data is fenced instead (suspected
+  // silent data corruption) and its data is not skipped.
+  absl::StatusOr<bool> ReportAnomalyLocked(Member& reporter,
+                                           const Anomaly& anomaly,
+                                           absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ScanAnomaliesLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DecideAnomalyLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void NoteCommitLocked(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FillSkipData(google::protobuf::RepeatedPtrField<DataRange>* out) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Pushes the committed step to one stream (one that may have missed
   // the push of the commit).
   void PushCommittedLocked(MemberSink* sink) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -355,6 +379,28 @@ class Membership {
   };
   std::map<int64_t, StepAcks> acks_ ABSL_GUARDED_BY(mu_);
   int64_t committed_step_ ABSL_GUARDED_BY(mu_) = -1;
+  // Numeric anomalies. commits_: the committed steps, newest first (after
+  // a rollback, only those the members still keep). poisoned_: commits
+  // found unclean (an anomaly in the first step after restoring one).
+  struct AnomalyCase {
+    int64_t generation = -1;
+    absl::Time since;
+    std::map<int, Anomaly> reports;  // by slot
+  };
+  std::optional<AnomalyCase> anomaly_ ABSL_GUARDED_BY(mu_);
+  std::deque<int64_t> commits_ ABSL_GUARDED_BY(mu_);
+  std::set<int64_t> poisoned_ ABSL_GUARDED_BY(mu_);
+  // The generation opened by the last rollback, and the step it restored.
+  int64_t rollback_generation_ ABSL_GUARDED_BY(mu_) = -1;
+  int64_t rollback_target_ ABSL_GUARDED_BY(mu_) = -1;
+  // Generations opened since the last rollback and before the next commit
+  // carry MembershipUpdate::rollback.
+  bool rollback_pending_ ABSL_GUARDED_BY(mu_) = false;
+  int rollbacks_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::pair<int64_t, int64_t>> skip_data_ ABSL_GUARDED_BY(mu_);
+  // Per member: the data at which it was the source of non-finite values.
+  std::map<uint64_t, std::vector<std::pair<int64_t, int64_t>>> nan_sources_
+      ABSL_GUARDED_BY(mu_);
 
   std::deque<Incident> incidents_ ABSL_GUARDED_BY(mu_);
   // Diagnosis cases by generation, and the verdicts reached (the newest

@@ -52,6 +52,7 @@ void Membership::Scan(absl::Time now) {
   ScanStallsLocked(now);
   ScanStragglersLocked(now);
   ScanRendezvousLocked(now);
+  ScanAnomaliesLocked(now);
 }
 
 void Membership::ScanRendezvousLocked(absl::Time now) {
@@ -181,6 +182,8 @@ StatusResponse Membership::Status(const StatusRequest& req,
   r.set_min_world(policy_.min_world);
   r.set_generation(generation_);
   r.set_committed_step(committed_step_);
+  FillSkipData(r.mutable_skip_data());
+  r.set_rollbacks(rollbacks_);
   r.set_uptime_ms(ToMs(now - started_));
   r.set_vacant_slots(static_cast<int32_t>(vacant_.size()));
   r.set_standbys(static_cast<int32_t>(standbys_.size()));

@@ -30,7 +30,8 @@ absl::Status Bad(absl::string_view spec, absl::string_view why) {
                    "exit:slot=0:step=10, slow:slot=3:ms=300 or "
                    "fail-op:slot=2:seq=120, mismatch:slot=2:seq=120, "
                    "corrupt-piece:slot=1:step=20, "
-                   "corrupt-backup:slot=1:step=10 or corrupt-restore:slot=1)"));
+                   "corrupt-backup:slot=1:step=10, corrupt-restore:slot=1, "
+                   "nan:slot=1:step=20 or spike:slot=1:step=20)"));
 }
 
 absl::StatusOr<FaultSpec> ParseOne(absl::string_view text, int index) {
@@ -59,12 +60,16 @@ absl::StatusOr<FaultSpec> ParseOne(absl::string_view text, int index) {
     f.kind = Kind::kCorruptBackup;
   } else if (kind == "corrupt-restore") {
     f.kind = Kind::kCorruptRestore;
+  } else if (kind == "nan") {
+    f.kind = Kind::kNan;
+  } else if (kind == "spike") {
+    f.kind = Kind::kSpike;
   } else {
     return Bad(text, absl::StrCat(
                          "unknown kind '", kind,
                          "' (kill, hang, stall, exit, slow, fail-op, mismatch, "
-                         "corrupt-piece, corrupt-backup or "
-                         "corrupt-restore)"));
+                         "corrupt-piece, corrupt-backup, corrupt-restore, "
+                         "nan or spike)"));
   }
   for (size_t i = 1; i < parts.size(); ++i) {
     std::pair<absl::string_view, absl::string_view> kv =
@@ -129,6 +134,8 @@ absl::StatusOr<FaultSpec> ParseOne(absl::string_view text, int index) {
       break;
     case Kind::kCorruptPiece:
     case Kind::kCorruptBackup:
+    case Kind::kNan:
+    case Kind::kSpike:
       if (f.step < 0) return Bad(text, "step=N is required");
       break;
     case Kind::kCorruptRestore:
@@ -161,6 +168,10 @@ const char* KindName(Kind kind) {
       return "corrupt-backup";
     case Kind::kCorruptRestore:
       return "corrupt-restore";
+    case Kind::kNan:
+      return "nan";
+    case Kind::kSpike:
+      return "spike";
   }
   return "?";
 }
@@ -277,6 +288,8 @@ void Injector::Fire(const FaultSpec& f, absl::string_view where) {
     case Kind::kCorruptPiece:
     case Kind::kCorruptBackup:
     case Kind::kCorruptRestore:
+    case Kind::kNan:
+    case Kind::kSpike:
       return;
   }
   for (;;) pause();  // SIGKILL is on its way
@@ -291,7 +304,15 @@ void Injector::AtStep(int slot, int64_t step) {
     for (const FaultSpec& f : faults_) {
       if (f.slot != slot) continue;
       if (f.kind == Kind::kSlow) {
-        if (step >= f.step) slow_ms += f.ms;
+        if (step < f.step) continue;
+        slow_ms += f.ms;
+        // Its onset, once per process (for the benchmarks' time to
+        // detect).
+        if (!fired_[static_cast<size_t>(f.index)]) {
+          fired_[static_cast<size_t>(f.index)] = true;
+          HOLDFAST_LOG_WARN("injecting fault '{}' (pid {}, unix ms {})", f.text,
+                            getpid(), absl::ToUnixMillis(absl::Now()));
+        }
       } else if (IsProcessFault(f.kind) && f.step == step && fire == nullptr &&
                  ClaimLocked(f)) {
         copy = f;
@@ -365,7 +386,7 @@ bool Injector::MismatchAt(int slot, int64_t seq) {
   return false;
 }
 
-bool Injector::AtPiece(Kind kind, int slot, int64_t step) {
+bool Injector::FiresAt(Kind kind, int slot, int64_t step) {
   absl::MutexLock lock(&mu_);
   for (const FaultSpec& f : faults_) {
     // Only corrupt-restore may leave the step out (any step).

@@ -45,6 +45,10 @@
 //                            the restore must refuse it and receive it
 //                            again from its next holder, or with none stop
 //                            with DataLoss
+//   nan:slot=1:step=20       the values slot 1 hands to Runtime::CheckFinite
+//                            at step 20 (its local gradients) become NaN
+//   spike:slot=1:step=20     the loss slot 1 reports at step 20 is 1000
+//                            times what it was (a loss spike)
 //
 // `slot` is the rank at the time the point is reached, so a fault on a slot
 // also hits a standby that took it over. Each fault fires once per job: the
@@ -81,7 +85,9 @@ enum class Kind {
   kMismatch,
   kCorruptPiece,
   kCorruptBackup,
-  kCorruptRestore
+  kCorruptRestore,
+  kNan,
+  kSpike
 };
 
 struct FaultSpec {
@@ -139,10 +145,10 @@ class Injector {
   // Whether `slot` issues a Barrier in place of its collective `seq`
   // (mismatch); claims the fault when so.
   bool MismatchAt(int slot, int64_t seq);
-  // True once when a corrupt-piece, corrupt-backup or corrupt-restore
-  // fault (`kind`) fires for this slot at `step` (the caller does the
-  // corrupting).
-  bool AtPiece(Kind kind, int slot, int64_t step);
+  // True once when a fault of `kind` that the caller carries out
+  // (corrupt-piece, corrupt-backup, corrupt-restore, nan, spike) fires for
+  // this slot at `step`.
+  bool FiresAt(Kind kind, int slot, int64_t step);
 
  private:
   // Fires kill/exit now (does not return), hang and stall (return when

@@ -215,8 +215,11 @@ using RuntimeHolder = std::unique_ptr<Runtime, ReleaseGilDelete>;
 RunResult RunFromPython(Runtime& rt, const py::function& step_fn, int64_t steps,
                         int64_t snapshot_every, const py::object& metrics,
                         const py::object& on_restore,
-                        const std::string& snapshot_copy) {
+                        const std::string& snapshot_copy,
+                        const DataRanges& skip_data, double spike_factor) {
   RunOptions ro;
+  ro.skip_data = skip_data;
+  ro.numerics.spike_factor = spike_factor;
   if (snapshot_copy == "auto") {
     ro.snapshot_copy = RunOptions::SnapshotCopy::kAuto;
   } else if (snapshot_copy == "between_steps") {
@@ -428,7 +431,8 @@ void BindRecords(py::module_& m) {
       .def_readonly("productive_ms", &RunResult::productive_ms)
       .def_readonly("wall_ms", &RunResult::wall_ms)
       .def_readonly("backups", &RunResult::backups)
-      .def_readonly("backup_bytes", &RunResult::backup_bytes);
+      .def_readonly("backup_bytes", &RunResult::backup_bytes)
+      .def_readonly("skipped_data", &RunResult::skipped_data);
 }
 
 void BindRuntime(py::module_& m) {
@@ -484,7 +488,28 @@ void BindRuntime(py::module_& m) {
       .def("run", &RunFromPython, py::arg("step_fn"), py::arg("steps"),
            py::arg("snapshot_every") = 1, py::arg("metrics") = py::none(),
            py::arg("on_restore") = py::none(),
-           py::arg("snapshot_copy") = "auto")
+           py::arg("snapshot_copy") = "auto",
+           py::arg("skip_data") = DataRanges{},
+           py::arg("spike_factor") = NumericChecks().spike_factor)
+      .def(
+          "register_data_position",
+          [](Runtime& rt, const std::string& name, uintptr_t data) {
+            Check(rt.RegisterDataPosition(name,
+                                          static_cast<int64_t*>(Ptr(data))));
+          },
+          py::arg("name"), py::arg("data"))
+      .def(
+          "check_finite",
+          [](Runtime& rt, const std::string& what, uintptr_t data,
+             size_t count) {
+            return rt.CheckFinite(what, static_cast<float*>(Ptr(data)), count);
+          },
+          py::arg("what"), py::arg("data"), py::arg("count"))
+      .def("report_non_finite",
+           [](Runtime& rt, const std::string& what) {
+             rt.ReportNonFinite(what);
+           })
+      .def("inject_nan_now", [](Runtime& rt) { return rt.InjectNanNow(); })
       .def("begin_state_update",
            [](Runtime& rt) {
              // It may wait for a memory copy on the backup thread.

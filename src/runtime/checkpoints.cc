@@ -31,8 +31,16 @@ absl::StatusOr<int64_t> RuntimeImpl::Restore(RecoveryRecord* rec) {
   const View v = CurrentView();
   snapshots_.Quiesce();
   ++restores_;
+  // A rollback restores its step, whatever newer commit this member heard
+  // of before it (every member caps alike).
+  int64_t committed = committed_step();
+  if (v.rollback_to >= 0) committed = std::min(committed, v.rollback_to);
   HOLDFAST_ASSIGN_OR_RETURN(const checkpoint::Restored r,
-                            NewRestore(comm, v).FromMemory(committed_step()));
+                            NewRestore(comm, v).FromMemory(committed));
+  if (v.rollback_to >= 0) {
+    absl::MutexLock lock(&mu_);
+    committed_ = r.step;
+  }
   NoteRestored(r, rec);
   return r.step;
 }
@@ -91,7 +99,7 @@ checkpoint::BackupHooks RuntimeImpl::NewBackupHooks() {
 void RuntimeImpl::AfterCommit(Piece* own) {
   const int64_t s = own->step;
   if (own->size > 0 &&
-      faults_->AtPiece(fault::Kind::kCorruptPiece, own->slot, s)) {
+      faults_->FiresAt(fault::Kind::kCorruptPiece, own->slot, s)) {
     own->bytes[own->size / 2] ^= 0x5a;
     HOLDFAST_LOG_WARN(
         "runtime: corrupted slot {}'s own copy of its piece of step {} "

@@ -5,7 +5,7 @@
 namespace holdfast {
 
 void FaultyPieceIo::Receiving(int64_t step, const std::vector<int>& owners) {
-  hit_owner_ = !owners.empty() && faults_->AtPiece(fault::Kind::kCorruptBackup,
+  hit_owner_ = !owners.empty() && faults_->FiresAt(fault::Kind::kCorruptBackup,
                                                    slot_(), step)
                    ? owners.front()
                    : -1;
@@ -26,7 +26,7 @@ void FaultyPieceIo::Landed(int64_t step, int owner, uint8_t* data, size_t off,
 void FaultyPieceIo::Taking(int64_t step, const std::vector<Take>& takes) {
   hit_piece_ = -1;
   if (takes.empty() ||
-      !faults_->AtPiece(fault::Kind::kCorruptRestore, slot_(), step)) {
+      !faults_->FiresAt(fault::Kind::kCorruptRestore, slot_(), step)) {
     return;
   }
   hit_into_live_ = takes.front().into_live;

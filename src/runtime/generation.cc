@@ -92,7 +92,14 @@ void RuntimeImpl::OnMembership(const MembershipUpdate& u) {
     view_.slot = u.slot();
     view_.world = u.world_size();
     view_.standby = u.role() == control::ROLE_STANDBY;
-    committed_ = std::max(committed_, u.committed_step());
+    // A rollback abandons the newer commits.
+    view_.rollback_to = u.rollback() ? u.committed_step() : -1;
+    committed_ = u.rollback() ? u.committed_step()
+                              : std::max(committed_, u.committed_step());
+    job_skip_.clear();
+    for (const control::DataRange& r : u.skip_data()) {
+      job_skip_.emplace_back(r.begin(), r.end());
+    }
   }
   snapshots_.EndGeneration(u.generation());
   AbortComm(u.generation() - 1,

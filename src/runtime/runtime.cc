@@ -30,6 +30,7 @@ RuntimeImpl::~RuntimeImpl() {
 }
 
 absl::Status RuntimeImpl::Init() {
+  snapshots_.SetKeep(options_.keep_snapshots);
   if (!options_.faults.empty()) {
     HOLDFAST_RETURN_IF_ERROR(faults_->Configure(options_.faults));
   }
@@ -80,6 +81,7 @@ absl::Status RuntimeImpl::Init() {
       view_.standby = a.standby;
     }
     committed_ = std::max(committed_, a.committed_step);
+    job_skip_ = a.skip_data;
   }
   HOLDFAST_LOG_INFO(
       "runtime: member {} ({}) joined as {} (generation {}, world {})",
@@ -317,6 +319,11 @@ absl::Status CheckOptions(RuntimeOptions* o) {
   if (o->pp_size < 1) return refuse("pp_size", o->pp_size, ">= 1");
   if (o->checkpoint_every < 1) {
     return refuse("checkpoint_every", o->checkpoint_every, ">= 1");
+  }
+  if (o->keep_snapshots < 2 || o->keep_snapshots > 64) {
+    return refuse("keep_snapshots", o->keep_snapshots,
+                  "2 to 64 (the newest committed snapshot may already be "
+                  "poisoned when a numeric anomaly shows)");
   }
   if (o->max_step_retries < 0) {
     return refuse("max_step_retries", o->max_step_retries,

@@ -84,6 +84,11 @@ class RuntimeImpl final : public Runtime {
                                                  size_t global_bytes,
                                                  size_t unit_bytes) override;
   absl::StatusOr<ShardView> Shard(const std::string& name) override;
+  absl::Status RegisterDataPosition(const std::string& name,
+                                    int64_t* position) override;
+  bool CheckFinite(absl::string_view what, float* data, size_t count) override;
+  void ReportNonFinite(absl::string_view what) override;
+  bool InjectNanNow() override;
 
   bool standby() const override;
   int slot() const override;
@@ -114,6 +119,9 @@ class RuntimeImpl final : public Runtime {
     int slot = -1;
     int world = 0;
     bool standby = true;
+    // This generation rolls back to this committed step (a numeric
+    // anomaly), whatever newer commit a member heard of; -1: none.
+    int64_t rollback_to = -1;
   };
 
   // ---- runtime.cc ----------------------------------------------------------
@@ -178,6 +186,17 @@ class RuntimeImpl final : public Runtime {
   // error that every recovery would run into again (the same steps are
   // redone), so Run ends with it (InvalidArgument) instead of recovering.
   absl::Status FoundMismatch(int64_t gen);
+  // Numeric checks (numerics.cc). The anomaly of step `step`, if its
+  // numbers fail a check (and else records its loss for spikes).
+  std::optional<control::Anomaly> CheckNumbers(
+      const NumericChecks& checks, int64_t step,
+      const std::map<std::string, double>& metrics);
+  // Reports it and waits for the controller's rollback (the next
+  // generation); Aborted, naming it, for the recovery that follows.
+  absl::Status ReportAnomaly(const control::Anomaly& anomaly);
+  // Moves the data position past the skipped data.
+  void SkipData();
+  DataRanges SkippedData() const;
   // At the end of Run: waits (bounded) until the last step is committed.
   // A slot whose last round found the others at another step (it had
   // skipped one) snapshots the last step again, so every slot ends in the
@@ -368,6 +387,18 @@ class RuntimeImpl final : public Runtime {
   int64_t snapshots_skipped_ = 0;
   int64_t snapshots_unfenced_ = 0;  // copied during a step: no fence
   std::optional<RecoveryRecord> pending_record_;
+  // Numeric checks: the data position, the data skipped from the start
+  // (RunOptions::skip_data) and by the controller, the step under way,
+  // its first position and what the step found not finite in its own
+  // values; the recent losses.
+  int64_t* data_position_ = nullptr;
+  DataRanges run_skip_;
+  DataRanges job_skip_ ABSL_GUARDED_BY(mu_);
+  std::atomic<int64_t> step_now_{0};
+  int64_t step_data_begin_ = 0;
+  absl::Mutex local_mu_;
+  std::optional<std::string> local_nonfinite_ ABSL_GUARDED_BY(local_mu_);
+  std::deque<double> losses_;
   std::vector<RecoveryRecord> recovery_records_;
 
   // The pieces this member holds and the hand-over of its snapshots to

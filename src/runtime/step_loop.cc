@@ -209,6 +209,25 @@ absl::StatusOr<RunResult> RuntimeImpl::RunLoop(
     return absl::InvalidArgumentError(
         "Run: steps must be >= 0, snapshot_every >= 1 and step_fn set");
   }
+  for (const auto& [begin, end] : options.skip_data) {
+    if (begin < 0 || end <= begin) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Run: skip_data range [", begin, ", ", end,
+                       ") is not a non-empty range of positions >= 0"));
+    }
+  }
+  if (!options.skip_data.empty() && data_position_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "Run: skip_data needs a data position "
+        "(Runtime::RegisterDataPosition)");
+  }
+  if (options.numerics.spike_factor < 0 || options.numerics.spike_window < 1 ||
+      options.numerics.spike_warmup < 1) {
+    return absl::InvalidArgumentError(
+        "Run: numerics.spike_factor must be >= 0 (0: off), spike_window and "
+        "spike_warmup >= 1");
+  }
+  run_skip_ = options.skip_data;
   started_ = true;
   HOLDFAST_RETURN_IF_ERROR(AwaitSlot());
   Loop loop;
@@ -275,6 +294,7 @@ absl::StatusOr<RunResult> RuntimeImpl::RunLoop(
 
 absl::Status RuntimeImpl::ResumeAt(Loop* loop, const RunOptions& options,
                                    int64_t restored) {
+  SkipData();
   if (options.on_restore) {
     HOLDFAST_RETURN_IF_ERROR(options.on_restore(restored));
   }
@@ -313,6 +333,12 @@ absl::Status RuntimeImpl::CallStep(
     const RunOptions& options, int64_t step, bool* fenced,
     absl::Status* fatal) {
   const View v = CurrentView();
+  step_now_ = step;
+  step_data_begin_ = data_position_ != nullptr ? *data_position_ : 0;
+  {
+    absl::MutexLock lock(&local_mu_);
+    local_nonfinite_.reset();
+  }
   faults_->AtStep(v.slot, step);
   member_->SetPhase(control::PHASE_COMPUTING, 0);
   Communicator* comm = CurrentComm();
@@ -382,6 +408,22 @@ absl::Status RuntimeImpl::CompleteStep(const RunOptions& options, int64_t step,
   }
   progress_.ledger[1] += absl::ToInt64Microseconds(t1 - t0);
   progress_.high_step = std::max(progress_.high_step, step);
+  std::map<std::string, double> metrics =
+      options.metrics ? options.metrics() : std::map<std::string, double>{};
+  if (auto loss = metrics.find("loss");
+      loss != metrics.end() &&
+      faults_->FiresAt(fault::Kind::kSpike, CurrentView().slot, step)) {
+    loss->second *= 1000;
+    HOLDFAST_LOG_WARN("runtime: slot {}: loss spike at step {} (injected)",
+                      CurrentView().slot, step);
+  }
+  // A step whose numbers are not sane is not snapshotted: the job rolls
+  // back past it.
+  if (std::optional<control::Anomaly> a =
+          CheckNumbers(options.numerics, step, metrics)) {
+    return ReportAnomaly(*a);
+  }
+  SkipData();
   if (step % options.snapshot_every == 0 || step == options.steps) {
     member_->SetPhase(control::PHASE_CHECKPOINTING, 0);
     if (step == options.steps) {
@@ -396,9 +438,7 @@ absl::Status RuntimeImpl::CompleteStep(const RunOptions& options, int64_t step,
          (options.snapshot_copy == SnapshotCopy::kAuto && fenced));
     HOLDFAST_RETURN_IF_ERROR(TakeSnapshot(step, defer).status());
   }
-  ReportStep(
-      step, t1 - t0,
-      options.metrics ? options.metrics() : std::map<std::string, double>{});
+  ReportStep(step, t1 - t0, metrics);
   if (pending_record_.has_value()) {
     recovery_records_.push_back(*pending_record_);
     PublishRecovery(*pending_record_);
@@ -415,6 +455,7 @@ RunResult RuntimeImpl::Result(const RunOptions& options) {
   result.slot = v.slot;
   result.generation = v.generation;
   result.recoveries = recovery_records_;
+  result.skipped_data = SkippedData();
   result.snapshots = snapshots_taken_;
   result.snapshots_skipped = snapshots_skipped_;
   result.snapshots_unfenced = snapshots_unfenced_;

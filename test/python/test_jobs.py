@@ -80,6 +80,28 @@ def test_ddp_survives_a_fault_with_the_fault_free_hash(ranks, fault):
     assert any("recoveries=1" in line for line in lines), out
 
 
+def test_ddp_nan_rolls_back_and_skips_its_data_with_the_reference_hash(
+        tmp_path):
+    """A NaN in slot 1's gradients at step 12 (found by the DDP hook's
+    check of its own bucket): the job rolls back, skips the batch, and
+    ends with the model of a fault-free run told to skip it."""
+    rc, lines = run_job(["-n", "3", "--standby", "1", "--log-dir",
+                         str(tmp_path), "--inject", "nan:slot=1:step=12"],
+                        DDP)
+    out = "\n".join(lines[-60:])
+    assert rc == 0, out
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["rollbacks"] == 1, out
+    assert summary["skipped_data"] == [[11, 12]], out
+    [incident] = summary["incidents"]
+    assert incident["kind"] == "numeric" and incident["slot"] == 1, incident
+    finals = final_lines(lines)
+    rc, ref = run_job(["-n", "3"], DDP + ["--skip-data", "11:12"])
+    assert rc == 0, "\n".join(ref[-40:])
+    assert len(finals) == 3 and set(finals) == set(final_lines(ref)), out
+    assert set(finals) != {fault_free_hash(3)}, out
+
+
 def test_ddp_state_whose_every_copy_is_lost_comes_from_live_state():
     """Slot 1 dies in step 20 and its buddy, slot 3 (the same place on the
     other host), as soon as the recovery begins: no copy of slot 1's piece
