@@ -56,23 +56,16 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "benchmarks/bench_job.h"
 #include "test/support/members_json.h"
 #include "test/support/process_group.h"
 
 using nlohmann::json;
+using namespace holdfast::bench;  // NOLINT: the benchmarks' helpers
 
 namespace {
 
 constexpr int64_t kSteps = 30;
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
 
 struct Trial {
   std::string kind;
@@ -93,46 +86,6 @@ struct Outcome {
   int evictions = 0;
   std::string note;
 };
-
-// Starts `cmd` through the shell with `env` added; its pid.
-pid_t Start(const std::string& cmd) {
-  const pid_t pid = fork();
-  if (pid == 0) {
-    setpgid(0, 0);
-    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  return pid;
-}
-
-// The exit status of `pid`, or nullopt once `deadline` passed (it is then
-// killed with its process group).
-std::optional<int> Await(pid_t pid, absl::Time deadline) {
-  for (;;) {
-    int status = 0;
-    if (waitpid(pid, &status, WNOHANG) == pid) return status;
-    if (absl::Now() > deadline) {
-      ::kill(-pid, SIGKILL);
-      waitpid(pid, &status, 0);
-      return std::nullopt;
-    }
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-}
-
-// The Unix ms of the injector's "injecting fault '<kind>..." line.
-int64_t InjectedAt(const std::string& log, const std::string& kind) {
-  std::istringstream in(log);
-  const std::string mark = "unix ms ";
-  for (std::string line; std::getline(in, line);) {
-    if (line.find("injecting fault '" + kind) == std::string::npos) continue;
-    const size_t at = line.rfind(mark);
-    if (at != std::string::npos) {
-      return std::strtoll(line.c_str() + at + mark.size(), nullptr, 10);
-    }
-  }
-  return 0;
-}
 
 struct Paths {
   std::string run = HOLDFAST_RUN_BIN;
@@ -202,19 +155,9 @@ Outcome RunTrial(const Paths& p, const Trial& t, const std::string& want_hash,
                WEXITSTATUS(*status) == 0 && summary.is_object() &&
                summary.value("outcome", "") == "finished";
   if (!status.has_value()) o.note = "the job hung (killed after 180 s)";
-  // Every slot's final hash.
-  std::vector<std::string> hashes;
-  const std::string mark = "params_sha256=";
-  for (size_t at = out.find(mark); at != std::string::npos;
-       at = out.find(mark, at + 1)) {
-    hashes.push_back(out.substr(at + mark.size(), 64));
-  }
-  const bool agree =
-      static_cast<int>(hashes.size()) == t.ranks &&
-      std::all_of(hashes.begin(), hashes.end(),
-                  [&](const std::string& h) { return h == hashes[0]; });
-  if (hash != nullptr) *hash = agree && o.finished ? hashes[0] : "";
-  o.model_ok = o.finished && agree && hashes[0] == want_hash;
+  const std::string agreed = AgreedHash(out, t.ranks);
+  if (hash != nullptr) *hash = o.finished ? agreed : "";
+  o.model_ok = o.finished && !agreed.empty() && agreed == want_hash;
   if (summary.is_object() && summary.contains("incidents") &&
       summary["incidents"].is_array()) {
     const json& incidents = summary["incidents"];
@@ -246,14 +189,6 @@ Outcome RunTrial(const Paths& p, const Trial& t, const std::string& want_hash,
     o.note += " (logs: " + dir + ")";
   }
   return o;
-}
-
-int64_t Percentile(std::vector<int64_t> v, double q) {
-  if (v.empty()) return -1;
-  std::sort(v.begin(), v.end());
-  const size_t i = std::min(
-      v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())));
-  return v[i];
 }
 
 struct Row {
