@@ -139,33 +139,29 @@ class MemberClientImpl final : public MemberClient {
   absl::StatusOr<bool> ReportFailure(int peer_slot, const std::string& reason,
                                      int64_t generation) override {
     ReportFailureRequest req;
-    {
-      absl::MutexLock lock(&mu_);
-      req.set_member_id(assignment_.member_id);
-    }
-    req.set_generation(generation);
     req.set_peer_slot(peer_slot);
     req.set_reason(reason);
-    ReportFailureResponse resp;
-    auto ctx = Context();
-    absl::Status s =
-        FromGrpc(stub_->ReportFailure(ctx.get(), req, &resp), "ReportFailure");
-    if (!s.ok()) return s;
-    return resp.declared();
+    return SendReport(std::move(req), generation);
   }
 
   absl::StatusOr<bool> ReportAnomaly(const Anomaly& anomaly,
                                      int64_t generation) override {
     ReportFailureRequest req;
+    req.set_peer_slot(-1);
+    req.set_reason(absl::StrCat(anomaly.kind(), " in ", anomaly.what(),
+                                " at step ", anomaly.step()));
+    *req.mutable_anomaly() = anomaly;
+    return SendReport(std::move(req), generation);
+  }
+
+  // A ReportFailure call with this member's identity.
+  absl::StatusOr<bool> SendReport(ReportFailureRequest req,
+                                  int64_t generation) {
     {
       absl::MutexLock lock(&mu_);
       req.set_member_id(assignment_.member_id);
     }
     req.set_generation(generation);
-    req.set_peer_slot(-1);
-    req.set_reason(absl::StrCat(anomaly.kind(), " in ", anomaly.what(),
-                                " at step ", anomaly.step()));
-    *req.mutable_anomaly() = anomaly;
     ReportFailureResponse resp;
     auto ctx = Context();
     absl::Status s =
