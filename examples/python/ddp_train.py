@@ -24,7 +24,9 @@ job stopped, 1 any other error.
 
 import argparse
 import hashlib
+import random
 import sys
+import time
 
 import torch
 
@@ -40,11 +42,32 @@ def make_batch(step, batch):
     return x, y
 
 
+def step_scale(sigma, step, slot):
+    """--uneven: the step's compute as a multiple of --step-ms. The draw is
+    the step's (the same on every slot: it is the batch that is long),
+    with 5 % noise of the slot's own; 1 without --uneven."""
+    if sigma <= 0:
+        return 1.0
+    draw = random.Random(step)
+    scale = draw.lognormvariate(-sigma * sigma / 2, sigma)
+    if draw.random() < 0.05:
+        scale = 5.0 + 5.0 * draw.random()
+    return scale * (1.0 + 0.05 * (2 * random.Random(
+        1_000_003 * step + slot).random() - 1))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--step-ms", type=float, default=0.0,
+                    help="extra compute time per step, ms")
+    ap.add_argument("--uneven", type=float, default=0.0,
+                    help="uneven steps, as an RL job's: each step's extra "
+                    "compute is --step-ms times a lognormal draw of this "
+                    "sigma (5%% of steps 5-10x), the same on every slot, "
+                    "with 5%% noise of the slot's own")
     ap.add_argument("--skip-data", default="",
                     help="batches to skip, as a job that rolled back past a "
                     "numeric anomaly skipped them: B:E[,B:E...] (positions "
@@ -90,6 +113,9 @@ def main():
         opt.zero_grad(set_to_none=False)
         loss = torch.nn.functional.mse_loss(ddp(x[lo:hi]), y[lo:hi])
         loss.backward()
+        if args.step_ms > 0:
+            time.sleep(args.step_ms / 1000 *
+                       step_scale(args.uneven, ctx.step, ctx.slot))
         last_grad_norm[0] = float(torch.norm(torch.stack(
             [p.grad.norm() for p in model.parameters()])))
         ctx.runtime.begin_state_update()  # the first write comes next

@@ -382,4 +382,15 @@ void Prune(const std::string& dir, int keep) {
   }
 }
 
+void RemoveAfter(const std::string& dir, int64_t step) {
+  std::error_code ec;
+  std::vector<fs::path> newer;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (StepOfDir(e.path().filename().string()) > step) {
+      newer.push_back(e.path());
+    }
+  }
+  for (const fs::path& p : newer) fs::remove_all(p, ec);
+}
+
 }  // namespace holdfast::pieces

@@ -147,6 +147,9 @@ absl::StatusOr<std::optional<DiskStep>> FindNewest(
 
 // Removes step directories older than the `keep` newest.
 void Prune(const std::string& dir, int keep);
+// Removes the step directories of steps after `step` (a timeline that a
+// rollback abandoned: a resume must not read them).
+void RemoveAfter(const std::string& dir, int64_t step);
 
 }  // namespace holdfast::pieces
 

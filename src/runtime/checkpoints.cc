@@ -38,8 +38,16 @@ absl::StatusOr<int64_t> RuntimeImpl::Restore(RecoveryRecord* rec) {
   HOLDFAST_ASSIGN_OR_RETURN(const checkpoint::Restored r,
                             NewRestore(comm, v).FromMemory(committed));
   if (v.rollback_to >= 0) {
-    absl::MutexLock lock(&mu_);
-    committed_ = r.step;
+    {
+      absl::MutexLock lock(&mu_);
+      committed_ = r.step;
+    }
+    // The disk tier's steps after it belong to the abandoned timeline: a
+    // resume must not read them, and the steps redone are written anew.
+    if (last_disk_step_ > r.step) last_disk_step_ = r.step;
+    if (!options_.checkpoint_dir.empty() && v.slot == 0) {
+      pieces::RemoveAfter(options_.checkpoint_dir, r.step);
+    }
   }
   NoteRestored(r, rec);
   return r.step;

@@ -102,6 +102,18 @@ def test_ddp_nan_rolls_back_and_skips_its_data_with_the_reference_hash(
     assert set(finals) != {fault_free_hash(3)}, out
 
 
+def test_ddp_uneven_steps_raise_no_alarm(tmp_path):
+    """An RL-shaped workload (--uneven: lognormal step times, some steps
+    5-10x, the same draw on every rank) on 3 ranks: no straggler, no
+    stall, nothing."""
+    rc, lines = run_job(["-n", "3", "--log-dir", str(tmp_path)],
+                        DDP + ["--step-ms", "20", "--uneven", "0.8"])
+    assert rc == 0, "\n".join(lines[-40:])
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["incidents"] == [], summary["incidents"]
+    assert len(set(final_lines(lines))) == 1
+
+
 def test_ddp_state_whose_every_copy_is_lost_comes_from_live_state():
     """Slot 1 dies in step 20 and its buddy, slot 3 (the same place on the
     other host), as soon as the recovery begins: no copy of slot 1's piece
