@@ -6,11 +6,12 @@
 //   stragglers  slow:slot=S:ms=(F-1)*step_ms:step=T for F of 1.2, 1.5, 2
 //               and 5 on a random slot S from a random step T: that slot's
 //               own work per step becomes F times its peers'. A straggler
-//               incident naming S is a detection; one naming another slot
-//               is a false alarm. The time to detect runs from the
+//               incident naming S is a detection; any other incident (a
+//               straggler naming another slot, a stall, a rollback) is a
+//               false alarm. The time to detect runs from the
 //               injector's first slowed step (its log line) to the
 //               incident.
-//   uniform     no fault: any straggler or stall incident is a false alarm.
+//   uniform     no fault: any incident is a false alarm.
 //   uneven      no fault, --uneven 0.8 (lognormal step times, the same draw
 //               on every rank, some steps 5-10x the median): the same.
 //   nan         nan:slot=S:step=T: the job must roll back, and its final
@@ -128,7 +129,6 @@ void StragglerRun(const Paths& p, const Config& c, const std::string& kind,
     const std::string k = i.value("kind", "");
     const bool ours = factor > 1 && i.value("slot", -1) == slot;
     if (i.value("evicted", false) && !ours) ++row->healthy_evicted;
-    if (k != "straggler" && k != "stalled") continue;
     if (ours && k == "straggler") {
       if (!found && onset > 0) {
         detect_ms = i.value("detected_unix_ms", int64_t{0}) - onset;

@@ -148,8 +148,9 @@ TEST_CASE(
 TEST_CASE(
     "gray: a loss spike seen by one rank rolls the job back and skips its "
     "data") {
-  JobRun r = Launch({"-n", "4", "--inject", "spike:slot=2:step=20"},
-                    {"--steps", "40", "--step-ms", "10"});
+  JobRun r =
+      Launch({"-n", "4", "--inject", "spike:slot=2:step=20"},
+             {"--steps", "40", "--step-ms", "10", "--spike-factor", "10"});
   INFO("summary: " << r.summary.dump(1));
   REQUIRE(r.rc == 0);
   CheckFinished(r, 4, 40);

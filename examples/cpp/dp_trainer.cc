@@ -256,6 +256,10 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   app.add_option("--lr", lr, "learning rate");
   std::string skip_data;
+  double spike_factor = 0;
+  app.add_option("--spike-factor", spike_factor,
+                 "roll back a step whose loss is above this multiple of its "
+                 "running median (0: off)");
   app.add_option("--skip-data", skip_data,
                  "batches to skip, as a job that rolled back past a numeric "
                  "anomaly skipped them: B:E[,B:E...] (positions [B, E); "
@@ -446,6 +450,7 @@ int main(int argc, char** argv) {
     return std::map<std::string, double>{{"loss", last_loss},
                                          {"grad_norm", last_grad_norm}};
   };
+  ro.numerics.spike_factor = spike_factor;
   for (absl::string_view r :
        absl::StrSplit(skip_data, ',', absl::SkipEmpty())) {
     std::pair<absl::string_view, absl::string_view> be =

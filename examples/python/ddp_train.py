@@ -68,6 +68,9 @@ def main():
                     "compute is --step-ms times a lognormal draw of this "
                     "sigma (5%% of steps 5-10x), the same on every slot, "
                     "with 5%% noise of the slot's own")
+    ap.add_argument("--spike-factor", type=float, default=0.0,
+                    help="roll back a step whose loss is above this "
+                    "multiple of its running median (0: off)")
     ap.add_argument("--skip-data", default="",
                     help="batches to skip, as a job that rolled back past a "
                     "numeric anomaly skipped them: B:E[,B:E...] (positions "
@@ -129,7 +132,7 @@ def main():
         result = rt.run(step, args.steps,
                         metrics=lambda: {"loss": last_loss[0],
                                          "grad_norm": last_grad_norm[0]},
-                        skip_data=skip)
+                        skip_data=skip, spike_factor=args.spike_factor)
     except holdfast.CancelledError as e:
         print(f"ddp_train: {e}", file=sys.stderr)
         return 0  # a standby that was never needed

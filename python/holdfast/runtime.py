@@ -303,7 +303,7 @@ class Runtime:
     # ---- the step loop -----------------------------------------------------
     def run(self, step_fn, steps, snapshot_every=1, metrics=None,
             on_restore=None, snapshot_copy="auto", skip_data=(),
-            spike_factor=10.0):
+            spike_factor=0.0):
         """Runs steps committed+1 .. `steps` with automatic recovery.
 
         `step_fn(ctx)` gets a StepContext. A holdfast error it raises (or
@@ -339,7 +339,9 @@ class Runtime:
 
         After each step the metrics "loss" and "grad_norm" (from `metrics`)
         are checked for NaN and Inf, and "loss" for a spike above
-        `spike_factor` times its running median (0: off); a step that fails
+        `spike_factor` times its running median (0, the default: off; see
+        NumericChecks in holdfast/runtime.h for when a ratio misfires); a
+        step that fails
         is rolled back with its data skipped (docs/gray-failures.md).
         `skip_data`: (begin, end) data positions to skip from the start, as
         a job that rolled back skipped them (summary.json's skipped_data),
