@@ -64,8 +64,8 @@ else
   exit 1
 fi
 
-# PyTorch DDP on the "holdfast" torch.distributed backend (Debian's
-# /usr/bin/python3 has torch): fault-free, then slot 1 SIGKILLed.
+# PyTorch DDP on the "holdfast" torch.distributed backend (torch from the
+# project's .venv/): fault-free, then slot 1 SIGKILLed.
 pyrun() {
   local name="$1"
   shift
@@ -73,7 +73,7 @@ pyrun() {
   echo "=== $name: holdfast-run -n 2 --standby 1 $* -- ddp_train.py --steps 40"
   PYTHONPATH=build/python build/holdfast-run -n 2 --standby 1 \
     --log-dir "$out/$name" "$@" \
-    -- /usr/bin/python3 examples/python/ddp_train.py --steps 40 \
+    -- .venv/bin/python3 examples/python/ddp_train.py --steps 40 \
     >"$out/$name.out" 2>"$out/$name.err" || true
   grep -h "final step=" "$out/$name.out" | sort
   sed -n '/==== holdfast-run summary ====/,$p' "$out/$name.err"

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Installs holdfast's system dependencies from Debian packages (idempotent,
-# non-interactive), then configures and builds into build/.
+# Installs holdfast's system dependencies from Debian packages and its
+# Python packages from PyPI into the project's virtual environment .venv/
+# (scripts/python-requirements.txt), both idempotent and non-interactive,
+# then configures and builds into build/.
 #
 #   scripts/setup.sh [--no-build] [--build-type Release|Debug|RelWithDebInfo]
 #                    [--sanitize address|thread]
 #
 # Environment: BUILD_DIR (default build), CMAKE_ARGS (extra CMake flags),
-# HOLDFAST_WITH_NCCL (AUTO|ON|OFF, default AUTO).
+# HOLDFAST_WITH_NCCL (AUTO|ON|OFF, default AUTO), HOLDFAST_PYTHON (the
+# interpreter that makes .venv/, default python3 on PATH).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,7 +31,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git
   libgloo-dev libabsl-dev catch2 pybind11-dev
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
-  libtorch-dev python3-torch python3-dev python3-pytest python3-numpy
+  libtorch-dev python3-dev python3-venv
   nlohmann-json3-dev libxxhash-dev libcli11-dev libspdlog-dev libfmt-dev
   prometheus-cpp-dev libssl-dev clang-format
 )
@@ -55,11 +58,22 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
 fi
 
+# The virtual environment: made once, then brought to the pinned versions
+# (pip leaves what already matches alone).
+venv="$PWD/.venv"
+if [ ! -x "$venv/bin/python3" ]; then
+  echo "setup.sh: creating $venv"
+  "${HOLDFAST_PYTHON:-python3}" -m venv "$venv"
+fi
+"$venv/bin/python3" -m pip install -q --disable-pip-version-check \
+  -r scripts/python-requirements.txt
+
 [ "$build" -eq 1 ] || exit 0
 
 build_dir="${BUILD_DIR:-build}"
 flags=(-G Ninja -DCMAKE_BUILD_TYPE="$build_type"
-       -DHOLDFAST_WITH_NCCL="${HOLDFAST_WITH_NCCL:-AUTO}")
+       -DHOLDFAST_WITH_NCCL="${HOLDFAST_WITH_NCCL:-AUTO}"
+       -DPython_EXECUTABLE="$venv/bin/python3")
 [ -n "$sanitize" ] && flags+=(-DHOLDFAST_SANITIZE="$sanitize")
 # shellcheck disable=SC2206
 [ -n "${CMAKE_ARGS:-}" ] && flags+=(${CMAKE_ARGS})

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """A deterministic PyTorch DDP trainer on holdfast (CPU, Gloo).
 
 A small MLP (16 -> 32 tanh -> 1) fitted with SGD and momentum to a fixed
@@ -14,7 +14,7 @@ writes (begin_state_update() before opt.step()), so the snapshot of the
 step before is copied while the forward and backward passes run.
 
     holdfast-run -n 2 --standby 1 --inject kill:slot=1:step=20 -- \\
-        /usr/bin/python3 examples/python/ddp_train.py --steps 40
+        .venv/bin/python3 examples/python/ddp_train.py --steps 40
 
 Each rank prints one line at the end:
     final step=<N> world=<W> params_sha256=<hex>

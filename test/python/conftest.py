@@ -5,6 +5,7 @@ holdfast-controller per test. CTest sets HOLDFAST_BUILD_DIR and PYTHONPATH
 import os
 import pathlib
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -15,7 +16,9 @@ BUILD = pathlib.Path(
                    pathlib.Path(__file__).resolve().parents[2] / "build")
 )
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-PYTHON = "/usr/bin/python3"
+# The interpreter that runs the tests runs the jobs too (the project's
+# virtual environment, with its pinned torch).
+PYTHON = sys.executable
 
 
 @pytest.fixture
