@@ -203,7 +203,8 @@ def _create(store, rank, size, timeout):
 
 
 if BACKEND.upper() not in getattr(dist.Backend, "_plugins", {}):
-    dist.Backend.register_backend(BACKEND, _create)
+    # The devices it serves: host memory (the Python side drives no GPU).
+    dist.Backend.register_backend(BACKEND, _create, devices=["cpu"])
 
 
 class _LocalStore(dist.Store):

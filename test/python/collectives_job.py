@@ -15,6 +15,9 @@ marker = torch.zeros(1)
 rt.register_tensor("marker", marker)
 pg = hd.init_process_group(rt)
 assert dist.get_backend() == "holdfast"
+# Registered for the devices it serves (torch 2.x's register_backend).
+assert dist.Backend.backend_capability["holdfast"] == ["cpu"], (
+    dist.Backend.backend_capability)
 
 
 def step(ctx):
