@@ -9,6 +9,11 @@ cd "$(dirname "$0")/.."
 
 bash scripts/setup.sh
 ctest --test-dir build --output-on-failure --timeout 300 -j 2 "$@"
+# `pip install .` into a fresh virtual environment, and the Python suite
+# from that install (HOLDFAST_SKIP_INSTALL_TEST=1 skips it: several minutes).
+if [ -z "${HOLDFAST_SKIP_INSTALL_TEST:-}" ]; then
+  bash scripts/test_install.sh
+fi
 
 if [ -n "${HOLDFAST_TEST_SANITIZE:-}" ]; then
   BUILD_DIR="build-${HOLDFAST_TEST_SANITIZE}" bash scripts/setup.sh \

@@ -1,6 +1,10 @@
 """Fixtures for the Python tests: the build's binaries and a standalone
 holdfast-controller per test. CTest sets HOLDFAST_BUILD_DIR and PYTHONPATH
-(scripts/test.sh runs them)."""
+(scripts/test.sh runs them). With HOLDFAST_INSTALLED=1 they test the
+package that `pip install .` put into the running interpreter's
+environment instead: its module, and the launcher and controller it
+bundles (scripts/test_install.sh); only the libtorch trainer still comes
+from the build."""
 
 import os
 import pathlib
@@ -16,6 +20,17 @@ BUILD = pathlib.Path(
                    pathlib.Path(__file__).resolve().parents[2] / "build")
 )
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+INSTALLED = os.environ.get("HOLDFAST_INSTALLED") == "1"
+
+
+def _tool(name):
+    """A holdfast binary: the build's, or the installed package's."""
+    if INSTALLED:
+        import holdfast
+
+        return pathlib.Path(holdfast.__file__).parent / "bin" / name
+    return BUILD / name
+
 # The interpreter that runs the tests runs the jobs too (the project's
 # virtual environment, with its pinned torch).
 PYTHON = sys.executable
@@ -28,7 +43,7 @@ def controller(tmp_path):
     (tmp_path / "token").write_text(token)
     port_file = tmp_path / "port"
     proc = subprocess.Popen(
-        [str(BUILD / "holdfast-controller"), "--port", "0", "--world-size",
+        [str(_tool("holdfast-controller")), "--port", "0", "--world-size",
          "1", "--token-file", str(tmp_path / "token"), "--port-file",
          str(port_file)],
         stderr=open(tmp_path / "controller.log", "w"),
@@ -48,12 +63,15 @@ def run_job(args, cmd, timeout=240, extra_env=None):
     environment); returns (exit code, output lines)."""
     env = dict(os.environ)
     env.update(extra_env or {})
-    env["PYTHONPATH"] = str(BUILD / "python")
+    if INSTALLED:
+        env.pop("PYTHONPATH", None)
+    else:
+        env["PYTHONPATH"] = str(BUILD / "python")
     # A disk tier of the job's own: no run resumes another's checkpoint.
     if "--checkpoint-dir" not in args and "--no-disk-tier" not in args:
         env.setdefault("HOLDFAST_CHECKPOINT_DIR", tempfile.mkdtemp())
     p = subprocess.run(
-        [str(BUILD / "holdfast-run")] + args + ["--"] + cmd,
+        [str(_tool("holdfast-run"))] + args + ["--"] + cmd,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         timeout=timeout, env=env,
     )
