@@ -203,7 +203,7 @@ struct NumericChecks {
   // its last spike_window values, once it has spike_warmup of them. 0 (the
   // default): off. A ratio to the median suits a loss that stays well
   // above its noise (a language model's); near zero a batch's loss swings
-  // by 10x and more (the example MLP, converged, spiked 7 times in 10
+  // by 10x and more (the example MLP, converged, spiked 8 times in 11
   // minutes at 10x), and each false spike rolls back and skips a batch.
   // Losses are compared on one slot; a trainer whose loss is local to a
   // slot gets its own slot's spikes.
@@ -234,11 +234,6 @@ struct RunOptions {
   // before it writes it), which needs the step function to call
   // ctx.runtime->BeginStateUpdate() before its first write to registered
   // state. The last step's snapshot is always copied between the steps.
-  NumericChecks numerics;
-  // Data to skip from the start, as a job that rolled back past an anomaly
-  // skipped it (summary.json's skipped_data): a reference run. Needs a
-  // registered data position (Runtime::RegisterDataPosition).
-  DataRanges skip_data;
   enum class SnapshotCopy {
     // During the next step when the step just snapshotted called
     // BeginStateUpdate() (the trainer fences its writes), else between the
@@ -253,6 +248,12 @@ struct RunOptions {
     kDuringNextStep,
   };
   SnapshotCopy snapshot_copy = SnapshotCopy::kAuto;
+  // What is checked after each step (NaN, Inf, loss spikes).
+  NumericChecks numerics;
+  // Data to skip from the start, as a job that rolled back past an anomaly
+  // skipped it (summary.json's skipped_data): a reference run. Needs a
+  // registered data position (Runtime::RegisterDataPosition).
+  DataRanges skip_data;
 };
 
 // One recovery, as this process saw it. Times are Unix milliseconds.

@@ -21,7 +21,6 @@
 #include "src/control/rpc_util.h"
 
 namespace holdfast::control {
-namespace {
 
 std::vector<std::pair<int64_t, int64_t>> SkipList(
     const google::protobuf::RepeatedPtrField<DataRange>& ranges) {
@@ -30,6 +29,8 @@ std::vector<std::pair<int64_t, int64_t>> SkipList(
   for (const DataRange& r : ranges) out.emplace_back(r.begin(), r.end());
   return out;
 }
+
+namespace {
 
 // Statuses after which this identity must never be used again.
 bool IsFinal(absl::StatusCode c) {

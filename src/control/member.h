@@ -77,6 +77,10 @@ struct Assignment {
   std::vector<std::pair<int64_t, int64_t>> skip_data;
 };
 
+// The skip list of a generation update or a registration, as pairs.
+std::vector<std::pair<int64_t, int64_t>> SkipList(
+    const google::protobuf::RepeatedPtrField<DataRange>& ranges);
+
 class MemberClient {
  public:
   // Registers (waiting up to connect_timeout for the controller) and starts

@@ -3,7 +3,6 @@
 // which data it skips from then on, and which member is suspected of
 // silent data corruption (docs/gray-failures.md).
 #include <algorithm>
-#include <cmath>
 #include <string>
 #include <utility>
 #include <vector>
@@ -11,7 +10,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "holdfast/status.h"
-#include "src/common/logging.h"
 #include "src/control/membership.h"
 
 namespace holdfast::control {
@@ -209,13 +207,11 @@ void Membership::DecideAnomalyLocked(absl::Time now) {
   }
   inc.set_step(step);
   RecordIncidentLocked(std::move(inc));
-  rollback_generation_ = generation_ + 1;
   if (suspects.empty()) {
     AbortOrder abort;
     abort.set_reason(evidence);
     abort.set_failed_slot(-1);
     OpenGenerationLocked(-1, "", std::move(abort), now);
-    return;
   }
   for (uint64_t id : suspects) {
     auto m = members_.find(id);

@@ -96,10 +96,7 @@ void RuntimeImpl::OnMembership(const MembershipUpdate& u) {
     view_.rollback_to = u.rollback() ? u.committed_step() : -1;
     committed_ = u.rollback() ? u.committed_step()
                               : std::max(committed_, u.committed_step());
-    job_skip_.clear();
-    for (const control::DataRange& r : u.skip_data()) {
-      job_skip_.emplace_back(r.begin(), r.end());
-    }
+    job_skip_ = control::SkipList(u.skip_data());
   }
   snapshots_.EndGeneration(u.generation());
   AbortComm(u.generation() - 1,

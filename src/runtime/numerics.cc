@@ -156,14 +156,11 @@ absl::Status RuntimeImpl::ReportAnomaly(const control::Anomaly& anomaly) {
 
 void RuntimeImpl::SkipData() {
   if (data_position_ == nullptr) return;
-  const DataRanges skip = SkippedData();
-  for (bool moved = true; moved;) {
-    moved = false;
-    for (const auto& [begin, end] : skip) {
-      if (*data_position_ >= begin && *data_position_ < end) {
-        *data_position_ = end;
-        moved = true;
-      }
+  // In order of their beginnings, one pass moves it past ranges that
+  // touch or overlap.
+  for (const auto& [begin, end] : SkippedData()) {
+    if (*data_position_ >= begin && *data_position_ < end) {
+      *data_position_ = end;
     }
   }
 }

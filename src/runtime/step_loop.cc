@@ -412,10 +412,10 @@ absl::Status RuntimeImpl::CompleteStep(const RunOptions& options, int64_t step,
       options.metrics ? options.metrics() : std::map<std::string, double>{};
   if (auto loss = metrics.find("loss");
       loss != metrics.end() &&
-      faults_->FiresAt(fault::Kind::kSpike, CurrentView().slot, step)) {
+      faults_->FiresAt(fault::Kind::kSpike, slot(), step)) {
     loss->second *= 1000;
     HOLDFAST_LOG_WARN("runtime: slot {}: loss spike at step {} (injected)",
-                      CurrentView().slot, step);
+                      slot(), step);
   }
   // A step whose numbers are not sane is not snapshotted: the job rolls
   // back past it.
