@@ -9,7 +9,9 @@
     rt.run(step, steps)
 
 The process group stays valid across generations: each operation runs on
-the runtime's current communicator. A holdfast failure inside a step does
+the runtime's current communicator. Operations are asynchronous: each
+returns a Work at once and runs on the runtime's operation thread, in the
+order issued, so DDP's all-reduces overlap its backward pass. A holdfast failure inside a step does
 not raise out of the operation (DDP's reducer would be left half done):
 the operation completes locally, later ones in the same step are skipped,
 and the error is raised when the step function returns, so the runtime
@@ -30,18 +32,6 @@ from . import runtime as _runtime
 from .errors import FencedError, HoldfastError, InvalidArgumentError
 
 BACKEND = "holdfast"
-
-
-def _done_work(result):
-    """A finished operation (holdfast's Python group runs ops at once).
-
-    A C++ work object wrapping a completed future: a Python subclass of
-    Work would lose its overrides once Python drops its reference, while
-    C++ (DDP's reducer) still waits on it.
-    """
-    fut = torch.futures.Future()
-    fut.set_result(result)
-    return _c10d._create_work_from_future(fut)
 
 
 def _op_name(reduce_op):
@@ -93,25 +83,44 @@ class ProcessGroup(dist.ProcessGroup):
             raise error
 
     def _run(self, fn, result):
-        if self._error is not None:  # the step already failed: skip
-            return _done_work(result)
+        """Issues `fn(communicator)` on the runtime's operation thread and
+        returns its Work at once; the Work completes with `result` when
+        the operation ended."""
         if self._rt.standby:
             raise FencedError(
                 "holdfast process group: a standby has no communicator until "
                 "run() gives it a slot; issue collectives inside the step "
                 "function"
             )
-        try:
-            fn(self._rt.communicator())
-        except HoldfastError as e:
-            # Bad arguments raise at once. Anything else (a lost peer, a
-            # timeout, a failed op) is for the runtime to judge at the
-            # step's end: raising through DDP's reducer would leave it in
-            # the middle of an iteration.
-            if isinstance(e, InvalidArgumentError) or not self._rt.in_step:
-                raise
-            self._error = e
-        return _done_work(result)
+        fut = torch.futures.Future()
+        in_step = self._rt.in_step
+        comm = _runtime.Communicator(self._rt._rt.communicator())
+
+        def task():
+            if self._error is not None:  # the step already failed: skip
+                fut.set_result(result)
+                return
+            try:
+                fn(comm)
+            except HoldfastError as e:
+                # Bad arguments fail the Work. Anything else (a lost peer,
+                # a timeout, a failed op) is for the runtime to judge at the
+                # step's end: failing DDP's reducer would leave it in the
+                # middle of an iteration.
+                if isinstance(e, InvalidArgumentError) or not in_step:
+                    fut.set_exception(e)
+                    return
+                self._error = e
+            except Exception as e:  # noqa: BLE001 -- handed to the waiter
+                fut.set_exception(e)
+                return
+            fut.set_result(result)
+
+        self._rt._ops.submit(task)
+        # A C++ Work around the future: a Python subclass of Work would
+        # lose its overrides once Python drops its reference, while C++
+        # (DDP's reducer) still waits on it.
+        return _c10d._create_work_from_future(fut)
 
     # ---- collectives -------------------------------------------------------
     def allreduce(self, tensors, opts=None):
@@ -191,11 +200,9 @@ def allreduce_hook(process_group, bucket):
     runtime = getattr(process_group, "_rt", None) or _runtime.current_runtime()
     if runtime is not None:
         runtime.check_finite("gradient bucket", tensor)
-    process_group.allreduce([tensor])
-    tensor.div_(process_group.size())
-    fut = torch.futures.Future()
-    fut.set_result(tensor)
-    return fut
+    size = process_group.size()
+    fut = process_group.allreduce([tensor]).get_future()
+    return fut.then(lambda _: tensor.div_(size))
 
 
 def _create(store, rank, size, timeout):

@@ -1,6 +1,9 @@
 """The Python face of holdfast's runtime: state from torch modules and
 optimizers, a communicator on torch tensors, and the step loop."""
 
+import queue
+import threading
+
 import torch
 
 from . import _C
@@ -19,16 +22,64 @@ def _reduce_code(op):
         ) from None
 
 
+class _OpQueue:
+    """Runs a runtime's asynchronous operations (those of its torch.distributed
+    groups) on one thread of their own, one at a time, in the order they
+    were issued: every slot issues its collectives in the same order, so
+    they meet in that order. The operations release the GIL while they
+    wait on the network, so the caller (DDP's backward) computes
+    meanwhile."""
+
+    def __init__(self):
+        self._tasks = queue.Queue()
+        self._idle = threading.Condition()
+        self._pending = 0
+        self._thread = None
+
+    def submit(self, task):
+        """Queues `task()`; it must not raise (it reports through the
+        future it completes)."""
+        with self._idle:
+            self._pending += 1
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._serve, name="holdfast-ops", daemon=True)
+                self._thread.start()
+        self._tasks.put(task)
+
+    def drain(self):
+        """Returns once every queued operation has ended."""
+        with self._idle:
+            self._idle.wait_for(lambda: self._pending == 0)
+
+    def _serve(self):
+        while True:
+            task = self._tasks.get()
+            try:
+                task()
+            finally:
+                with self._idle:
+                    self._pending -= 1
+                    self._idle.notify_all()
+
+
 class Communicator:
     """A communicator of one generation, on CPU torch tensors.
 
     Every call blocks until the operation is done and raises a holdfast
     error (PeerLostError, TimeoutError, AbortedError, ...) if it fails.
-    `timeout` is in seconds (0: the communicator's default).
+    `timeout` is in seconds (0: the communicator's default). A call first
+    waits for the operations that the runtime's torch.distributed groups
+    issued before it, so that every slot's operations stay in one order.
     """
 
-    def __init__(self, comm):
+    def __init__(self, comm, ops=None):
         self._comm = comm
+        self._ops = ops
+
+    def _in_order(self):
+        if self._ops is not None:
+            self._ops.drain()
 
     @property
     def rank(self):
@@ -43,17 +94,20 @@ class Communicator:
         return self._comm.generation
 
     def all_reduce(self, tensor, op="sum", timeout=0.0):
+        self._in_order()
         ptr, n, dt = host_buffer(tensor, "all_reduce")
         self._comm.all_reduce(ptr, n, dt, _reduce_code(op), timeout)
         return tensor
 
     def broadcast(self, tensor, root=0, timeout=0.0):
+        self._in_order()
         ptr, n, dt = host_buffer(tensor, "broadcast")
         self._comm.broadcast(ptr, n, dt, int(root), timeout)
         return tensor
 
     def all_gather(self, output, input, timeout=0.0):
         """`output` holds size * input.numel() elements, rank r's at r."""
+        self._in_order()
         sp, sn, sdt = host_buffer(input, "all_gather input")
         rp, rn, rdt = host_buffer(output, "all_gather output")
         self._check_pair("all_gather", sdt, rdt, rn, sn * self.size)
@@ -62,6 +116,7 @@ class Communicator:
 
     def reduce_scatter(self, output, input, op="sum", timeout=0.0):
         """`input` holds size blocks of output.numel() elements."""
+        self._in_order()
         sp, sn, sdt = host_buffer(input, "reduce_scatter input")
         rp, rn, rdt = host_buffer(output, "reduce_scatter output")
         self._check_pair("reduce_scatter", sdt, rdt, sn, rn * self.size)
@@ -69,6 +124,7 @@ class Communicator:
         return output
 
     def all_to_all(self, output, input, timeout=0.0):
+        self._in_order()
         sp, sn, sdt = host_buffer(input, "all_to_all input")
         rp, rn, rdt = host_buffer(output, "all_to_all output")
         self._check_pair("all_to_all", sdt, rdt, rn, sn)
@@ -80,13 +136,16 @@ class Communicator:
         return output
 
     def barrier(self, timeout=0.0):
+        self._in_order()
         self._comm.barrier(timeout)
 
     def send(self, tensor, peer, tag=0, timeout=0.0):
+        self._in_order()
         ptr, n, dt = host_buffer(tensor, "send")
         self._comm.send(ptr, n, dt, int(peer), int(tag), timeout)
 
     def recv(self, tensor, peer, tag=0, timeout=0.0):
+        self._in_order()
         ptr, n, dt = host_buffer(tensor, "recv")
         self._comm.recv(ptr, n, dt, int(peer), int(tag), timeout)
         return tensor
@@ -120,7 +179,7 @@ class StepContext:
         self.rank = ctx.slot
         self.world_size = ctx.world_size
         self.generation = ctx.generation
-        self.comm = Communicator(ctx.comm)
+        self.comm = Communicator(ctx.comm, runtime._ops)
         self.runtime = runtime
 
 
@@ -147,6 +206,7 @@ class Runtime:
         global _current
         self._rt = _C.Runtime(**options)
         self._groups = []  # process groups that defer errors to step ends
+        self._ops = _OpQueue()  # their operations, in issue order
         self._in_step = False
         # Registered tensors as given (name, tensor): they stay alive with
         # the runtime, and their version counters tell an in-place write
@@ -185,7 +245,7 @@ class Runtime:
 
     def communicator(self):
         """The current generation's Communicator (builds it if needed)."""
-        return Communicator(self._rt.communicator())
+        return Communicator(self._rt.communicator(), self._ops)
 
     # ---- state -------------------------------------------------------------
     def register_tensor(self, name, tensor):
@@ -360,6 +420,9 @@ class Runtime:
                 self._versions = None
                 raise
             finally:
+                # Nothing a group issued outlives its step (a recovery
+                # replaces the communicator the operations run on).
+                self._ops.drain()
                 self._in_step = False
             for group in self._groups:
                 group._end_step()
@@ -395,6 +458,7 @@ class Runtime:
         registered state: the live state stays the last step's, which a
         recovery may use when every checkpoint copy of a piece is gone."""
         if self._in_step:
+            self._ops.drain()
             for group in self._groups:
                 if group._error is not None:
                     error, group._error = group._error, None

@@ -2,7 +2,12 @@
 torch Communicator and of the "holdfast" torch.distributed group, checked
 against the values every rank can compute. Prints `ok rank=<r>`."""
 
+import os
+import pathlib
+import re
 import sys
+import tempfile
+import time
 
 import torch
 import torch.distributed as dist
@@ -18,6 +23,38 @@ assert dist.get_backend() == "holdfast"
 # Registered for the devices it serves (torch 2.x's register_backend).
 assert dist.Backend.backend_capability["holdfast"] == ["cpu"], (
     dist.Backend.backend_capability)
+
+
+def _word_of_rank0(ctx):
+    """A file every rank of this job and step can name, for rank 0's word."""
+    job = re.sub(r"[^0-9A-Za-z]", "_", os.environ.get("HOLDFAST_CONTROLLER", ""))
+    return pathlib.Path(tempfile.gettempdir()) / (
+        f"holdfast-async-{job}-{ctx.generation}-{ctx.step}")
+
+
+def check_asynchronous(ctx):
+    """Rank 0's all-reduce returns before the others issue theirs: they
+    wait for its word, which it gives only once the call returned (an
+    operation that blocked would never see the others join)."""
+    r, n = ctx.rank, ctx.world_size
+    word = _word_of_rank0(ctx)
+    t = torch.full((3,), float(r + 1))
+    if r == 0:
+        work = dist.all_reduce(t, async_op=True)
+        done_at_return = work.is_completed()
+        word.write_text("issued")
+        work.wait()
+        word.unlink()
+        assert not done_at_return, "the all-reduce completed before its peers"
+    else:
+        deadline = time.monotonic() + 30
+        while not word.exists():
+            if time.monotonic() > deadline:
+                raise RuntimeError("rank 0's all-reduce did not return before "
+                                   "its peers issued theirs")
+            time.sleep(0.01)
+        dist.all_reduce(t)
+    assert torch.equal(t, torch.full((3,), float(n * (n + 1) // 2))), t
 
 
 def step(ctx):
@@ -64,6 +101,7 @@ def step(ctx):
     dist.broadcast(e, src=2)
     assert torch.equal(e, torch.full((2,), 2.0))
     dist.barrier()
+    check_asynchronous(ctx)
     assert pg.size() == n and pg.rank() == r
     marker.add_(1)
 

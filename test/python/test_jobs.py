@@ -66,6 +66,7 @@ def assert_fenced(lines, ranks):
     (3, "kill:slot=0:step=22"), (3, "kill:slot=2:step=27"),
     (3, "hang:slot=0:step=8"), (3, "fail-op:slot=1:seq=15"),
     (4, "kill:slot=3:step=7"), (4, "kill:slot=1:step=19"),
+    (4, "hang:slot=2:step=11"),
 ])
 def test_ddp_survives_a_fault_with_the_fault_free_hash(ranks, fault):
     expected = fault_free_hash(ranks)
