@@ -70,6 +70,23 @@ class ProcessGroup(dist.ProcessGroup):
     def getBackendName(self):
         return BACKEND
 
+    # The group's name (torch 2.x's DeviceMesh and group registry read it).
+    # torch stores it in the group's C++ backends, which a Python group
+    # has none of; it is kept here instead.
+    def _set_group_name(self, name):
+        self._group_name = name
+
+    @property
+    def group_name(self):
+        return getattr(self, "_group_name", None) or f"holdfast:{id(self)}"
+
+    def _set_group_desc(self, desc):
+        self._group_desc = desc
+
+    @property
+    def group_desc(self):
+        return getattr(self, "_group_desc", None) or "holdfast"
+
     def _get_backend_name(self):
         return BACKEND
 
@@ -169,6 +186,22 @@ class ProcessGroup(dist.ProcessGroup):
                 out.copy_(res.view_as(out))
 
         return self._run(fn, output_tensors)
+
+    # all_gather_into_tensor and reduce_scatter_tensor (FSDP2's collectives):
+    # flat buffers, rank r's block at r.
+    def _allgather_base(self, output, input, opts=None):
+        def fn(comm):
+            comm.all_gather(output, input.contiguous())
+
+        return self._run(fn, [output])
+
+    def _reduce_scatter_base(self, output, input, opts=None):
+        op = _op_name(opts.reduceOp) if opts is not None else "sum"
+
+        def fn(comm):
+            comm.reduce_scatter(output, input.contiguous(), op)
+
+        return self._run(fn, [output])
 
     def barrier(self, opts=None):
         return self._run(lambda comm: comm.barrier(), [])

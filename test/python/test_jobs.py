@@ -12,6 +12,7 @@ from conftest import BUILD, PYTHON, ROOT, final_lines, run_job
 
 HERE = pathlib.Path(__file__).resolve().parent
 DDP = [PYTHON, str(ROOT / "examples/python/ddp_train.py"), "--steps", "30"]
+FSDP = [PYTHON, str(ROOT / "examples/python/fsdp_train.py"), "--steps", "30"]
 
 
 def test_collectives_on_torch_tensors():
@@ -24,12 +25,13 @@ def test_collectives_on_torch_tensors():
 _fault_free = {}
 
 
-def fault_free_hash(ranks):
-    """The DDP example's hash without faults on `ranks` slots (3 or more:
-    on two, a sum's operands commute, so a change in the order of a
+def fault_free_hash(ranks, job=DDP):
+    """The hash of `job` (an example) without faults on `ranks` slots (3 or
+    more: on two, a sum's operands commute, so a change in the order of a
     reduction after a recovery would go unseen)."""
-    if ranks not in _fault_free:
-        rc, lines = run_job(["-n", str(ranks), "--standby", "1"], DDP)
+    key = (ranks, job[1])
+    if key not in _fault_free:
+        rc, lines = run_job(["-n", str(ranks), "--standby", "1"], job)
         finals = final_lines(lines)
         assert rc == 0, "\n".join(lines[-40:])
         assert len(finals) == ranks and len(set(finals)) == 1, finals
@@ -39,8 +41,8 @@ def fault_free_hash(ranks):
         # DDP's (its reducer, the all-reduce hook) writes registered tensors
         # before.
         assert_fenced(lines, ranks)
-        _fault_free[ranks] = finals[0]
-    return _fault_free[ranks]
+        _fault_free[key] = finals[0]
+    return _fault_free[key]
 
 
 def assert_fenced(lines, ranks):
@@ -79,6 +81,34 @@ def test_ddp_survives_a_fault_with_the_fault_free_hash(ranks, fault):
     assert len(finals) == ranks, out
     assert set(finals) == {expected}, out
     assert any("recoveries=1" in line for line in lines), out
+
+
+# FSDP2 (fully_shard) over the holdfast group: each slot's shards are
+# sharded state, so the standby that takes the lost slot gets its shards
+# from buddies (the hash would show a shard it lacked).
+@pytest.mark.parametrize("ranks,fault", [
+    (3, "kill:slot=1:step=13"), (3, "kill:slot=0:step=22"),
+    (3, "hang:slot=2:step=9"), (4, "kill:slot=3:step=17"),
+    (4, "hang:slot=1:step=11"),
+])
+def test_fsdp2_survives_a_fault_with_the_fault_free_hash(ranks, fault):
+    expected = fault_free_hash(ranks, FSDP)
+    rc, lines = run_job(["-n", str(ranks), "--standby", "1", "--inject", fault],
+                        FSDP)
+    out = "\n".join(lines[-60:])
+    assert rc == 0, out
+    finals = final_lines(lines)
+    assert len(finals) == ranks, out
+    assert set(finals) == {expected}, out
+    assert any("recoveries=1" in line for line in lines), out
+
+
+def test_fsdp2_without_a_standby_stops_with_an_error_naming_the_shrink():
+    rc, lines = run_job(["-n", "3", "--inject", "kill:slot=1:step=5"], FSDP)
+    out = "\n".join(lines[-60:])
+    assert rc != 0, out
+    assert "the world shrank from 3 to 2 slots" in out, out
+    assert "run it with standbys" in out, out
 
 
 def test_ddp_nan_rolls_back_and_skips_its_data_with_the_reference_hash(
