@@ -31,7 +31,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git
   libgloo-dev libabsl-dev catch2 pybind11-dev
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
-  libtorch-dev python3-dev python3-venv
+  python3-dev python3-venv
   nlohmann-json3-dev libxxhash-dev libcli11-dev libspdlog-dev libfmt-dev
   prometheus-cpp-dev libssl-dev clang-format
 )

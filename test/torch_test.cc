@@ -17,7 +17,7 @@
 #include "holdfast/runtime.h"
 #include "holdfast/store.h"
 #include "holdfast/torch.h"
-#include "src/control/server.h"
+#include "test/support/test_controller.h"
 
 namespace {
 
@@ -25,10 +25,7 @@ constexpr char kToken[] = "torch-test-token";
 
 struct Job {
   Job() {
-    holdfast::control::ControllerOptions o;
-    o.token = kToken;
-    o.world_size = 1;
-    auto s = holdfast::control::ControllerServer::Start(o);
+    auto s = holdfast::testing::TestController::Start(kToken, 1);
     REQUIRE(s.ok());
     server = std::move(*s);
     holdfast::RuntimeOptions ro;
@@ -39,11 +36,8 @@ struct Job {
     REQUIRE(r.ok());
     runtime = std::move(*r);
   }
-  ~Job() {
-    runtime.reset();
-    server->Shutdown();
-  }
-  std::unique_ptr<holdfast::control::ControllerServer> server;
+  ~Job() { runtime.reset(); }  // before the controller
+  std::unique_ptr<holdfast::testing::TestController> server;
   std::unique_ptr<holdfast::Runtime> runtime;
 };
 
