@@ -31,6 +31,7 @@ import time
 import torch
 
 import holdfast
+import holdfast.dcp
 import holdfast.distributed as hd
 
 
@@ -76,6 +77,13 @@ def main():
                     "numeric anomaly skipped them: B:E[,B:E...] (positions "
                     "[B, E); summary.json's skipped_data), for a reference "
                     "run")
+    ap.add_argument("--dcp-dir", default="",
+                    help="write the state as a torch.distributed.checkpoint "
+                    "to DIR/step-<s> every --dcp-every steps")
+    ap.add_argument("--dcp-every", type=int, default=0)
+    ap.add_argument("--from-dcp", default="",
+                    help="start a fresh job from this DCP checkpoint (its "
+                    "model, momentum, data position and step)")
     args = ap.parse_args()
     if args.steps < 0 or args.batch < 1:
         ap.error("--steps must be >= 0 and --batch >= 1")
@@ -103,6 +111,13 @@ def main():
     data_pos = torch.zeros(1, dtype=torch.int64)
     rt.register_data_position("data_pos", data_pos)
     hd.init_process_group(rt)
+    start_step = 0
+    if args.from_dcp:
+        try:
+            start_step = holdfast.dcp.load(rt, args.from_dcp)
+        except holdfast.HoldfastError as e:
+            print(f"ddp_train: {e}", file=sys.stderr)
+            return 1
 
     last_loss = [0.0]
     last_grad_norm = [0.0]
@@ -132,7 +147,9 @@ def main():
         result = rt.run(step, args.steps,
                         metrics=lambda: {"loss": last_loss[0],
                                          "grad_norm": last_grad_norm[0]},
-                        skip_data=skip, spike_factor=args.spike_factor)
+                        skip_data=skip, spike_factor=args.spike_factor,
+                        start_step=start_step, dcp_dir=args.dcp_dir or None,
+                        dcp_every=args.dcp_every)
     except holdfast.CancelledError as e:
         print(f"ddp_train: {e}", file=sys.stderr)
         return 0  # a standby that was never needed

@@ -254,6 +254,12 @@ struct RunOptions {
   // skipped it (summary.json's skipped_data): a reference run. Needs a
   // registered data position (Runtime::RegisterDataPosition).
   DataRanges skip_data;
+  // The step a fresh job's registered state is at: the trainer loaded it
+  // from a checkpoint of its own (a torch.distributed.checkpoint, say), and
+  // the loop goes on at start_step + 1. Every worker passes the same value
+  // (a mismatch fails Run by name). Ignored when the job resumes from a
+  // holdfast checkpoint (a running job's memory, or the disk tier).
+  int64_t start_step = 0;
 };
 
 // One recovery, as this process saw it. Times are Unix milliseconds.

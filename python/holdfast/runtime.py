@@ -1,6 +1,7 @@
 """The Python face of holdfast's runtime: state from torch modules and
 optimizers, a communicator on torch tensors, and the step loop."""
 
+import os
 import queue
 import threading
 
@@ -207,6 +208,7 @@ class Runtime:
         self._rt = _C.Runtime(**options)
         self._groups = []  # process groups that defer errors to step ends
         self._ops = _OpQueue()  # their operations, in issue order
+        self._sharded = {}  # sharded arrays: name -> (dtype, global numel)
         self._in_step = False
         # Registered tensors as given (name, tensor): they stay alive with
         # the runtime, and their version counters tell an in-place write
@@ -309,6 +311,7 @@ class Runtime:
         size = torch.empty((), dtype=dtype).element_size()
         self._rt.register_sharded_state(name, global_numel * size,
                                         unit_numel * size)
+        self._sharded[name] = (dtype, int(global_numel))
         return self.shard(name, dtype)
 
     def shard(self, name, dtype=torch.float32):
@@ -363,7 +366,8 @@ class Runtime:
     # ---- the step loop -----------------------------------------------------
     def run(self, step_fn, steps, snapshot_every=1, metrics=None,
             on_restore=None, snapshot_copy="auto", skip_data=(),
-            spike_factor=0.0):
+            spike_factor=0.0, start_step=0, dcp_dir=None, dcp_every=0,
+            dcp_keep=3):
         """Runs steps committed+1 .. `steps` with automatic recovery.
 
         `step_fn(ctx)` gets a StepContext. A holdfast error it raises (or
@@ -406,8 +410,28 @@ class Runtime:
         `skip_data`: (begin, end) data positions to skip from the start, as
         a job that rolled back skipped them (summary.json's skipped_data),
         for a reference run; it needs register_data_position.
+
+        `start_step`: the step a fresh job's registered state is at (loaded
+        from a checkpoint of the trainer's own, e.g. `holdfast.dcp.load`);
+        the loop goes on after it. Ignored when the job resumes from a
+        holdfast checkpoint. Every worker passes the same value.
+
+        `dcp_dir`, `dcp_every`: write the registered state as a
+        torch.distributed.checkpoint to `dcp_dir/step-<s>` at the end of
+        every `dcp_every`-th step and of the last one, keeping the newest
+        `dcp_keep` (see holdfast.dcp). Slot 0 writes it; the directory must
+        be shared on several machines. A rollback removes those of the
+        steps it abandoned.
         """
         watch = str(snapshot_copy) != "between_steps"
+        if dcp_every < 0 or (dcp_every > 0 and not dcp_dir) or dcp_keep < 1:
+            raise InvalidArgumentError(
+                f"run: dcp_every is {dcp_every} with dcp_dir {dcp_dir!r} and "
+                f"dcp_keep {dcp_keep}; dcp_every >= 0 (0: off) needs a "
+                "dcp_dir when set, and dcp_keep >= 1")
+        if dcp_every:
+            from . import dcp as dcp_io
+            os.makedirs(dcp_dir, exist_ok=True)
 
         def step(ctx):
             for group in self._groups:
@@ -426,6 +450,11 @@ class Runtime:
                 self._in_step = False
             for group in self._groups:
                 group._end_step()
+            if dcp_every and (ctx.step % dcp_every == 0 or ctx.step == steps):
+                dcp_io.save(self, Communicator(ctx.comm, self._ops),
+                            dcp_io.step_dir(dcp_dir, ctx.step), ctx.step)
+                if ctx.slot == 0:
+                    dcp_io.prune(dcp_dir, dcp_keep)
             if watch:
                 self._versions = [t._version for _, t in self._watched]
 
@@ -433,13 +462,15 @@ class Runtime:
             # No snapshot copied during a step survives a restore, and the
             # step that failed may have moved versions: nothing to compare.
             self._versions = None
+            if dcp_every and self.slot == 0:
+                dcp_io.prune(dcp_dir, dcp_keep, after=step)
             if on_restore is not None:
                 on_restore(step)
 
         return self._rt.run(step, int(steps), int(snapshot_every), metrics,
                             restored, str(snapshot_copy),
                             [(int(b), int(e)) for b, e in skip_data],
-                            float(spike_factor))
+                            float(spike_factor), int(start_step))
 
     def begin_state_update(self):
         """Call in every step before the first write to registered state,

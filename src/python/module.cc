@@ -216,9 +216,11 @@ RunResult RunFromPython(Runtime& rt, const py::function& step_fn, int64_t steps,
                         int64_t snapshot_every, const py::object& metrics,
                         const py::object& on_restore,
                         const std::string& snapshot_copy,
-                        const DataRanges& skip_data, double spike_factor) {
+                        const DataRanges& skip_data, double spike_factor,
+                        int64_t start_step) {
   RunOptions ro;
   ro.skip_data = skip_data;
+  ro.start_step = start_step;
   ro.numerics.spike_factor = spike_factor;
   if (snapshot_copy == "auto") {
     ro.snapshot_copy = RunOptions::SnapshotCopy::kAuto;
@@ -490,7 +492,8 @@ void BindRuntime(py::module_& m) {
            py::arg("on_restore") = py::none(),
            py::arg("snapshot_copy") = "auto",
            py::arg("skip_data") = DataRanges{},
-           py::arg("spike_factor") = NumericChecks().spike_factor)
+           py::arg("spike_factor") = NumericChecks().spike_factor,
+           py::arg("start_step") = 0)
       .def(
           "register_data_position",
           [](Runtime& rt, const std::string& name, uintptr_t data) {

@@ -176,8 +176,9 @@ class RuntimeImpl final : public Runtime {
   // a checkpoint; a member joining a running job (a standby taking a slot)
   // restores the committed step. Then the starting state is snapshotted and
   // backed up before the first step, so every step after it can be
-  // recovered. Returns the step the state is at.
-  absl::StatusOr<int64_t> Start();
+  // recovered. Returns the step the state is at: `fresh_step` when this
+  // is a fresh job and no disk checkpoint is there.
+  absl::StatusOr<int64_t> Start(int64_t fresh_step);
   // Full recovery after `cause`; returns the restored step (the loop goes
   // on at restored + 1).
   absl::StatusOr<int64_t> Recover(const absl::Status& cause);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <system_error>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -18,6 +19,24 @@ namespace {
 // verdict on it (the controller reaches it within its diagnosis settle
 // time, DetectionOptions::diagnosis_settle).
 constexpr absl::Duration kMismatchVerdictWait = absl::Seconds(15);
+
+
+// A fresh job's workers start at one step (RunOptions::start_step).
+absl::Status SameStartStep(Communicator* host, int world, int slot,
+                           int64_t step) {
+  std::vector<int64_t> all(static_cast<size_t>(world));
+  HOLDFAST_RETURN_IF_ERROR(
+      host->AllGather(&step, all.data(), 1, DataType::kInt64)->Wait());
+  for (int r = 0; r < world; ++r) {
+    if (all[static_cast<size_t>(r)] != step) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Run: start_step differs between the workers: ", step, " on slot ",
+          slot, ", ", all[static_cast<size_t>(r)], " on slot ", r,
+          " (a fresh job's workers start from one checkpoint)"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -205,6 +224,11 @@ absl::StatusOr<RunResult> RuntimeImpl::RunLoop(
   if (started_) {
     return absl::FailedPreconditionError("Run: called twice");
   }
+  if (options.start_step < 0 || options.start_step > options.steps) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Run: start_step is ", options.start_step, "; it is 0 to steps (",
+        options.steps, ")"));
+  }
   if (options.steps < 0 || options.snapshot_every < 1 || !step_fn) {
     return absl::InvalidArgumentError(
         "Run: steps must be >= 0, snapshot_every >= 1 and step_fn set");
@@ -232,7 +256,7 @@ absl::StatusOr<RunResult> RuntimeImpl::RunLoop(
   HOLDFAST_RETURN_IF_ERROR(AwaitSlot());
   Loop loop;
   {
-    absl::StatusOr<int64_t> started = Start();
+    absl::StatusOr<int64_t> started = Start(options.start_step);
     if (started.ok()) {
       HOLDFAST_RETURN_IF_ERROR(ResumeAt(&loop, options, *started));
     } else {
@@ -472,7 +496,7 @@ RunResult RuntimeImpl::Result(const RunOptions& options) {
   return result;
 }
 
-absl::StatusOr<int64_t> RuntimeImpl::Start() {
+absl::StatusOr<int64_t> RuntimeImpl::Start(int64_t fresh_step) {
   const View v = CurrentView();
   if (v.generation > 0) {
     // Joining a running job is a recovery: the controller does not hold
@@ -483,6 +507,7 @@ absl::StatusOr<int64_t> RuntimeImpl::Start() {
   }
   HOLDFAST_RETURN_IF_ERROR(BuildComm());
   int64_t at = 0;
+  bool resumed = false;  // from the disk tier
   if (v.generation > 0 || committed_step() >= 0) {
     const absl::Time t0 = absl::Now();
     RecoveryRecord rec;
@@ -500,6 +525,7 @@ absl::StatusOr<int64_t> RuntimeImpl::Start() {
                               NewRestore(host, v).FromDisk(/*required=*/false));
     if (d.has_value()) {
       NoteRestored(*d, nullptr);
+      resumed = true;
       at = d->step;
       HOLDFAST_LOG_INFO(
           "runtime: slot {} resumes from the disk tier at "
@@ -512,8 +538,10 @@ absl::StatusOr<int64_t> RuntimeImpl::Start() {
     }
   }
   state_.RepartitionAll(v.world, v.slot);  // a no-op after a disk restore
-  if (at == 0) {
+  if (!resumed) {
     HOLDFAST_ASSIGN_OR_RETURN(Communicator * host, HostComm());
+    HOLDFAST_RETURN_IF_ERROR(SameStartStep(host, v.world, v.slot, fresh_step));
+    at = fresh_step;
     HOLDFAST_RETURN_IF_ERROR(
         checkpoint::CheckReplicatedEqual(host, v.world, v.slot, state_));
   }

@@ -270,3 +270,59 @@ def test_a_kept_communicator_keeps_its_runtime_alive(controller):
     comm.all_reduce(t)  # the runtime (and its communicator) still exist
     assert torch.equal(t, torch.ones(3))
     assert comm.size == 1 and comm.generation == 0
+
+
+def test_dcp_round_trip_and_refusals_by_name(controller, tmp_path):
+    """One slot: run() writes DCP checkpoints of replicated and sharded
+    state that plain torch reads, load() reads one back into the registered
+    state and returns its step, a step outside 0..steps is refused, and a
+    checkpoint lacking a registered name, or holding it with another shape,
+    is refused naming it."""
+    import torch.distributed.checkpoint as dcp
+
+    import holdfast.dcp
+
+    address, token = controller
+    rt = holdfast.Runtime(controller=address, token=token)
+    weights = torch.zeros(4)
+    rt.register_tensor("weights", weights)
+    shard = rt.register_sharded_state("moments", 6, torch.float64)
+
+    def step(ctx):
+        ctx.runtime.begin_state_update()
+        weights.add_(ctx.step)
+        rt.shard("moments", torch.float64).add_(0.5)
+
+    with pytest.raises(holdfast.InvalidArgumentError, match="start_step is 9"):
+        rt.run(step, 5, start_step=9)
+    with pytest.raises(holdfast.InvalidArgumentError, match="dcp_every"):
+        rt.run(step, 5, dcp_every=2)
+    root = str(tmp_path / "dcp")
+    result = rt.run(step, 5, dcp_dir=root, dcp_every=2, dcp_keep=2)
+    assert result.final_step == 5
+    # Steps 2, 4 and the last (5); the newest two are kept.
+    assert holdfast.dcp.steps_in(root) == [4, 5]
+    plain = {"weights": torch.empty(4), "moments": torch.empty(6, dtype=torch.float64),
+             "holdfast.step": torch.zeros(1, dtype=torch.int64)}
+    dcp.load(plain, checkpoint_id=f"{root}/step-4", no_dist=True)
+    assert torch.equal(plain["weights"], torch.full((4,), 10.0))  # 1+2+3+4
+    assert torch.equal(plain["moments"], torch.full((6,), 2.0, dtype=torch.float64))
+    assert int(plain["holdfast.step"][0]) == 4
+
+    weights.zero_()
+    shard.zero_()
+    assert holdfast.dcp.load(rt, f"{root}/step-4") == 4
+    assert torch.equal(weights, torch.full((4,), 10.0))
+    assert torch.equal(shard, torch.full((6,), 2.0, dtype=torch.float64))
+
+    lacking = str(tmp_path / "lacking")
+    dcp.save({"weights": torch.ones(4)}, checkpoint_id=lacking, no_dist=True)
+    with pytest.raises(holdfast.InvalidArgumentError, match="no tensor 'moments'"):
+        holdfast.dcp.load(rt, lacking)
+    other = str(tmp_path / "other")
+    dcp.save({"weights": torch.ones(5), "moments": torch.ones(6, dtype=torch.float64)},
+             checkpoint_id=other, no_dist=True)
+    with pytest.raises(holdfast.InvalidArgumentError, match="'weights' in .* is"):
+        holdfast.dcp.load(rt, other)
+    with pytest.raises(holdfast.InvalidArgumentError, match="not a DCP checkpoint"):
+        holdfast.dcp.load(rt, str(tmp_path))

@@ -111,6 +111,46 @@ def test_fsdp2_without_a_standby_stops_with_an_error_naming_the_shrink():
     assert "run it with standbys" in out, out
 
 
+def test_ddp_dcp_checkpoints_load_in_plain_torch_and_start_a_job(tmp_path):
+    """torch.distributed.checkpoint both ways, on 3 ranks: the DDP example
+    writes one every 10 steps through a kill; plain torch loads the last
+    one's model with the job's final hash; and a fresh job started from
+    step 20's (as written, and as plain torch wrote it again, with a kill
+    at step 25) ends with the fault-free hash."""
+    import subprocess
+
+    expected = fault_free_hash(3)
+    final = expected.split("params_sha256=")[1]
+    root = tmp_path / "dcp"
+    rc, lines = run_job(
+        ["-n", "3", "--standby", "1", "--inject", "kill:slot=1:step=15"],
+        DDP + ["--dcp-dir", str(root), "--dcp-every", "10"])
+    out = "\n".join(lines[-60:])
+    assert rc == 0, out
+    assert set(final_lines(lines)) == {expected}, out
+    assert sorted(p.name for p in root.iterdir()) == [
+        "step-10", "step-20", "step-30"]
+
+    def plain(*args):
+        p = subprocess.run([PYTHON, str(HERE / "dcp_plain_load.py")]
+                           + [str(a) for a in args],
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+        return p.stdout.strip().splitlines()[-1]
+
+    assert plain(root / "step-30") == f"plain step=30 params_sha256={final}"
+    resaved = tmp_path / "resaved-20"
+    assert plain(root / "step-20", "--resave", resaved).startswith("resaved ")
+    for start, fault in ((root / "step-20", []),
+                         (resaved, ["--inject", "kill:slot=2:step=25"])):
+        rc, lines = run_job(["-n", "3", "--standby", "1"] + fault,
+                            DDP + ["--from-dcp", str(start)])
+        out = "\n".join(lines[-60:])
+        assert rc == 0, out
+        assert set(final_lines(lines)) == {expected}, out
+        assert len(final_lines(lines)) == 3, out
+
+
 def test_ddp_nan_rolls_back_and_skips_its_data_with_the_reference_hash(
         tmp_path):
     """A NaN in slot 1's gradients at step 12 (found by the DDP hook's

@@ -1,0 +1,35 @@
+"""Plain torch, no holdfast, on a DCP checkpoint that a holdfast job wrote.
+
+    dcp_plain_load.py CKPT            loads the DDP example's model from it
+                                      and prints the example's hash line:
+                                      `plain step=<S> params_sha256=<hex>`
+    dcp_plain_load.py CKPT --resave OUT
+                                      reads every tensor in it and writes
+                                      them to OUT as a checkpoint of its own
+"""
+
+import hashlib
+import sys
+
+import torch
+import torch.distributed.checkpoint as dcp
+
+if len(sys.argv) == 4 and sys.argv[2] == "--resave":
+    meta = dcp.FileSystemReader(sys.argv[1]).read_metadata()
+    state = {key: torch.empty(tuple(entry.size), dtype=entry.properties.dtype)
+             for key, entry in meta.state_dict_metadata.items()}
+    dcp.load(state, checkpoint_id=sys.argv[1], no_dist=True)
+    dcp.save(state, checkpoint_id=sys.argv[3], no_dist=True)
+    print(f"resaved {len(state)} tensors")
+    sys.exit(0)
+
+model = torch.nn.Sequential(
+    torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+state = {f"model.{k}": v for k, v in model.state_dict().items()}
+state["holdfast.step"] = torch.zeros(1, dtype=torch.int64)
+dcp.load(state, checkpoint_id=sys.argv[1], no_dist=True)
+digest = hashlib.sha256()
+for tensor in model.state_dict().values():
+    digest.update(tensor.contiguous().numpy().tobytes())
+print(f"plain step={int(state['holdfast.step'][0])} "
+      f"params_sha256={digest.hexdigest()}")
