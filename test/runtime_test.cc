@@ -913,3 +913,48 @@ TEST_CASE(
   CHECK(result.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(Mentions(result.status(), "unknown backend 'mpi'"));
 }
+
+TEST_CASE(
+    "runtime: a fresh job goes on after start_step and refuses workers that "
+    "disagree on it") {
+  for (const bool agree : {true, false}) {
+    Controller c(3);
+    std::vector<int64_t> first(3, -1), ran(3, 0);
+    absl::Status results[3];
+    std::vector<std::string> errors = RunSlots(
+        c, 3, nullptr, [&](int slot, holdfast::Runtime& rt) -> absl::Status {
+          std::vector<int64_t> state(4, 1);
+          HOLDFAST_RETURN_IF_ERROR(
+              rt.RegisterState("state", state.data(), state.size() * 8));
+          holdfast::RunOptions ro;
+          ro.steps = 10;
+          ro.start_step = agree || slot != 2 ? 7 : 6;
+          auto r = rt.Run(
+              [&](const holdfast::StepContext& ctx) -> absl::Status {
+                if (first[static_cast<size_t>(slot)] < 0) {
+                  first[static_cast<size_t>(slot)] = ctx.step;
+                }
+                ++ran[static_cast<size_t>(slot)];
+                return absl::OkStatus();
+              },
+              ro);
+          results[slot] = r.status();
+          return absl::OkStatus();
+        });
+    for (int slot = 0; slot < 3; ++slot) {
+      INFO("agree " << agree << " slot " << slot << ": "
+                    << results[slot].message());
+      CHECK(errors[static_cast<size_t>(slot)].empty());
+      if (agree) {
+        CHECK(results[slot].ok());
+        CHECK(first[static_cast<size_t>(slot)] == 8);
+        CHECK(ran[static_cast<size_t>(slot)] == 3);
+      } else {
+        CHECK(results[slot].code() == absl::StatusCode::kInvalidArgument);
+        CHECK(
+            Mentions(results[slot], "start_step differs between the workers"));
+        CHECK(ran[static_cast<size_t>(slot)] == 0);
+      }
+    }
+  }
+}

@@ -20,7 +20,6 @@ namespace {
 // time, DetectionOptions::diagnosis_settle).
 constexpr absl::Duration kMismatchVerdictWait = absl::Seconds(15);
 
-
 // A fresh job's workers start at one step (RunOptions::start_step).
 absl::Status SameStartStep(Communicator* host, int world, int slot,
                            int64_t step) {
@@ -225,9 +224,9 @@ absl::StatusOr<RunResult> RuntimeImpl::RunLoop(
     return absl::FailedPreconditionError("Run: called twice");
   }
   if (options.start_step < 0 || options.start_step > options.steps) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Run: start_step is ", options.start_step, "; it is 0 to steps (",
-        options.steps, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("Run: start_step is ", options.start_step,
+                     "; it is 0 to steps (", options.steps, ")"));
   }
   if (options.steps < 0 || options.snapshot_every < 1 || !step_fn) {
     return absl::InvalidArgumentError(

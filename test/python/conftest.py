@@ -81,3 +81,44 @@ def run_job(args, cmd, timeout=240, extra_env=None):
 def final_lines(lines):
     return [line.split("] ", 1)[1] for line in lines
             if "] final step=" in line]
+
+
+HERE = pathlib.Path(__file__).resolve().parent
+DDP = [PYTHON, str(ROOT / "examples/python/ddp_train.py"), "--steps", "30"]
+FSDP = [PYTHON, str(ROOT / "examples/python/fsdp_train.py"), "--steps", "30"]
+
+_fault_free = {}
+
+
+def fault_free_hash(ranks, job=DDP):
+    """The hash of `job` (an example) without faults on `ranks` slots (3 or
+    more: on two, a sum's operands commute, so a change in the order of a
+    reduction after a recovery would go unseen)."""
+    key = (ranks, job[1])
+    if key not in _fault_free:
+        rc, lines = run_job(["-n", str(ranks), "--standby", "1"], job)
+        finals = final_lines(lines)
+        assert rc == 0, "\n".join(lines[-40:])
+        assert len(finals) == ranks and len(set(finals)) == 1, finals
+        assert finals[0].startswith(f"final step=30 world={ranks} "
+                                    "params_sha256=")
+        # Its steps fence their writes before opt.step(), and nothing of
+        # DDP's (its reducer, the all-reduce hook) writes registered tensors
+        # before.
+        assert_fenced(lines, ranks)
+        _fault_free[key] = finals[0]
+    return _fault_free[key]
+
+
+def assert_fenced(lines, ranks):
+    """The trainers print their snapshot counts on a line of their own:
+    none of the slots' snapshots was dropped for a write before the
+    fence, and some were copied during the next step (not all: one whose
+    copy had not started when the fence came is copied by the fence, as
+    between the steps)."""
+    counts = [dict(kv.split("=") for kv in line.split("] ", 1)[1].split()[2:])
+              for line in lines if "] recoveries=" in line]
+    assert len(counts) == ranks, "\n".join(lines[-40:])
+    assert all(c["snapshots_unfenced"] == "0" for c in counts), counts
+    assert sum(int(c["snapshots_overlapped"]) for c in counts) > 0, counts
+

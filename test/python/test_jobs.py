@@ -3,16 +3,12 @@ PyTorch DDP example with real faults (SIGKILL, SIGSTOP) in replace mode,
 which must end with the fault-free parameter hash, and in shrink mode."""
 
 import json
-import pathlib
 import re
 
 import pytest
 
-from conftest import BUILD, PYTHON, ROOT, final_lines, run_job
-
-HERE = pathlib.Path(__file__).resolve().parent
-DDP = [PYTHON, str(ROOT / "examples/python/ddp_train.py"), "--steps", "30"]
-FSDP = [PYTHON, str(ROOT / "examples/python/fsdp_train.py"), "--steps", "30"]
+from conftest import (BUILD, DDP, HERE, PYTHON, assert_fenced, fault_free_hash,
+                      final_lines, run_job)
 
 
 def test_collectives_on_torch_tensors():
@@ -20,42 +16,6 @@ def test_collectives_on_torch_tensors():
     oks = sorted(line.split("] ", 1)[1] for line in lines if "] ok rank=" in line)
     assert rc == 0, "\n".join(lines[-40:])
     assert oks == [f"ok rank={r} marker=3" for r in range(3)]
-
-
-_fault_free = {}
-
-
-def fault_free_hash(ranks, job=DDP):
-    """The hash of `job` (an example) without faults on `ranks` slots (3 or
-    more: on two, a sum's operands commute, so a change in the order of a
-    reduction after a recovery would go unseen)."""
-    key = (ranks, job[1])
-    if key not in _fault_free:
-        rc, lines = run_job(["-n", str(ranks), "--standby", "1"], job)
-        finals = final_lines(lines)
-        assert rc == 0, "\n".join(lines[-40:])
-        assert len(finals) == ranks and len(set(finals)) == 1, finals
-        assert finals[0].startswith(f"final step=30 world={ranks} "
-                                    "params_sha256=")
-        # Its steps fence their writes before opt.step(), and nothing of
-        # DDP's (its reducer, the all-reduce hook) writes registered tensors
-        # before.
-        assert_fenced(lines, ranks)
-        _fault_free[key] = finals[0]
-    return _fault_free[key]
-
-
-def assert_fenced(lines, ranks):
-    """The trainers print their snapshot counts on a line of their own:
-    none of the slots' snapshots was dropped for a write before the
-    fence, and some were copied during the next step (not all: one whose
-    copy had not started when the fence came is copied by the fence, as
-    between the steps)."""
-    counts = [dict(kv.split("=") for kv in line.split("] ", 1)[1].split()[2:])
-              for line in lines if "] recoveries=" in line]
-    assert len(counts) == ranks, "\n".join(lines[-40:])
-    assert all(c["snapshots_unfenced"] == "0" for c in counts), counts
-    assert sum(int(c["snapshots_overlapped"]) for c in counts) > 0, counts
 
 
 # A kill at many steps and on every slot: the first step after a restore
@@ -81,74 +41,6 @@ def test_ddp_survives_a_fault_with_the_fault_free_hash(ranks, fault):
     assert len(finals) == ranks, out
     assert set(finals) == {expected}, out
     assert any("recoveries=1" in line for line in lines), out
-
-
-# FSDP2 (fully_shard) over the holdfast group: each slot's shards are
-# sharded state, so the standby that takes the lost slot gets its shards
-# from buddies (the hash would show a shard it lacked).
-@pytest.mark.parametrize("ranks,fault", [
-    (3, "kill:slot=1:step=13"), (3, "kill:slot=0:step=22"),
-    (3, "hang:slot=2:step=9"), (4, "kill:slot=3:step=17"),
-    (4, "hang:slot=1:step=11"),
-])
-def test_fsdp2_survives_a_fault_with_the_fault_free_hash(ranks, fault):
-    expected = fault_free_hash(ranks, FSDP)
-    rc, lines = run_job(["-n", str(ranks), "--standby", "1", "--inject", fault],
-                        FSDP)
-    out = "\n".join(lines[-60:])
-    assert rc == 0, out
-    finals = final_lines(lines)
-    assert len(finals) == ranks, out
-    assert set(finals) == {expected}, out
-    assert any("recoveries=1" in line for line in lines), out
-
-
-def test_fsdp2_without_a_standby_stops_with_an_error_naming_the_shrink():
-    rc, lines = run_job(["-n", "3", "--inject", "kill:slot=1:step=5"], FSDP)
-    out = "\n".join(lines[-60:])
-    assert rc != 0, out
-    assert "the world shrank from 3 to 2 slots" in out, out
-    assert "run it with standbys" in out, out
-
-
-def test_ddp_dcp_checkpoints_load_in_plain_torch_and_start_a_job(tmp_path):
-    """torch.distributed.checkpoint both ways, on 3 ranks: the DDP example
-    writes one every 10 steps through a kill; plain torch loads the last
-    one's model with the job's final hash; and a fresh job started from
-    step 20's (as written, and as plain torch wrote it again, with a kill
-    at step 25) ends with the fault-free hash."""
-    import subprocess
-
-    expected = fault_free_hash(3)
-    final = expected.split("params_sha256=")[1]
-    root = tmp_path / "dcp"
-    rc, lines = run_job(
-        ["-n", "3", "--standby", "1", "--inject", "kill:slot=1:step=15"],
-        DDP + ["--dcp-dir", str(root), "--dcp-every", "10"])
-    out = "\n".join(lines[-60:])
-    assert rc == 0, out
-    assert set(final_lines(lines)) == {expected}, out
-    assert sorted(p.name for p in root.iterdir()) == [
-        "step-10", "step-20", "step-30"]
-
-    def plain(*args):
-        p = subprocess.run([PYTHON, str(HERE / "dcp_plain_load.py")]
-                           + [str(a) for a in args],
-                           capture_output=True, text=True, timeout=120)
-        assert p.returncode == 0, p.stderr
-        return p.stdout.strip().splitlines()[-1]
-
-    assert plain(root / "step-30") == f"plain step=30 params_sha256={final}"
-    resaved = tmp_path / "resaved-20"
-    assert plain(root / "step-20", "--resave", resaved).startswith("resaved ")
-    for start, fault in ((root / "step-20", []),
-                         (resaved, ["--inject", "kill:slot=2:step=25"])):
-        rc, lines = run_job(["-n", "3", "--standby", "1"] + fault,
-                            DDP + ["--from-dcp", str(start)])
-        out = "\n".join(lines[-60:])
-        assert rc == 0, out
-        assert set(final_lines(lines)) == {expected}, out
-        assert len(final_lines(lines)) == 3, out
 
 
 def test_ddp_nan_rolls_back_and_skips_its_data_with_the_reference_hash(
