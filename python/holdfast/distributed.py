@@ -59,12 +59,19 @@ class ProcessGroup(dist.ProcessGroup):
         self._error = None
         runtime._groups.append(self)
 
-    # The live slot and world size (torch's own copies are fixed at
-    # construction; Python callers see these).
+    # The slot and world size of the running step, else the live ones
+    # (torch's own copies are fixed at construction; Python callers see
+    # these). Within a step they stay the step's even when a failure opens
+    # a generation of another size meanwhile: FSDP computes its buffers'
+    # shapes from them while the step's remaining operations are skipped.
     def rank(self):
+        if self._rt.in_step:
+            return self._rt._step_place[0]
         return max(self._rt.slot, 0)
 
     def size(self):
+        if self._rt.in_step:
+            return self._rt._step_place[1]
         return max(self._rt.world_size, 1)
 
     def getBackendName(self):

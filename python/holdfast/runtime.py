@@ -210,6 +210,7 @@ class Runtime:
         self._ops = _OpQueue()  # their operations, in issue order
         self._sharded = {}  # sharded arrays: name -> (dtype, global numel)
         self._in_step = False
+        self._step_place = (0, 1)  # (slot, world size) of the running step
         # Registered tensors as given (name, tensor): they stay alive with
         # the runtime, and their version counters tell an in-place write
         # before the fence. Their versions after the last step that ended
@@ -437,6 +438,7 @@ class Runtime:
             for group in self._groups:
                 group._begin_step()
             self._in_step = True
+            self._step_place = (ctx.slot, ctx.world_size)
             self._fence_checked = False
             try:
                 step_fn(StepContext(ctx, self))
