@@ -33,14 +33,7 @@ import torch
 import holdfast
 import holdfast.dcp
 import holdfast.distributed as hd
-
-
-def make_batch(step, batch):
-    gen = torch.Generator().manual_seed(1_000_003 * step + 17)
-    x = torch.rand(batch, 16, generator=gen) * 2 - 1
-    w = torch.linspace(0.5, -0.25, 16)
-    y = torch.sin(2 * (x @ w)).unsqueeze(1) + 0.1 * x[:, :1] * x[:, 1:2]
-    return x, y
+from mlp_data import make_batch
 
 
 def step_scale(sigma, step, slot):

@@ -42,7 +42,7 @@ from torch.distributed.fsdp import fully_shard
 
 import holdfast
 import holdfast.distributed as hd
-from ddp_train import make_batch
+from mlp_data import make_batch
 
 
 class ShardedTensor:
