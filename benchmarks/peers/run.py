@@ -1,0 +1,256 @@
+#!/usr/bin/env python3
+"""holdfast side by side with what users would pick instead, on one job.
+
+Runs benchmarks/peers/trainer.py under each system, on 4 workers of this
+machine, in one run: fault-free, then with one fault (SIGKILL or SIGSTOP
+of one worker, by pid, when the job reaches a step), and reports for each
+
+  step_ms      the median step time with no fault (rank 0's), and its
+               ratio to plain torch DDP's (no fault tolerance)
+  recovery_ms  from the fault to the completion of the first step begun
+               after it (F + 2, F being the highest step completed before
+               it: F + 1 may have been under way); it includes that step
+  lost         steps completed before the fault and done again
+  equal        whether the final model equals the system's fault-free one
+
+and the ratio holdfast/peer of each. Systems:
+  plain     torch DDP on Gloo under torchrun, no fault tolerance (baseline)
+  dcp       torchrun --max-restarts with a torch.distributed.checkpoint
+            every --dcp-every steps
+  torchft   torchft 0.2.0: one replica group per worker, each under its
+            own torchrun that restarts it, and a Lighthouse
+  holdfast  holdfast-run -n 4 --standby 1
+
+    .venv/bin/python3 benchmarks/peers/run.py [--state-mb 256] [--fault stop]
+        [--systems holdfast,dcp,torchft] [--json]
+
+The peers are installed by benchmarks/peers/setup.sh, which this calls.
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+PYTHON = sys.executable
+WORKERS = 4
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(out, extra, args, system, restarts, env=None):
+    return subprocess.Popen(
+        [PYTHON, "-m", "torch.distributed.run", "--nproc-per-node",
+         str(extra.get("nproc", WORKERS)), "--max-restarts", str(restarts),
+         "--monitor-interval", "0.1", "--standalone",
+         str(HERE / "trainer.py"), "--system", system] + trainer_args(args)
+        + extra.get("args", []),
+        stdout=out, stderr=subprocess.STDOUT, env=env)
+
+
+def trainer_args(args):
+    return ["--steps", str(args.steps), "--step-ms", str(args.step_ms),
+            "--state-mb", str(args.state_mb), "--timeout", str(args.timeout)]
+
+
+def launch(system, args, work, log):
+    """Starts `system`'s job; returns the processes to wait for and those
+    to stop at the end (a Lighthouse)."""
+    env = dict(os.environ, PEERS_OUT=str(work))
+    if (ROOT / "build" / "python" / "holdfast").is_dir():
+        env["PYTHONPATH"] = str(ROOT / "build" / "python")
+    if system == "plain":
+        return [torchrun(log, {}, args, "plain", 0, env)], []
+    if system == "dcp":
+        extra = {"args": ["--dcp-dir", str(work / "dcp"), "--dcp-every",
+                          str(args.dcp_every)]}
+        return [torchrun(log, extra, args, "dcp", 3, env)], []
+    if system == "torchft":
+        port = free_port()
+        lighthouse = subprocess.Popen(
+            [str(pathlib.Path(PYTHON).parent / "torchft_lighthouse"),
+             # A quorum goes on without one of the 4 (3 of them), and waits
+             # up to 1 s for a replica that is still heartbeating.
+             "--min_replicas", str(WORKERS - 1), "--quorum_tick_ms", "100",
+             "--join_timeout_ms", "1000", "--bind", f"[::]:{port}"],
+            stdout=log, stderr=subprocess.STDOUT)
+        time.sleep(0.5)
+        groups = []
+        for g in range(WORKERS):
+            genv = dict(env, REPLICA_GROUP_ID=str(g),
+                        NUM_REPLICA_GROUPS=str(WORKERS),
+                        TORCHFT_LIGHTHOUSE=f"http://localhost:{port}")
+            groups.append(torchrun(log, {"nproc": 1}, args, "torchft", 3, genv))
+        return groups, [lighthouse]
+    if system == "holdfast":
+        p = subprocess.Popen(
+            [str(ROOT / "build" / "holdfast-run"), "-n", str(WORKERS),
+             "--standby", "1", "--no-disk-tier", "--log-dir", str(work / "log"),
+             "--", PYTHON, str(HERE / "trainer.py"), "--system", "holdfast"]
+            + trainer_args(args),
+            stdout=log, stderr=subprocess.STDOUT, env=env)
+        return [p], []
+    raise ValueError(system)
+
+
+def progress(work):
+    """rank -> [(step, unix ns)] so far."""
+    found = {}
+    for f in work.glob("progress-*"):
+        events = []
+        for line in f.read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 2:
+                events.append((int(parts[0]), int(parts[1])))
+        found[int(f.name.split("-")[1])] = events
+    return found
+
+
+def run_job(system, args, fault):
+    """One run; returns its progress, the fault's time and the final hash."""
+    work = pathlib.Path(tempfile.mkdtemp(prefix=f"peers-{system}-"))
+    log = open(work / "output.log", "w")
+    procs, helpers = launch(system, args, work, log)
+    fault_ns, stopped = None, None
+    deadline = time.time() + args.limit
+    try:
+        while any(p.poll() is None for p in procs):
+            if time.time() > deadline:
+                break
+            if fault and fault_ns is None:
+                done = max((e[-1][0] for e in progress(work).values() if e),
+                           default=0)
+                if done >= args.fault_step:
+                    pid = int((work / f"pid-{args.fault_rank}").read_text())
+                    fault_ns = time.time_ns()
+                    os.kill(pid, signal.SIGKILL if fault == "kill"
+                            else signal.SIGSTOP)
+                    stopped = pid if fault == "stop" else None
+            time.sleep(0.002)
+    finally:
+        if stopped is not None:
+            try:
+                os.kill(stopped, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for p in procs + helpers:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+        log.close()
+    final = (work / "final").read_text().split() if (work / "final").exists() \
+        else None
+    return {"work": str(work), "progress": progress(work), "fault_ns": fault_ns,
+            "final": final, "timed_out": time.time() > deadline}
+
+
+def step_ms(run):
+    events = sorted(run["progress"].get(0, []))
+    times = [t for _, t in events]
+    gaps = [(b - a) / 1e6 for a, b in zip(times[10:], times[11:])]
+    return statistics.median(gaps) if gaps else None
+
+
+def recovery(run):
+    """(ms from the fault to the completion of the first step begun after
+    it, steps done again). With F the highest step any rank had completed
+    at the fault, step F + 1 may have been under way (its all-reduce even
+    done), so the first step begun after the fault is F + 2."""
+    f = run["fault_ns"]
+    if f is None:
+        return None, None
+    events = [e for evs in run["progress"].values() for e in evs]
+    before = max((s for s, t in events if t <= f), default=0)
+    after = [(s, t) for s, t in events if t > f]
+    new = [t for s, t in after if s >= before + 2]
+    redone = [s for s, t in after if s <= before]
+    rec = (min(new) - f) / 1e6 if new else None
+    lost = before - min(redone) + 1 if redone else 0
+    return rec, lost
+
+
+def measure(system, args):
+    row = {"system": system}
+    clean = run_job(system, args, None)
+    row["step_ms"] = step_ms(clean)
+    row["final_ok"] = clean["final"] is not None and \
+        int(clean["final"][0]) == args.steps
+    if system == "plain":
+        return row
+    faulted = run_job(system, args, args.fault)
+    row["recovery_ms"], row["lost"] = recovery(faulted)
+    row["finished"] = faulted["final"] is not None and \
+        int(faulted["final"][0]) >= args.steps
+    row["equal"] = bool(row["finished"] and clean["final"] and
+                        faulted["final"][1] == clean["final"][1])
+    row["logs"] = faulted["work"]
+    return row
+
+
+def fmt(v, digits=1):
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--systems", default="plain,holdfast,dcp,torchft")
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--step-ms", type=float, default=20.0)
+    ap.add_argument("--state-mb", type=int, default=0)
+    ap.add_argument("--fault", choices=["kill", "stop"], default="kill")
+    ap.add_argument("--fault-step", type=int, default=100)
+    ap.add_argument("--fault-rank", type=int, default=1)
+    ap.add_argument("--dcp-every", type=int, default=20)
+    ap.add_argument("--timeout", type=float, default=10.0,
+                    help="torchft's and the dcp job's collective timeout, s")
+    ap.add_argument("--limit", type=float, default=300.0,
+                    help="seconds a run may take before it is stopped")
+    ap.add_argument("--no-setup", action="store_true",
+                    help="do not run benchmarks/peers/setup.sh")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    if not args.no_setup:
+        subprocess.run(["bash", str(HERE / "setup.sh")], check=True)
+    systems = args.systems.split(",")
+    rows = [measure(s, args) for s in systems]
+    base = next((r["step_ms"] for r in rows if r["system"] == "plain"), None)
+    hf = next((r for r in rows if r["system"] == "holdfast"), None)
+    for r in rows:
+        r["step_vs_plain"] = r["step_ms"] / base if base and r["step_ms"] else None
+        if hf and r is not hf and r.get("recovery_ms") and hf.get("recovery_ms"):
+            r["holdfast_recovery_ratio"] = hf["recovery_ms"] / r["recovery_ms"]
+        if hf and r is not hf and r.get("step_ms") and hf.get("step_ms"):
+            r["holdfast_step_ratio"] = hf["step_ms"] / r["step_ms"]
+    if args.json:
+        print(json.dumps({"args": vars(args), "rows": rows}, indent=2))
+        return 0
+    print(f"4 workers, {args.steps} steps of {args.step_ms} ms compute, "
+          f"{args.state_mb} MiB extra state per rank, fault: {args.fault} of "
+          f"rank {args.fault_rank} at step {args.fault_step}")
+    print(f"{'system':<9} {'step ms':>8} {'vs plain':>8} {'recovery ms':>11} "
+          f"{'lost':>5} {'equal':>6} {'hf/peer rec':>11} {'hf/peer step':>12}")
+    for r in rows:
+        print(f"{r['system']:<9} {fmt(r['step_ms'], 2):>8} "
+              f"{fmt(r['step_vs_plain'], 3):>8} {fmt(r.get('recovery_ms')):>11} "
+              f"{fmt(r.get('lost'), 0) if r.get('lost') is not None else '-':>5} "
+              f"{str(r.get('equal', '-')):>6} "
+              f"{fmt(r.get('holdfast_recovery_ratio'), 3):>11} "
+              f"{fmt(r.get('holdfast_step_ratio'), 3):>12}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
