@@ -33,6 +33,7 @@ import torch
 import holdfast
 import holdfast.dcp
 import holdfast.distributed as hd
+import example_run
 from mlp_data import make_batch
 
 
@@ -134,36 +135,20 @@ def main():
         data_pos.add_(1)
         last_loss[0] = float(loss)
 
-    try:
-        skip = [tuple(int(v) for v in r.split(":"))
-                for r in args.skip_data.split(",") if r]
-        result = rt.run(step, args.steps,
-                        metrics=lambda: {"loss": last_loss[0],
-                                         "grad_norm": last_grad_norm[0]},
-                        skip_data=skip, spike_factor=args.spike_factor,
-                        start_step=start_step, dcp_dir=args.dcp_dir or None,
-                        dcp_every=args.dcp_every)
-    except holdfast.CancelledError as e:
-        print(f"ddp_train: {e}", file=sys.stderr)
-        return 0  # a standby that was never needed
-    except holdfast.FencedError as e:
-        print(f"ddp_train: {e}", file=sys.stderr)
-        return 3
-    except holdfast.AbortedError as e:
-        print(f"ddp_train: {e}", file=sys.stderr)
-        return 4
-    except holdfast.HoldfastError as e:
-        print(f"ddp_train: {e}", file=sys.stderr)
-        return 1
+    skip = [tuple(int(v) for v in r.split(":"))
+            for r in args.skip_data.split(",") if r]
+    result, code = example_run.run("ddp_train", lambda: rt.run(
+        step, args.steps,
+        metrics=lambda: {"loss": last_loss[0], "grad_norm": last_grad_norm[0]},
+        skip_data=skip, spike_factor=args.spike_factor, start_step=start_step,
+        dcp_dir=args.dcp_dir or None, dcp_every=args.dcp_every))
+    if result is None:
+        return code
 
     digest = hashlib.sha256()
     for tensor in model.state_dict().values():
         digest.update(tensor.contiguous().numpy().tobytes())
-    print(f"recoveries={len(result.recoveries)} loss={last_loss[0]:.6f} "
-          f"snapshots_overlapped={result.snapshots_overlapped} "
-          f"snapshots_unfenced={result.snapshots_unfenced}", file=sys.stderr)
-    print(f"final step={result.final_step} world={result.world_size} "
-          f"params_sha256={digest.hexdigest()}", flush=True)
+    example_run.report(result, last_loss[0], digest.hexdigest())
     return 0
 
 

@@ -42,6 +42,7 @@ from torch.distributed.fsdp import fully_shard
 
 import holdfast
 import holdfast.distributed as hd
+import example_run
 from mlp_data import make_batch
 
 
@@ -179,28 +180,13 @@ def main():
                 digest.update(params[n].gather_full(ctx.comm).numpy().tobytes())
             final_hash[0] = digest.hexdigest()
 
-    try:
-        result = rt.run(step, args.steps, on_restore=restored,
-                        metrics=lambda: {"loss": last_loss[0],
-                                         "grad_norm": last_grad_norm[0]})
-    except holdfast.CancelledError as e:
-        print(f"fsdp_train: {e}", file=sys.stderr)
-        return 0  # a standby that was never needed
-    except holdfast.FencedError as e:
-        print(f"fsdp_train: {e}", file=sys.stderr)
-        return 3
-    except holdfast.AbortedError as e:
-        print(f"fsdp_train: {e}", file=sys.stderr)
-        return 4
-    except holdfast.HoldfastError as e:
-        print(f"fsdp_train: {e}", file=sys.stderr)
-        return 1
+    result, code = example_run.run("fsdp_train", lambda: rt.run(
+        step, args.steps, on_restore=restored,
+        metrics=lambda: {"loss": last_loss[0], "grad_norm": last_grad_norm[0]}))
+    if result is None:
+        return code
 
-    print(f"recoveries={len(result.recoveries)} loss={last_loss[0]:.6f} "
-          f"snapshots_overlapped={result.snapshots_overlapped} "
-          f"snapshots_unfenced={result.snapshots_unfenced}", file=sys.stderr)
-    print(f"final step={result.final_step} world={result.world_size} "
-          f"params_sha256={final_hash[0]}", flush=True)
+    example_run.report(result, last_loss[0], final_hash[0])
     return 0
 
 

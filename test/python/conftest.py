@@ -122,3 +122,17 @@ def assert_fenced(lines, ranks):
     assert all(c["snapshots_unfenced"] == "0" for c in counts), counts
     assert sum(int(c["snapshots_overlapped"]) for c in counts) > 0, counts
 
+
+def assert_survives(ranks, fault, job):
+    """`job` on `ranks` slots and a standby, with `fault` injected, ends
+    with every slot of the final world printing the fault-free hash after
+    one recovery (the replaced member never prints)."""
+    expected = fault_free_hash(ranks, job)
+    rc, lines = run_job(["-n", str(ranks), "--standby", "1", "--inject", fault],
+                        job)
+    out = "\n".join(lines[-60:])
+    assert rc == 0, out
+    finals = final_lines(lines)
+    assert len(finals) == ranks, out
+    assert set(finals) == {expected}, out
+    assert any("recoveries=1" in line for line in lines), out

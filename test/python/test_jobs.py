@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from conftest import (BUILD, DDP, HERE, PYTHON, assert_fenced, fault_free_hash,
-                      final_lines, run_job)
+from conftest import (BUILD, DDP, HERE, PYTHON, assert_fenced, assert_survives,
+                      fault_free_hash, final_lines, run_job)
 
 
 def test_collectives_on_torch_tensors():
@@ -31,16 +31,7 @@ def test_collectives_on_torch_tensors():
     (4, "hang:slot=2:step=11"),
 ])
 def test_ddp_survives_a_fault_with_the_fault_free_hash(ranks, fault):
-    expected = fault_free_hash(ranks)
-    rc, lines = run_job(["-n", str(ranks), "--standby", "1", "--inject", fault],
-                        DDP)
-    out = "\n".join(lines[-60:])
-    assert rc == 0, out
-    finals = final_lines(lines)
-    # Every slot of the final world prints; the replaced member never does.
-    assert len(finals) == ranks, out
-    assert set(finals) == {expected}, out
-    assert any("recoveries=1" in line for line in lines), out
+    assert_survives(ranks, fault, DDP)
 
 
 def test_ddp_nan_rolls_back_and_skips_its_data_with_the_reference_hash(

@@ -8,8 +8,8 @@ import subprocess
 
 import pytest
 
-from conftest import (DDP, FSDP, HERE, PYTHON, fault_free_hash, final_lines,
-                      run_job)
+from conftest import (DDP, FSDP, HERE, PYTHON, assert_survives,
+                      fault_free_hash, final_lines, run_job)
 
 
 # FSDP2 (fully_shard) over the holdfast group: each slot's shards are
@@ -21,15 +21,7 @@ from conftest import (DDP, FSDP, HERE, PYTHON, fault_free_hash, final_lines,
     (4, "hang:slot=1:step=11"),
 ])
 def test_fsdp2_survives_a_fault_with_the_fault_free_hash(ranks, fault):
-    expected = fault_free_hash(ranks, FSDP)
-    rc, lines = run_job(["-n", str(ranks), "--standby", "1", "--inject", fault],
-                        FSDP)
-    out = "\n".join(lines[-60:])
-    assert rc == 0, out
-    finals = final_lines(lines)
-    assert len(finals) == ranks, out
-    assert set(finals) == {expected}, out
-    assert any("recoveries=1" in line for line in lines), out
+    assert_survives(ranks, fault, FSDP)
 
 
 def test_fsdp2_without_a_standby_stops_with_an_error_naming_the_shrink():
