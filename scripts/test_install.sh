@@ -45,7 +45,8 @@ env -u PYTHONPATH "$venv/bin/python3" -c \
   'import holdfast, os; print("import holdfast:", os.path.dirname(holdfast.__file__))'
 env -u PYTHONPATH HOLDFAST_INSTALLED=1 HOLDFAST_BUILD_DIR="$root/build" \
   "$venv/bin/python3" -m pytest -q -p no:cacheprovider \
-  "$root/test/python/test_api.py" "$root/test/python/test_jobs.py"
+  "$root/test/python/test_api.py" "$root/test/python/test_jobs.py" \
+  "$root/test/python/test_torch2.py"
 # The console script runs the bundled launcher.
 out=$(env -u PYTHONPATH PATH="$venv/bin:$PATH" holdfast-run -n 3 --no-disk-tier \
   -- "$venv/bin/python3" "$root/examples/python/ddp_train.py" --steps 10 2>&1)

@@ -22,7 +22,11 @@ and the ratio holdfast/peer of each. Systems:
   holdfast  holdfast-run -n 4 --standby 1
 
     .venv/bin/python3 benchmarks/peers/run.py [--state-mb 256] [--fault stop]
-        [--systems holdfast,dcp,torchft] [--json]
+        [--systems holdfast,dcp,torchft] [--ettr-seconds 120] [--json]
+
+With --ettr-seconds, each system also runs about that long with a SIGKILL
+every --fault-every (30) seconds, for ETTR: the steps done times plain
+DDP's step time over the wall time (holdfast gets one standby per fault).
 
 The peers are installed by benchmarks/peers/setup.sh, which this calls.
 """
@@ -98,7 +102,7 @@ def launch(system, args, work, log):
     if system == "holdfast":
         p = subprocess.Popen(
             [str(ROOT / "build" / "holdfast-run"), "-n", str(WORKERS),
-             "--standby", "1", "--no-disk-tier", "--log-dir", str(work / "log"),
+             "--standby", str(args.standbys), "--no-disk-tier", "--log-dir", str(work / "log"),
              "--", PYTHON, str(HERE / "trainer.py"), "--system", "holdfast"]
             + trainer_args(args),
             stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -119,25 +123,54 @@ def progress(work):
     return found
 
 
-def run_job(system, args, fault):
-    """One run; returns its progress, the fault's time and the final hash."""
+def signal_rank(work, rank, sig):
+    """Sends `sig` to the process that holds `rank` now; its pid, or None
+    when it is gone."""
+    try:
+        pid = int((work / f"pid-{rank}").read_text())
+        os.kill(pid, sig)
+        return pid
+    except (FileNotFoundError, ProcessLookupError, ValueError):
+        return None
+
+
+def run_job(system, args, fault, every_s=0.0):
+    """One run; returns its progress, the faults' times and the final hash.
+
+    `fault` ("kill", "stop" or None) once the job reaches --fault-step, on
+    --fault-rank; or, with `every_s`, a SIGKILL every `every_s` seconds
+    from the first completed step on, on ranks 1, 2, 3, 1, ... in turn."""
     work = pathlib.Path(tempfile.mkdtemp(prefix=f"peers-{system}-"))
     log = open(work / "output.log", "w")
     procs, helpers = launch(system, args, work, log)
-    fault_ns, stopped = None, None
+    faults, stopped = [], None
+    first_ns = None
     deadline = time.time() + args.limit
     try:
         while any(p.poll() is None for p in procs):
             if time.time() > deadline:
                 break
-            if fault and fault_ns is None:
+            if every_s:
+                now = time.time_ns()
+                if first_ns is None:
+                    f0 = work / "progress-0"
+                    if f0.exists() and f0.stat().st_size > 0:
+                        first_ns = now
+                elif now - first_ns >= every_s * 1e9 * (len(faults) + 1):
+                    for rank in (1 + (len(faults) + k) % (WORKERS - 1)
+                                 for k in range(WORKERS - 1)):
+                        if signal_rank(work, rank, signal.SIGKILL):
+                            break
+                    faults.append(now)
+                time.sleep(0.02)
+                continue
+            if fault and not faults:
                 done = max((e[-1][0] for e in progress(work).values() if e),
                            default=0)
                 if done >= args.fault_step:
-                    pid = int((work / f"pid-{args.fault_rank}").read_text())
-                    fault_ns = time.time_ns()
-                    os.kill(pid, signal.SIGKILL if fault == "kill"
-                            else signal.SIGSTOP)
+                    faults.append(time.time_ns())
+                    sig = signal.SIGKILL if fault == "kill" else signal.SIGSTOP
+                    pid = signal_rank(work, args.fault_rank, sig)
                     stopped = pid if fault == "stop" else None
             time.sleep(0.002)
     finally:
@@ -153,8 +186,26 @@ def run_job(system, args, fault):
         log.close()
     final = (work / "final").read_text().split() if (work / "final").exists() \
         else None
-    return {"work": str(work), "progress": progress(work), "fault_ns": fault_ns,
+    return {"work": str(work), "progress": progress(work),
+            "fault_ns": faults[0] if faults else None, "faults": len(faults),
             "final": final, "timed_out": time.time() > deadline}
+
+
+def ettr(system, args, plain_step_ms):
+    """A run of about --ettr-seconds with a SIGKILL every --fault-every
+    seconds: (ETTR, faults). ETTR is the steps done times plain DDP's
+    fault-free step time over the wall time from the first completed step
+    to the last, so a system's steady-state overhead counts too."""
+    steps = max(1, int(args.ettr_seconds * 1000 / plain_step_ms))
+    sub = argparse.Namespace(**dict(vars(args), steps=steps,
+                                    limit=args.ettr_seconds * 4 + 120))
+    run = run_job(system, sub, None, every_s=args.fault_every)
+    times = [t for evs in run["progress"].values() for _, t in evs]
+    done = int(run["final"][0]) if run["final"] else 0
+    if not times or done < steps:
+        return None, run["faults"]
+    wall_ms = (max(times) - min(times)) / 1e6
+    return steps * plain_step_ms / wall_ms, run["faults"]
 
 
 def step_ms(run):
@@ -218,6 +269,10 @@ def main():
                     help="torchft's and the dcp job's collective timeout, s")
     ap.add_argument("--limit", type=float, default=300.0,
                     help="seconds a run may take before it is stopped")
+    ap.add_argument("--ettr-seconds", type=float, default=0.0,
+                    help="also measure ETTR over a run of about this long "
+                    "with a SIGKILL every --fault-every seconds (0: not)")
+    ap.add_argument("--fault-every", type=float, default=30.0)
     ap.add_argument("--no-setup", action="store_true",
                     help="do not run benchmarks/peers/setup.sh")
     ap.add_argument("--json", action="store_true")
@@ -225,8 +280,16 @@ def main():
     if not args.no_setup:
         subprocess.run(["bash", str(HERE / "setup.sh")], check=True)
     systems = args.systems.split(",")
+    # holdfast's standbys: one per fault (torchft and torchrun restart the
+    # killed worker instead).
+    args.standbys = 1 if not args.ettr_seconds else max(
+        1, int(args.ettr_seconds // args.fault_every) + 1)
     rows = [measure(s, args) for s in systems]
     base = next((r["step_ms"] for r in rows if r["system"] == "plain"), None)
+    if args.ettr_seconds and base:
+        for r in rows:
+            if r["system"] != "plain":
+                r["ettr"], r["ettr_faults"] = ettr(r["system"], args, base)
     hf = next((r for r in rows if r["system"] == "holdfast"), None)
     for r in rows:
         r["step_vs_plain"] = r["step_ms"] / base if base and r["step_ms"] else None
@@ -241,14 +304,16 @@ def main():
           f"{args.state_mb} MiB extra state per rank, fault: {args.fault} of "
           f"rank {args.fault_rank} at step {args.fault_step}")
     print(f"{'system':<9} {'step ms':>8} {'vs plain':>8} {'recovery ms':>11} "
-          f"{'lost':>5} {'equal':>6} {'hf/peer rec':>11} {'hf/peer step':>12}")
+          f"{'lost':>5} {'equal':>6} {'hf/peer rec':>11} {'hf/peer step':>12}"
+          f" {'ETTR':>6}")
     for r in rows:
         print(f"{r['system']:<9} {fmt(r['step_ms'], 2):>8} "
               f"{fmt(r['step_vs_plain'], 3):>8} {fmt(r.get('recovery_ms')):>11} "
               f"{fmt(r.get('lost'), 0) if r.get('lost') is not None else '-':>5} "
               f"{str(r.get('equal', '-')):>6} "
               f"{fmt(r.get('holdfast_recovery_ratio'), 3):>11} "
-              f"{fmt(r.get('holdfast_step_ratio'), 3):>12}")
+              f"{fmt(r.get('holdfast_step_ratio'), 3):>12} "
+              f"{fmt(r.get('ettr'), 3):>6}")
     return 0
 
 
