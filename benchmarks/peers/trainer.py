@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "examples", "python"))
-from mlp_data import make_batch  # noqa: E402
+from mlp_data import make_batch, make_model  # noqa: E402
 
 
 class Job:
@@ -40,9 +40,7 @@ class Job:
     def __init__(self, args):
         self.args = args
         torch.set_num_threads(1)
-        torch.manual_seed(12345)
-        self.model = torch.nn.Sequential(
-            torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+        self.model = make_model()
         self.opt = torch.optim.SGD(self.model.parameters(), lr=0.05,
                                    momentum=0.9)
         for p in self.model.parameters():

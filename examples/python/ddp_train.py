@@ -23,7 +23,6 @@ job stopped, 1 any other error.
 """
 
 import argparse
-import hashlib
 import random
 import sys
 import time
@@ -34,7 +33,7 @@ import holdfast
 import holdfast.dcp
 import holdfast.distributed as hd
 import example_run
-from mlp_data import make_batch
+from mlp_data import make_batch, make_model, params_sha256
 
 
 def step_scale(sigma, step, slot):
@@ -83,10 +82,7 @@ def main():
         ap.error("--steps must be >= 0 and --batch >= 1")
 
     torch.set_num_threads(1)
-    torch.manual_seed(12345)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1)
-    )
+    model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     # SGD creates its momentum at the first step; start it at zero so it can
     # be registered (the same arithmetic as a fresh buffer).
@@ -145,10 +141,7 @@ def main():
     if result is None:
         return code
 
-    digest = hashlib.sha256()
-    for tensor in model.state_dict().values():
-        digest.update(tensor.contiguous().numpy().tobytes())
-    example_run.report(result, last_loss[0], digest.hexdigest())
+    example_run.report(result, last_loss[0], params_sha256(model))
     return 0
 
 

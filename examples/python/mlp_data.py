@@ -1,7 +1,25 @@
-"""The examples' data: batch k of a fixed target function, from a seed of k
-(the same on every process, so that a run is deterministic)."""
+"""The examples' MLP and its data: batch k of a fixed target function,
+from a seed of k (the same on every process, so that a run is
+deterministic)."""
+
+import hashlib
 
 import torch
+
+
+def make_model():
+    """The MLP (16 -> 32 tanh -> 1), from a fixed seed."""
+    torch.manual_seed(12345)
+    return torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+
+
+def params_sha256(model):
+    """The hash of a model's state_dict, as the examples print it."""
+    digest = hashlib.sha256()
+    for tensor in model.state_dict().values():
+        digest.update(tensor.contiguous().numpy().tobytes())
+    return digest.hexdigest()
 
 
 def make_batch(step, batch):

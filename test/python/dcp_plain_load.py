@@ -8,11 +8,15 @@
                                       them to OUT as a checkpoint of its own
 """
 
-import hashlib
+import pathlib
 import sys
 
 import torch
 import torch.distributed.checkpoint as dcp
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]
+                       / "examples" / "python"))
+from mlp_data import make_model, params_sha256  # noqa: E402
 
 if len(sys.argv) == 4 and sys.argv[2] == "--resave":
     meta = dcp.FileSystemReader(sys.argv[1]).read_metadata()
@@ -23,13 +27,9 @@ if len(sys.argv) == 4 and sys.argv[2] == "--resave":
     print(f"resaved {len(state)} tensors")
     sys.exit(0)
 
-model = torch.nn.Sequential(
-    torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+model = make_model()
 state = {f"model.{k}": v for k, v in model.state_dict().items()}
 state["holdfast.step"] = torch.zeros(1, dtype=torch.int64)
 dcp.load(state, checkpoint_id=sys.argv[1], no_dist=True)
-digest = hashlib.sha256()
-for tensor in model.state_dict().values():
-    digest.update(tensor.contiguous().numpy().tobytes())
 print(f"plain step={int(state['holdfast.step'][0])} "
-      f"params_sha256={digest.hexdigest()}")
+      f"params_sha256={params_sha256(model)}")
