@@ -13,16 +13,21 @@ of one worker, by pid, when the job reaches a step), and reports for each
   lost         steps completed before the fault and done again
   equal        whether the final model equals the system's fault-free one
 
-and the ratio holdfast/peer of each. Systems:
+and the ratio holdfast/peer of each; with --repeat N, the median of N runs
+of each (a final model is "equal" only when it is in every run). Systems:
   plain     torch DDP on Gloo under torchrun, no fault tolerance (baseline)
   dcp       torchrun --max-restarts with a torch.distributed.checkpoint
             every --dcp-every steps
+  nvrx      nvidia-resiliency-ext 0.4.1's ft_launcher (torchrun with
+            in-job restarts and a rank monitor per rank that restarts on a
+            missed heartbeat), with the dcp job's checkpoints
   torchft   torchft 0.2.0: one replica group per worker, each under its
             own torchrun that restarts it, and a Lighthouse
   holdfast  holdfast-run -n 4 --standby 1
 
     .venv/bin/python3 benchmarks/peers/run.py [--state-mb 256] [--fault stop]
-        [--systems holdfast,dcp,torchft] [--ettr-seconds 120] [--json]
+        [--systems holdfast,dcp,nvrx,torchft] [--ettr-seconds 120]
+        [--repeat 3] [--json]
 
 With --ettr-seconds, each system also runs about that long with a SIGKILL
 every --fault-every (30) seconds, for ETTR: the steps done times plain
@@ -60,8 +65,9 @@ def free_port():
 
 
 def torchrun(out, extra, args, system, restarts, env=None):
+    launcher = extra.get("launcher", [PYTHON, "-m", "torch.distributed.run"])
     return subprocess.Popen(
-        [PYTHON, "-m", "torch.distributed.run", "--nproc-per-node",
+        launcher + extra.get("launcher_args", []) + ["--nproc-per-node",
          str(extra.get("nproc", WORKERS)), "--max-restarts", str(restarts),
          "--monitor-interval", "0.1", "--standalone",
          str(HERE / "trainer.py"), "--system", system] + trainer_args(args)
@@ -86,6 +92,17 @@ def launch(system, args, work, log):
         extra = {"args": ["--dcp-dir", str(work / "dcp"), "--dcp-every",
                           str(args.dcp_every)]}
         return [torchrun(log, extra, args, "dcp", RESTARTS, env)], []
+    if system == "nvrx":
+        extra = {"launcher": [str(pathlib.Path(PYTHON).parent / "ft_launcher")],
+                 # A rank that misses its heartbeats for 3 s is hung (as
+                 # holdfast's controller's default silence threshold).
+                 "launcher_args": ["--ft-rank-heartbeat-timeout", "3",
+                                   "--ft-initial-rank-heartbeat-timeout", "120",
+                                   "--ft-restart-check-interval", "0.1",
+                                   "--ft-workload-check-interval", "0.1"],
+                 "args": ["--dcp-dir", str(work / "dcp"), "--dcp-every",
+                          str(args.dcp_every)]}
+        return [torchrun(log, extra, args, "nvrx", RESTARTS, env)], []
     if system == "torchft":
         port = free_port()
         lighthouse = subprocess.Popen(
@@ -255,13 +272,28 @@ def measure(system, args):
     return row
 
 
+def median_row(runs):
+    """One row from --repeat runs of measure(): the median of each figure
+    (None when any run lacks it), `equal` and `finished` only when true
+    in every run, and each run's figures under "runs"."""
+    row = {"system": runs[0]["system"], "runs": runs}
+    for key in ("step_ms", "recovery_ms", "lost"):
+        vals = [r.get(key) for r in runs]
+        if key in runs[0]:
+            row[key] = None if None in vals else statistics.median(vals)
+    for key in ("final_ok", "finished", "equal"):
+        if key in runs[0]:
+            row[key] = all(r[key] for r in runs)
+    return row
+
+
 def fmt(v, digits=1):
     return "-" if v is None else f"{v:.{digits}f}"
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--systems", default="plain,holdfast,dcp,torchft")
+    ap.add_argument("--systems", default="plain,holdfast,dcp,nvrx,torchft")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--step-ms", type=float, default=20.0)
     ap.add_argument("--state-mb", type=int, default=0)
@@ -277,6 +309,9 @@ def main():
                     help="also measure ETTR over a run of about this long "
                     "with a SIGKILL every --fault-every seconds (0: not)")
     ap.add_argument("--fault-every", type=float, default=30.0)
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="runs of each measurement; the medians are "
+                    "reported, and each run under --json")
     ap.add_argument("--no-setup", action="store_true",
                     help="do not run benchmarks/peers/setup.sh")
     ap.add_argument("--json", action="store_true")
@@ -288,12 +323,17 @@ def main():
     # killed worker instead).
     args.standbys = 1 if not args.ettr_seconds else max(
         1, int(args.ettr_seconds // args.fault_every) + 1)
-    rows = [measure(s, args) for s in systems]
+    rows = [median_row([measure(s, args) for _ in range(args.repeat)])
+            for s in systems]
     base = next((r["step_ms"] for r in rows if r["system"] == "plain"), None)
     if args.ettr_seconds and base:
         for r in rows:
             if r["system"] != "plain":
-                r["ettr"], r["ettr_faults"] = ettr(r["system"], args, base)
+                runs = [ettr(r["system"], args, base)
+                        for _ in range(args.repeat)]
+                vals = [e for e, _ in runs]
+                r["ettr"] = None if None in vals else statistics.median(vals)
+                r["ettr_runs"] = [{"ettr": e, "faults": f} for e, f in runs]
     hf = next((r for r in rows if r["system"] == "holdfast"), None)
     for r in rows:
         r["step_vs_plain"] = r["step_ms"] / base if base and r["step_ms"] else None
@@ -304,7 +344,8 @@ def main():
     if args.json:
         print(json.dumps({"args": vars(args), "rows": rows}, indent=2))
         return 0
-    print(f"4 workers, {args.steps} steps of {args.step_ms} ms compute, "
+    print(f"medians of {args.repeat} run(s); "
+          f"4 workers, {args.steps} steps of {args.step_ms} ms compute, "
           f"{args.state_mb} MiB extra state per rank, fault: {args.fault} of "
           f"rank {args.fault_rank} at step {args.fault_step}")
     print(f"{'system':<9} {'step ms':>8} {'vs plain':>8} {'recovery ms':>11} "

@@ -10,6 +10,8 @@ adds compute time per step.
     --system plain      torch DDP over Gloo, no fault tolerance (torchrun)
     --system dcp        torch DDP, a torch.distributed.checkpoint every
                         --dcp-every steps, resumed after torchrun restarts
+    --system nvrx       as dcp, under nvidia-resiliency-ext's ft_launcher,
+                        with a rank heartbeat each step (hang detection)
     --system torchft    torchft: one replica group per process, a
                         Lighthouse, live recovery from a healthy replica
     --system holdfast   holdfast: DDP on the "holdfast" process group,
@@ -133,17 +135,21 @@ def init_restartable():
     from datetime import timedelta
 
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    rank = int(os.environ["RANK"])
+    # torchrun's agent serves the store; under ft_launcher
+    # (TORCHELASTIC_USE_AGENT_STORE=False) rank 0 does.
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     store = dist.TCPStore(os.environ["MASTER_ADDR"],
-                          int(os.environ["MASTER_PORT"]), is_master=False,
+                          int(os.environ["MASTER_PORT"]),
+                          is_master=not agent and rank == 0,
                           timeout=timedelta(seconds=60))
     dist.init_process_group(
         "gloo", store=dist.PrefixStore(f"restart-{restart}", store),
-        rank=int(os.environ["RANK"]),
-        world_size=int(os.environ["WORLD_SIZE"]),
+        rank=rank, world_size=int(os.environ["WORLD_SIZE"]),
         timeout=timedelta(seconds=60))
 
 
-def run_dcp(args, job):
+def run_dcp(args, job, heartbeat=None):
     import torch.distributed.checkpoint as dcp
 
     init_restartable()
@@ -172,9 +178,23 @@ def run_dcp(args, job):
                     f.write(str(step))
                 os.replace(os.path.join(root, "latest.tmp"),
                            os.path.join(root, "latest"))
+        if heartbeat is not None:
+            heartbeat.send_heartbeat()
         out.done(step)
     out.final(args.steps, job.digest())
     dist.destroy_process_group()
+
+
+def run_nvrx(args, job):
+    """run_dcp under ft_launcher: the rank monitor that the launcher starts
+    for each rank restarts the job when a rank's heartbeats stop for
+    --ft-rank-heartbeat-timeout (a hang), as well as when a rank dies."""
+    from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
+
+    client = RankMonitorClient()
+    client.init_workload_monitoring()
+    run_dcp(args, job, heartbeat=client)
+    client.shutdown_workload_monitoring()
 
 
 def run_torchft(args, job):
@@ -239,7 +259,8 @@ def run_holdfast(args, job):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--system", required=True,
-                    choices=["plain", "dcp", "torchft", "holdfast"])
+                    choices=["plain", "dcp", "nvrx", "torchft",
+                             "holdfast"])
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--step-ms", type=float, default=20.0)
@@ -250,8 +271,8 @@ def main():
                     help="torchft's operation and quorum timeout, s")
     args = ap.parse_args()
     job = Job(args)
-    {"plain": run_plain, "dcp": run_dcp, "torchft": run_torchft,
-     "holdfast": run_holdfast}[args.system](args, job)
+    {"plain": run_plain, "dcp": run_dcp, "nvrx": run_nvrx,
+     "torchft": run_torchft, "holdfast": run_holdfast}[args.system](args, job)
     return 0
 
 
