@@ -27,6 +27,8 @@
 // (HOLDFAST_BACKEND=nccl): the gradients and the gathered parameters go
 // through a device buffer. The model still computes on the CPU; what runs
 // on the GPU is the communicator, with its deadlines, aborts and rebuilds.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -216,6 +218,7 @@ int main(int argc, char** argv) {
   bool zero1 = false;
   std::string snapshot_copy = "auto";
   bool await_commit = false;
+  std::string progress_dir;
   app.add_flag("--zero1", zero1,
                "shard the momentum over the slots (ZeRO-1) and all-gather "
                "the parameters");
@@ -237,6 +240,10 @@ int main(int argc, char** argv) {
   app.add_option("--load", load,
                  "start from the state in this file instead of the fixed "
                  "initialization");
+  app.add_option("--progress-dir", progress_dir,
+                 "for tests: append \"<step> <unix ns>\" to "
+                 "DIR/progress-<pid> as each step begins (so the step "
+                 "before it has completed)");
   app.add_option("--steps", steps, "steps to train")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   app.add_option("--state-mb", state_mb,
@@ -345,7 +352,23 @@ int main(int argc, char** argv) {
   float last_loss = 0;
   double last_grad_norm = 0;
   Collectives collectives;
+  std::FILE* progress = nullptr;
+  if (!progress_dir.empty()) {
+    const std::string path =
+        absl::StrCat(progress_dir, "/progress-", static_cast<int>(getpid()));
+    progress = std::fopen(path.c_str(), "a");
+    if (progress == nullptr) {
+      std::fprintf(stderr, "dp-trainer: --progress-dir: cannot open %s\n",
+                   path.c_str());
+      return 2;
+    }
+  }
   auto step_fn = [&](const holdfast::StepContext& ctx) -> absl::Status {
+    if (progress != nullptr) {
+      std::fprintf(progress, "%lld %lld\n", static_cast<long long>(ctx.step),
+                   static_cast<long long>(absl::ToUnixNanos(absl::Now())));
+      std::fflush(progress);
+    }
     std::fill(grad.begin(), grad.end(), 0.0f);
     const int64_t begin = batch * ctx.slot / ctx.world_size;
     const int64_t end = batch * (ctx.slot + 1) / ctx.world_size;
@@ -466,7 +489,9 @@ int main(int argc, char** argv) {
   absl::StatusOr<holdfast::RunResult> result = runtime.Run(step_fn, ro);
   if (!result.ok()) {
     const absl::Status& s = result.status();
-    std::fprintf(stderr, "dp-trainer: %s\n", s.ToString().c_str());
+    std::fprintf(stderr, "dp-trainer: %s\ndp-trainer: committed=%lld\n",
+                 s.ToString().c_str(),
+                 static_cast<long long>(runtime.committed_step()));
     if (s.code() == absl::StatusCode::kCancelled) return 0;  // unused standby
     if (s.code() == absl::StatusCode::kFailedPrecondition) return 3;
     if (s.code() == absl::StatusCode::kAborted) return 4;
