@@ -73,6 +73,12 @@ int main(int argc, char** argv) {
   app.add_option("--silent-after-ms", silent_ms,
                  "declare a member silent after this long without a heartbeat")
       ->check(CLI::Range(int64_t{50}, int64_t{3600000}));
+  int64_t lease_ms = -1;
+  app.add_option("--lease-ms", lease_ms,
+                 "a member with no word from the controller for this long "
+                 "stops acting (no step completes); shorter than "
+                 "--silent-after-ms; default two thirds of it, 0: none")
+      ->check(CLI::Range(int64_t{0}, int64_t{3600000}));
   app.add_option("--stall-factor", detection.stall_factor,
                  "stalled: step not advancing for this many median step times")
       ->check(CLI::Range(1.0, 1000.0));
@@ -98,6 +104,7 @@ int main(int argc, char** argv) {
   detection.rendezvous_timeout = absl::Milliseconds(rendezvous_timeout_ms);
   detection.heartbeat_interval = absl::Milliseconds(heartbeat_ms);
   detection.silent_after = absl::Milliseconds(silent_ms);
+  if (lease_ms >= 0) detection.lease = absl::Milliseconds(lease_ms);
   detection.stall_floor = absl::Milliseconds(stall_floor_ms);
 
   auto token = holdfast::control::LoadToken(token_file);

@@ -5,6 +5,8 @@
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
+#include <iterator>
+#include <map>
 #include <optional>
 #include <system_error>
 #include <thread>
@@ -57,12 +59,12 @@ class MemberClientImpl final : public MemberClient {
  public:
   MemberClientImpl(MemberOptions o, MemberCallbacks cb,
                    std::unique_ptr<Controller::Stub> stub, RegisterRequest reg,
-                   const RegisterResponse& first)
+                   const RegisterResponse& first, absl::Time asked_at)
       : options_(std::move(o)),
         callbacks_(std::move(cb)),
         stub_(std::move(stub)),
         register_(std::move(reg)) {
-    Adopt(first);
+    Adopt(first, asked_at);
     interval_ = options_.heartbeat_interval > absl::ZeroDuration()
                     ? options_.heartbeat_interval
                     : absl::Milliseconds(
@@ -196,6 +198,16 @@ class MemberClientImpl final : public MemberClient {
     ack_ = a;
   }
 
+  absl::Duration lease() const override {
+    absl::MutexLock lock(&mu_);
+    return lease_;
+  }
+
+  absl::Duration Unheard(absl::Time now) const override {
+    absl::MutexLock lock(&mu_);
+    return now - heard_from_;
+  }
+
   absl::Status health() const override {
     absl::MutexLock lock(&mu_);
     return health_;
@@ -223,8 +235,11 @@ class MemberClientImpl final : public MemberClient {
                         absl::Now() + options_.client.rpc_slack);
   }
 
-  void Adopt(const RegisterResponse& r) {
+  // `asked_at`: when the Register call that `r` answers was made.
+  void Adopt(const RegisterResponse& r, absl::Time asked_at) {
     absl::MutexLock lock(&mu_);
+    lease_ = absl::Milliseconds(std::max<int64_t>(0, r.lease_ms()));
+    heard_from_ = std::max(heard_from_, asked_at);
     assignment_.member_id = r.member_id();
     assignment_.standby = r.role() == ROLE_STANDBY;
     assignment_.slot = r.slot();
@@ -336,9 +351,10 @@ class MemberClientImpl final : public MemberClient {
     req.set_generation(a.generation);
     req.set_world_size(a.world_size);
     RegisterResponse resp;
-    auto ctx = TokenContext(
-        options_.client.token,
-        absl::Now() + options_.reconnect_max + options_.client.rpc_slack);
+    const absl::Time asked_at = absl::Now();
+    auto ctx =
+        TokenContext(options_.client.token, asked_at + options_.reconnect_max +
+                                                options_.client.rpc_slack);
     ctx->set_wait_for_ready(true);
     {
       // Leave() cancels it: it waits for a controller that may be gone.
@@ -352,7 +368,7 @@ class MemberClientImpl final : public MemberClient {
       absl::MutexLock lock(&mu_);
       resume_ctx_ = nullptr;
     }
-    if (s.ok()) Adopt(resp);
+    if (s.ok()) Adopt(resp, asked_at);
     return s;
   }
 
@@ -410,6 +426,16 @@ class MemberClientImpl final : public MemberClient {
         report_now_ = false;
         req.set_leaving(leaving);
         req.set_finished(leaving && finished_);
+        const absl::Time now = absl::Now();
+        if (lease_ > absl::ZeroDuration() && !leaving &&
+            now - last_ask_ >= RenewEvery() * 0.9) {
+          // The ack renews the lease from this send time.
+          req.set_seq(++seq_);
+          req.set_want_ack(true);
+          asked_[seq_] = now;
+          if (asked_.size() > 64) asked_.erase(asked_.begin());
+          last_ask_ = now;
+        }
         if (ack_.has_value()) {
           if (ack_->step() > assignment_.committed_step) {
             *req.mutable_checkpoint_ack() = *ack_;
@@ -439,7 +465,10 @@ class MemberClientImpl final : public MemberClient {
         mu_.AwaitWithTimeout(absl::Condition(&broken_), absl::Seconds(2));
         break;
       }
-      next = absl::Now() + interval_;
+      {
+        absl::MutexLock lock(&mu_);
+        next = absl::Now() + std::min(interval_, RenewEvery());
+      }
     }
     ctx->TryCancel();  // a no-op once the server has finished the stream
     reader.join();
@@ -449,6 +478,14 @@ class MemberClientImpl final : public MemberClient {
   void Dispatch(const HeartbeatResponse& msg) {
     {
       absl::MutexLock lock(&mu_);
+      if (msg.has_ack_seq()) {
+        // The controller had this heartbeat, and every one before it.
+        auto it = asked_.upper_bound(msg.ack_seq());
+        if (it != asked_.begin()) {
+          heard_from_ = std::max(heard_from_, std::prev(it)->second);
+          asked_.erase(asked_.begin(), it);
+        }
+      }
       if (msg.has_membership()) {
         const MembershipUpdate& u = msg.membership();
         assignment_.generation = u.generation();
@@ -495,6 +532,13 @@ class MemberClientImpl final : public MemberClient {
     health_ = std::move(s);
   }
 
+  // How often the lease is renewed: four times per lease (and never
+  // more often than every 10 ms).
+  absl::Duration RenewEvery() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (lease_ <= absl::ZeroDuration()) return absl::InfiniteDuration();
+    return std::max(lease_ / 4, absl::Milliseconds(10));
+  }
+
   bool Stopping() const {
     absl::MutexLock lock(&mu_);
     return stop_;
@@ -523,6 +567,16 @@ class MemberClientImpl final : public MemberClient {
   bool thread_failed_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status health_ ABSL_GUARDED_BY(mu_);
   int reconnects_ ABSL_GUARDED_BY(mu_) = 0;
+  // The lease (zero: none), and the send time of the newest message the
+  // controller is known to have had: a Register it answered, or a
+  // heartbeat it acked. It cannot declare this member silent before that
+  // plus its silence threshold, which is longer than the lease.
+  absl::Duration lease_ ABSL_GUARDED_BY(mu_);
+  absl::Time heard_from_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // Heartbeats that asked for an ack: seq -> send time.
+  std::map<uint64_t, absl::Time> asked_ ABSL_GUARDED_BY(mu_);
+  uint64_t seq_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time last_ask_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::thread worker_;
 };
 
@@ -560,8 +614,9 @@ absl::StatusOr<std::unique_ptr<MemberClient>> MemberClient::Join(
   }
   auto stub = Controller::NewStub(MakeChannel(options.client.address));
   RegisterResponse resp;
+  const absl::Time asked_at = absl::Now();
   auto ctx =
-      TokenContext(options.client.token, absl::Now() + options.connect_timeout);
+      TokenContext(options.client.token, asked_at + options.connect_timeout);
   ctx->set_wait_for_ready(true);
   grpc::Status s = stub->Register(ctx.get(), req, &resp);
   if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
@@ -571,7 +626,8 @@ absl::StatusOr<std::unique_ptr<MemberClient>> MemberClient::Join(
   }
   if (!s.ok()) return FromGrpc(s, "Register");
   auto client = std::make_unique<MemberClientImpl>(
-      options, std::move(callbacks), std::move(stub), std::move(req), resp);
+      options, std::move(callbacks), std::move(stub), std::move(req), resp,
+      asked_at);
   HOLDFAST_RETURN_IF_ERROR(client->Start());
   return std::unique_ptr<MemberClient>(std::move(client));
 }

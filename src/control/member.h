@@ -134,6 +134,16 @@ class MemberClient {
   // stream's first message.
   virtual void SendCheckpointAck(int64_t step, int64_t generation) = 0;
 
+  // The lease the controller gave (zero: none): with no word from it for
+  // this long, the member must stop acting (the runtime completes no step)
+  // until it hears again, since the controller may be about to declare it
+  // lost. Unheard(now): how long it has had no word, counted from the
+  // send time of the newest heartbeat the controller acked (or its
+  // Register call), so it errs long. Heartbeats ask for acks four times
+  // per lease.
+  virtual absl::Duration lease() const = 0;
+  virtual absl::Duration Unheard(absl::Time now) const = 0;
+
   // OK while a member; the fencing status once fenced; Unavailable while
   // the controller is unreachable (reports are kept and sent on return).
   virtual absl::Status health() const = 0;

@@ -215,6 +215,10 @@ uint64_t Membership::NewIdLocked() {
   }
 }
 
+absl::Duration Lease(const DetectionOptions& d) {
+  return d.lease.has_value() ? *d.lease : d.silent_after * 2 / 3;
+}
+
 RegisterResponse Membership::AssignmentLocked(const Member& m) const {
   RegisterResponse r;
   r.set_member_id(m.id);
@@ -223,6 +227,7 @@ RegisterResponse Membership::AssignmentLocked(const Member& m) const {
   r.set_generation(generation_);
   r.set_world_size(world_size_);
   r.set_heartbeat_interval_ms(ToMs(detection_.heartbeat_interval));
+  r.set_lease_ms(ToMs(Lease(detection_)));
   r.set_committed_step(committed_step_);
   FillSkipData(r.mutable_skip_data());
   return r;
@@ -455,6 +460,17 @@ void Membership::Detach(uint64_t member_id, MemberSink* sink, bool clean,
       ++finished_workers_;
       MaybeFinishLocked();
     }
+    return;
+  }
+  // A stream that breaks after its member went quiet may be the late news
+  // of a link that was down (the member's side gave up on it): the
+  // silence rule decides, and the member may resume on a new stream.
+  if (now - m.last_seen > 2 * detection_.heartbeat_interval) {
+    HOLDFAST_LOG_INFO(
+        "member {} ({}): heartbeat stream broke ({}) {} after its last "
+        "heartbeat; left to the silence rule",
+        m.id, m.slot >= 0 ? absl::StrCat("slot ", m.slot) : "standby",
+        std::string(why), Seconds(now - m.last_seen));
     return;
   }
   DeclareLocked(m, INCIDENT_CRASHED,

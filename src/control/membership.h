@@ -31,11 +31,37 @@
 
 namespace holdfast::control {
 
+struct DetectionOptions;
+// The lease that `d` gives members: d.lease, or two thirds of
+// d.silent_after when unset.
+absl::Duration Lease(const DetectionOptions& d);
+
 struct DetectionOptions {
   // How often members send a periodic report (told to them at Register).
-  absl::Duration heartbeat_interval = absl::Seconds(1);
-  // silent: no heartbeat for this long.
-  absl::Duration silent_after = absl::Seconds(5);
+  absl::Duration heartbeat_interval = absl::Milliseconds(500);
+  // silent: no heartbeat for this long. This is the grace of a link blip
+  // too: a member whose link is down for less costs no fence. A blip of
+  // b silences a member for up to b + heartbeat_interval + TCP's
+  // retransmission back-off (0.2, 0.4, 0.8 s: about 1.9 s for b = 1 s),
+  // so 3 s keeps blips of a second or so, and finds a frozen process or
+  // a lost host in 3 s (docs/network.md).
+  absl::Duration silent_after = absl::Seconds(3);
+  // A member that has not heard from the controller for this long stops
+  // acting: no step completes and no snapshot is acked until it hears
+  // again (told to members at Register). Shorter than silent_after, so a
+  // cut-off member has stopped before the controller declares it lost and
+  // gives its slot to another: no split brain. Unset: two thirds of
+  // silent_after (2 s with its default); zero: no lease. See Lease().
+  std::optional<absl::Duration> lease;
+  // Silence verdicts pause while more than half of the live members are
+  // unheard for max(2 heartbeat intervals, silent_after / 2): the
+  // controller's own link is then the likelier fault (its host cut off).
+  // Reported failures are still acted on. When a majority is heard again, no
+  // member is declared silent for as long as the isolation lasted plus
+  // silent_after (TCP backs its retransmissions off during an outage, so queued
+  // heartbeats may take about that long to arrive), and every stall clock
+  // restarts.
+  //
   // stalled: the step has not advanced for
   //   max(stall_floor, stall_factor x median, stall_max_factor x longest)
   // over the job's last `step_history` steps. Needs stall_min_history steps
@@ -364,6 +390,11 @@ class Membership {
   std::map<uint64_t, uint64_t> standbys_ ABSL_GUARDED_BY(mu_);  // order -> id
   uint64_t next_standby_order_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  // Since when more than half of the live members are unheard (silence
+  // verdicts pause meanwhile; see DetectionOptions::lease).
+  std::optional<absl::Time> isolated_since_ ABSL_GUARDED_BY(mu_);
+  // No silence verdicts before this (after an isolation).
+  absl::Time quiet_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 
   // One duration per step number (the first report of it), newest last.
   std::deque<int64_t> step_history_us_ ABSL_GUARDED_BY(mu_);

@@ -37,11 +37,50 @@ std::optional<absl::Duration> Membership::StallThresholdLocked() const {
 void Membership::Scan(absl::Time now) {
   absl::MutexLock lock(&mu_);
   std::vector<Member*> silent;
+  // Members that report at every step end are heard more often than the
+  // others: those unheard for half the threshold count against the
+  // controller's own link, so that it is suspected before the first
+  // member is due.
+  const absl::Duration suspect =
+      std::max(2 * detection_.heartbeat_interval, detection_.silent_after / 2);
+  int alive = 0, unheard = 0;
   for (auto& [id, m] : members_) {
-    if (m.state == STATE_ALIVE && now - m.last_seen > detection_.silent_after) {
-      silent.push_back(&m);
+    if (m.state != STATE_ALIVE) continue;
+    ++alive;
+    if (now - m.last_seen > suspect) ++unheard;
+    if (now - m.last_seen > detection_.silent_after) silent.push_back(&m);
+  }
+  // One member alone has no majority to be compared with.
+  if (alive > 1 && 2 * unheard > alive) {
+    if (!isolated_since_.has_value()) {
+      isolated_since_ = now;
+      HOLDFAST_LOG_WARN(
+          "controller: {} of {} live members unheard for {}: more likely this "
+          "controller's own link; silence verdicts pause until most are "
+          "heard again (reported failures are still acted on)",
+          unheard, alive, Seconds(suspect));
+    }
+    silent.clear();
+  } else if (isolated_since_.has_value()) {
+    // TCP backs its retransmissions off while a link is down: after an
+    // outage of d, a member's queued heartbeats may take up to about d
+    // more to arrive. No member is declared silent for that long (the
+    // isolation and the threshold before it was noticed).
+    const absl::Duration away = std::min(
+        now - *isolated_since_ + detection_.silent_after, absl::Minutes(1));
+    HOLDFAST_LOG_WARN(
+        "controller: most members heard again after {}; no member is "
+        "declared silent for {}, and every stall clock restarts",
+        Seconds(now - *isolated_since_), Seconds(away));
+    isolated_since_.reset();
+    quiet_until_ = now + away;
+    for (auto& [id, m] : members_) {
+      if (m.state == STATE_ALIVE) {
+        m.step_changed_at = std::max(m.step_changed_at, now);
+      }
     }
   }
+  if (now < quiet_until_) silent.clear();
   for (Member* m : silent) {
     DeclareLocked(
         *m, INCIDENT_SILENT,

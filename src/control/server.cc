@@ -609,6 +609,15 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
   if (options.scan_interval <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("controller: scan interval must be > 0");
   }
+  if (const absl::Duration lease = Lease(options.detection);
+      lease < absl::ZeroDuration() || lease >= options.detection.silent_after) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "controller: lease ", absl::FormatDuration(lease),
+        " must be shorter than the silence threshold (",
+        absl::FormatDuration(options.detection.silent_after),
+        "), so that a cut-off member stops acting before it is declared "
+        "lost; 0 turns the lease off"));
+  }
   auto service = std::make_unique<Service>(options);
   std::unique_ptr<Metrics> metrics;
   std::unique_ptr<prometheus::Exposer> exposer;
@@ -648,10 +657,11 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
                     bound_port);
   HOLDFAST_LOG_INFO(
       "controller: world size {}, heartbeat every {} ms, silent after {} ms, "
-      "stall floor {} ms",
+      "lease {} ms, stall floor {} ms",
       options.world_size,
       absl::ToInt64Milliseconds(options.detection.heartbeat_interval),
       absl::ToInt64Milliseconds(options.detection.silent_after),
+      absl::ToInt64Milliseconds(Lease(options.detection)),
       absl::ToInt64Milliseconds(options.detection.stall_floor));
   return std::unique_ptr<ControllerServer>(new ServerImpl(
       std::move(service), std::move(metrics), std::move(exposer),

@@ -201,6 +201,33 @@ absl::Status RuntimeImpl::Stopped() const {
   return absl::OkStatus();
 }
 
+absl::Status RuntimeImpl::AwaitLease(int64_t step) {
+  const absl::Duration lease = member_->lease();
+  if (lease <= absl::ZeroDuration()) return absl::OkStatus();
+  const absl::Time since = absl::Now();
+  const absl::Duration unheard = member_->Unheard(since);
+  if (unheard < lease) return absl::OkStatus();
+  HOLDFAST_LOG_WARN(
+      "runtime: slot {}: no word from the controller for {} (lease {}): "
+      "step {} does not complete until it answers (a member cut off from "
+      "it may be declared lost, and must not go on)",
+      slot(), absl::FormatDuration(unheard), absl::FormatDuration(lease), step);
+  for (;;) {
+    HOLDFAST_RETURN_IF_ERROR(Stopped());
+    if (GenerationMoved()) {
+      return absl::AbortedError("a new generation was opened");
+    }
+    if (!CommHealthy()) return CommHealth();
+    if (member_->Unheard(absl::Now()) < lease) break;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  HOLDFAST_LOG_INFO(
+      "runtime: slot {}: the controller answered again after {}; step {} "
+      "completes",
+      slot(), absl::FormatDuration(absl::Now() - since), step);
+  return absl::OkStatus();
+}
+
 bool RuntimeImpl::AwaitCommitted(int64_t step, absl::Time deadline) {
   absl::MutexLock lock(&mu_);
   auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

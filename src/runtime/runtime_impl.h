@@ -257,6 +257,14 @@ class RuntimeImpl final : public Runtime {
   void ReportBroken(const std::string& why, int peer, int64_t gen);
   // OK, or why the job cannot go on for this member.
   absl::Status Stopped() const;
+  // The end of step `step`: while the member has had no word from the
+  // controller for longer than its lease (MemberClient::lease()), waits
+  // until it hears again, so that a member cut off from the controller
+  // completes no step and acks no snapshot (it may be declared lost and
+  // its slot given to another). Not OK when it is fenced or the job
+  // stopped meanwhile, or when its generation moved or its communicator
+  // failed (the step is then redone after a recovery).
+  absl::Status AwaitLease(int64_t step);
   // Why a rendezvous of generation `gen` is pointless now, if it is.
   std::optional<std::string> RendezvousAbandoned(int64_t gen) const;
   // The one question every wait on the controller asks: may this member

@@ -408,6 +408,7 @@ absl::Status RuntimeImpl::CallStep(
   // A step that finished while its generation was being replaced may not
   // have finished everywhere: it is redone after the rollback.
   if (s.ok()) s = Stopped();
+  if (s.ok()) s = AwaitLease(step);
   if (s.ok() && (!CommHealthy() || GenerationMoved())) {
     s = CommHealth();
     if (s.ok()) s = absl::AbortedError("a new generation was opened");
