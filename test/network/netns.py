@@ -1,0 +1,135 @@
+"""Test hosts on one machine: network namespaces joined by veth pairs.
+
+Each test host is a namespace `hfnet<run>-<name>` with two links, as a
+cluster node has:
+  eth-d  the data network (bridge hfb<run>d, 10.<N>.0.0/24): the members'
+         collectives and backup links bind here (HOLDFAST_BIND_ADDR)
+  eth-c  the control network (bridge hfb<run>c, 10.<N>.1.0/24): the
+         controller is reached here (HOLDFAST_CONTROLLER)
+where <run> is the test process's pid and N = 100 + pid % 100, so that two
+runs on one machine do not meet. The controller's host is on the control
+network only. The root namespace holds the bridges (with .254 on each),
+so the test reaches every host.
+
+Cutting a link sets the bridge's end of the veth pair down: packets are
+dropped silently, as with a pulled cable or a dead switch port, and
+nobody's sockets see an error. iproute2 from Debian (scripts/setup.sh).
+Needs CAP_NET_ADMIN (root); `available()` says why not otherwise.
+"""
+
+import os
+import re
+import subprocess
+
+RUN = os.getpid()
+PREFIX = f"hfnet{RUN}"
+NETS = {"d": f"10.{100 + RUN % 100}.0", "c": f"10.{100 + RUN % 100}.1"}
+
+
+def _ip(*args, check=True):
+    r = subprocess.run(["ip", *args], capture_output=True, text=True)
+    if check and r.returncode != 0:
+        raise RuntimeError(f"ip {' '.join(args)}: {r.stderr.strip()}")
+    return r
+
+
+def available():
+    """None when test hosts can be made here, else why not."""
+    if os.geteuid() != 0:
+        return "test hosts need root (CAP_NET_ADMIN for ip netns and veth)"
+    try:
+        subprocess.run(["ip", "-V"], capture_output=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return "iproute2's ip is not installed"
+    probe = f"{PREFIX}-probe"
+    _ip("netns", "del", probe, check=False)
+    r = _ip("netns", "add", probe, check=False)
+    if r.returncode != 0:
+        return f"ip netns add failed: {r.stderr.strip()}"
+    _ip("netns", "del", probe, check=False)
+    return None
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def cleanup(run=RUN):
+    """Removes the test hosts, links and bridges of run `run` and of runs
+    whose process is gone (a failed or killed test), and kills the
+    processes left in their namespaces."""
+    def stale(owner):
+        return owner.isdigit() and (int(owner) == run or not _alive(int(owner)))
+
+    for line in _ip("netns", "list", check=False).stdout.split("\n"):
+        name = line.split(" ")[0]
+        if not name.startswith("hfnet") or "-" not in name:
+            continue
+        if not stale(name[len("hfnet"):name.index("-")]):
+            continue
+        for pid in _ip("netns", "pids", name, check=False).stdout.split():
+            try:
+                os.kill(int(pid), 9)
+            except (ProcessLookupError, ValueError):
+                pass
+        _ip("netns", "del", name, check=False)
+    for line in _ip("-o", "link", "show", check=False).stdout.splitlines():
+        name = line.split(":")[1].strip().split("@")[0]
+        m = re.fullmatch(r"(?:hfb(\d+)[dc]|hv(\d+)[dc]\d+)", name)
+        if m and stale(m.group(1) or m.group(2)):
+            _ip("link", "del", name, check=False)
+
+
+class Host:
+    """One test host: `ns`, its addresses on each network (`addr["d"]`,
+    `addr["c"]`) and the root-side ends of its links (`veth["d"]`, ...)."""
+
+    def __init__(self, name, index, nets):
+        self.name = name
+        self.ns = f"{PREFIX}-{name}"
+        self.addr = {n: f"{NETS[n]}.{10 + index}" for n in nets}
+        self.veth = {n: f"hv{RUN}{n}{index}" for n in nets}
+
+    def exec_prefix(self):
+        return ["ip", "netns", "exec", self.ns]
+
+    def set_link(self, up, nets=("d", "c")):
+        for n in nets:
+            if n in self.veth:
+                _ip("link", "set", self.veth[n], "up" if up else "down")
+
+
+class TestNet:
+    """Bridges and test hosts. `hosts`: [(name, nets)], nets a subset of
+    "dc". Idempotent: it removes what an earlier run left first."""
+
+    def __init__(self, hosts):
+        cleanup()
+        for n, prefix in NETS.items():
+            br = f"hfb{RUN}{n}"
+            _ip("link", "add", br, "type", "bridge")
+            _ip("addr", "add", f"{prefix}.254/24", "dev", br)
+            _ip("link", "set", br, "up")
+        self.hosts = {}
+        for i, (name, nets) in enumerate(hosts):
+            h = Host(name, i, nets)
+            _ip("netns", "add", h.ns)
+            _ip("-n", h.ns, "link", "set", "lo", "up")
+            for n in nets:
+                inner = f"eth-{n}"
+                _ip("link", "add", h.veth[n], "type", "veth", "peer", "name",
+                    inner, "netns", h.ns)
+                _ip("link", "set", h.veth[n], "master", f"hfb{RUN}{n}")
+                _ip("link", "set", h.veth[n], "up")
+                _ip("-n", h.ns, "addr", "add", f"{h.addr[n]}/24", "dev", inner)
+                _ip("-n", h.ns, "link", "set", inner, "up")
+            self.hosts[name] = h
+
+    def close(self):
+        cleanup()

@@ -1,0 +1,457 @@
+"""Faults in the network, on test hosts (test/network/netns.py).
+
+Three worker hosts h0, h1 (topology block rackA) and h2 (rackB), with 2
+workers and 1 standby each, and the controller on a host of its own
+(ctl). Each host's processes are started by that host's own launcher
+(host_launcher.sh) and join the controller through HOLDFAST_CONTROLLER.
+The trainer is holdfast-dp-trainer, whose final hash is the same whatever
+the faults in replace mode. Each test asserts on the final hashes, on the
+incident records (who was declared what, after how long) and on when the
+cut-off members last began a step.
+
+The controller runs with its defaults (grace = --silent-after-ms, lease =
+--lease-ms; docs/configuration.md) unless a test says otherwise.
+"""
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import netns  # noqa: E402
+
+BUILD = pathlib.Path(os.environ.get(
+    "HOLDFAST_BUILD_DIR",
+    pathlib.Path(__file__).resolve().parents[2] / "build"))
+HERE = pathlib.Path(__file__).resolve().parent
+TOKEN = "network-test-token"
+PORT = 29400
+WORKER_HOSTS = ["h0", "h1", "h2"]
+BLOCKS = {"h0": "rackA", "h1": "rackA", "h2": "rackB"}
+PER_HOST = 2
+WORLD = PER_HOST * len(WORKER_HOSTS)
+# The controller's defaults (src/control/membership.h), which these tests
+# check: a member unheard for GRACE is lost; one that has not heard from
+# the controller for LEASE stops acting.
+GRACE_S = 3.0
+LEASE_S = 2.0
+STEP_MS = 10
+STEPS = 900
+
+
+@pytest.fixture(scope="module")
+def net():
+    why = netns.available()
+    if why:
+        pytest.skip(why)
+    n = netns.TestNet([("ctl", "c")] + [(h, "dc") for h in WORKER_HOSTS])
+    yield n
+    n.close()
+
+
+class Job:
+    """One job on the test hosts: the controller on ctl, and each worker
+    host's launcher."""
+
+    def __init__(self, net, out, controller_args=(), steps=STEPS):
+        self.net, self.out = net, out
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "token").write_text(TOKEN)
+        ctl = net.hosts["ctl"]
+        self.address = f"{ctl.addr['c']}:{PORT}"
+        self.controller = subprocess.Popen(
+            ctl.exec_prefix() + [
+                str(BUILD / "holdfast-controller"), "--world-size", str(WORLD),
+                "--bind", ctl.addr["c"], "--port", str(PORT), "--token-file",
+                str(out / "token"), *controller_args],
+            stdout=subprocess.DEVNULL,
+            stderr=open(out / "controller.log", "w"))
+        self._wait_status()
+        self.launchers = {}
+        for i, name in enumerate(WORKER_HOSTS):
+            h = net.hosts[name]
+            env = dict(os.environ, HOLDFAST_CONTROLLER=self.address,
+                       HOLDFAST_JOB_TOKEN=TOKEN, HOLDFAST_BIND_ADDR=h.addr["d"],
+                       HOLDFAST_TOPOLOGY_BLOCK=BLOCKS[name],
+                       HOLDFAST_TRACE_DIR=str(out / "trace"),
+                       HOLDFAST_LOG_LEVEL="info")
+            env.pop("HOLDFAST_CHECKPOINT_DIR", None)
+            self.launchers[name] = subprocess.Popen(
+                h.exec_prefix() + [
+                    str(HERE / "host_launcher.sh"), str(out), name,
+                    str(i * PER_HOST), str(PER_HOST), "1", "--",
+                    str(BUILD / "holdfast-dp-trainer"), "--steps", str(steps),
+                    "--step-ms", str(STEP_MS), "--progress-dir", str(out)],
+                env=env)
+
+    def _wait_status(self, timeout=30):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            assert self.controller.poll() is None, "the controller exited"
+            try:
+                return self.status()
+            except RuntimeError:
+                time.sleep(0.1)
+        raise AssertionError("the controller did not answer")
+
+    def status(self):
+        r = subprocess.run(
+            [str(BUILD / "holdfast"), "status", "--controller", self.address,
+             "--json", "--incidents", "1000"],
+            env=dict(os.environ, HOLDFAST_JOB_TOKEN=TOKEN),
+            capture_output=True, text=True, timeout=20)
+        if r.returncode != 0:
+            raise RuntimeError(r.stderr)
+        return json.loads(r.stdout)
+
+    def names(self):
+        """pid -> process name (h1-w0, h2-s0, ...)."""
+        found = {}
+        for f in self.out.glob("*.pid"):
+            found[int(f.read_text())] = f.stem
+        return found
+
+    def progress(self):
+        """process name -> [(step, unix s)] of the steps it began."""
+        names = self.names()
+        found = {}
+        for f in self.out.glob("progress-*"):
+            pid = int(f.name.split("-")[1])
+            events = []
+            for line in f.read_text().splitlines():
+                parts = line.split()
+                if len(parts) == 2:
+                    events.append((int(parts[0]), int(parts[1]) / 1e9))
+            found[names.get(pid, str(pid))] = events
+        return found
+
+    def wait_step(self, step, timeout=120):
+        """Waits until every worker has begun `step`."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            p = self.progress()
+            workers = [p.get(f"{h}-w{i}", []) for h in WORKER_HOSTS
+                       for i in range(PER_HOST)]
+            if all(e and max(s for s, _ in e) >= step for e in workers):
+                return
+            self.check_running()
+            time.sleep(0.05)
+        raise AssertionError(f"the job did not reach step {step}")
+
+    def check_running(self):
+        for name, p in self.launchers.items():
+            if p.poll() is not None:
+                raise AssertionError(
+                    f"{name}'s launcher ended early\n{self.logs()}")
+
+    def host_pids(self, host):
+        return [pid for pid, name in self.names().items()
+                if name.startswith(host + "-")]
+
+    def wait_end(self, hosts=WORKER_HOSTS, timeout=240):
+        deadline = time.time() + timeout
+        for name in hosts:
+            left = max(1, deadline - time.time())
+            try:
+                self.launchers[name].wait(timeout=left)
+            except subprocess.TimeoutExpired:
+                raise AssertionError(
+                    f"{name}'s processes did not end\n{self.logs()}")
+
+    def rc(self, name):
+        f = self.out / f"{name}.rc"
+        return int(f.read_text()) if f.exists() else None
+
+    def final(self, name):
+        """(step, world, hash) of a process's final line, or None."""
+        f = self.out / f"{name}.out"
+        for line in f.read_text().splitlines() if f.exists() else []:
+            if line.startswith("final "):
+                kv = dict(p.split("=") for p in line.split()[1:])
+                return int(kv["step"]), int(kv["world"]), kv["params_sha256"]
+        return None
+
+    def finals(self):
+        """The final lines of the processes that finished training."""
+        return {n: f for n in self.all_names() if (f := self.final(n))}
+
+    def all_names(self):
+        return sorted(f.stem for f in self.out.glob("*.pid"))
+
+    def logs(self):
+        parts = []
+        for f in sorted(self.out.glob("*.err")) + [self.out / "controller.log"]:
+            lines = f.read_text().splitlines() if f.exists() else []
+            parts.append(f"--- {f.name}\n" + "\n".join(lines[-15:]))
+        return "\n".join(parts)
+
+    def close(self):
+        for name in WORKER_HOSTS:
+            self.net.hosts[name].set_link(True)
+        self.net.hosts["ctl"].set_link(True)
+        for pid in self.names():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for p in list(self.launchers.values()) + [self.controller]:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+
+
+@pytest.fixture
+def job(net, tmp_path):
+    jobs = []
+
+    def make(**kw):
+        j = Job(net, tmp_path / f"job{len(jobs)}", **kw)
+        jobs.append(j)
+        return j
+
+    yield make
+    for j in jobs:
+        j.close()
+
+
+@pytest.fixture(scope="module")
+def fault_free(net, tmp_path_factory):
+    """The final hash of the job with no fault (every worker agrees)."""
+    j = Job(net, tmp_path_factory.mktemp("fault-free"))
+    try:
+        j.wait_end()
+        finals = j.finals()
+        workers = {n: f for n, f in finals.items() if "-w" in n}
+        assert len(workers) == WORLD, j.logs()
+        hashes = {f[2] for f in workers.values()}
+        assert len(hashes) == 1 and all(f[0] == STEPS for f in workers.values())
+        st = j.status()
+        assert not st.get("incidents"), st.get("incidents")
+        return hashes.pop()
+    finally:
+        j.close()
+
+
+def incidents(st):
+    return st.get("incidents", [])
+
+
+def assert_finished_equal(j, want, lost_hosts=()):
+    """Every slot's final holder finished STEPS with the fault-free hash;
+    processes of the lost hosts did not finish."""
+    finals = j.finals()
+    done = {n: f for n, f in finals.items()}
+    assert len(done) == WORLD, (done, j.logs())
+    for n, f in done.items():
+        assert f == (STEPS, WORLD, want), (n, f, j.logs())
+        assert not any(n.startswith(h + "-") for h in lost_hosts), n
+
+
+def last_begun(j, host):
+    """The time the last step was begun by a process of `host`."""
+    times = [t for n, e in j.progress().items() if n.startswith(host + "-")
+             for _, t in e]
+    return max(times) if times else 0.0
+
+
+def report(j, case, cut_at, host=None):
+    """Prints one line for the closing note (pytest -s): the time from the
+    fault to its detection (the first incident), the time from the fault
+    to the end of the longest pause in training after it (the first step
+    begun after that pause), and how many members of other hosts were
+    evicted."""
+    st = j.status()
+    found = incidents(st)
+    detect = min((int(i["detected_unix_ms"]) / 1000 for i in found),
+                 default=None)
+    begun = sorted(t for n, e in j.progress().items()
+                   if host is None or not n.startswith(host + "-")
+                   for _, t in e if t > cut_at - 1)
+    gaps = [(b - a, b) for a, b in zip(begun, begun[1:])]
+    longest, resumed = max(gaps) if gaps else (0.0, cut_at)
+    evicted = [i for i in found if i.get("evicted") and i.get("host") != host]
+    print(f"network-case {case}: detect_s="
+          f"{'-' if detect is None else round(detect - cut_at, 2)} "
+          f"longest_pause_s={longest:.2f} recovered_s="
+          f"{max(0.0, resumed - cut_at):.2f} healthy_evicted={len(evicted)} "
+          f"generation={int(st.get('generation', 0))}")
+
+
+def test_fault_free(fault_free):
+    assert len(fault_free) == 64
+
+
+@pytest.mark.parametrize("blip_s", [0.2, 1.0])
+def test_blip_shorter_than_grace_costs_nothing(job, fault_free, blip_s):
+    j = job()
+    j.wait_step(100)
+    gen = int(j.status().get("generation", 0))
+    j.net.hosts["h1"].set_link(False)
+    cut_at = time.time()
+    time.sleep(blip_s)
+    j.net.hosts["h1"].set_link(True)
+    j.wait_end()
+    report(j, f"blip {blip_s} s", cut_at)
+    st = j.status()
+    assert incidents(st) == [], (incidents(st), j.logs())
+    assert int(st.get("generation", 0)) == gen
+    assert_finished_equal(j, fault_free)
+    # No standby was used, and nobody was fenced.
+    for n in j.all_names():
+        assert j.rc(n) == 0, (n, j.rc(n), j.logs())
+        if "-s" in n:
+            assert j.final(n) is None, n
+
+
+def declared(st, host):
+    """The incidents about the members of `host`, and about the others."""
+    mine = [i for i in incidents(st) if i.get("host") == host]
+    others = [i for i in incidents(st) if i.get("host") != host]
+    return mine, others
+
+
+def assert_host_lost(j, st, host, cut_at, kinds=("INCIDENT_SILENT",)):
+    """`host`'s two workers (and its standby) were declared lost, within
+    the grace and the detection time; nobody else was; its slots went to
+    standbys of other hosts, one of its own block first."""
+    mine, others = declared(st, host)
+    assert others == [], (others, j.logs())
+    workers = [i for i in mine if i.get("slot", 0) >= 0]
+    assert len(workers) == PER_HOST, json.dumps(mine, indent=1)
+    for i in workers:
+        assert i["kind"] in kinds, i
+        assert i.get("evicted"), i
+        detected = int(i["detected_unix_ms"]) / 1000
+        # Silence is counted from the last heartbeat, which came before
+        # the cut; the bound adds the heartbeat interval, the scan and
+        # this VM's scheduling.
+        assert detected - cut_at >= GRACE_S - 0.6, (i, cut_at)
+        assert detected - cut_at <= GRACE_S + 2.5, (i, cut_at)
+    # (JSON leaves out a slot 0.)
+    holders = {m.get("slot", 0): m for m in st["members"]
+               if m.get("role") == "ROLE_WORKER"
+               and m.get("state") in ("STATE_ALIVE", "STATE_LEFT")}
+    lost_slots = {i.get("slot", 0) for i in workers}
+    assert lost_slots <= set(holders), (lost_slots, holders)
+    new_hosts = sorted(holders[s]["host"] for s in lost_slots if s in holders)
+    assert host not in new_hosts
+    return workers
+
+
+def test_blip_longer_than_grace_loses_the_host(job, fault_free):
+    j = job()
+    j.wait_step(100)
+    j.net.hosts["h1"].set_link(False)
+    cut_at = time.time()
+    time.sleep(5.0)
+    j.net.hosts["h1"].set_link(True)
+    j.wait_end()
+    report(j, "blip 5 s", cut_at, "h1")
+    st = j.status()
+    assert_host_lost(j, st, "h1", cut_at)
+    assert_finished_equal(j, fault_free, lost_hosts=["h1"])
+    # h1's members heard they were fenced once the link came back.
+    for n in ("h1-w0", "h1-w1"):
+        assert j.rc(n) == 3, (n, j.rc(n), j.logs())
+    # h0's standby (rackA, as h1) took one of the slots.
+    assert j.final("h0-s0") is not None
+
+
+def test_host_cut_for_good(job, fault_free):
+    j = job()
+    j.wait_step(100)
+    j.net.hosts["h2"].set_link(False)
+    cut_at = time.time()
+    j.wait_end(hosts=["h0", "h1"])
+    report(j, "host cut for good", cut_at, "h2")
+    st = j.status()
+    assert_host_lost(j, st, "h2", cut_at)
+    assert_finished_equal(j, fault_free, lost_hosts=["h2"])
+    # The cut-off members stopped acting within the lease: no step begun
+    # after it (a step under way at the cut may begin its successor).
+    assert last_begun(j, "h2") <= cut_at + LEASE_S + 0.5
+    # Back on the network, they learn they were fenced and exit.
+    j.net.hosts["h2"].set_link(True)
+    j.wait_end(hosts=["h2"], timeout=60)
+    for n in ("h2-w0", "h2-w1"):
+        assert j.rc(n) == 3, (n, j.rc(n), j.logs())
+        err = (j.out / f"{n}.err").read_text()
+        assert "fenced" in err, err[-2000:]
+
+
+def test_cut_from_the_controller_only_stops_acting(job, fault_free):
+    """h1 loses the control network but keeps the data network: its
+    members could go on training with their peers. The grace is raised to
+    8 s (the lease stays 2 s) so that the lease is what stops them: no
+    step is begun anywhere between the lease's end and the grace's."""
+    j = job(controller_args=["--silent-after-ms", "8000", "--lease-ms",
+                             str(int(LEASE_S * 1000))])
+    j.wait_step(100)
+    j.net.hosts["h1"].set_link(False, nets=("c",))
+    cut_at = time.time()
+    time.sleep(8.0 + 3.0)
+    j.net.hosts["h1"].set_link(True, nets=("c",))
+    j.wait_end()
+    report(j, "cut from the controller", cut_at, "h1")
+    st = j.status()
+    mine, others = declared(st, "h1")
+    assert others == [], others
+    assert len([i for i in mine if i.get("slot", 0) >= 0]) == PER_HOST, mine
+    begun = [t for e in j.progress().values() for _, t in e]
+    quiet = [t for t in begun if cut_at + LEASE_S + 0.5 < t < cut_at + 7.5]
+    assert quiet == [], (len(quiet), j.logs())
+    assert_finished_equal(j, fault_free, lost_hosts=["h1"])
+    for n in ("h1-w0", "h1-w1"):
+        assert j.rc(n) == 3, (n, j.rc(n), j.logs())
+
+
+@pytest.mark.parametrize("away_s", [1.0, 6.0])
+def test_controller_away_for_a_while(job, fault_free, away_s):
+    """The controller's host drops out and comes back: no generation
+    changes, nobody is fenced. Training goes on while the lease lasts,
+    then waits for the controller."""
+    j = job()
+    j.wait_step(100)
+    gen = int(j.status().get("generation", 0))
+    ctl = j.net.hosts["ctl"]
+    ctl.set_link(False)
+    cut_at = time.time()
+    time.sleep(away_s)
+    ctl.set_link(True)
+    j.wait_end()
+    report(j, f"controller away {away_s} s", cut_at)
+    st = j.status()
+    assert incidents(st) == [], (incidents(st), j.logs())
+    assert int(st.get("generation", 0)) == gen
+    assert_finished_equal(j, fault_free)
+    begun = [t for e in j.progress().values() for _, t in e]
+    # It trained while the lease lasted ...
+    assert [t for t in begun if cut_at + 0.2 < t < cut_at + min(
+        away_s, LEASE_S) - 0.2]
+    if away_s > LEASE_S + 1:
+        # ... and not after.
+        assert [t for t in begun if cut_at + LEASE_S + 0.5 < t <
+                cut_at + away_s - 0.1] == []
+
+
+def test_whole_host_loss(job, fault_free):
+    """Every process of h0 killed at once, and its links down: its pieces
+    come back from buddies on other hosts."""
+    j = job()
+    j.wait_step(100)
+    pids = j.host_pids("h0")
+    j.net.hosts["h0"].set_link(False)
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    cut_at = time.time()
+    j.wait_end(hosts=["h1", "h2"])
+    report(j, "whole host", cut_at, "h0")
+    st = j.status()
+    assert_host_lost(j, st, "h0", cut_at)
+    assert_finished_equal(j, fault_free, lost_hosts=["h0"])
