@@ -220,6 +220,26 @@ TEST_CASE("controller service: a wrong or missing token is refused") {
         absl::StatusCode::kInvalidArgument);
 }
 
+TEST_CASE("the controller refuses a lease not shorter than the grace") {
+  ControllerOptions o;
+  o.token = "t";
+  o.port = 0;
+  o.world_size = 2;
+  o.detection.silent_after = absl::Seconds(3);
+  o.detection.lease = absl::Seconds(3);
+  absl::Status s = ControllerServer::Start(o).status();
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(s.message().find("lease 3s must be shorter than the silence "
+                         "threshold (3s)") != absl::string_view::npos);
+  o.detection.lease = absl::Milliseconds(-1);
+  CHECK(ControllerServer::Start(o).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  o.detection.lease = absl::ZeroDuration();  // no lease
+  auto server = ControllerServer::Start(o);
+  INFO(server.status().ToString());
+  CHECK(server.ok());
+}
+
 TEST_CASE("an unreachable controller gives Unavailable and no hang") {
   ClientOptions c;
   c.address = "127.0.0.1:1";  // nothing listens on port 1

@@ -187,6 +187,86 @@ TEST_CASE("membership: a broken stream is a crash and a goodbye is not") {
 }
 
 TEST_CASE(
+    "membership: a stream that breaks after its member went quiet is left to "
+    "the silence rule") {
+  DetectionOptions d = Job::Defaults();
+  d.heartbeat_interval = absl::Milliseconds(500);
+  d.silent_after = absl::Seconds(3);
+  Job job(3, d);
+  job.Join("a", kT0);
+  job.Join("b", kT0);
+  job.Join("c", kT0);
+  const absl::Time t = kT0 + absl::Milliseconds(1100);
+  REQUIRE(job.Beat(0, 1, t).ok());
+  REQUIRE(job.Beat(2, 1, t - absl::Milliseconds(200)).ok());
+  // b was last heard 1.1 s ago (its link went down; the break is late
+  // news); c 200 ms ago (a killed process).
+  job.m.Detach(job.ids[1], job.sinks[1].get(), false, false, "late FIN", t);
+  job.m.Detach(job.ids[2], job.sinks[2].get(), false, false, "reset", t);
+  auto inc = job.Incidents(t);
+  REQUIRE(inc.size() == 1);
+  CHECK(inc[0].kind() == INCIDENT_CRASHED);
+  CHECK(inc[0].member_id() == job.ids[2]);
+  // b may still resume on a new stream; unheard past the grace it is
+  // declared silent (a is heard: one of two unheard is no majority).
+  absl::Time u = kT0 + absl::Milliseconds(3100);
+  REQUIRE(job.Beat(0, 2, u).ok());
+  job.m.Scan(u);
+  inc = job.Incidents(u);
+  REQUIRE(inc.size() == 2);
+  CHECK(inc[1].kind() == INCIDENT_SILENT);
+  CHECK(inc[1].member_id() == job.ids[1]);
+}
+
+TEST_CASE(
+    "membership: a controller that hears fewer than half of its members "
+    "declares nobody silent, then waits out the outage") {
+  DetectionOptions d = Job::Defaults();
+  d.heartbeat_interval = absl::Milliseconds(500);
+  d.silent_after = absl::Seconds(3);
+  Job job(3, d);
+  for (const char* h : {"a", "b", "c", "d"}) job.Join(h, kT0);  // d: standby
+  // The controller's link is down from kT0: nobody is heard. At 1.6 s
+  // everyone is unheard for more than half the grace: isolated.
+  job.m.Scan(kT0 + absl::Milliseconds(1600));
+  for (int s = 2; s <= 10; ++s) job.m.Scan(kT0 + absl::Seconds(s));
+  CHECK(job.Incidents(kT0 + absl::Seconds(10)).empty());
+  CHECK(job.m.Status({}, kT0 + absl::Seconds(10)).generation() == 0);
+  // Back at 10 s: the workers are heard, the standby's heartbeats are
+  // still in TCP's back-off. Nobody is declared silent for the outage's
+  // length (8.4 s isolated + the 3 s before it: until 21.4 s).
+  absl::Time t = kT0 + absl::Seconds(10);
+  for (; t <= kT0 + absl::Seconds(21); t += absl::Milliseconds(500)) {
+    for (size_t i : {0, 1, 2}) REQUIRE(job.Beat(i, 1, t).ok());
+    job.m.Scan(t);
+  }
+  CHECK(job.Incidents(t).empty());
+  for (; t <= kT0 + absl::Seconds(22); t += absl::Milliseconds(100)) {
+    for (size_t i : {0, 1, 2}) REQUIRE(job.Beat(i, 1, t).ok());
+    job.m.Scan(t);
+  }
+  // The standby never came back: now it is silent.
+  auto inc = job.Incidents(t);
+  REQUIRE(inc.size() == 1);
+  CHECK(inc[0].kind() == INCIDENT_SILENT);
+  CHECK(inc[0].member_id() == job.ids[3]);
+  CHECK(job.m.Status({}, t).generation() == 0);  // a standby's loss
+}
+
+TEST_CASE(
+    "membership: the lease is told at Register, two thirds of the "
+    "grace unless set") {
+  DetectionOptions d = Job::Defaults();
+  d.silent_after = absl::Seconds(3);
+  Job job(1, d);
+  CHECK(job.Join("a", kT0).lease_ms() == 2000);
+  d.lease = absl::Milliseconds(700);
+  Job set(1, d);
+  CHECK(set.Join("a", kT0).lease_ms() == 700);
+  CHECK(Lease(d) == absl::Milliseconds(700));
+}
+
+TEST_CASE(
     "membership: a newer stream supersedes the old one, and a heartbeat the "
     "old one read late does not take the member back") {
   Job job(2);
