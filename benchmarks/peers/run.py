@@ -124,7 +124,8 @@ def launch(system, args, work, log):
         p = subprocess.Popen(
             [str(ROOT / "build" / "holdfast-run"), "-n", str(WORKERS),
              "--standby", str(args.standbys), "--no-disk-tier", "--log-dir", str(work / "log"),
-             "--", PYTHON, str(HERE / "trainer.py"), "--system", "holdfast"]
+             "--", PYTHON, str(HERE / "trainer.py"), "--system", "holdfast",
+             "--snapshot-every", str(args.snapshot_every)]
             + trainer_args(args),
             stdout=log, stderr=subprocess.STDOUT, env=env)
         return [p], []
@@ -185,6 +186,12 @@ def run_job(system, args, fault, every_s=0.0):
                     faults.append(now)
                 time.sleep(0.02)
                 continue
+            final = work / "final"
+            if final.exists() and time.time() - final.stat().st_mtime > 5:
+                # Finished. A process still there waits for what will not
+                # come (torchft: the stopped replica's torchrun, or the one
+                # it restarted, waiting for a quorum); it is stopped below.
+                break
             if fault and not faults:
                 done = max((e[-1][0] for e in progress(work).values() if e),
                            default=0)
@@ -301,6 +308,10 @@ def main():
     ap.add_argument("--fault-step", type=int, default=100)
     ap.add_argument("--fault-rank", type=int, default=1)
     ap.add_argument("--dcp-every", type=int, default=20)
+    ap.add_argument("--snapshot-every", type=int, default=1,
+                    help="holdfast's in-memory snapshot every k steps (a "
+                    "fault loses up to k steps; the dcp job's checkpoint "
+                    "interval is --dcp-every)")
     ap.add_argument("--timeout", type=float, default=10.0,
                     help="torchft's and the dcp job's collective timeout, s")
     ap.add_argument("--limit", type=float, default=300.0,

@@ -249,7 +249,8 @@ def run_holdfast(args, job):
         outs[ctx.slot].done(ctx.step)
 
     try:
-        result = rt.run(step, args.steps)
+        result = rt.run(step, args.steps,
+                        snapshot_every=args.snapshot_every)
     except holdfast.CancelledError:
         return  # a standby that was never needed
     if result.slot in outs:
@@ -267,6 +268,8 @@ def main():
     ap.add_argument("--state-mb", type=int, default=0)
     ap.add_argument("--dcp-dir", default="")
     ap.add_argument("--dcp-every", type=int, default=20)
+    ap.add_argument("--snapshot-every", type=int, default=1,
+                    help="holdfast: an in-memory snapshot every k steps")
     ap.add_argument("--timeout", type=float, default=10.0,
                     help="torchft's operation and quorum timeout, s")
     args = ap.parse_args()

@@ -368,6 +368,7 @@ def test_host_cut_for_good(job, fault_free):
     j.wait_step(100)
     j.net.hosts["h2"].set_link(False)
     cut_at = time.time()
+    committed_at_cut = int(j.status().get("committed_step", 0))
     j.wait_end(hosts=["h0", "h1"])
     report(j, "host cut for good", cut_at, "h2")
     st = j.status()
@@ -376,13 +377,16 @@ def test_host_cut_for_good(job, fault_free):
     # The cut-off members stopped acting within the lease: no step begun
     # after it (a step under way at the cut may begin its successor).
     assert last_begun(j, "h2") <= cut_at + LEASE_S + 0.5
-    # Back on the network, they learn they were fenced and exit.
+    # Back on the network, they learn they were fenced and exit, knowing
+    # no commit newer than the controller had when they were cut off.
     j.net.hosts["h2"].set_link(True)
     j.wait_end(hosts=["h2"], timeout=60)
     for n in ("h2-w0", "h2-w1"):
         assert j.rc(n) == 3, (n, j.rc(n), j.logs())
         err = (j.out / f"{n}.err").read_text()
         assert "fenced" in err, err[-2000:]
+        known = int(err.split("dp-trainer: committed=")[1].split()[0])
+        assert 0 <= known <= committed_at_cut, (n, known, committed_at_cut)
 
 
 def test_cut_from_the_controller_only_stops_acting(job, fault_free):
