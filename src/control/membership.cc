@@ -434,8 +434,17 @@ absl::Status Membership::Heartbeat(const HeartbeatRequest& req,
   return absl::OkStatus();
 }
 
+void Membership::Unbind(uint64_t member_id, MemberSink* sink) {
+  absl::MutexLock lock(&mu_);
+  auto it = members_.find(member_id);
+  if (it != members_.end() && it->second.sink == sink) {
+    it->second.sink = nullptr;
+  }
+}
+
 void Membership::Detach(uint64_t member_id, MemberSink* sink, bool clean,
-                        bool finished, absl::string_view why, absl::Time now) {
+                        bool finished, absl::string_view why, absl::Time now,
+                        absl::Time heard_at) {
   absl::MutexLock lock(&mu_);
   auto it = members_.find(member_id);
   if (it == members_.end() || it->second.sink != sink) return;
@@ -465,7 +474,8 @@ void Membership::Detach(uint64_t member_id, MemberSink* sink, bool clean,
   // A stream that breaks after its member went quiet may be the late news
   // of a link that was down (the member's side gave up on it): the
   // silence rule decides, and the member may resume on a new stream.
-  if (now - m.last_seen > 2 * detection_.heartbeat_interval) {
+  if (now - std::max(m.last_seen, heard_at) >
+      2 * detection_.heartbeat_interval) {
     HOLDFAST_LOG_INFO(
         "member {} ({}): heartbeat stream broke ({}) {} after its last "
         "heartbeat; left to the silence rule",

@@ -195,8 +195,19 @@ class Membership {
   // current stream breaks is declared crashed; a worker that leaves
   // unfinished while the job runs is declared lost (kind left). When every
   // worker has finished, the job ends (JobEnd FINISHED to the standbys).
+  // `heard_at`: when the stream last carried anything (a host agent's
+  // stream carries the beats of several members; unset: the member's own
+  // last heartbeat). A stream that breaks more than two heartbeat
+  // intervals after that is the late news of a link that was down: the
+  // silence rule decides.
   void Detach(uint64_t member_id, MemberSink* sink, bool clean, bool finished,
-              absl::string_view why, absl::Time now);
+              absl::string_view why, absl::Time now,
+              absl::Time heard_at = absl::InfinitePast());
+
+  // `sink` no longer carries the member, and that says nothing of its
+  // health (its host agent is restarting): it may resume on a new stream,
+  // and the silence rule decides if it does not.
+  void Unbind(uint64_t member_id, MemberSink* sink);
 
   // Declares the reporter's peer dead (kind reported). Returns false if it
   // already was. A peer slot of -1 reports that the reporter's

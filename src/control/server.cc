@@ -12,22 +12,21 @@
 #include <optional>
 #include <thread>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "holdfast/status.h"
 #include "src/common/config.h"
 #include "src/common/logging.h"
 #include "src/control/auth.h"
 #include "src/control/controller.grpc.pb.h"
 #include "src/control/diagnosis.h"
+#include "src/control/member_stream.h"
 #include "src/store/keys.h"
 
 namespace holdfast::control {
 namespace {
-
-grpc::Status ToGrpc(const absl::Status& s) {
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()),
-                      std::string(s.message()));
-}
 
 // A unary reactor that finishes when a KvStore wait completes, and cancels
 // the wait if the client goes away first. Deletes itself when gRPC is done.
@@ -43,7 +42,7 @@ class WaitReactor final : public grpc::ServerUnaryReactor {
     kv_->WaitAsync(id_, std::move(keys), timeout,
                    [this, on_ready = std::move(on_ready)](absl::Status s) {
                      if (s.ok()) s = on_ready();
-                     Finish(ToGrpc(s));
+                     Finish(ToGrpcStatus(s));
                    });
   }
   void OnCancel() override { kv_->CancelWait(id_); }
@@ -54,180 +53,286 @@ class WaitReactor final : public grpc::ServerUnaryReactor {
   const uint64_t id_;
 };
 
-// One member's heartbeat stream. Reads step reports into Membership; pushes
-// what Membership queues, one write at a time, merging what piles up (so a
-// slow reader costs one pending message, not a growing queue). Deletes
-// itself when gRPC is done with it.
-class HeartbeatReactor final
-    : public grpc::ServerBidiReactor<HeartbeatRequest, HeartbeatResponse>,
-      public MemberSink {
+// What members' heartbeats do at the controller: feed Membership. A
+// checkpoint ack on the stream is taken as an AckCheckpoint call, and an
+// ack request is answered on the stream.
+class MembershipFeed final : public BeatHandler {
  public:
-  HeartbeatReactor(Membership* membership, bool authorized)
-      : membership_(membership) {
+  explicit MembershipFeed(Membership* membership) : membership_(membership) {}
+
+  absl::Status OnBeat(const HeartbeatRequest& req, MemberSink* sink) override {
+    HOLDFAST_RETURN_IF_ERROR(membership_->Heartbeat(req, sink, absl::Now()));
+    if (req.has_checkpoint_ack()) {
+      AckCheckpointRequest ack;
+      ack.set_member_id(req.member_id());
+      ack.set_generation(req.checkpoint_ack().generation());
+      ack.set_step(req.checkpoint_ack().step());
+      absl::Status s =
+          membership_->AckCheckpoint(ack, absl::Now(), sink).status();
+      if (s.code() == absl::StatusCode::kInvalidArgument) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("bad checkpoint ack: ", s.message()));
+      }
+      // Else (FailedPrecondition) an ack of another generation, whose
+      // news reaches the member on this stream, or a standby's: it counts
+      // for nothing and the stream goes on.
+    }
+    if (req.want_ack()) {
+      HeartbeatResponse ack;
+      ack.set_ack_seq(req.seq());
+      sink->Push(ack);
+    }
+    return absl::OkStatus();
+  }
+
+  void OnGone(uint64_t member_id, MemberSink* sink, bool leaving, bool finished,
+              absl::string_view why) override {
+    membership_->Detach(member_id, sink, leaving, finished, why, absl::Now());
+  }
+
+ private:
+  Membership* const membership_;
+};
+
+// A host agent's stream: the beats of the members on its host, each bound
+// to Membership through a sink of its own, and their pushes merged into
+// one message per write. A member's gone record is its stream's end; the
+// stream's own end ends every member still on it (a crash, unless the
+// stream had been quiet, or a handover). Deletes itself when gRPC is done.
+class HostReactor final
+    : public grpc::ServerBidiReactor<HostRequest, HostResponse> {
+ public:
+  HostReactor(Membership* membership, MembershipFeed* feed, bool authorized)
+      : membership_(membership), feed_(feed) {
     if (!authorized) {
-      CloseStream(absl::UnauthenticatedError("missing or wrong job token"));
+      {
+        absl::MutexLock lock(&mu_);
+        finishing_ = true;
+      }
+      Finish(grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                          "missing or wrong job token"));
       return;
     }
     StartRead(&req_);
   }
 
   void OnReadDone(bool ok) override {
+    const absl::Time now = absl::Now();
     if (!ok) {
-      // The member closed its side, or the connection broke.
-      Detach(leaving_ ? "left" : "stream ended without a goodbye");
-      Close(absl::OkStatus());
+      EndAll(absl::StrCat("host agent's stream ended (host ", host_, ")"), now);
+      FinishStream(absl::OkStatus());
       return;
     }
-    absl::Status s = membership_->Heartbeat(req_, this, absl::Now());
-    if (!s.ok()) {
-      Detach(absl::StrCat("bad heartbeat: ", s.message()));
-      Close(s);
-      return;
+    if (host_.empty()) {
+      host_ = req_.host().empty() ? "?" : req_.host().substr(0, 256);
     }
-    member_id_ = req_.member_id();
-    if (req_.has_checkpoint_ack()) {
-      AckCheckpointRequest ack;
-      ack.set_member_id(req_.member_id());
-      ack.set_generation(req_.checkpoint_ack().generation());
-      ack.set_step(req_.checkpoint_ack().step());
-      s = membership_->AckCheckpoint(ack, absl::Now(), this).status();
-      if (s.code() == absl::StatusCode::kInvalidArgument) {
-        Detach(absl::StrCat("bad checkpoint ack: ", s.message()));
-        Close(s);
-        return;
+    for (const HeartbeatRequest& beat : req_.beats()) {
+      Sink* sink = SinkFor(beat.member_id());
+      if (sink == nullptr) continue;  // closed; its close record is queued
+      absl::Status s = feed_->OnBeat(beat, sink);
+      if (!s.ok()) {
+        feed_->OnGone(beat.member_id(), sink, false, false,
+                      absl::StrCat("bad heartbeat: ", s.message()));
+        sink->Close(s);
       }
-      // Else (FailedPrecondition) an ack of another generation, whose
-      // news reaches the member on this stream, or a standby's: it counts
-      // for nothing and the stream goes on.
     }
-    if (req_.leaving()) {
-      finished_ = req_.finished();
-      leaving_ = true;
+    for (const MemberGone& g : req_.gone()) {
+      Sink* sink = Find(g.member_id());
+      if (sink == nullptr || !Drop(sink)) continue;
+      membership_->Detach(
+          g.member_id(), sink, g.leaving(), g.finished(),
+          absl::StrCat("on host agent ", host_, ": ", g.why().substr(0, 256)),
+          now);
     }
-    if (req_.want_ack()) {
-      HeartbeatResponse ack;
-      ack.set_ack_seq(req_.seq());
-      Push(ack);
+    heard_at_ = now;
+    if (req_.handover()) {
+      for (Sink* sink : Live()) {
+        if (Drop(sink)) membership_->Unbind(sink->id(), sink);
+      }
+      HOLDFAST_LOG_INFO("host agent {} hands its members over (restarting)",
+                        host_);
     }
     StartRead(&req_);
   }
 
-  void OnCancel() override { Detach("connection lost"); }
+  void OnCancel() override {
+    EndAll(absl::StrCat("host agent's connection lost (host ", host_, ")"),
+           absl::Now());
+  }
 
   void OnWriteDone(bool ok) override {
-    std::optional<absl::Status> finish;
     {
       absl::MutexLock lock(&mu_);
       writing_ = false;
-      if (finish_pending_) {
-        finish_pending_ = false;
-        finish = finish_status_;
-      } else if (!ok || !TakePendingLocked()) {
-        return;  // a broken stream shows on the read side
-      } else {
-        writing_ = true;
+      if (finishing_) {
+        if (!finish_sent_) {
+          finish_sent_ = true;
+          Finish(ToGrpcStatus(finish_status_));
+        }
+        return;
       }
-    }
-    if (finish.has_value()) {
-      FinishWith(*finish);
-      return;
+      if (!ok || !TakePendingLocked()) return;
+      writing_ = true;
     }
     StartWrite(&out_);
   }
 
   void OnDone() override {
-    Detach("stream done");
+    EndAll("stream done", absl::Now());
     delete this;
   }
 
-  void Push(const HeartbeatResponse& msg) override {
+ private:
+  // One member on this stream, as Membership sees it.
+  class Sink final : public MemberSink {
+   public:
+    Sink(HostReactor* host, uint64_t id) : host_(host), id_(id) {}
+    uint64_t id() const { return id_; }
+    void Push(const HeartbeatResponse& msg) override {
+      host_->PushTo(id_, msg);
+    }
+    void Close(const absl::Status& status) override {
+      host_->CloseMember(this, status);
+    }
+    bool Closed() const override {
+      absl::MutexLock lock(&host_->mu_);
+      return closed_;
+    }
+    bool closed_ ABSL_GUARDED_BY(host_->mu_) = false;
+
+   private:
+    HostReactor* const host_;
+    const uint64_t id_;
+  };
+
+  // The open sink of `id`, made if there is none; null if the member's
+  // sink was closed by Membership and its close record waits (a beat that
+  // the agent sent before it heard of the close).
+  Sink* SinkFor(uint64_t id) {
+    absl::MutexLock lock(&mu_);
+    auto it = sinks_.find(id);
+    if (it != sinks_.end()) {
+      if (!it->second->closed_) return it->second;
+      if (closing_.contains(id)) return nullptr;
+    }
+    all_.push_back(std::make_unique<Sink>(this, id));
+    sinks_[id] = all_.back().get();
+    return all_.back().get();
+  }
+
+  Sink* Find(uint64_t id) {
+    absl::MutexLock lock(&mu_);
+    auto it = sinks_.find(id);
+    return it == sinks_.end() ? nullptr : it->second;
+  }
+
+  // Marks `sink` closed without a close record; false if it was already.
+  bool Drop(Sink* sink) {
+    absl::MutexLock lock(&mu_);
+    if (sink->closed_) return false;
+    sink->closed_ = true;
+    return true;
+  }
+
+  std::vector<Sink*> Live() {
+    absl::MutexLock lock(&mu_);
+    std::vector<Sink*> out;
+    for (const auto& [id, sink] : sinks_) {
+      if (!sink->closed_) out.push_back(sink);
+    }
+    return out;
+  }
+
+  // Ends every member still on this stream: crashed if the stream carried
+  // anything in the last two heartbeat intervals, else left to the silence
+  // rule (Membership::Detach).
+  void EndAll(const std::string& why, absl::Time now) {
+    for (Sink* sink : Live()) {
+      if (Drop(sink)) {
+        membership_->Detach(sink->id(), sink, false, false, why, now,
+                            heard_at_);
+      }
+    }
+  }
+
+  void PushTo(uint64_t id, const HeartbeatResponse& msg) {
     {
       absl::MutexLock lock(&mu_);
-      if (closed_) return;
-      if (msg.has_membership()) {
-        *pending_.mutable_membership() = msg.membership();
-      }
-      if (msg.has_abort()) *pending_.mutable_abort() = msg.abort();
-      if (msg.has_committed_step() &&
-          (!pending_.has_committed_step() ||
-           msg.committed_step() > pending_.committed_step())) {
-        pending_.set_committed_step(msg.committed_step());
-      }
-      if (msg.has_ack_seq()) pending_.set_ack_seq(msg.ack_seq());
-      if (msg.has_job_end()) *pending_.mutable_job_end() = msg.job_end();
-      has_pending_ = true;
+      if (finishing_) return;
+      MergePush(msg, &pending_[id]);
       if (writing_ || !TakePendingLocked()) return;
       writing_ = true;
     }
     StartWrite(&out_);
   }
 
-  // Membership drops its pointer to this sink whenever it calls Close, so
-  // after a Close no detach is needed.
-  void Close(const absl::Status& status) override { CloseStream(status); }
-
-  bool Closed() const override {
-    absl::MutexLock lock(&mu_);
-    return closed_;
-  }
-
- private:
-  void CloseStream(const absl::Status& status) {
+  void CloseMember(Sink* sink, const absl::Status& status) {
     {
       absl::MutexLock lock(&mu_);
-      if (closed_) return;
-      closed_ = true;
-      detached_ = true;
-      if (writing_) {
-        finish_pending_ = true;
-        finish_status_ = status;
-        return;
-      }
+      if (sink->closed_ || finishing_) return;
+      sink->closed_ = true;
+      closing_.insert(sink->id());
+      MemberClose c;
+      c.set_member_id(sink->id());
+      c.set_code(static_cast<int32_t>(status.code()));
+      c.set_message(std::string(status.message()));
+      closes_.push_back(std::move(c));
+      if (writing_ || !TakePendingLocked()) return;
+      writing_ = true;
     }
-    FinishWith(status);
+    StartWrite(&out_);
   }
 
-  // Moves pending_ into out_ for the next write; false if nothing pends.
+  void FinishStream(const absl::Status& status) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (finishing_) return;
+      finishing_ = true;
+      finish_status_ = status;
+      if (writing_) return;  // OnWriteDone finishes
+      finish_sent_ = true;
+    }
+    Finish(ToGrpcStatus(status));
+  }
+
+  // Moves what pends into out_ for the next write; false if nothing does.
   bool TakePendingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (!has_pending_) return false;
+    if (pending_.empty() && closes_.empty()) return false;
     out_.Clear();
-    out_.Swap(&pending_);
-    has_pending_ = false;
+    for (auto& [id, msg] : pending_) {
+      MemberPush* p = out_.add_pushes();
+      p->set_member_id(id);
+      p->mutable_msg()->Swap(&msg);
+    }
+    pending_.clear();
+    for (MemberClose& c : closes_) out_.add_closes()->Swap(&c);
+    closes_.clear();
+    closing_.clear();
     return true;
   }
 
-  void FinishWith(const absl::Status& s) {
-    Finish(grpc::Status(static_cast<grpc::StatusCode>(s.code()),
-                        std::string(s.message())));
-  }
-
-  void Detach(absl::string_view why) {
-    {
-      absl::MutexLock lock(&mu_);
-      if (detached_) return;
-      detached_ = true;
-    }
-    if (member_id_ != 0) {
-      membership_->Detach(member_id_, this, leaving_, finished_, why,
-                          absl::Now());
-    }
-  }
-
   Membership* const membership_;
-  HeartbeatRequest req_;  // read side only
-  // Set by the read side, read by OnCancel too.
-  std::atomic<uint64_t> member_id_{0};
-  std::atomic<bool> leaving_{false};
-  std::atomic<bool> finished_{false};
+  MembershipFeed* const feed_;
+  HostRequest req_;   // read side only
+  std::string host_;  // read side only
+  // When the stream last carried a message (read side; OnCancel and
+  // OnDone come after the reads).
+  absl::Time heard_at_ = absl::InfinitePast();
 
   mutable absl::Mutex mu_;
-  HeartbeatResponse pending_ ABSL_GUARDED_BY(mu_);
-  bool has_pending_ ABSL_GUARDED_BY(mu_) = false;
-  HeartbeatResponse out_;  // owned by the one write in flight
+  // Every sink made, alive until OnDone (Membership may hold any of them
+  // until it is dropped or closed); by member, the newest.
+  std::vector<std::unique_ptr<Sink>> all_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, Sink*> sinks_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, HeartbeatResponse> pending_
+      ABSL_GUARDED_BY(mu_);
+  std::vector<MemberClose> closes_ ABSL_GUARDED_BY(mu_);
+  // Members whose close record waits in closes_.
+  absl::flat_hash_set<uint64_t> closing_ ABSL_GUARDED_BY(mu_);
+  HostResponse out_;  // owned by the one write in flight
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool closed_ ABSL_GUARDED_BY(mu_) = false;
-  bool detached_ ABSL_GUARDED_BY(mu_) = false;
-  bool finish_pending_ ABSL_GUARDED_BY(mu_) = false;
+  bool finishing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finish_sent_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status finish_status_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -314,7 +419,8 @@ class Service final : public Controller::CallbackService {
       : token_(o.token),
         kv_(o.limits),
         membership_(o.world_size, o.detection, absl::Now(), o.membership_limits,
-                    o.recovery) {}
+                    o.recovery),
+        feed_(&membership_) {}
 
   Membership& membership() { return membership_; }
   KvStore& kv() { return kv_; }
@@ -332,7 +438,12 @@ class Service final : public Controller::CallbackService {
 
   grpc::ServerBidiReactor<HeartbeatRequest, HeartbeatResponse>* Heartbeat(
       grpc::CallbackServerContext* ctx) override {
-    return new HeartbeatReactor(&membership_, Authorized(ctx));
+    return NewMemberStream(&feed_, Authorized(ctx));
+  }
+
+  grpc::ServerBidiReactor<HostRequest, HostResponse>* HostStream(
+      grpc::CallbackServerContext* ctx) override {
+    return new HostReactor(&membership_, &feed_, Authorized(ctx));
   }
 
   grpc::ServerUnaryReactor* ReportFailure(
@@ -472,7 +583,7 @@ class Service final : public Controller::CallbackService {
       reactor->Finish(grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                                    "missing or wrong job token"));
     } else {
-      reactor->Finish(ToGrpc(handler()));
+      reactor->Finish(ToGrpcStatus(handler()));
     }
     return reactor;
   }
@@ -480,6 +591,7 @@ class Service final : public Controller::CallbackService {
   const std::string token_;
   KvStore kv_;
   Membership membership_;
+  MembershipFeed feed_;
 };
 
 class ServerImpl final : public ControllerServer {

@@ -1,0 +1,99 @@
+// holdfast-agent: one per host, between that host's members and the job's
+// controller (docs/controller.md, "Host agents"). The host's launcher starts
+// it before the members and points their HOLDFAST_CONTROLLER at it.
+//
+//   holdfast-agent --controller HOST:PORT   (or HOLDFAST_CONTROLLER)
+//                  [--listen unix:PATH | HOST:PORT]   (default 127.0.0.1:0)
+//                  [--token-file FILE]     (or HOLDFAST_JOB_TOKEN)
+//                  [--address-file FILE]   (the address members use)
+//                  [--host NAME] [--flush-ms MS]
+// SIGTERM or SIGINT is a restart: the controller keeps this host's members,
+// which resume through the next agent at the same address. Its death by
+// any other means (SIGKILL, a crash) is the loss of the host.
+#include <signal.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "src/common/logging.h"
+#include "src/control/agent.h"
+#include "src/control/auth.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "holdfast host agent: carries one host's members' heartbeats "
+      "to the job's controller on one stream"};
+  holdfast::control::AgentOptions options;
+  if (const char* c = std::getenv("HOLDFAST_CONTROLLER")) {
+    options.controller = c;
+  }
+  app.add_option("--controller", options.controller,
+                 "the controller's HOST:PORT (default: HOLDFAST_CONTROLLER)");
+  app.add_option("--listen", options.listen,
+                 "where members connect: unix:PATH, or HOST:PORT (port 0: any "
+                 "free port)");
+  std::string token_file;
+  app.add_option("--token-file", token_file,
+                 "file whose first line is the job token (default: "
+                 "HOLDFAST_JOB_TOKEN)");
+  std::string address_file;
+  app.add_option("--address-file", address_file,
+                 "write the address members use to this file once serving");
+  app.add_option("--host", options.host,
+                 "this host's name for the controller (default: hostname)");
+  int flush_ms = 0;
+  app.add_option("--flush-ms", flush_ms,
+                 "how long beats wait to be batched (0: the controller's "
+                 "heartbeat interval)")
+      ->check(CLI::Range(0, 60000));
+  CLI11_PARSE(app, argc, argv);
+  options.flush_interval = absl::Milliseconds(flush_ms);
+
+  auto token = holdfast::control::LoadToken(token_file);
+  if (!token.ok()) {
+    std::fprintf(stderr, "holdfast-agent: %s\n",
+                 std::string(token.status().message()).c_str());
+    return 2;
+  }
+  options.token = *token;
+  if (options.controller.empty()) {
+    std::fprintf(stderr,
+                 "holdfast-agent: no controller address (--controller or "
+                 "HOLDFAST_CONTROLLER)\n");
+    return 2;
+  }
+  // Block the stop signals before gRPC starts its threads, then wait here.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+
+  auto agent = holdfast::control::HostAgent::Start(options);
+  if (!agent.ok()) {
+    std::fprintf(stderr, "holdfast-agent: %s\n",
+                 agent.status().ToString().c_str());
+    return 1;
+  }
+  if (!address_file.empty()) {
+    // Write then rename, so a reader never sees a partial address.
+    const std::string tmp = address_file + ".tmp";
+    FILE* f = std::fopen(tmp.c_str(), "w");
+    if (f == nullptr ||
+        std::fprintf(f, "%s\n", (*agent)->address().c_str()) < 0 ||
+        std::fclose(f) != 0 ||
+        std::rename(tmp.c_str(), address_file.c_str()) != 0) {
+      std::fprintf(stderr, "holdfast-agent: cannot write --address-file %s\n",
+                   address_file.c_str());
+      return 1;
+    }
+  }
+  int sig = 0;
+  sigwait(&stop, &sig);
+  HOLDFAST_LOG_INFO("host agent restarting ({}): handing its {} members over",
+                    strsignal(sig), (*agent)->members());
+  (*agent)->Handover();
+  return 0;
+}
