@@ -255,3 +255,25 @@ TEST_CASE("diagnosis: an abort notice gives its trace tail and its blame") {
       &bad));
   CHECK_FALSE(bad.answered);
 }
+
+TEST_CASE(
+    "diagnosis: a rack's loss in a large job names 16 slots and counts the "
+    "rest") {
+  // 1000 slots silent at once (a rack of a 100k-rank job): the evidence
+  // stays a few kilobytes, and the culprits are all there.
+  std::vector<SlotEvidence> slots;
+  for (int i = 0; i < 1000; ++i) {
+    SlotEvidence s = Gone(i, Liveness::kSilent);
+    s.phase = holdfast::control::PHASE_COMPUTING;
+    s.step = 7;
+    slots.push_back(s);
+  }
+  slots.push_back(Gone(1000, Liveness::kDead));
+  const Diagnosis d = Diagnose(slots);
+  CHECK(d.culprits.size() == 1001);
+  CHECK(d.evidence.size() < 4096);
+  CHECK(Mentions(d, "slot 1000: the process is gone"));
+  CHECK(Mentions(d, "slots 0, 1, 2"));
+  CHECK(Mentions(d, "15 and 984 more: no heartbeat"));
+  CHECK(Mentions(d, "slot 15 last seen computing at step 7, and 984 more"));
+}

@@ -19,9 +19,21 @@ namespace {
 
 bool Entered(const TraceRecord& r) { return r.state != OpState::kEnqueued; }
 
+// Evidence names at most this many slots (or slot descriptions) in one
+// list, and counts the rest: a rack's loss in a 100k-rank job must not
+// make an incident of megabytes.
+constexpr size_t kMaxListed = 16;
+
 std::string Slots(const std::vector<int>& slots) {
-  return absl::StrCat(slots.size() == 1 ? "slot " : "slots ",
-                      absl::StrJoin(slots, ", "));
+  const size_t n = std::min(slots.size(), kMaxListed);
+  std::string out = absl::StrCat(
+      slots.size() == 1 ? "slot " : "slots ",
+      absl::StrJoin(slots.begin(), slots.begin() + static_cast<ptrdiff_t>(n),
+                    ", "));
+  if (slots.size() > n) {
+    absl::StrAppend(&out, " and ", slots.size() - n, " more");
+  }
+  return out;
 }
 
 // One answering slot's collectives, by sequence number.
@@ -205,8 +217,13 @@ std::string Still(const SlotEvidence& s) {
 // Where each silent slot was last seen, from its last heartbeat.
 std::string LastSeen(const std::vector<SlotEvidence>& slots) {
   std::vector<std::string> last;
+  size_t more = 0;
   for (const SlotEvidence& s : slots) {
     if (s.liveness != SlotEvidence::Liveness::kSilent) continue;
+    if (last.size() == kMaxListed) {
+      ++more;
+      continue;
+    }
     if (s.phase == PHASE_COLLECTIVE && s.collective_seq >= 0) {
       last.push_back(absl::StrCat("slot ", s.slot, " last seen in collective #",
                                   s.collective_seq, " at step ", s.step,
@@ -217,6 +234,7 @@ std::string LastSeen(const std::vector<SlotEvidence>& slots) {
                                   Still(s)));
     }
   }
+  if (more > 0) last.push_back(absl::StrCat("and ", more, " more"));
   return last.empty() ? "" : absl::StrCat("; ", absl::StrJoin(last, ", "));
 }
 
