@@ -3,6 +3,7 @@
 // checkpoint ledger. No sleeping: every call takes `now`.
 #include <catch2/catch.hpp>
 #include <functional>
+#include <set>
 #include <vector>
 
 #include "src/control/membership.h"
@@ -857,4 +858,56 @@ TEST_CASE(
     CHECK_FALSE(inc[0].evicted());
     CHECK(job.m.Status({}, t).generation() == 0);
   }
+}
+
+TEST_CASE(
+    "membership: generations opened close together are pushed as one after "
+    "the first") {
+  DetectionOptions d = Job::Defaults();
+  d.push_merge = absl::Milliseconds(50);
+  Job job(6, d);
+  // Six workers and four standbys, all on one sink each.
+  for (int i = 0; i < 10; ++i) job.Join("h" + std::to_string(i), kT0);
+  const absl::Time t = kT0 + absl::Seconds(1);
+  // A host's four workers (slots 0-3) lost at once.
+  for (size_t i = 0; i < 4; ++i) {
+    job.m.Detach(job.ids[i], job.sinks[i].get(), false, false, "reset", t);
+  }
+  CHECK(job.m.Status({}, t).generation() == 4);
+  // A survivor has heard the first generation at once, and nothing else.
+  FakeSink& survivor = *job.sinks[5];
+  int updates = 0;
+  for (const auto& msg : survivor.pushed) updates += msg.has_membership();
+  CHECK(updates == 1);
+  CHECK(survivor.LastUpdate()->generation() == 1);
+  CHECK(job.m.PushDue() == t + absl::Milliseconds(50));
+  job.m.FlushPushes(t + absl::Milliseconds(20));  // not due yet
+  CHECK(survivor.LastUpdate()->generation() == 1);
+  job.m.FlushPushes(t + absl::Milliseconds(50));
+  CHECK(job.m.PushDue() == absl::InfiniteFuture());
+  updates = 0;
+  for (const auto& msg : survivor.pushed) updates += msg.has_membership();
+  CHECK(updates == 2);
+  // The merged push: the newest generation, every slot taken over since
+  // the first push, and the abort of the generation the members are in.
+  const HeartbeatResponse& last = survivor.pushed.back();
+  REQUIRE(last.has_membership());
+  CHECK(last.membership().generation() == 4);
+  CHECK(last.membership().changes_size() == 3);
+  CHECK(last.abort().generation() == 1);
+  // Each standby learns its own slot.
+  std::set<int> slots;
+  for (size_t i = 6; i < 10; ++i) {
+    const MembershipUpdate* u = job.sinks[i]->LastUpdate();
+    REQUIRE(u != nullptr);
+    CHECK(u->role() == ROLE_WORKER);
+    slots.insert(u->slot());
+  }
+  CHECK(slots == std::set<int>{0, 1, 2, 3});
+  // After a quiet spell, the next generation goes at once again.
+  const absl::Time later = t + absl::Seconds(1);
+  job.generation = 4;
+  REQUIRE(job.Beat(4, 0, later).ok());
+  job.m.Detach(job.ids[4], job.sinks[4].get(), false, false, "reset", later);
+  CHECK(survivor.LastUpdate()->generation() == 5);
 }

@@ -288,7 +288,7 @@ absl::StatusOr<RegisterResponse> Membership::Register(
       generation_ = req.generation();
       acks_.clear();
       // Members that registered afresh meanwhile learn the generation.
-      BroadcastGenerationLocked({}, nullptr);
+      BroadcastGenerationLocked({}, nullptr, now);
     }
     const Member& m = AddMemberLocked(id, req, req.slot(), now);
     HOLDFAST_LOG_INFO("member {} ({}, pid {}) resumed as {} at generation {}",
@@ -779,7 +779,7 @@ void Membership::OpenGenerationLocked(int lost_slot,
                               policy_.min_world, " (", abort.reason(), ")"));
     return;
   }
-  BroadcastGenerationLocked(changes, &abort);
+  BroadcastGenerationLocked(changes, &abort, now);
 }
 
 void Membership::EndJobLocked(JobState state, std::string reason) {
@@ -824,7 +824,26 @@ bool Membership::ResizeLocked(int world_size) {
 }
 
 void Membership::BroadcastGenerationLocked(
-    const std::vector<SlotChange>& changes, const AbortOrder* abort) {
+    const std::vector<SlotChange>& changes, const AbortOrder* abort,
+    absl::Time now) {
+  if (now < last_broadcast_ + detection_.push_merge || merge_.has_value()) {
+    // Merged with the generations that follow it within push_merge: one
+    // push of the newest (FlushPushes), with every slot change since the
+    // last push and the first abort order (of the generation the members
+    // were told of last).
+    if (!merge_.has_value()) merge_.emplace();
+    for (const SlotChange& c : changes)
+      merge_->changes[c.slot()] = c.member_id();
+    if (abort != nullptr && !merge_->abort.has_value()) merge_->abort = *abort;
+    ++merge_->generations;
+    return;
+  }
+  PushGenerationLocked(changes, abort, now);
+}
+
+void Membership::PushGenerationLocked(const std::vector<SlotChange>& changes,
+                                      const AbortOrder* abort, absl::Time now) {
+  last_broadcast_ = now;
   HeartbeatResponse msg;
   MembershipUpdate* u = msg.mutable_membership();
   u->set_generation(generation_);
@@ -840,6 +859,37 @@ void Membership::BroadcastGenerationLocked(
     u->set_slot(m.slot);
     m.sink->Push(msg);
   }
+}
+
+absl::Time Membership::PushDue() const {
+  absl::MutexLock lock(&mu_);
+  return merge_.has_value() ? last_broadcast_ + detection_.push_merge
+                            : absl::InfiniteFuture();
+}
+
+void Membership::FlushPushes(absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  if (!merge_.has_value() || now < last_broadcast_ + detection_.push_merge) {
+    return;
+  }
+  Merge m = std::move(*merge_);
+  merge_.reset();
+  if (job_state_ != JOB_RUNNING) return;  // the job end was pushed instead
+  std::vector<SlotChange> changes;
+  for (const auto& [slot, id] : m.changes) {
+    // A slot that the shrink renumbered away is no change any more.
+    if (slot >= world_size_) continue;
+    SlotChange& c = changes.emplace_back();
+    c.set_slot(slot);
+    c.set_member_id(id);
+  }
+  if (m.generations > 1) {
+    HOLDFAST_LOG_INFO(
+        "generation {}: one push for {} generations opened within {}",
+        generation_, m.generations,
+        absl::FormatDuration(detection_.push_merge));
+  }
+  PushGenerationLocked(changes, m.abort.has_value() ? &*m.abort : nullptr, now);
 }
 
 }  // namespace holdfast::control

@@ -101,6 +101,13 @@ struct DetectionOptions {
   // every worker has reported one for the generation, or this long after
   // the first report (a loss spike seen by one slot only).
   absl::Duration anomaly_settle = absl::Seconds(1);
+  // A generation opened within this of the last push of one waits, and
+  // goes with those that follow it in one push of the newest: faults come
+  // in clusters (a host's eight ranks, a rack), and a thousand deaths at
+  // once cost a few pushes to every member, not a thousand. The first
+  // generation after a quiet spell goes at once. Zero: every generation
+  // is pushed at once.
+  absl::Duration push_merge = absl::Milliseconds(50);
 };
 
 // A generation whose incidents await the culprit analysis, with what the
@@ -232,6 +239,13 @@ class Membership {
   // Runs the silent, stalled and absent detectors.
   void Scan(absl::Time now);
 
+  // Generation changes that come within DetectionOptions::push_merge of
+  // the last push are merged into one push (of the newest): PushDue says
+  // when it is due (InfiniteFuture: none waits), and FlushPushes sends it
+  // once it is.
+  absl::Time PushDue() const;
+  void FlushPushes(absl::Time now);
+
   // The generations with an incident (of a worker) and no verdict yet. A
   // member is dead when its process is gone (its stream broke, or it
   // left), silent when its last heartbeat was more than three heartbeat
@@ -341,8 +355,13 @@ class Membership {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Pushes the new generation to every live member (personalized), with an
   // abort order when `abort` is set.
+  // Merges it with the generations opened within push_merge of the last
+  // push (FlushPushes sends them as one).
   void BroadcastGenerationLocked(const std::vector<SlotChange>& changes,
-                                 const AbortOrder* abort)
+                                 const AbortOrder* abort, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PushGenerationLocked(const std::vector<SlotChange>& changes,
+                            const AbortOrder* abort, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void VacateLocked(Member& m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RetireLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -443,6 +462,15 @@ class Membership {
   // Per member: the data at which it was the source of non-finite values.
   std::map<uint64_t, std::vector<std::pair<int64_t, int64_t>>> nan_sources_
       ABSL_GUARDED_BY(mu_);
+
+  // Generations waiting to be pushed as one (BroadcastGenerationLocked).
+  struct Merge {
+    std::map<int, uint64_t> changes;  // slot -> member, the latest
+    std::optional<AbortOrder> abort;  // the first
+    int generations = 0;
+  };
+  std::optional<Merge> merge_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_broadcast_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 
   std::deque<Incident> incidents_ ABSL_GUARDED_BY(mu_);
   // Diagnosis cases by generation, and the verdicts reached (the newest

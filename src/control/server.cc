@@ -639,11 +639,18 @@ class ServerImpl final : public ControllerServer {
   void DetectLoop() {
     absl::Time next_refresh = absl::InfinitePast();
     absl::MutexLock lock(&mu_);
+    absl::Time next_scan = absl::Now() + scan_interval_;
     while (!stop_) {
-      mu_.AwaitWithTimeout(absl::Condition(&stop_), scan_interval_);
+      // Wakes for a merged push that falls due before the next scan.
+      const absl::Time push = service_->membership().PushDue();
+      mu_.AwaitWithDeadline(absl::Condition(&stop_), std::min(push, next_scan));
       if (stop_) break;
       const absl::Time now = absl::Now();
+      service_->membership().FlushPushes(now);
+      if (now < next_scan) continue;
+      next_scan = now + scan_interval_;
       service_->membership().Scan(now);
+      service_->membership().FlushPushes(now);
       DiagnoseDue(now);
       if (metrics_ != nullptr && now >= next_refresh) {
         metrics_->Refresh(service_->membership().Status({}, now));

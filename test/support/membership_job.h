@@ -57,6 +57,9 @@ struct Job {
     d.stall_factor = 5;
     d.stall_max_factor = 2;
     d.stall_min_history = 8;
+    // Each generation pushed at once: these tests follow generations one
+    // by one (the merge of close ones has a test of its own).
+    d.push_merge = absl::ZeroDuration();
     return d;
   }
   // Registers a member and binds a sink with a first heartbeat.
