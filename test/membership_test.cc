@@ -911,3 +911,35 @@ TEST_CASE(
   job.m.Detach(job.ids[4], job.sinks[4].get(), false, false, "reset", later);
   CHECK(survivor.LastUpdate()->generation() == 5);
 }
+
+TEST_CASE(
+    "membership: among 3000 workers the one whose work is twice its peers' "
+    "is the only straggler") {
+  // Each worker's own work differs a little from the others' (so the
+  // median of a worker's peers depends on where its own value sits).
+  constexpr int kWorkers = 3000;
+  Job job(kWorkers);
+  for (int i = 0; i < kWorkers; ++i) job.Join("h" + std::to_string(i), kT0);
+  absl::Time t = kT0;
+  for (int step = 0; step < 10; ++step) {
+    t += absl::Milliseconds(100);
+    for (size_t i = 0; i < kWorkers; ++i) {
+      const int64_t work = i == 1234 ? 60000 : 30000 + static_cast<int64_t>(i);
+      HeartbeatRequest h;
+      h.set_member_id(job.ids[i]);
+      h.mutable_report()->set_step(step);
+      h.mutable_report()->set_phase(PHASE_COMPUTING);
+      h.mutable_report()->set_last_step_us(100000);
+      h.mutable_report()->set_collective_us(100000 - work);
+      h.mutable_report()->set_step_end(true);
+      REQUIRE(job.m.Heartbeat(h, job.sinks[i].get(), t).ok());
+    }
+    job.m.Scan(t);
+  }
+  const std::vector<Incident> inc = job.Incidents(t);
+  REQUIRE(Stragglers(inc) == 1);
+  CHECK(inc[0].slot() == 1234);
+  // Against its peers' median (30000 + 1499 or 1500 us, not its own).
+  CHECK(inc[0].evidence().find("against its peers' 31.5 ms") !=
+        std::string::npos);
+}

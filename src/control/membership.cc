@@ -408,6 +408,7 @@ absl::Status Membership::Heartbeat(const HeartbeatRequest& req,
     if (!mem.work_us.empty() && mem.work_us.back().first >= r.step()) {
       mem.work_us.clear();  // steps redone after a rollback
     }
+    stragglers_dirty_ = true;
     mem.work_us.emplace_back(
         r.step(), std::max<int64_t>(0, r.last_step_us() - r.collective_us()));
     while (mem.work_us.size() >

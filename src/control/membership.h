@@ -481,6 +481,8 @@ class Membership {
   // (-2: never).
   int64_t mismatch_replaced_at_ ABSL_GUARDED_BY(mu_) = -2;
   int stragglers_replaced_ ABSL_GUARDED_BY(mu_) = 0;
+  // A step end was reported since the last straggler scan.
+  bool stragglers_dirty_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t incidents_total_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t heartbeats_total_ ABSL_GUARDED_BY(mu_) = 0;
   const absl::Time started_;

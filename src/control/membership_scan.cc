@@ -278,6 +278,9 @@ StatusResponse Membership::Status(const StatusRequest& req,
 
 void Membership::ScanStragglersLocked(absl::Time now) {
   const int window = detection_.straggler_window;
+  // Only new step ends can change the answer.
+  if (!stragglers_dirty_) return;
+  stragglers_dirty_ = false;
   if (window <= 0 || job_state_ != JOB_RUNNING || finished_workers_ > 0 ||
       slots_.size() < 3) {
     return;
@@ -299,14 +302,22 @@ void Membership::ScanStragglersLocked(absl::Time now) {
       v[i] = us;
     }
   }
+  // Each complete step's values, and the same sorted (for the median of
+  // a worker's peers in O(log n): the median of the others is the sorted
+  // list's, one place further when the worker's own value sits at or
+  // below it).
   std::vector<const std::vector<int64_t>*> steps;
+  std::vector<std::vector<int64_t>> sorted;
   for (auto it = by_step.rbegin(); it != by_step.rend(); ++it) {
     if (std::find(it->second.begin(), it->second.end(), -1) ==
         it->second.end()) {
       steps.push_back(&it->second);
+      sorted.push_back(it->second);
+      std::sort(sorted.back().begin(), sorted.back().end());
     }
   }
   if (steps.size() < static_cast<size_t>(window)) return;
+  const size_t mid = (n - 1) / 2;  // the median's index among n - 1 others
   const int64_t floor_us =
       absl::ToInt64Microseconds(detection_.straggler_floor);
   for (size_t i = 0; i < n; ++i) {
@@ -314,15 +325,12 @@ void Membership::ScanStragglersLocked(absl::Time now) {
     // and its peers' median over them.
     int run = 0;
     double mine = 0, peers = 0;
-    for (const std::vector<int64_t>* v : steps) {
-      std::vector<int64_t> others;
-      for (size_t j = 0; j < n; ++j) {
-        if (j != i) others.push_back((*v)[j]);
-      }
-      std::nth_element(others.begin(), others.begin() + others.size() / 2,
-                       others.end());
-      const int64_t median = others[others.size() / 2];
-      const int64_t own = (*v)[i];
+    for (size_t k = 0; k < steps.size(); ++k) {
+      const std::vector<int64_t>& all = sorted[k];
+      const int64_t own = (*steps[k])[i];
+      const size_t at = static_cast<size_t>(
+          std::lower_bound(all.begin(), all.end(), own) - all.begin());
+      const int64_t median = at <= mid ? all[mid + 1] : all[mid];
       if (static_cast<double>(own) <
               detection_.straggler_factor * static_cast<double>(median) ||
           own - median < floor_us) {
