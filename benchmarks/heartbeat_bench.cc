@@ -1,23 +1,35 @@
-// Heartbeat-load benchmark for the controller. For each member count M it
+// Heartbeat-load benchmark for the controller. For each rank count N it
 // starts a fresh holdfast-controller process pinned to one core, registers
-// M simulated members from this process (other cores), opens their M
-// heartbeat streams from --procs driver processes (other cores) and sends
-// each a step report at --rate Hz, with an ack request on 1 in --ack-every.
-// It reports:
-//   - controller CPU per heartbeat and the fraction of its one core in use
-//   - p50/p99 heartbeat round trip (send to ack, measured here: an upper
-//     bound on the controller's handling latency), and the ratio to the same
-//     figure for a single idle stream measured first in the same run
-//   - controller memory per member (RSS growth / M)
-//   - time to detect a crash at that scale: a real member process (this
-//     binary in --member mode, using MemberClient) is SIGKILLed; from the
-//     kill to the controller's incident timestamp.
+// N simulated members from this process (other cores), and beats for them
+// at --rate Hz each from --procs driver processes (other cores):
+//   - by default as N / R simulated hosts of R ranks (--ranks-per-host),
+//     each one host agent's stream (HostStream) that carries its R
+//     members' beats in one message per period, as holdfast-agent does;
+//   - with --ranks-per-host 0, as N streams of their own (Heartbeat), the
+//     members' direct path and this benchmark's baseline.
+// Beats ask for acks (latency probes) 1 in --ack-every. Besides the
+// simulated ranks, one real host joins: R real member processes (this
+// binary in --member mode, using MemberClient), behind a real
+// holdfast-agent (or, with --ranks-per-host 0, directly). It reports:
+//   - controller CPU per rank heartbeat and the fraction of its one core
+//   - p50/p99 round trip of a probe (send to ack, measured here: an upper
+//     bound on the controller's handling latency), and the ratio to the
+//     same figure for a single idle stream measured first in the same run
+//   - controller memory per rank (RSS growth / N)
+//   - crash detection: one real member SIGKILLed, from the kill to the
+//     controller's incident
+//   - push: from that kill to the moment every simulated rank has received
+//     the generation it opened
+//   - host loss: the real host's agent SIGKILLed (direct: all its member
+//     processes), from the kill to the last of its members' incidents.
 //
 // The JSON's goal_met: at least 99 % of the offered heartbeats handled, the
-// controller under one core, p99 under 10 ms.
+// controller under one core, p99 under 10 ms, crash, push and host loss
+// under 1 s.
 //
-//   heartbeat_bench [--members 1000,4000,16000] [--seconds 10] [--rate 1]
-//                   [--channels 64] [--procs 4] [--ack-every 10] [--json]
+//   heartbeat_bench [--members 16000,64000,100000] [--ranks-per-host 8]
+//                   [--seconds 10] [--rate 1] [--channels 64] [--procs 4]
+//                   [--ack-every 10] [--json]
 #include <dirent.h>
 #include <grpcpp/grpcpp.h>
 #include <sched.h>
@@ -30,6 +42,7 @@
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -137,16 +150,30 @@ double Percentile(std::vector<double> v, double p) {
   return v[i];
 }
 
+// When the simulated ranks of one driver process first heard a generation
+// newer than the job's first (each rank, and all of them).
+struct PushWatch {
+  std::atomic<int64_t> ranks{0};    // ranks that heard it
+  std::atomic<int64_t> last_ns{0};  // when the last of them did
+  void Heard(int n) {
+    ranks += n;
+    const int64_t now = absl::GetCurrentTimeNanos();
+    int64_t prev = last_ns.load();
+    while (prev < now && !last_ns.compare_exchange_weak(prev, now)) {
+    }
+  }
+};
+
 // One simulated member's stream. A ticker thread calls TrySend; the ack's
 // round trip goes into `lat`.
 class SimStream final
     : public grpc::ClientBidiReactor<HeartbeatRequest, HeartbeatResponse> {
  public:
-  // Asks for an ack on one heartbeat in `ack_every` (members do not ask;
-  // the acks are this benchmark's latency probes).
+  // Asks for an ack on one heartbeat in `ack_every` (the acks are this
+  // benchmark's latency probes).
   SimStream(Controller::Stub* stub, uint64_t id, Latencies* lat,
-            int ack_every = 1)
-      : id_(id), lat_(lat), ack_every_(ack_every) {
+            int ack_every = 1, PushWatch* push = nullptr)
+      : id_(id), lat_(lat), ack_every_(ack_every), push_(push) {
     ctx_.AddMetadata(kTokenMetadataKey, kToken);
     stub->async()->Heartbeat(&ctx_, this);
     StartRead(&resp_);
@@ -178,6 +205,11 @@ class SimStream final
       lat_->Record(
           sent, static_cast<double>(absl::GetCurrentTimeNanos() - sent) / 1e3);
     }
+    if (resp_.has_membership() && resp_.membership().generation() > 0 &&
+        push_ != nullptr && !heard_) {
+      heard_ = true;
+      push_->Heard(1);
+    }
     StartRead(&resp_);
   }
   void OnDone(const grpc::Status&) override {
@@ -195,6 +227,8 @@ class SimStream final
   const uint64_t id_;
   Latencies* const lat_;
   const int ack_every_;
+  PushWatch* const push_;
+  bool heard_ = false;  // read side only
   grpc::ClientContext ctx_;
   HeartbeatRequest req_;
   HeartbeatResponse resp_;
@@ -206,8 +240,86 @@ class SimStream final
   bool done_ ABSL_GUARDED_BY(mu_) = false;
 };
 
+// One simulated host: a host agent's stream carrying its ranks' beats, one
+// message per period with a beat of each (as holdfast-agent batches them).
+// A message whose beats ask for an ack is a latency probe: from its send
+// to the first ack of it.
+class SimHost final
+    : public grpc::ClientBidiReactor<HostRequest, HostResponse> {
+ public:
+  SimHost(Controller::Stub* stub, std::string host, std::vector<uint64_t> ids,
+          Latencies* lat, int ack_every, PushWatch* push)
+      : ids_(std::move(ids)), lat_(lat), ack_every_(ack_every), push_(push) {
+    ctx_.AddMetadata(kTokenMetadataKey, kToken);
+    req_.set_host(std::move(host));
+    stub->async()->HostStream(&ctx_, this);
+    StartRead(&resp_);
+    StartCall();
+  }
+
+  bool TrySend(int64_t step) {
+    if (writing_.exchange(true)) return false;
+    ++seq_;
+    if (seq_ > 1) req_.clear_host();
+    req_.clear_beats();
+    for (uint64_t id : ids_) {
+      HeartbeatRequest* b = req_.add_beats();
+      b->set_member_id(id);
+      b->set_seq(seq_);
+      b->set_want_ack((seq_ + id) % static_cast<uint64_t>(ack_every_) == 0);
+      b->mutable_report()->set_step(step);
+      b->mutable_report()->set_phase(PHASE_COMPUTING);
+    }
+    sent_ns_[seq_ % kRing].store(absl::GetCurrentTimeNanos());
+    StartWrite(&req_);
+    return true;
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) failed_ = true;
+    writing_ = false;
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) return;
+    int heard = 0;
+    for (const MemberPush& p : resp_.pushes()) {
+      if (p.msg().has_ack_seq() && p.msg().ack_seq() > last_acked_) {
+        last_acked_ = p.msg().ack_seq();
+        const int64_t sent = sent_ns_[last_acked_ % kRing].load();
+        lat_->Record(
+            sent,
+            static_cast<double>(absl::GetCurrentTimeNanos() - sent) / 1e3);
+      }
+      if (p.msg().has_membership() && p.msg().membership().generation() > 0 &&
+          heard_.insert(p.member_id()).second) {
+        ++heard;
+      }
+    }
+    if (heard > 0 && push_ != nullptr) push_->Heard(heard);
+    StartRead(&resp_);
+  }
+  void OnDone(const grpc::Status&) override {}
+
+ private:
+  static constexpr int kRing = 64;
+  const std::vector<uint64_t> ids_;
+  Latencies* const lat_;
+  const int ack_every_;
+  PushWatch* const push_;
+  grpc::ClientContext ctx_;
+  HostRequest req_;
+  HostResponse resp_;
+  std::atomic<bool> writing_{false};
+  std::atomic<bool> failed_{false};
+  uint64_t seq_ = 0;
+  uint64_t last_acked_ = 0;   // read side only
+  std::set<uint64_t> heard_;  // read side only
+  std::atomic<int64_t> sent_ns_[kRing] = {};
+};
+
 struct RunResult {
   int members = 0;
+  int ranks_per_host = 0;  // 0: direct streams
   double seconds = 0;
   uint64_t heartbeats = 0;
   double cpu_us_per_hb = 0;
@@ -216,6 +328,9 @@ struct RunResult {
   double idle_p50_ms = 0, idle_p99_ms = 0;
   double rss_per_member_bytes = 0;
   double crash_detect_ms = -1;
+  double push_ms = -1;  // -1: not every simulated rank heard it
+  int64_t push_ranks = 0;
+  double host_loss_ms = -1;
   uint64_t skipped = 0;
   bool pinned = false;
 };
@@ -228,18 +343,19 @@ StatusResponse Status(const std::string& addr, int incidents) {
   return s.ok() ? *s : StatusResponse();
 }
 
-// Sends heartbeats from `streams` for `d` at `rate` Hz each, stream k (the
-// member of global index first + k * stride of n) at offset index/n of each
-// period, from `threads` ticker threads. Returns how many sends were
-// skipped because the member's previous write was still in flight.
-uint64_t Drive(std::vector<std::unique_ptr<SimStream>>& streams, double rate,
+// Sends heartbeats from `senders` (SimStream or SimHost) for `d` at `rate`
+// Hz each, sender k (of global index first + k * stride of n) at offset
+// index/n of each period, from `threads` ticker threads. Returns how many
+// sends were skipped because the sender's previous write was in flight.
+template <typename Sender>
+uint64_t Drive(std::vector<std::unique_ptr<Sender>>& senders, double rate,
                absl::Duration d, int threads, size_t first = 0,
                size_t stride = 1, size_t n = 0) {
   std::atomic<uint64_t> skipped{0};
   const absl::Time start = absl::Now();
   const absl::Duration period = absl::Seconds(1.0 / rate);
-  if (n == 0) n = streams.size();
-  const size_t count = streams.size();
+  if (n == 0) n = senders.size();
+  const size_t count = senders.size();
   std::vector<std::thread> ts;
   for (int t = 0; t < threads; ++t) {
     ts.emplace_back([&, t] {
@@ -251,11 +367,15 @@ uint64_t Drive(std::vector<std::unique_ptr<SimStream>>& streams, double rate,
       size_t cursor = 0;
       int64_t cycle = 0;
       auto fire = [&](size_t k) {
-        if (!streams[mine[k]]->TrySend(cycle)) ++skipped;
+        if (!senders[mine[k]]->TrySend(cycle)) ++skipped;
       };
       for (;;) {
         const absl::Duration el = absl::Now() - start;
-        if (el >= d) break;
+        if (el >= d) {
+          // The period's last senders, if a late wake-up passed their time.
+          while (cursor < mine.size()) fire(cursor++);
+          break;
+        }
         // FDivDuration: Duration / Duration is integer division.
         const double cycles = absl::FDivDuration(el, period);
         const int64_t now_cycle = static_cast<int64_t>(cycles);
@@ -279,24 +399,60 @@ uint64_t Drive(std::vector<std::unique_ptr<SimStream>>& streams, double rate,
   return skipped;
 }
 
-RunResult RunOne(int members, double seconds, double rate, int channels,
-                 int cpus, int ack_every, int procs) {
+// Polls the controller until each of `ids` has an incident (or `timeout`);
+// returns the latest detection time in unix ms, or -1.
+int64_t AwaitIncidents(const std::string& addr,
+                       const std::vector<uint64_t>& ids,
+                       absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    StatusRequest req;
+    req.set_max_incidents(64);
+    auto got = FetchStatus({addr, kToken}, req);
+    if (!got.ok()) {
+      std::fprintf(stderr, "heartbeat_bench: status: %s\n",
+                   got.status().ToString().c_str());
+      absl::SleepFor(absl::Milliseconds(100));
+      continue;
+    }
+    const StatusResponse& s = *got;
+    int64_t latest = -1;
+    size_t found = 0;
+    for (uint64_t id : ids) {
+      for (const Incident& i : s.incidents()) {
+        if (i.member_id() == id) {
+          ++found;
+          latest = std::max(latest, i.detected_unix_ms());
+          break;
+        }
+      }
+    }
+    if (found == ids.size()) return latest;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return -1;
+}
+
+RunResult RunOne(int members, int per_host, double seconds, double rate,
+                 int channels, int cpus, int ack_every, int procs) {
   RunResult r;
   r.members = members;
+  r.ranks_per_host = per_host;
+  const int real_ranks = std::max(per_host, 8);
   const std::string dir = proc::MakeTempDir();
   const std::string token_file = dir + "/token";
   std::ofstream(token_file) << kToken << "\n";
   const std::string port_file = dir + "/port";
-  // World M + 1: the idle-baseline stream and the M simulated members are
-  // workers; the crash victim joins as a standby.
+  // Workers: the idle-baseline stream, the N simulated ranks and the
+  // victim; the real host's ranks are standbys.
   proc::ProcessGroup g(
       {{SelfDir() + "/holdfast-controller", "--world-size",
-        std::to_string(members + 1), "--port", "0", "--token-file", token_file,
+        std::to_string(members + 2), "--port", "0", "--token-file", token_file,
         "--port-file", port_file, "--heartbeat-interval-ms",
         std::to_string(static_cast<int>(1000 / rate)),
-        // Registering 16k members takes a while before
-        // their streams start beating.
-        "--silent-after-ms", "30000"}});
+        // Registering 100k members takes a while before their streams
+        // start beating.
+        "--silent-after-ms", "60000"}});
   int port = 0;
   for (int i = 0; i < 1000 && port == 0; ++i) {
     std::ifstream in(port_file);
@@ -356,7 +512,8 @@ RunResult RunOne(int members, double seconds, double rate, int channels,
     r.idle_p99_ms = Percentile(idle.us, 0.99) / 1e3;
   }
 
-  // Register M members (from a few threads), then open their streams.
+  // Register N members (from a few threads), then open their streams.
+  const int host_size = per_host > 0 ? per_host : 8;
   std::vector<uint64_t> ids(static_cast<size_t>(members));
   {
     std::vector<std::thread> ts;
@@ -365,7 +522,7 @@ RunResult RunOne(int members, double seconds, double rate, int channels,
       ts.emplace_back([&, t] {
         for (int i = t; i < members; i += nt) {
           RegisterRequest req;
-          req.set_host(absl::StrCat("sim-", i / 8));
+          req.set_host(absl::StrCat("sim-", i / host_size));
           req.set_failure_domain(req.host());
           req.set_pid(i);
           RegisterResponse resp;
@@ -383,10 +540,11 @@ RunResult RunOne(int members, double seconds, double rate, int channels,
     }
     for (auto& t : ts) t.join();
   }
-  // The M streams live in `procs` driver processes (real members are
-  // processes of their own; one process holding every stream would pay
-  // gRPC costs that grow with its number of pending operations). They
-  // beat until the stop file appears, then write their samples.
+  // The simulated streams live in `procs` driver processes (real members
+  // and agents are processes of their own; one process holding every
+  // stream would pay gRPC costs that grow with its number of pending
+  // operations). They beat until the stop file appears, then write their
+  // samples.
   const std::string ids_file = dir + "/ids";
   {
     std::ofstream f(ids_file);
@@ -395,13 +553,27 @@ RunResult RunOne(int members, double seconds, double rate, int channels,
   const std::string stop_file = dir + "/stop";
   std::vector<int> drivers;
   for (int k = 0; k < procs; ++k) {
-    drivers.push_back(
-        g.Spawn({SelfExe(), "--driver", addr, "--ids", ids_file, "--part",
-                 std::to_string(k), "--procs", std::to_string(procs), "--rate",
-                 absl::StrCat(rate), "--channels",
-                 std::to_string(std::max(1, channels / procs)), "--ack-every",
-                 std::to_string(ack_every), "--stop-file", stop_file, "--out",
-                 absl::StrCat(dir, "/driver-", k)}));
+    drivers.push_back(g.Spawn({SelfExe(),
+                               "--driver",
+                               addr,
+                               "--ids",
+                               ids_file,
+                               "--part",
+                               std::to_string(k),
+                               "--procs",
+                               std::to_string(procs),
+                               "--rate",
+                               absl::StrCat(rate),
+                               "--channels",
+                               std::to_string(std::max(1, channels / procs)),
+                               "--ack-every",
+                               std::to_string(ack_every),
+                               "--ranks-per-host",
+                               std::to_string(per_host),
+                               "--stop-file",
+                               stop_file,
+                               "--out",
+                               absl::StrCat(dir, "/driver-", k)}));
   }
   // The idle stream beats with the rest, from here.
   std::atomic<bool> stop_idle{false};
@@ -415,6 +587,49 @@ RunResult RunOne(int members, double seconds, double rate, int channels,
       std::fprintf(stderr, "driver: %s\n", g.Describe(d).c_str());
       std::exit(1);
     }
+  }
+  // Real processes: the victim (the last worker slot) behind an agent of
+  // its own, then a real host of `real_ranks` standbys behind another
+  // (with --ranks-per-host 0, all directly). Standbys, so that the host's
+  // loss opens no generation: the push measured is the victim's.
+  auto start_agent =
+      [&](const std::string& name) -> std::pair<int, std::string> {
+    if (per_host == 0) return {-1, addr};
+    const std::string addr_file = absl::StrCat(dir, "/", name, "-address");
+    const int pid = g.Spawn(
+        {SelfDir() + "/holdfast-agent", "--controller", addr, "--listen",
+         absl::StrCat("unix:", dir, "/", name, ".sock"), "--token-file",
+         token_file, "--host", name, "--address-file", addr_file});
+    for (int i = 0; i < 1000; ++i) {
+      std::ifstream in(addr_file);
+      std::string a;
+      if (in >> a) return {pid, a};
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    std::fprintf(stderr, "agent %s: %s\n", name.c_str(),
+                 g.Describe(pid).c_str());
+    std::exit(1);
+  };
+  auto start_member = [&](const std::string& at) -> std::pair<int, uint64_t> {
+    const int m =
+        g.Spawn({SelfExe(), "--member", at, "--token-file", token_file});
+    auto ready = g.WaitEvent(m, "ready", absl::Seconds(60));
+    if (!ready.has_value()) {
+      std::fprintf(stderr, "member: %s\n", g.Describe(m).c_str());
+      std::exit(1);
+    }
+    return {m, std::stoull(ready->at("member"))};
+  };
+  const auto [victim_agent, victim_at] = start_agent("victim-host");
+  const auto [victim, victim_id] = start_member(victim_at);
+  (void)victim_agent;
+  const auto [agent, host_at] = start_agent("real-host");
+  std::vector<int> real;
+  std::vector<uint64_t> real_ids;
+  for (int i = 0; i < real_ranks; ++i) {
+    const auto [m, id] = start_member(host_at);
+    real.push_back(m);
+    real_ids.push_back(id);
   }
   // Warm up: every member sends, the streams bind.
   absl::SleepFor(absl::Seconds(2.0 / rate));
@@ -434,33 +649,32 @@ RunResult RunOne(int members, double seconds, double rate, int channels,
   r.core_fraction = (cpu1 - cpu0) / r.seconds;
   r.rss_per_member_bytes = (RssBytes(g.pid(0)) - rss0) / members;
 
-  // Crash detection at this scale: a real member process, SIGKILLed, while
-  // the M streams keep beating (it joins as a standby: every slot is held).
-  const int victim =
-      g.Spawn({SelfExe(), "--member", addr, "--token-file", token_file});
-  auto ready = g.WaitEvent(victim, "ready", absl::Seconds(60));
-  if (ready.has_value()) {
-    absl::SleepFor(absl::Milliseconds(300));  // its stream is bound
-    const uint64_t victim_id = std::stoull(ready->at("member"));
-    const int64_t kill_ms = absl::ToUnixMillis(absl::Now());
-    g.Signal(victim, SIGKILL);
-    const absl::Time deadline = absl::Now() + absl::Seconds(30);
-    while (absl::Now() < deadline && r.crash_detect_ms < 0) {
-      const StatusResponse s = Status(addr, 4);
-      for (const Incident& i : s.incidents()) {
-        if (i.member_id() == victim_id) {
-          r.crash_detect_ms =
-              static_cast<double>(i.detected_unix_ms() - kill_ms);
-        }
-      }
-      absl::SleepFor(absl::Milliseconds(5));
-    }
+  // The real host's loss, while the simulated ranks keep beating: its
+  // agent, or (direct) all its processes, SIGKILLed.
+  const int64_t lost_ms = absl::ToUnixMillis(absl::Now());
+  if (agent >= 0) {
+    g.Signal(agent, SIGKILL);
+  } else {
+    for (int m : real) g.Signal(m, SIGKILL);
   }
+  const int64_t lost = AwaitIncidents(addr, real_ids, absl::Seconds(30));
+  if (lost >= 0) r.host_loss_ms = static_cast<double>(lost - lost_ms);
+  absl::SleepFor(absl::Seconds(1));
+  // A worker's crash: its detection, and the generation it opens reaching
+  // every simulated rank.
+  const int64_t kill_ms = absl::ToUnixMillis(absl::Now());
+  const int64_t kill_ns = absl::GetCurrentTimeNanos();
+  g.Signal(victim, SIGKILL);
+  const int64_t seen = AwaitIncidents(addr, {victim_id}, absl::Seconds(30));
+  if (seen >= 0) r.crash_detect_ms = static_cast<double>(seen - kill_ms);
+  absl::SleepFor(absl::Seconds(2));
+
   std::ofstream(stop_file) << "stop\n";
-  // The round trips of heartbeats sent inside the measured window, and the
-  // sends skipped in it, from every driver.
+  // The round trips of heartbeats sent inside the measured window, the
+  // sends skipped in it, and the push, from every driver.
   std::vector<double> us;
   const int64_t from = absl::ToUnixNanos(t0), to = absl::ToUnixNanos(t1);
+  int64_t push_last = 0;
   for (int k = 0; k < procs; ++k) {
     if (!g.WaitEvent(drivers[static_cast<size_t>(k)], "done", absl::Seconds(60))
              .has_value()) {
@@ -473,10 +687,17 @@ RunResult RunOne(int members, double seconds, double rate, int channels,
     int64_t at = 0;
     double v = 0;
     while (in >> kind >> at >> v) {
+      if (kind == "push") {
+        r.push_ranks += static_cast<int64_t>(v);
+        push_last = std::max(push_last, at);
+      }
       if (at < from || at >= to) continue;
       if (kind == "lat") us.push_back(v);
       if (kind == "skip") r.skipped += static_cast<uint64_t>(v);
     }
+  }
+  if (r.push_ranks == members && push_last > 0) {
+    r.push_ms = static_cast<double>(push_last - kill_ns) / 1e6;
   }
   r.p50_ms = Percentile(us, 0.5) / 1e3;
   r.p99_ms = Percentile(us, 0.99) / 1e3;
@@ -484,17 +705,21 @@ RunResult RunOne(int members, double seconds, double rate, int channels,
   idle_load.join();
   g.Signal(0, SIGKILL);  // ends every stream at once
   idle_streams[0]->AwaitDone();
+  for (int i = 1; i < g.size(); ++i) g.Signal(i, SIGKILL);
   g.WaitAll(absl::Seconds(10));
   return r;
 }
 
-// One driver process: the streams of members part, part + parts, ... (of
-// the ids in `ids_file`), beating at `rate` until `stop_file` exists. Then
-// writes "lat <sent unix ns> <round trip us>" per ack and "skip <unix ns>
-// <count>" per second to `out`, reports done, and exits.
+// One driver process: the streams (or simulated hosts, of `per_host` ranks
+// each) of part, part + parts, ... of the ids in `ids_file`, beating at
+// `rate` until `stop_file` exists. Then writes "lat <sent unix ns> <round
+// trip us>" per probe, "skip <unix ns> <count>" per second and "push
+// <unix ns> <ranks>" (when the last of its ranks heard a new generation,
+// and how many did) to `out`, reports done, and exits.
 int DriverMode(const std::string& addr, const std::string& ids_file, int part,
                int parts, double rate, int channels, int ack_every,
-               const std::string& stop_file, const std::string& out) {
+               int per_host, const std::string& stop_file,
+               const std::string& out) {
   std::vector<uint64_t> ids;
   {
     std::ifstream in(ids_file);
@@ -515,11 +740,31 @@ int DriverMode(const std::string& addr, const std::string& ids_file, int part,
     absl::MutexLock lock(&lat.mu);
     lat.recording = true;
   }
+  PushWatch push;
   std::vector<std::unique_ptr<SimStream>> streams;
-  for (size_t j = static_cast<size_t>(part); j < ids.size();
-       j += static_cast<size_t>(parts)) {
-    streams.push_back(std::make_unique<SimStream>(
-        stubs[streams.size() % stubs.size()].get(), ids[j], &lat, ack_every));
+  std::vector<std::unique_ptr<SimHost>> hosts;
+  size_t units = 0;  // senders across all drivers
+  if (per_host > 0) {
+    units = (ids.size() + static_cast<size_t>(per_host) - 1) /
+            static_cast<size_t>(per_host);
+    for (size_t h = static_cast<size_t>(part); h < units;
+         h += static_cast<size_t>(parts)) {
+      const size_t b = h * static_cast<size_t>(per_host);
+      const size_t e = std::min(ids.size(), b + static_cast<size_t>(per_host));
+      hosts.push_back(std::make_unique<SimHost>(
+          stubs[hosts.size() % stubs.size()].get(), absl::StrCat("sim-", h),
+          std::vector<uint64_t>(ids.begin() + static_cast<ptrdiff_t>(b),
+                                ids.begin() + static_cast<ptrdiff_t>(e)),
+          &lat, ack_every, &push));
+    }
+  } else {
+    units = ids.size();
+    for (size_t j = static_cast<size_t>(part); j < ids.size();
+         j += static_cast<size_t>(parts)) {
+      streams.push_back(std::make_unique<SimStream>(
+          stubs[streams.size() % stubs.size()].get(), ids[j], &lat, ack_every,
+          &push));
+    }
   }
   std::printf("event=ready\n");  // stdout is the report pipe
   std::fflush(stdout);
@@ -528,9 +773,12 @@ int DriverMode(const std::string& addr, const std::string& ids_file, int part,
     std::ifstream stop(stop_file);
     if (stop.good()) break;
     const int64_t at = absl::GetCurrentTimeNanos();
-    const uint64_t n =
-        Drive(streams, rate, absl::Seconds(1), 1, static_cast<size_t>(part),
-              static_cast<size_t>(parts), ids.size());
+    const uint64_t n = per_host > 0 ? Drive(hosts, rate, absl::Seconds(1), 1,
+                                            static_cast<size_t>(part),
+                                            static_cast<size_t>(parts), units)
+                                    : Drive(streams, rate, absl::Seconds(1), 1,
+                                            static_cast<size_t>(part),
+                                            static_cast<size_t>(parts), units);
     skips.emplace_back(at, n);
   }
   {
@@ -540,6 +788,7 @@ int DriverMode(const std::string& addr, const std::string& ids_file, int part,
       f << "lat " << lat.sent_ns[i] << " " << lat.us[i] << "\n";
     }
     for (const auto& [at, n] : skips) f << "skip " << at << " " << n << "\n";
+    f << "push " << push.last_ns.load() << " " << push.ranks.load() << "\n";
   }
   std::printf("event=done\n");
   std::fflush(stdout);
@@ -567,13 +816,19 @@ int MemberMode(const std::string& addr, const std::string& token_file) {
 
 int main(int argc, char** argv) {
   CLI::App app{"controller heartbeat-load benchmark"};
-  std::string members_list = "1000,4000,16000";
+  std::string members_list = "16000,64000,100000";
   double seconds = 10, rate = 1;
   int channels = 64;
   int ack_every = 10;
+  int per_host = 8;
   bool as_json = false;
   std::string member_addr, token_file;
-  app.add_option("--members", members_list, "comma-separated member counts");
+  app.add_option("--members", members_list,
+                 "comma-separated rank counts (simulated members)");
+  app.add_option("--ranks-per-host", per_host,
+                 "ranks per simulated host, whose agent carries their beats "
+                 "on one stream (0: a stream per rank, the direct path)")
+      ->check(CLI::Range(0, 1024));
   app.add_option("--seconds", seconds, "measured window per count")
       ->check(CLI::Range(1.0, 3600.0));
   app.add_option("--rate", rate, "heartbeats per second per member")
@@ -604,7 +859,7 @@ int main(int argc, char** argv) {
   if (!member_addr.empty()) return MemberMode(member_addr, token_file);
   if (!driver_addr.empty()) {
     return DriverMode(driver_addr, ids_file, part, procs, rate, channels,
-                      ack_every, stop_file, out_file);
+                      ack_every, per_host, stop_file, out_file);
   }
 
   std::vector<int> counts;
@@ -621,24 +876,35 @@ int main(int argc, char** argv) {
   json out = json::array();
   if (!as_json) {
     std::printf(
-        "controller pinned to 1 core; %d cores here; %g Hz per member; "
+        "controller pinned to 1 core; %d cores here; %g Hz per rank; %s; "
         "%d client connections from %d driver processes; latency probes on "
         "1 heartbeat in %d\n",
-        cpus, rate, channels, procs, ack_every);
-    std::printf("%8s %10s %9s %9s %9s %9s %10s %10s %11s %9s\n", "members",
+        cpus, rate,
+        per_host > 0
+            ? absl::StrCat(per_host, " ranks per host, one agent stream each")
+                  .c_str()
+            : "a stream per rank (direct)",
+        channels, procs, ack_every);
+    std::printf("%8s %10s %9s %9s %9s %9s %10s %10s %9s %9s %9s %9s\n", "ranks",
                 "hb/s", "cpu us/hb", "core use", "p50 ms", "p99 ms", "idle p99",
-                "p99/idle", "B/member", "crash ms");
+                "p99/idle", "B/rank", "crash ms", "push ms", "host ms");
   }
   for (int m : counts) {
-    RunResult r = RunOne(m, seconds, rate, channels, cpus, ack_every, procs);
+    RunResult r =
+        RunOne(m, per_host, seconds, rate, channels, cpus, ack_every, procs);
     const double ratio = r.idle_p99_ms > 0 ? r.p99_ms / r.idle_p99_ms : 0;
     // Of the offered load (M members at the rate), the share handled.
     const double handled = r.heartbeats / r.seconds / (m * rate);
+    const bool fast = r.crash_detect_ms >= 0 && r.crash_detect_ms < 1000 &&
+                      r.push_ms >= 0 && r.push_ms < 1000 &&
+                      r.host_loss_ms >= 0 && r.host_loss_ms < 1000;
     if (as_json) {
-      out.push_back({{"members", r.members},
+      out.push_back({{"ranks", r.members},
+                     {"ranks_per_host", r.ranks_per_host},
                      {"seconds", r.seconds},
                      {"heartbeats", r.heartbeats},
                      {"heartbeats_per_s", r.heartbeats / r.seconds},
+                     {"handled_fraction", handled},
                      {"cpu_us_per_heartbeat", r.cpu_us_per_hb},
                      {"controller_core_fraction", r.core_fraction},
                      {"p50_ms", r.p50_ms},
@@ -646,19 +912,27 @@ int main(int argc, char** argv) {
                      {"idle_p50_ms", r.idle_p50_ms},
                      {"idle_p99_ms", r.idle_p99_ms},
                      {"p99_over_idle_p99", ratio},
-                     {"rss_bytes_per_member", r.rss_per_member_bytes},
+                     {"rss_bytes_per_rank", r.rss_per_member_bytes},
                      {"crash_detect_ms", r.crash_detect_ms},
+                     {"push_ms", r.push_ms},
+                     {"push_ranks", r.push_ranks},
+                     {"host_loss_ms", r.host_loss_ms},
                      {"skipped_sends", r.skipped},
                      {"controller_pinned", r.pinned},
                      {"driver_processes", procs},
                      {"goal_met", handled >= 0.99 && r.core_fraction < 1.0 &&
-                                      r.p99_ms < 10.0}});
+                                      r.p99_ms < 10.0 && fast}});
     } else {
       std::printf(
-          "%8d %10.0f %9.1f %9.3f %9.2f %9.2f %10.2f %10.2f %11.0f %9.0f\n",
+          "%8d %10.0f %9.1f %9.3f %9.2f %9.2f %10.2f %10.2f %9.0f %9.0f %9.0f "
+          "%9.0f\n",
           r.members, r.heartbeats / r.seconds, r.cpu_us_per_hb, r.core_fraction,
           r.p50_ms, r.p99_ms, r.idle_p99_ms, ratio, r.rss_per_member_bytes,
-          r.crash_detect_ms);
+          r.crash_detect_ms, r.push_ms, r.host_loss_ms);
+      if (r.push_ranks != m) {
+        std::printf("         (push: %lld of %d ranks heard the generation)\n",
+                    static_cast<long long>(r.push_ranks), m);
+      }
       if (r.skipped > 0) {
         std::printf("         (%llu sends skipped: previous write in flight)\n",
                     static_cast<unsigned long long>(r.skipped));

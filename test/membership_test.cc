@@ -559,9 +559,12 @@ TEST_CASE(
   CHECK(job.sinks[3]->LastUpdate()->role() == ROLE_WORKER);
   CHECK(job.m.world_size() == 3);
   job.m.Detach(job.ids[1], job.sinks[1].get(), false, false, "reset", t);
-  // No standby left: slot 2 becomes slot 1 of 2.
+  // No standby left: slot 2 becomes slot 1 of 2. The push counts the
+  // slots removed and does not list every renumbered one.
   CHECK(job.sinks[2]->LastUpdate()->slot() == 1);
   CHECK(job.sinks[2]->LastUpdate()->world_size() == 2);
+  CHECK(job.sinks[2]->LastUpdate()->slots_removed() == 1);
+  CHECK(job.sinks[2]->LastUpdate()->changes_size() == 0);
   CHECK(job.sinks[2]->End() == nullptr);
   const size_t before = job.sinks[3]->pushed.size();
   job.m.Detach(job.ids[2], job.sinks[2].get(), false, false, "reset", t);

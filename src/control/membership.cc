@@ -288,7 +288,7 @@ absl::StatusOr<RegisterResponse> Membership::Register(
       generation_ = req.generation();
       acks_.clear();
       // Members that registered afresh meanwhile learn the generation.
-      BroadcastGenerationLocked({}, nullptr, now);
+      BroadcastGenerationLocked({}, 0, nullptr, now);
     }
     const Member& m = AddMemberLocked(id, req, req.slot(), now);
     HOLDFAST_LOG_INFO("member {} ({}, pid {}) resumed as {} at generation {}",
@@ -715,6 +715,7 @@ void Membership::OpenGenerationLocked(int lost_slot,
   acks_.clear();
   for (auto& [id, m] : members_) m.work_us.clear();
   std::vector<SlotChange> changes;
+  int removed = 0;  // slots a shrink took away
   if (lost_slot >= 0 && !policy_.shrink && !standbys_.empty()) {
     // Replace: the standby that waited longest takes the slot, preferring
     // one in the same topology block so communication groups stay compact.
@@ -745,17 +746,12 @@ void Membership::OpenGenerationLocked(int lost_slot,
     for (uint64_t id : slots_) {
       if (id != 0) survivors.push_back(id);
     }
+    removed = static_cast<int>(slots_.size() - survivors.size());
     slots_ = survivors;
     vacant_.clear();
     world_size_ = static_cast<int>(survivors.size());
     for (int i = 0; i < world_size_; ++i) {
-      Member& w = members_.at(survivors[static_cast<size_t>(i)]);
-      if (w.slot != i) {
-        SlotChange& c = changes.emplace_back();
-        c.set_slot(i);
-        c.set_member_id(w.id);
-      }
-      w.slot = i;
+      members_.at(survivors[static_cast<size_t>(i)]).slot = i;
     }
     if (world_size_ >= policy_.min_world) {  // else the job stops (below)
       HOLDFAST_LOG_INFO(
@@ -780,7 +776,7 @@ void Membership::OpenGenerationLocked(int lost_slot,
                               policy_.min_world, " (", abort.reason(), ")"));
     return;
   }
-  BroadcastGenerationLocked(changes, &abort, now);
+  BroadcastGenerationLocked(changes, removed, &abort, now);
 }
 
 void Membership::EndJobLocked(JobState state, std::string reason) {
@@ -825,8 +821,8 @@ bool Membership::ResizeLocked(int world_size) {
 }
 
 void Membership::BroadcastGenerationLocked(
-    const std::vector<SlotChange>& changes, const AbortOrder* abort,
-    absl::Time now) {
+    const std::vector<SlotChange>& changes, int removed,
+    const AbortOrder* abort, absl::Time now) {
   if (now < last_broadcast_ + detection_.push_merge || merge_.has_value()) {
     // Merged with the generations that follow it within push_merge: one
     // push of the newest (FlushPushes), with every slot change since the
@@ -835,15 +831,17 @@ void Membership::BroadcastGenerationLocked(
     if (!merge_.has_value()) merge_.emplace();
     for (const SlotChange& c : changes)
       merge_->changes[c.slot()] = c.member_id();
+    merge_->removed += removed;
     if (abort != nullptr && !merge_->abort.has_value()) merge_->abort = *abort;
     ++merge_->generations;
     return;
   }
-  PushGenerationLocked(changes, abort, now);
+  PushGenerationLocked(changes, removed, abort, now);
 }
 
 void Membership::PushGenerationLocked(const std::vector<SlotChange>& changes,
-                                      const AbortOrder* abort, absl::Time now) {
+                                      int removed, const AbortOrder* abort,
+                                      absl::Time now) {
   last_broadcast_ = now;
   HeartbeatResponse msg;
   MembershipUpdate* u = msg.mutable_membership();
@@ -853,6 +851,7 @@ void Membership::PushGenerationLocked(const std::vector<SlotChange>& changes,
   u->set_rollback(rollback_pending_);
   FillSkipData(u->mutable_skip_data());
   for (const SlotChange& c : changes) *u->add_changes() = c;
+  u->set_slots_removed(removed);
   if (abort != nullptr) *msg.mutable_abort() = *abort;
   for (auto& [id, m] : members_) {
     if (m.state != STATE_ALIVE || m.sink == nullptr) continue;
@@ -890,7 +889,8 @@ void Membership::FlushPushes(absl::Time now) {
         generation_, m.generations,
         absl::FormatDuration(detection_.push_merge));
   }
-  PushGenerationLocked(changes, m.abort.has_value() ? &*m.abort : nullptr, now);
+  PushGenerationLocked(changes, m.removed,
+                       m.abort.has_value() ? &*m.abort : nullptr, now);
 }
 
 }  // namespace holdfast::control

@@ -357,10 +357,12 @@ class Membership {
   // abort order when `abort` is set.
   // Merges it with the generations opened within push_merge of the last
   // push (FlushPushes sends them as one).
+  // `removed`: slots a shrink took away (MembershipUpdate.slots_removed).
   void BroadcastGenerationLocked(const std::vector<SlotChange>& changes,
-                                 const AbortOrder* abort, absl::Time now)
+                                 int removed, const AbortOrder* abort,
+                                 absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void PushGenerationLocked(const std::vector<SlotChange>& changes,
+  void PushGenerationLocked(const std::vector<SlotChange>& changes, int removed,
                             const AbortOrder* abort, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void VacateLocked(Member& m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -467,6 +469,7 @@ class Membership {
   struct Merge {
     std::map<int, uint64_t> changes;  // slot -> member, the latest
     std::optional<AbortOrder> abort;  // the first
+    int removed = 0;                  // slots shrinks took away
     int generations = 0;
   };
   std::optional<Merge> merge_ ABSL_GUARDED_BY(mu_);
