@@ -405,8 +405,11 @@ absl::Status Membership::Heartbeat(const HeartbeatRequest& req,
   if (r.last_step_us() > 0) mem.last_step_us = r.last_step_us();
   if (r.step_end() && r.last_step_us() > 0 && mem.role == ROLE_WORKER &&
       detection_.straggler_window > 0) {
-    if (!mem.work_us.empty() && mem.work_us.back().first >= r.step()) {
-      mem.work_us.clear();  // steps redone after a rollback
+    if (mem.work_generation != generation_ ||
+        (!mem.work_us.empty() && mem.work_us.back().first >= r.step())) {
+      mem.work_us
+          .clear();  // a new generation, or steps redone after a rollback
+      mem.work_generation = generation_;
     }
     stragglers_dirty_ = true;
     mem.work_us.emplace_back(
@@ -713,7 +716,7 @@ void Membership::OpenGenerationLocked(int lost_slot,
   abort.set_generation(generation_);
   ++generation_;
   acks_.clear();
-  for (auto& [id, m] : members_) m.work_us.clear();
+  // Every member's work_us is stale now (Member::work_generation).
   std::vector<SlotChange> changes;
   int removed = 0;  // slots a shrink took away
   if (lost_slot >= 0 && !policy_.shrink && !standbys_.empty()) {
@@ -843,6 +846,8 @@ void Membership::PushGenerationLocked(const std::vector<SlotChange>& changes,
                                       int removed, const AbortOrder* abort,
                                       absl::Time now) {
   last_broadcast_ = now;
+  const absl::Time began = absl::Now();
+  size_t pushed = 0;
   HeartbeatResponse msg;
   MembershipUpdate* u = msg.mutable_membership();
   u->set_generation(generation_);
@@ -858,6 +863,11 @@ void Membership::PushGenerationLocked(const std::vector<SlotChange>& changes,
     u->set_role(m.role);
     u->set_slot(m.slot);
     m.sink->Push(msg);
+    ++pushed;
+  }
+  if (pushed >= 10000) {
+    HOLDFAST_LOG_INFO("generation {}: pushed to {} members in {}", generation_,
+                      pushed, absl::FormatDuration(absl::Now() - began));
   }
 }
 

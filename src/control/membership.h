@@ -290,6 +290,9 @@ class Membership {
     // Its own work (step time less time inside collectives) of its last
     // steps, by step number, oldest first; cleared at each generation.
     std::deque<std::pair<int64_t, int64_t>> work_us;
+    // The generation work_us belongs to (older: it is empty, as if
+    // cleared when the generation opened).
+    int64_t work_generation = -1;
     // The generation in which it was last reported a straggler.
     int64_t straggler_generation = -1;
     // Why and when it was declared dead.

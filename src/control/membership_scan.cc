@@ -296,6 +296,7 @@ void Membership::ScanStragglersLocked(absl::Time now) {
   const size_t n = workers.size();
   std::map<int64_t, std::vector<int64_t>> by_step;
   for (size_t i = 0; i < n; ++i) {
+    if (workers[i]->work_generation != generation_) return;  // none yet
     for (const auto& [step, us] : workers[i]->work_us) {
       std::vector<int64_t>& v = by_step[step];
       v.resize(n, -1);
