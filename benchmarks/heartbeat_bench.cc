@@ -407,7 +407,7 @@ int64_t AwaitIncidents(const std::string& addr,
   const absl::Time deadline = absl::Now() + timeout;
   while (absl::Now() < deadline) {
     StatusRequest req;
-    req.set_max_incidents(64);
+    req.set_max_incidents(1024);  // all the controller keeps
     // A controller busy with a push to every rank answers late.
     auto got = FetchStatus({addr, kToken, absl::Seconds(60)}, req);
     if (!got.ok()) {

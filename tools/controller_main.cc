@@ -99,7 +99,13 @@ int main(int argc, char** argv) {
   app.add_option("--rendezvous-timeout-ms", rendezvous_timeout_ms,
                  "... and one that still heartbeats, after this long")
       ->check(CLI::Range(int64_t{10}, int64_t{86400000}));
+  int64_t push_merge_ms = absl::ToInt64Milliseconds(detection.push_merge);
+  app.add_option("--push-merge-ms", push_merge_ms,
+                 "generations opened within this of the last push go to the "
+                 "members as one push (0: each at once)")
+      ->check(CLI::Range(int64_t{0}, int64_t{10000}));
   CLI11_PARSE(app, argc, argv);
+  detection.push_merge = absl::Milliseconds(push_merge_ms);
   detection.rendezvous_grace = absl::Milliseconds(rendezvous_grace_ms);
   detection.rendezvous_timeout = absl::Milliseconds(rendezvous_timeout_ms);
   detection.heartbeat_interval = absl::Milliseconds(heartbeat_ms);

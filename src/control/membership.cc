@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "src/common/logging.h"
 #include "src/control/duration_text.h"
+#include "src/control/push_burst.h"
 
 namespace holdfast::control {
 namespace {
@@ -858,12 +859,15 @@ void Membership::PushGenerationLocked(const std::vector<SlotChange>& changes,
   for (const SlotChange& c : changes) *u->add_changes() = c;
   u->set_slots_removed(removed);
   if (abort != nullptr) *msg.mutable_abort() = *abort;
-  for (auto& [id, m] : members_) {
-    if (m.state != STATE_ALIVE || m.sink == nullptr) continue;
-    u->set_role(m.role);
-    u->set_slot(m.slot);
-    m.sink->Push(msg);
-    ++pushed;
+  {
+    PushBurst burst;  // one write per host agent's stream
+    for (auto& [id, m] : members_) {
+      if (m.state != STATE_ALIVE || m.sink == nullptr) continue;
+      u->set_role(m.role);
+      u->set_slot(m.slot);
+      m.sink->Push(msg);
+      ++pushed;
+    }
   }
   if (pushed >= 10000) {
     HOLDFAST_LOG_INFO("generation {}: pushed to {} members in {}", generation_,

@@ -23,6 +23,7 @@
 #include "src/control/controller.grpc.pb.h"
 #include "src/control/diagnosis.h"
 #include "src/control/member_stream.h"
+#include "src/control/push_burst.h"
 #include "src/store/keys.h"
 
 namespace holdfast::control {
@@ -260,7 +261,20 @@ class HostReactor final
       absl::MutexLock lock(&mu_);
       if (finishing_) return;
       MergePush(msg, &pending_[id]);
-      if (writing_ || !TakePendingLocked()) return;
+      if (writing_) return;
+      // In a push to every member, the host's members go in one write.
+      if (PushBurst::Defer(this, [this] { Kick(); })) return;
+      if (!TakePendingLocked()) return;
+      writing_ = true;
+    }
+    StartWrite(&out_);
+  }
+
+  // Starts a write of what pends, unless one is in flight.
+  void Kick() {
+    {
+      absl::MutexLock lock(&mu_);
+      if (writing_ || finishing_ || !TakePendingLocked()) return;
       writing_ = true;
     }
     StartWrite(&out_);
