@@ -8,20 +8,21 @@
 //   - with --ranks-per-host 0, as N streams of their own (Heartbeat), the
 //     members' direct path and this benchmark's baseline.
 // Beats ask for acks (latency probes) 1 in --ack-every. Besides the
-// simulated ranks, one real host joins: R real member processes (this
-// binary in --member mode, using MemberClient), behind a real
-// holdfast-agent (or, with --ranks-per-host 0, directly). It reports:
+// simulated ranks, real processes join (this binary in --member mode,
+// using MemberClient): a victim worker behind a holdfast-agent of its own,
+// and a real host of R standbys behind another (with --ranks-per-host 0,
+// all directly). It reports:
 //   - controller CPU per rank heartbeat and the fraction of its one core
 //   - p50/p99 round trip of a probe (send to ack, measured here: an upper
 //     bound on the controller's handling latency), and the ratio to the
 //     same figure for a single idle stream measured first in the same run
 //   - controller memory per rank (RSS growth / N)
-//   - crash detection: one real member SIGKILLed, from the kill to the
+//   - host loss: the real host's agent SIGKILLed (direct: all its member
+//     processes), from the kill to the last of its members' incidents
+//   - crash detection: the victim SIGKILLed, from the kill to the
 //     controller's incident
 //   - push: from that kill to the moment every simulated rank has received
-//     the generation it opened
-//   - host loss: the real host's agent SIGKILLed (direct: all its member
-//     processes), from the kill to the last of its members' incidents.
+//     the generation it opened.
 //
 // The JSON's goal_met: at least 99 % of the offered heartbeats handled, the
 // controller under one core, p99 under 10 ms, crash, push and host loss

@@ -1,8 +1,8 @@
 """Console scripts of an installed package: the bundled binaries.
 
-`pip install .` puts holdfast-run, holdfast-controller and holdfast (the
-CLI) into holdfast/bin/; these entry points run them with the same
-arguments, replacing the Python process."""
+`pip install .` puts holdfast-run, holdfast-controller, holdfast-agent and
+holdfast (the CLI) into holdfast/bin/; these entry points run them with the
+same arguments, replacing the Python process."""
 
 import os
 import sys
@@ -24,6 +24,10 @@ def run():
 
 def controller():
     _exec("holdfast-controller")
+
+
+def agent():
+    _exec("holdfast-agent")
 
 
 def cli():

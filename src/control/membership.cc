@@ -594,6 +594,7 @@ void Membership::MaybeCommitLocked() {
   acks_.erase(acks_.begin(), acks_.upper_bound(newest));
   HeartbeatResponse msg;
   msg.set_committed_step(newest);
+  PushBurst burst;  // one write per host agent's stream
   for (auto& [id, m] : members_) {
     if (m.state == STATE_ALIVE && m.sink != nullptr) m.sink->Push(msg);
   }
@@ -795,6 +796,7 @@ void Membership::EndJobLocked(JobState state, std::string reason) {
   HeartbeatResponse msg;
   msg.mutable_job_end()->set_state(state);
   msg.mutable_job_end()->set_reason(job_reason_);
+  PushBurst burst;  // one write per host agent's stream
   for (auto& [id, m] : members_) {
     if (m.state == STATE_ALIVE && m.sink != nullptr) m.sink->Push(msg);
   }
