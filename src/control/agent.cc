@@ -30,21 +30,6 @@ namespace {
 // Beats waiting for the next flush, at most; more flush at once.
 constexpr size_t kMaxPendingBeats = 4096;
 
-std::shared_ptr<grpc::Channel> ControllerChannel(const std::string& address) {
-  grpc::ChannelArguments args;
-  // As a member's channel (src/control/member.cc): find a restarted
-  // controller quickly, and notice a frozen one without traffic.
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  args.SetMaxReceiveMessageSize(-1);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
-                                   args);
-}
-
 class AgentImpl;
 
 // The controller's interface, served to the host's members: heartbeat
@@ -104,11 +89,7 @@ class AgentService final : public Controller::CallbackService {
   }
 
   bool Authorized(grpc::CallbackServerContext* ctx) const {
-    const auto& md = ctx->client_metadata();
-    auto it = md.find(kTokenMetadataKey);
-    return it != md.end() &&
-           TokensEqual(absl::string_view(it->second.data(), it->second.size()),
-                       token_);
+    return HasToken(*ctx, token_);
   }
 
  private:

@@ -41,20 +41,6 @@ bool IsFinal(absl::StatusCode c) {
          c == absl::StatusCode::kInvalidArgument;
 }
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
-  grpc::ChannelArguments args;
-  // Find a restarted controller quickly (gRPC's default back-off reaches
-  // two minutes), and notice a frozen one without traffic.
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
-                                   args);
-}
-
 class MemberClientImpl final : public MemberClient {
  public:
   MemberClientImpl(MemberOptions o, MemberCallbacks cb,
@@ -612,7 +598,7 @@ absl::StatusOr<std::unique_ptr<MemberClient>> MemberClient::Join(
   if (options.preferred_slot.has_value()) {
     req.set_preferred_slot(*options.preferred_slot);
   }
-  auto stub = Controller::NewStub(MakeChannel(options.client.address));
+  auto stub = Controller::NewStub(ControllerChannel(options.client.address));
   RegisterResponse resp;
   const absl::Time asked_at = absl::Now();
   auto ctx =

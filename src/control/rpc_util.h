@@ -1,5 +1,6 @@
-// Helpers shared by the controller's clients: status translation and call
-// contexts that carry the job token. Thread-safe (pure functions).
+// Helpers shared by the controller's clients and servers: status
+// translation, call contexts that carry the job token, the channel to the
+// controller and the token check. Thread-safe (pure functions).
 #ifndef HOLDFAST_SRC_CONTROL_RPC_UTIL_H_
 #define HOLDFAST_SRC_CONTROL_RPC_UTIL_H_
 
@@ -33,6 +34,32 @@ inline std::unique_ptr<grpc::ClientContext> TokenContext(
     ctx->set_deadline(absl::ToChronoTime(deadline));
   }
   return ctx;
+}
+
+// A channel to the controller, for a member or a host agent: it finds a
+// restarted controller quickly (gRPC's default back-off reaches two
+// minutes), and notices a frozen one without traffic.
+inline std::shared_ptr<grpc::Channel> ControllerChannel(
+    const std::string& address) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
+                                   args);
+}
+
+// Whether a call on the serving side carries `token`.
+inline bool HasToken(const grpc::CallbackServerContext& ctx,
+                     const std::string& token) {
+  const auto& md = ctx.client_metadata();
+  auto it = md.find(kTokenMetadataKey);
+  return it != md.end() &&
+         TokensEqual(absl::string_view(it->second.data(), it->second.size()),
+                     token);
 }
 
 }  // namespace holdfast::control

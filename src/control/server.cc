@@ -24,6 +24,7 @@
 #include "src/control/diagnosis.h"
 #include "src/control/member_stream.h"
 #include "src/control/push_burst.h"
+#include "src/control/rpc_util.h"
 #include "src/store/keys.h"
 
 namespace holdfast::control {
@@ -580,11 +581,7 @@ class Service final : public Controller::CallbackService {
 
  private:
   bool Authorized(grpc::CallbackServerContext* ctx) const {
-    const auto& md = ctx->client_metadata();
-    auto it = md.find(kTokenMetadataKey);
-    return it != md.end() &&
-           TokensEqual(absl::string_view(it->second.data(), it->second.size()),
-                       token_);
+    return HasToken(*ctx, token_);
   }
 
   // Finishes a unary call at once: Unauthenticated without the right
