@@ -196,19 +196,16 @@ class AgentImpl final : public HostAgent, public BeatHandler {
       return absl::UnavailableError(
           "the host agent is stopping; resume through the next one");
     }
+    // A refused stream leaves no entry: every entry has a sink.
+    auto found = local_.find(req.member_id());
+    MemberSink* current = found == local_.end() ? nullptr : found->second.sink;
+    absl::StatusOr<bool> bound = BindStream(&current, sink);
+    if (!bound.ok()) return bound.status();
     Local& l = local_[req.member_id()];
-    bool urgent = false;
-    if (l.sink != sink) {
-      if (sink->Closed()) {
-        return absl::AbortedError("this stream was superseded by a newer one");
-      }
-      if (l.sink != nullptr) {
-        l.sink->Close(absl::AbortedError("superseded by a newer stream"));
-      }
-      l.sink = sink;
-      l.plain_epoch = -1;
-      urgent = true;  // the first message binds the stream
-    }
+    l.sink = current;
+    // The first message binds the stream, and goes at once.
+    bool urgent = *bound;
+    if (*bound) l.plain_epoch = -1;
     const StepReport& r = req.report();
     if (req.generation() > l.generation ||
         (r.has_rendezvous_generation() &&

@@ -373,19 +373,12 @@ absl::Status Membership::Heartbeat(const HeartbeatRequest& req,
         "generation ", req.generation(),
         " is not one this controller opened (current ", generation_, ")"));
   }
-  if (mem.sink != sink) {
-    // A heartbeat that a superseded stream read before it was closed must
-    // not take the member back from the newer stream.
-    if (sink->Closed()) {
-      return absl::AbortedError("this stream was superseded by a newer one");
-    }
-    if (mem.sink != nullptr) {
-      mem.sink->Close(absl::AbortedError("superseded by a newer stream"));
-    }
-    mem.sink = sink;
+  absl::StatusOr<bool> bound = BindStream(&mem.sink, sink);
+  if (!bound.ok()) return bound.status();
+  if (*bound && committed_step_ >= 0) {
     // A new stream learns the committed step it may have missed while it
     // was not bound (a commit is pushed only to bound streams).
-    if (committed_step_ >= 0) PushCommittedLocked(sink);
+    PushCommittedLocked(sink);
   }
   ++heartbeats_total_;
   if (observer_ != nullptr) observer_->OnHeartbeat();
@@ -408,8 +401,8 @@ absl::Status Membership::Heartbeat(const HeartbeatRequest& req,
       detection_.straggler_window > 0) {
     if (mem.work_generation != generation_ ||
         (!mem.work_us.empty() && mem.work_us.back().first >= r.step())) {
-      mem.work_us
-          .clear();  // a new generation, or steps redone after a rollback
+      // A new generation, or steps redone after a rollback.
+      mem.work_us.clear();
       mem.work_generation = generation_;
     }
     stragglers_dirty_ = true;
@@ -437,6 +430,18 @@ absl::Status Membership::Heartbeat(const HeartbeatRequest& req,
     }
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<bool> BindStream(MemberSink** bound, MemberSink* sink) {
+  if (*bound == sink) return false;
+  if (sink->Closed()) {
+    return absl::AbortedError("this stream was superseded by a newer one");
+  }
+  if (*bound != nullptr) {
+    (*bound)->Close(absl::AbortedError("superseded by a newer stream"));
+  }
+  *bound = sink;
+  return true;
 }
 
 void Membership::Unbind(uint64_t member_id, MemberSink* sink) {

@@ -164,6 +164,13 @@ class MemberSink {
   virtual bool Closed() const = 0;
 };
 
+// A member's message on `sink` while `*bound` carries it: makes `sink` the
+// member's stream, closing the one it supersedes. Aborted, and nothing
+// changes, if `sink` was closed itself (a message a superseded stream read
+// before it was closed must not take the member back). Returns whether
+// `sink` is newly bound.
+absl::StatusOr<bool> BindStream(MemberSink** bound, MemberSink* sink);
+
 // Metrics hooks; called with the Membership mutex held.
 class MembershipObserver {
  public:

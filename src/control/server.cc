@@ -141,10 +141,9 @@ class HostReactor final
     for (const MemberGone& g : req_.gone()) {
       Sink* sink = Find(g.member_id());
       if (sink == nullptr || !Drop(sink)) continue;
-      membership_->Detach(
+      feed_->OnGone(
           g.member_id(), sink, g.leaving(), g.finished(),
-          absl::StrCat("on host agent ", host_, ": ", g.why().substr(0, 256)),
-          now);
+          absl::StrCat("on host agent ", host_, ": ", g.why().substr(0, 256)));
     }
     heard_at_ = now;
     if (req_.handover()) {
@@ -262,13 +261,9 @@ class HostReactor final
       absl::MutexLock lock(&mu_);
       if (finishing_) return;
       MergePush(msg, &pending_[id]);
-      if (writing_) return;
-      // In a push to every member, the host's members go in one write.
-      if (PushBurst::Defer(this, [this] { Kick(); })) return;
-      if (!TakePendingLocked()) return;
-      writing_ = true;
     }
-    StartWrite(&out_);
+    // In a push to every member, the host's members go in one write.
+    if (!PushBurst::Defer(this, [this] { Kick(); })) Kick();
   }
 
   // Starts a write of what pends, unless one is in flight.
@@ -292,10 +287,8 @@ class HostReactor final
       c.set_code(static_cast<int32_t>(status.code()));
       c.set_message(std::string(status.message()));
       closes_.push_back(std::move(c));
-      if (writing_ || !TakePendingLocked()) return;
-      writing_ = true;
     }
-    StartWrite(&out_);
+    Kick();
   }
 
   void FinishStream(const absl::Status& status) {
