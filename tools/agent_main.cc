@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "src/common/file_util.h"
 #include "src/common/logging.h"
 #include "src/control/agent.h"
 #include "src/control/auth.h"
@@ -77,18 +78,11 @@ int main(int argc, char** argv) {
                  agent.status().ToString().c_str());
     return 1;
   }
-  if (!address_file.empty()) {
-    // Write then rename, so a reader never sees a partial address.
-    const std::string tmp = address_file + ".tmp";
-    FILE* f = std::fopen(tmp.c_str(), "w");
-    if (f == nullptr ||
-        std::fprintf(f, "%s\n", (*agent)->address().c_str()) < 0 ||
-        std::fclose(f) != 0 ||
-        std::rename(tmp.c_str(), address_file.c_str()) != 0) {
-      std::fprintf(stderr, "holdfast-agent: cannot write --address-file %s\n",
-                   address_file.c_str());
-      return 1;
-    }
+  if (!address_file.empty() && !holdfast::WriteFileAtomically(
+                                   address_file, (*agent)->address() + "\n")) {
+    std::fprintf(stderr, "holdfast-agent: cannot write --address-file %s\n",
+                 address_file.c_str());
+    return 1;
   }
   int sig = 0;
   sigwait(&stop, &sig);

@@ -14,6 +14,8 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
+#include "absl/strings/str_cat.h"
+#include "src/common/file_util.h"
 #include "src/common/logging.h"
 #include "src/control/auth.h"
 #include "src/control/server.h"
@@ -143,17 +145,12 @@ int main(int argc, char** argv) {
                  server.status().ToString().c_str());
     return 1;
   }
-  if (!port_file.empty()) {
-    // Write then rename, so a reader never sees a partial number.
-    const std::string tmp = port_file + ".tmp";
-    FILE* f = std::fopen(tmp.c_str(), "w");
-    if (f == nullptr || std::fprintf(f, "%d\n", (*server)->port()) < 0 ||
-        std::fclose(f) != 0 ||
-        std::rename(tmp.c_str(), port_file.c_str()) != 0) {
-      std::fprintf(stderr, "holdfast-controller: cannot write --port-file %s\n",
-                   port_file.c_str());
-      return 1;
-    }
+  if (!port_file.empty() &&
+      !holdfast::WriteFileAtomically(port_file,
+                                     absl::StrCat((*server)->port(), "\n"))) {
+    std::fprintf(stderr, "holdfast-controller: cannot write --port-file %s\n",
+                 port_file.c_str());
+    return 1;
   }
   HOLDFAST_LOG_INFO("controller ready at {} for a world of {}",
                     (*server)->address(), world_size);

@@ -29,6 +29,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "src/checkpoint/pieces.h"
+#include "src/common/file_util.h"
 #include "src/control/client.h"
 #include "src/control/membership.h"
 #include "src/control/server.h"
@@ -277,15 +278,9 @@ void Launcher::WriteMembers(const StatusResponse& s) {
       {"committed_step", s.committed_step()},
       {"processes", procs},
       {"members", members}};
-  const std::string path = absl::StrCat(log_dir_, "/members.json");
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp);
-    f << j.dump() << "\n";
-    if (!f) return;
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
+  // Best effort: the next refresh writes it again.
+  (void)WriteFileAtomically(absl::StrCat(log_dir_, "/members.json"),
+                            j.dump() + "\n");
 }
 
 absl::StatusOr<std::string> Launcher::ChooseCheckpointDir(
