@@ -194,6 +194,46 @@ TEST_CASE("a Gloo communicator says its buffers are host memory") {
   CHECK(comm->memory() == holdfast::MemoryKind::kHost);
 }
 
+TEST_CASE(
+    "on_queued is called once per op, before its Work finishes, with no "
+    "stream on a host backend") {
+  auto comm = Solo();
+  struct Calls {
+    absl::Mutex mu;
+    std::vector<void*> streams;
+  };
+  auto calls = std::make_shared<Calls>();
+  OpOptions o;
+  o.on_queued = [calls](void* stream) {
+    absl::MutexLock lock(&calls->mu);
+    calls->streams.push_back(stream);
+  };
+  auto count = [&] {
+    absl::MutexLock lock(&calls->mu);
+    return calls->streams.size();
+  };
+  float x[4] = {1, 2, 3, 4};
+  // A completed op, a refused one (a null buffer), a barrier, and one
+  // issued after an abort: each calls it once, with null (Gloo has no
+  // stream), by the time its Work has finished.
+  std::shared_ptr<Work> w =
+      comm->AllReduce(x, 4, DataType::kFloat32, ReduceOp::kSum, o);
+  CHECK(w->Wait().ok());
+  CHECK(count() == 1);
+  w = comm->AllReduce(nullptr, 4, DataType::kFloat32, ReduceOp::kSum, o);
+  CHECK(w->IsCompleted());
+  CHECK(absl::IsInvalidArgument(w->Wait()));
+  CHECK(count() == 2);
+  CHECK(comm->Barrier(o)->Wait().ok());
+  CHECK(count() == 3);
+  comm->Abort("test");
+  w = comm->AllReduce(x, 4, DataType::kFloat32, ReduceOp::kSum, o);
+  CHECK(absl::IsAborted(w->Wait()));
+  CHECK(count() == 4);
+  absl::MutexLock lock(&calls->mu);
+  for (void* s : calls->streams) CHECK(s == nullptr);
+}
+
 TEST_CASE("every op is traced with its sequence number and states") {
   auto comm = Solo();
   int32_t v[5] = {};

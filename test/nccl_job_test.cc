@@ -54,23 +54,24 @@ using holdfast::test::Launch;
 const std::vector<std::string> kTrainer = {"--steps", "30"};
 
 std::string Reference(const std::vector<std::string>& trainer) {
-  JobRun r = Launch({"-n", "2"}, trainer);
+  JobRun r = Launch({"-n", "3"}, trainer);
   REQUIRE(r.rc == 0);
-  CheckFinished(r, 2, 30);
+  CheckFinished(r, 3, 30);
   CHECK(r.summary["incidents"].empty());
   return r.hashes[0];
 }
 
-// A run of holdfast-run `args` (2 slots, 1 standby, one fault) ends with
-// both slots at step 30, the fault-free run's hash and one incident of
-// `kind`.
+// A run of holdfast-run `args` (3 slots, 1 standby, one fault: on two a
+// sum's operands commute, and an order that changed would go unseen) ends
+// with every slot at step 30, the fault-free run's hash and one incident
+// of `kind`.
 void ExpectFaultFreeHash(const std::vector<std::string>& args,
                          const std::vector<std::string>& trainer,
                          const std::string& kind) {
   const std::string ref = Reference(trainer);
   JobRun r = Launch(args, trainer);
   CHECK(r.rc == 0);
-  CheckFinished(r, 2, 30);
+  CheckFinished(r, 3, 30);
   CHECK(r.hashes[0] == ref);
   CHECK_KINDS(r, {kind});
 }
@@ -82,7 +83,7 @@ TEST_CASE(
     "its fault-free hash",
     "[gpu]") {
   ExpectFaultFreeHash(
-      {"-n", "2", "--standby", "1", "--inject", "kill:slot=1:step=10"},
+      {"-n", "3", "--standby", "1", "--inject", "kill:slot=1:step=10"},
       kTrainer, "crashed");
 }
 
@@ -90,7 +91,7 @@ TEST_CASE(
     "nccl job: a frozen rank 0 is declared silent, replaced, and the "
     "NCCL run ends with its fault-free hash",
     "[gpu]") {
-  ExpectFaultFreeHash({"-n", "2", "--standby", "1", "--silent-after-ms", "1500",
+  ExpectFaultFreeHash({"-n", "3", "--standby", "1", "--silent-after-ms", "1500",
                        "--inject", "hang:slot=0:step=10"},
                       kTrainer, "silent");
 }
@@ -101,7 +102,7 @@ TEST_CASE(
     "[gpu]") {
   std::vector<std::string> trainer = kTrainer;
   trainer.push_back("--zero1");
-  ExpectFaultFreeHash({"-n", "2", "--standby", "1", "--replicas", "1",
+  ExpectFaultFreeHash({"-n", "3", "--standby", "1", "--replicas", "1",
                        "--inject", "kill:slot=0:step=12"},
                       trainer, "crashed");
 }

@@ -37,6 +37,14 @@ namespace holdfast::nccl {
 // CUDA devices this process can use (0 without a GPU or driver).
 int DeviceCount();
 
+// The NCCL this process runs (ncclGetVersion of the library loaded, e.g.
+// 22809 for 2.28.9; -1 if the call fails) and the one holdfast was
+// compiled against (NCCL_VERSION_CODE). A process holds one libnccl.so.2
+// (in a torch program, torch's); holdfast uses the fault-tolerance calls
+// of the version it runs.
+int LoadedVersion();
+int BuiltVersion();
+
 // Makes Communicator::Create accept backend "nccl". Linking holdfast_nccl
 // already does it; idempotent.
 void Register();

@@ -82,6 +82,24 @@ struct OpOptions {
   // Send/Recv only: a user tag; a Send matches the Recv with the same tag,
   // count and dtype.
   uint32_t tag = 0;
+
+  // Ordering on the device, for a backend on CUDA (NCCL); a host backend
+  // (Gloo) ignores `after_event` and calls `on_queued` with null.
+  //
+  // `after_event`: a cudaEvent_t (as void*) that the caller recorded on
+  // its own stream; the op starts on the device only after it (the
+  // communicator's stream waits on it). It must stay valid until
+  // `on_queued` has been called. Null: no ordering beyond issue order.
+  void* after_event = nullptr;
+  // Called exactly once per op, on some thread of the communicator (or
+  // the caller's, for an op refused at once), and always before its Work
+  // finishes: with the cudaStream_t (as void*) the op was queued on, as
+  // soon as it is there and before it completes on the device, or with
+  // null when it was never queued (refused, aborted, a host backend). A
+  // caller orders its own stream after the op by recording an event on
+  // that stream inside the call. It must not block or call into the
+  // communicator.
+  std::function<void(void* stream)> on_queued;
 };
 
 }  // namespace holdfast

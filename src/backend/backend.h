@@ -40,6 +40,12 @@ struct OpSpec {
   uint32_t tag = 0;
   // Transport-level time limit; a safety net behind the watchdog.
   absl::Duration timeout = absl::Seconds(60);
+  // A device backend (NCCL): the cudaEvent_t the op waits for on its
+  // stream (may be null), and the call it makes with that stream once the
+  // op is queued there (may be null). Host backends ignore both; see
+  // OpOptions.
+  void* after_event = nullptr;
+  std::function<void(void* stream)> on_queued;
 };
 
 struct BackendOptions {

@@ -224,16 +224,17 @@ std::shared_ptr<Work> CommunicatorImpl::Submit(backend::OpSpec spec,
     ring_.Begin(r);
     ring_.Transition(seq, OpState::kFailed, r.enqueued_ns,
                      static_cast<int32_t>(valid.code()));
-    return WorkImpl::Done(seq, Annotate(valid, Describe(r)));
+    return WorkImpl::Done(seq, Annotate(valid, Describe(r)), options.on_queued);
   }
   if (aborted_) {
     ring_.Begin(r);
     ring_.Transition(seq, OpState::kAborted, r.enqueued_ns,
                      static_cast<int32_t>(absl::StatusCode::kAborted));
-    return WorkImpl::Done(
-        seq, absl::AbortedError(absl::StrCat(
-                 Describe(r),
-                 ": communicator already aborted: ", abort_status_.message())));
+    return WorkImpl::Done(seq,
+                          absl::AbortedError(absl::StrCat(
+                              Describe(r), ": communicator already aborted: ",
+                              abort_status_.message())),
+                          options.on_queued);
   }
   int64_t match_seq;
   if (IsCollective(spec.type)) {
@@ -258,9 +259,17 @@ std::shared_ptr<Work> CommunicatorImpl::Submit(backend::OpSpec spec,
   spec.timeout = p->timeout + kTransportGrace;
   p->deadline_ns = r.enqueued_ns + absl::ToInt64Nanoseconds(p->timeout);
   p->issued_ns = real_clock_ ? r.enqueued_ns : MonotonicNanos();
-  p->spec = spec;
   p->work = std::make_shared<WorkImpl>(
       seq, IsCollective(spec.type) ? runner_handle_ : nullptr);
+  p->work->SetOnQueued(options.on_queued);
+  spec.after_event = options.after_event;
+  // The backend runs the op while p (and so its Work) is alive.
+  if (options.on_queued) {
+    spec.on_queued = [work = p->work.get()](void* stream) {
+      work->Queued(stream);
+    };
+  }
+  p->spec = spec;
   ring_.Begin(r);
   if (IsCollective(spec.type)) {
     queue_.push_back(p);

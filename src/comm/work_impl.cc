@@ -4,8 +4,10 @@
 
 namespace holdfast::comm {
 
-std::shared_ptr<WorkImpl> WorkImpl::Done(uint64_t seq, absl::Status status) {
+std::shared_ptr<WorkImpl> WorkImpl::Done(uint64_t seq, absl::Status status,
+                                         std::function<void(void*)> on_queued) {
   auto work = std::make_shared<WorkImpl>(seq);
+  work->SetOnQueued(std::move(on_queued));
   work->Finish(std::move(status));
   return work;
 }
@@ -33,7 +35,22 @@ absl::Status WorkImpl::Wait(absl::Duration timeout) {
   return status_;
 }
 
+void WorkImpl::SetOnQueued(std::function<void(void*)> on_queued) {
+  absl::MutexLock lock(&queued_mu_);
+  on_queued_ = std::move(on_queued);
+}
+
+void WorkImpl::Queued(void* stream) {
+  std::function<void(void*)> fn;
+  {
+    absl::MutexLock lock(&queued_mu_);
+    fn.swap(on_queued_);
+  }
+  if (fn) fn(stream);
+}
+
 void WorkImpl::Finish(absl::Status status) {
+  Queued(nullptr);
   absl::MutexLock lock(&mu_);
   if (done_) return;
   status_ = std::move(status);

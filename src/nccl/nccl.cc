@@ -24,6 +24,10 @@ int DeviceCount() { return backend::NcclDeviceCount(); }
 
 void Register() { backend::RegisterNccl(); }
 
+int LoadedVersion() { return backend::NcclLoadedVersion(); }
+
+int BuiltVersion() { return backend::NcclBuiltVersion(); }
+
 void* Stream(Communicator& comm) {
   backend::Backend* b = BackendOf(comm);
   return b == nullptr ? nullptr : backend::NcclStream(b);

@@ -25,10 +25,15 @@
 #include <string>
 #include <utility>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "holdfast/communicator.h"
+#ifdef HOLDFAST_PYTHON_NCCL
+#include "holdfast/nccl.h"
+#endif
 #include "holdfast/runtime.h"
 #include "holdfast/types.h"
 
@@ -75,6 +80,48 @@ OpOptions MakeOpOptions(double timeout_s, uint32_t tag) {
   return o;
 }
 
+// Where an op issued without waiting stands: whether it reached its CUDA
+// stream (OpOptions::on_queued), and which stream.
+struct QueuedState {
+  absl::Mutex mu;
+  bool queued ABSL_GUARDED_BY(mu) = false;
+  uintptr_t stream ABSL_GUARDED_BY(mu) = 0;
+};
+
+// An op issued with wait=False (holdfast.distributed issues device ops so):
+// queued() returns once it is on the communicator's CUDA stream, so the
+// caller can order its own stream after it; wait() returns once it is
+// done, raising its error.
+class PyPending {
+ public:
+  PyPending(std::shared_ptr<Work> work, std::shared_ptr<QueuedState> queued)
+      : work_(std::move(work)), queued_(std::move(queued)) {}
+
+  // The cudaStream_t (as an int) the op was queued on, or 0 if it never
+  // was (refused, aborted, a host backend). Blocks with the GIL released.
+  uintptr_t Queued() {
+    py::gil_scoped_release release;
+    absl::MutexLock lock(&queued_->mu);
+    queued_->mu.Await(absl::Condition(&queued_->queued));
+    return queued_->stream;
+  }
+
+  void Wait() {
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      s = work_->Wait();
+    }
+    Check(s);
+  }
+
+  bool Done() const { return work_->IsCompleted(); }
+
+ private:
+  std::shared_ptr<Work> work_;
+  std::shared_ptr<QueuedState> queued_;
+};
+
 // A communicator of one generation, as seen from Python. The runtime owns
 // the communicator and replaces it at a recovery; every call first checks
 // that the generation is still the runtime's, so a handle kept across a
@@ -93,15 +140,49 @@ class PyCommunicator {
   int size() { return Get()->size(); }
   int64_t generation() const { return generation_; }
 
+  // Issues an op: `issue(comm, options)` returns its Work. With `wait`,
+  // blocks until it is done (raising its error) and returns None; else
+  // returns a PyPending at once. `after_event`: OpOptions::after_event.
   template <typename F>
-  void Do(F&& issue) {
+  py::object Issue(bool wait, uintptr_t after_event, double timeout_s,
+                   uint32_t tag, F&& issue) {
+    OpOptions o = MakeOpOptions(timeout_s, tag);
+    o.after_event = Ptr(after_event);
     Communicator* comm = Get();
-    absl::Status s;
+    if (wait) {
+      absl::Status s;
+      {
+        py::gil_scoped_release release;
+        s = issue(comm, o)->Wait();
+      }
+      Check(s);
+      return py::none();
+    }
+    auto queued = std::make_shared<QueuedState>();
+    o.on_queued = [queued](void* stream) {
+      absl::MutexLock lock(&queued->mu);
+      queued->queued = true;
+      queued->stream = reinterpret_cast<uintptr_t>(stream);
+    };
+    std::shared_ptr<Work> work;
     {
       py::gil_scoped_release release;
-      s = issue(comm)->Wait();
+      work = issue(comm, o);
     }
-    Check(s);
+    return py::cast(PyPending(std::move(work), std::move(queued)));
+  }
+
+  // "gloo" or "nccl".
+  std::string backend() { return std::string(Get()->backend_name()); }
+  // Whether its ops take CUDA device memory.
+  bool device_memory() { return Get()->memory() == MemoryKind::kCudaDevice; }
+  // The cudaStream_t (as an int) its collectives run on; 0 off NCCL.
+  uintptr_t cuda_stream() {
+#ifdef HOLDFAST_PYTHON_NCCL
+    return reinterpret_cast<uintptr_t>(nccl::Stream(*Get()));
+#else
+    return 0;
+#endif
   }
 
   Communicator* Get() {
@@ -181,6 +262,10 @@ RuntimeOptions MakeOptions(const py::kwargs& kw) {
       o.checkpoint_dir = py::cast<std::string>(v);
     } else if (key == "checkpoint_every") {
       o.checkpoint_every = py::cast<int64_t>(v);
+    } else if (key == "backend") {
+      o.comm.backend = py::cast<std::string>(v);
+    } else if (key == "device") {
+      o.comm.device = py::cast<int>(v);
     } else if (key == "timeout") {
       o.comm.timeout = absl::Seconds(py::cast<double>(v));
     } else if (key == "connect_timeout") {
@@ -297,97 +382,117 @@ void BindCommunicator(py::module_& m) {
       .def(
           "all_reduce",
           [](PyCommunicator& c, uintptr_t data, size_t count, int dtype, int op,
-             double timeout_s) {
+             double timeout_s, uintptr_t after_event, bool wait) {
             DataType t = ToDataType(dtype);
             ReduceOp r = ToReduceOp(op);
-            c.Do([&](Communicator* comm) {
-              return comm->AllReduce(Ptr(data), count, t, r,
-                                     MakeOpOptions(timeout_s, 0));
-            });
+            return c.Issue(wait, after_event, timeout_s, 0,
+                           [&](Communicator* comm, const OpOptions& o) {
+                             return comm->AllReduce(Ptr(data), count, t, r, o);
+                           });
           },
           py::arg("data"), py::arg("count"), py::arg("dtype"), py::arg("op"),
-          py::arg("timeout") = 0.0)
+          py::arg("timeout") = 0.0, py::arg("after_event") = 0,
+          py::arg("wait") = true)
       .def(
           "broadcast",
           [](PyCommunicator& c, uintptr_t data, size_t count, int dtype,
-             int root, double timeout_s) {
+             int root, double timeout_s, uintptr_t after_event, bool wait) {
             DataType t = ToDataType(dtype);
-            c.Do([&](Communicator* comm) {
-              return comm->Broadcast(Ptr(data), count, t, root,
-                                     MakeOpOptions(timeout_s, 0));
-            });
+            return c.Issue(wait, after_event, timeout_s, 0,
+                           [&](Communicator* comm, const OpOptions& o) {
+                             return comm->Broadcast(Ptr(data), count, t, root,
+                                                    o);
+                           });
           },
           py::arg("data"), py::arg("count"), py::arg("dtype"), py::arg("root"),
-          py::arg("timeout") = 0.0)
+          py::arg("timeout") = 0.0, py::arg("after_event") = 0,
+          py::arg("wait") = true)
       .def(
           "all_gather",
           [](PyCommunicator& c, uintptr_t send, uintptr_t recv, size_t count,
-             int dtype, double timeout_s) {
+             int dtype, double timeout_s, uintptr_t after_event, bool wait) {
             DataType t = ToDataType(dtype);
-            c.Do([&](Communicator* comm) {
-              return comm->AllGather(Ptr(send), Ptr(recv), count, t,
-                                     MakeOpOptions(timeout_s, 0));
-            });
+            return c.Issue(wait, after_event, timeout_s, 0,
+                           [&](Communicator* comm, const OpOptions& o) {
+                             return comm->AllGather(Ptr(send), Ptr(recv), count,
+                                                    t, o);
+                           });
           },
           py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"),
-          py::arg("timeout") = 0.0)
+          py::arg("timeout") = 0.0, py::arg("after_event") = 0,
+          py::arg("wait") = true)
       .def(
           "reduce_scatter",
           [](PyCommunicator& c, uintptr_t send, uintptr_t recv, size_t count,
-             int dtype, int op, double timeout_s) {
+             int dtype, int op, double timeout_s, uintptr_t after_event,
+             bool wait) {
             DataType t = ToDataType(dtype);
             ReduceOp r = ToReduceOp(op);
-            c.Do([&](Communicator* comm) {
-              return comm->ReduceScatter(Ptr(send), Ptr(recv), count, t, r,
-                                         MakeOpOptions(timeout_s, 0));
-            });
+            return c.Issue(wait, after_event, timeout_s, 0,
+                           [&](Communicator* comm, const OpOptions& o) {
+                             return comm->ReduceScatter(Ptr(send), Ptr(recv),
+                                                        count, t, r, o);
+                           });
           },
           py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"),
-          py::arg("op"), py::arg("timeout") = 0.0)
+          py::arg("op"), py::arg("timeout") = 0.0, py::arg("after_event") = 0,
+          py::arg("wait") = true)
       .def(
           "all_to_all",
           [](PyCommunicator& c, uintptr_t send, uintptr_t recv, size_t count,
-             int dtype, double timeout_s) {
+             int dtype, double timeout_s, uintptr_t after_event, bool wait) {
             DataType t = ToDataType(dtype);
-            c.Do([&](Communicator* comm) {
-              return comm->AllToAll(Ptr(send), Ptr(recv), count, t,
-                                    MakeOpOptions(timeout_s, 0));
-            });
+            return c.Issue(wait, after_event, timeout_s, 0,
+                           [&](Communicator* comm, const OpOptions& o) {
+                             return comm->AllToAll(Ptr(send), Ptr(recv), count,
+                                                   t, o);
+                           });
           },
           py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"),
-          py::arg("timeout") = 0.0)
+          py::arg("timeout") = 0.0, py::arg("after_event") = 0,
+          py::arg("wait") = true)
       .def(
           "barrier",
-          [](PyCommunicator& c, double timeout_s) {
-            c.Do([&](Communicator* comm) {
-              return comm->Barrier(MakeOpOptions(timeout_s, 0));
-            });
+          [](PyCommunicator& c, double timeout_s, uintptr_t after_event,
+             bool wait) {
+            return c.Issue(wait, after_event, timeout_s, 0,
+                           [&](Communicator* comm, const OpOptions& o) {
+                             return comm->Barrier(o);
+                           });
           },
-          py::arg("timeout") = 0.0)
+          py::arg("timeout") = 0.0, py::arg("after_event") = 0,
+          py::arg("wait") = true)
       .def(
           "send",
           [](PyCommunicator& c, uintptr_t data, size_t count, int dtype,
-             int peer, uint32_t tag, double timeout_s) {
+             int peer, uint32_t tag, double timeout_s, uintptr_t after_event,
+             bool wait) {
             DataType t = ToDataType(dtype);
-            c.Do([&](Communicator* comm) {
-              return comm->Send(Ptr(data), count, t, peer,
-                                MakeOpOptions(timeout_s, tag));
-            });
+            return c.Issue(wait, after_event, timeout_s, tag,
+                           [&](Communicator* comm, const OpOptions& o) {
+                             return comm->Send(Ptr(data), count, t, peer, o);
+                           });
           },
           py::arg("data"), py::arg("count"), py::arg("dtype"), py::arg("peer"),
-          py::arg("tag") = 0, py::arg("timeout") = 0.0)
+          py::arg("tag") = 0, py::arg("timeout") = 0.0,
+          py::arg("after_event") = 0, py::arg("wait") = true)
       .def(
           "recv",
           [](PyCommunicator& c, uintptr_t data, size_t count, int dtype,
-             int peer, uint32_t tag, double timeout_s) {
+             int peer, uint32_t tag, double timeout_s, uintptr_t after_event,
+             bool wait) {
             DataType t = ToDataType(dtype);
-            c.Do([&](Communicator* comm) {
-              return comm->Recv(Ptr(data), count, t, peer,
-                                MakeOpOptions(timeout_s, tag));
-            });
+            return c.Issue(wait, after_event, timeout_s, tag,
+                           [&](Communicator* comm, const OpOptions& o) {
+                             return comm->Recv(Ptr(data), count, t, peer, o);
+                           });
           },
           py::arg("data"), py::arg("count"), py::arg("dtype"), py::arg("peer"),
-          py::arg("tag") = 0, py::arg("timeout") = 0.0)
+          py::arg("tag") = 0, py::arg("timeout") = 0.0,
+          py::arg("after_event") = 0, py::arg("wait") = true)
+      .def_property_readonly("backend", &PyCommunicator::backend)
+      .def_property_readonly("device_memory", &PyCommunicator::device_memory)
+      .def_property_readonly("cuda_stream", &PyCommunicator::cuda_stream)
       .def(
           "abort",
           [](PyCommunicator& c, const std::string& reason) {
@@ -396,6 +501,13 @@ void BindCommunicator(py::module_& m) {
           py::arg("reason") = "aborted from Python")
       .def("dump_trace",
            [](PyCommunicator& c) { return c.Get()->DumpTrace(); });
+}
+
+void BindPending(py::module_& m) {
+  py::class_<PyPending>(m, "PendingOp")
+      .def("queued", &PyPending::Queued)
+      .def("wait", &PyPending::Wait)
+      .def("done", &PyPending::Done);
 }
 
 void BindRecords(py::module_& m) {
@@ -532,6 +644,19 @@ void BindRuntime(py::module_& m) {
           py::arg("finished") = false);
 }
 
+// nccl_versions(): (the NCCL loaded in this process, the one holdfast was
+// compiled against), as NCCL's version codes; None in a build without the
+// NCCL backend.
+void BindNccl(py::module_& m) {
+  m.def("nccl_versions", []() -> py::object {
+#ifdef HOLDFAST_PYTHON_NCCL
+    return py::make_tuple(nccl::LoadedVersion(), nccl::BuiltVersion());
+#else
+    return py::none();
+#endif
+  });
+}
+
 void BindCodes(py::module_& m) {
   m.attr("DTYPE_CODES") =
       py::dict(py::arg("float32") = static_cast<int>(DataType::kFloat32),
@@ -554,8 +679,10 @@ void BindCodes(py::module_& m) {
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "holdfast's runtime and communicator (see the holdfast package)";
+  holdfast::BindPending(m);
   holdfast::BindCommunicator(m);
   holdfast::BindRecords(m);
   holdfast::BindRuntime(m);
   holdfast::BindCodes(m);
+  holdfast::BindNccl(m);
 }

@@ -206,6 +206,46 @@ class NcclBackend final : public Backend {
                      options_.size, ": ", NcclError(state, comm_)));
   }
 
+  // An idle, healthy communicator leaves in an orderly way:
+  // ncclCommFinalize (flushes and waits until the group is quiescent),
+  // then ncclCommDestroy, instead of tearing it down under peers that may
+  // still be connected. One that has failed, or does not finalize within
+  // `timeout`, is aborted.
+  void Close(absl::Duration timeout) override {
+    {
+      absl::MutexLock lock(&mu_);
+      if (aborted_) return;
+      bool finalizing = !Failed(CommState(comm_));
+      if (finalizing) {
+        const ncclResult_t r = ncclCommFinalize(comm_);
+        finalizing = r == ncclSuccess || r == ncclInProgress;
+      }
+      if (!finalizing) {
+        aborted_ = true;
+        reason_ = "communicator closed";
+        ncclCommAbort(comm_);
+        return;
+      }
+    }
+    absl::Status done = PollUntil(absl::Now() + timeout, absl::Microseconds(20),
+                                  absl::Milliseconds(1),
+                                  "nccl: ncclCommFinalize did not finish",
+                                  [&]() -> std::optional<absl::Status> {
+                                    absl::MutexLock lock(&mu_);
+                                    if (aborted_) return Aborted();
+                                    return CallDone(comm_, "ncclCommFinalize");
+                                  });
+    absl::MutexLock lock(&mu_);
+    if (aborted_) return;
+    aborted_ = true;
+    reason_ = "communicator closed";
+    if (done.ok()) {
+      ncclCommDestroy(comm_);
+    } else {
+      ncclCommAbort(comm_);
+    }
+  }
+
   void Abort(absl::string_view reason) override {
     absl::MutexLock lock(&mu_);
     if (aborted_) return;
@@ -264,6 +304,16 @@ class NcclBackend final : public Backend {
       absl::MutexLock lock(&mu_);
       if (aborted_) return Aborted();
       cudaSetDevice(options_.device);
+      if (op.after_event != nullptr) {
+        const cudaError_t e = cudaStreamWaitEvent(
+            stream, static_cast<cudaEvent_t>(op.after_event), 0);
+        if (e != cudaSuccess) {
+          NoteCudaError(e, "nccl: ordering an op after the caller's stream");
+          return absl::InvalidArgumentError(absl::StrCat(
+              "nccl: ", OpTypeName(op.type),
+              ": cannot wait for the caller's event: ", CudaError(e)));
+        }
+      }
       switch (op.type) {
         case OpType::kAllReduce:
           r = ncclAllReduce(op.recv, op.recv, op.count, dt, ToNccl(op.reduce),
@@ -314,17 +364,22 @@ class NcclBackend final : public Backend {
         return absl::UnavailableError(absl::StrCat(
             "nccl: ", OpTypeName(op.type), ": ", NcclError(r, comm_)));
       }
-      if (r == ncclSuccess) return absl::OkStatus();
     }
-    // In progress: poll (under the mutex per poll, so Abort can slip in).
-    return PollUntil(deadline, absl::Microseconds(20), absl::Milliseconds(1),
-                     absl::StrCat("nccl: ", OpTypeName(op.type),
-                                  " was not taken by its deadline"),
-                     [&]() -> std::optional<absl::Status> {
-                       absl::MutexLock lock(&mu_);
-                       if (aborted_) return Aborted();
-                       return CallDone(comm_, OpTypeName(op.type));
-                     });
+    if (r == ncclInProgress) {
+      // Poll (under the mutex per poll, so Abort can slip in).
+      HOLDFAST_RETURN_IF_ERROR(
+          PollUntil(deadline, absl::Microseconds(20), absl::Milliseconds(1),
+                    absl::StrCat("nccl: ", OpTypeName(op.type),
+                                 " was not taken by its deadline"),
+                    [&]() -> std::optional<absl::Status> {
+                      absl::MutexLock lock(&mu_);
+                      if (aborted_) return Aborted();
+                      return CallDone(comm_, OpTypeName(op.type));
+                    }));
+    }
+    // On the stream now: the caller may order its own work after it.
+    if (op.on_queued) op.on_queued(stream);
+    return absl::OkStatus();
   }
 
   // Waits for `event`: the operation's completion on the device.
@@ -477,6 +532,13 @@ absl::StatusOr<std::unique_ptr<Backend>> ShrinkNccl(
   HOLDFAST_ASSIGN_OR_RETURN(ncclComm_t comm, InitComm(store, options));
   return Wrap(comm, options);
 }
+
+int NcclLoadedVersion() {
+  int v = 0;
+  return ncclGetVersion(&v) == ncclSuccess ? v : -1;
+}
+
+int NcclBuiltVersion() { return NCCL_VERSION_CODE; }
 
 int NcclDeviceCount() {
   int n = 0;

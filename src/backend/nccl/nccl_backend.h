@@ -34,6 +34,10 @@ absl::StatusOr<std::unique_ptr<Backend>> ShrinkNccl(
 // CUDA devices this process can use (0 without a GPU or driver).
 int NcclDeviceCount();
 
+// ncclGetVersion of the loaded library (-1 on failure); NCCL_VERSION_CODE.
+int NcclLoadedVersion();
+int NcclBuiltVersion();
+
 // Makes backend "nccl" available to Communicator::Create; idempotent.
 void RegisterNccl();
 
