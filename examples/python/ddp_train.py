@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A deterministic PyTorch DDP trainer on holdfast (CPU, Gloo).
+"""A deterministic PyTorch DDP trainer on holdfast (CPU on Gloo, or CUDA on NCCL).
 
 A small MLP (16 -> 32 tanh -> 1) fitted with SGD and momentum to a fixed
 target function. Batch k is generated from a seed of k; the next batch's
@@ -15,6 +15,12 @@ step before is copied while the forward and backward passes run.
 
     holdfast-run -n 2 --standby 1 --inject kill:slot=1:step=20 -- \\
         .venv/bin/python3 examples/python/ddp_train.py --steps 40
+
+With --device cuda the model, its momentum and the batches live on the
+GPU (HOLDFAST_DEVICE, else LOCAL_RANK, else 0), the runtime's
+communicator is NCCL's, and the registered CUDA tensors are snapshotted
+through pinned host copies. Several ranks may share one GPU (give each
+process its own NCCL_HOSTID; see scripts/gpu_check.sh).
 
 Each rank prints one line at the end:
     final step=<N> world=<W> params_sha256=<hex>
@@ -77,12 +83,15 @@ def main():
     ap.add_argument("--from-dcp", default="",
                     help="start a fresh job from this DCP checkpoint (its "
                     "model, momentum, data position and step)")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="where the model trains: cpu (Gloo) or cuda (NCCL)")
     args = ap.parse_args()
     if args.steps < 0 or args.batch < 1:
         ap.error("--steps must be >= 0 and --batch >= 1")
 
     torch.set_num_threads(1)
-    model = make_model()
+    device, options = example_run.device(args.device)
+    model = make_model().to(device)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     # SGD creates its momentum at the first step; start it at zero so it can
     # be registered (the same arithmetic as a fresh buffer).
@@ -90,7 +99,7 @@ def main():
         opt.state[p]["momentum_buffer"] = torch.zeros_like(p)
 
     try:
-        rt = holdfast.Runtime()
+        rt = holdfast.Runtime(**options)
     except holdfast.HoldfastError as e:
         print(f"ddp_train: {e}", file=sys.stderr)
         return 1
@@ -116,6 +125,7 @@ def main():
         ddp = hd.ddp(rt, model)
         # Batch k (from 1) is the one step k gets when nothing is skipped.
         x, y = make_batch(int(data_pos[0]) + 1, args.batch)
+        x, y = x.to(device), y.to(device)
         lo = args.batch * ctx.slot // ctx.world_size
         hi = args.batch * (ctx.slot + 1) // ctx.world_size
         opt.zero_grad(set_to_none=False)

@@ -1,9 +1,20 @@
 """What the holdfast examples share around Runtime.run: their exit codes
 and their last lines."""
 
+import faulthandler
+import os
+import signal
 import sys
 
+import torch
+
 import holdfast
+
+
+# A crash (SIGSEGV, SIGABRT, ...) prints every thread's Python stack, and
+# so does SIGUSR1 (a job that hangs can be asked where).
+faulthandler.enable(all_threads=True)
+faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
 def run(name, call):
@@ -26,3 +37,19 @@ def report(result, loss, digest):
           f"snapshots_unfenced={result.snapshots_unfenced}", file=sys.stderr)
     print(f"final step={result.final_step} world={result.world_size} "
           f"params_sha256={digest}", flush=True)
+
+
+def device(kind):
+    """The torch device a trainer computes on for --device `kind`, and the
+    Runtime options that go with it: "cpu" trains on Gloo; "cuda" on the
+    GPU of HOLDFAST_DEVICE (else LOCAL_RANK, else 0), over NCCL, with
+    deterministic cuBLAS (so that a recovered run can match the
+    fault-free one bit for bit)."""
+    if kind == "cpu":
+        return torch.device("cpu"), {}
+    index = int(os.environ.get("HOLDFAST_DEVICE",
+                               os.environ.get("LOCAL_RANK", "0")))
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index), {"backend": "nccl", "device": index}

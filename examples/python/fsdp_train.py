@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A deterministic PyTorch FSDP2 trainer on holdfast (CPU).
+"""A deterministic PyTorch FSDP2 trainer on holdfast (CPU on Gloo, or CUDA on NCCL).
 
 An MLP (16 -> 32 tanh -> 32 tanh -> 1) fitted with SGD and momentum to the
 target function of ddp_train.py, on the same batches, sharded with
@@ -72,12 +72,14 @@ class ShardedTensor:
     def load(self, local):
         local.copy_(self.rt.shard(self.name)[:local.numel()].view_as(local))
 
-    def gather_full(self, comm):
-        """The full tensor, from every slot's chunk (flat)."""
-        shard = self.rt.shard(self.name)
-        out = torch.empty(shard.numel() * comm.size, dtype=shard.dtype)
+    def gather_full(self, comm, device):
+        """The full tensor, from every slot's chunk (flat), on `device`
+        (the communicator's memory)."""
+        shard = self.rt.shard(self.name).to(device)
+        out = torch.empty(shard.numel() * comm.size, dtype=shard.dtype,
+                          device=device)
         comm.all_gather(out, shard)
-        return out[:self.rows * self.row_numel]
+        return out[:self.rows * self.row_numel].cpu()
 
 
 def main():
@@ -85,11 +87,14 @@ def main():
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="where the model trains: cpu (Gloo) or cuda (NCCL)")
     args = ap.parse_args()
     if args.steps < 0 or args.batch < 1:
         ap.error("--steps must be >= 0 and --batch >= 1")
 
     torch.set_num_threads(1)
+    device, options = example_run.device(args.device)
     torch.manual_seed(12345)
     linears = [torch.nn.Linear(16, 32), torch.nn.Linear(32, 32),
                torch.nn.Linear(32, 1)]
@@ -97,7 +102,7 @@ def main():
                                 torch.nn.Tanh(), linears[2])
 
     try:
-        rt = holdfast.Runtime()
+        rt = holdfast.Runtime(**options)
     except holdfast.HoldfastError as e:
         print(f"fsdp_train: {e}", file=sys.stderr)
         return 1
@@ -126,7 +131,8 @@ def main():
                     f"fsdp_train: the world is {rt.world_size} slots, not "
                     f"{world}; this example keeps FSDP's shards on a world "
                     "of a fixed size: run it with standbys")
-            mesh = init_device_mesh("cpu", (world,))
+            model.to(device)
+            mesh = init_device_mesh(device.type, (world,))
             for layer in linears:
                 fully_shard(layer, mesh=mesh)
             fully_shard(model, mesh=mesh)
@@ -158,6 +164,7 @@ def main():
                 f"{ctx.world_size} slots; this example needs a world of a "
                 "fixed size: run it with standbys")
         x, y = make_batch(int(data_pos[0]) + 1, args.batch)
+        x, y = x.to(device), y.to(device)
         lo = args.batch * ctx.slot // ctx.world_size
         hi = args.batch * (ctx.slot + 1) // ctx.world_size
         opt.zero_grad(set_to_none=False)
@@ -177,7 +184,8 @@ def main():
             # hash is taken in the last step.
             digest = hashlib.sha256()
             for n in names:
-                digest.update(params[n].gather_full(ctx.comm).numpy().tobytes())
+                digest.update(params[n].gather_full(ctx.comm, device)
+                              .numpy().tobytes())
             final_hash[0] = digest.hexdigest()
 
     result, code = example_run.run("fsdp_train", lambda: rt.run(

@@ -18,7 +18,7 @@ def params_sha256(model):
     """The hash of a model's state_dict, as the examples print it."""
     digest = hashlib.sha256()
     for tensor in model.state_dict().values():
-        digest.update(tensor.contiguous().numpy().tobytes())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()
 
 

@@ -16,8 +16,10 @@ _DTYPES = {
 }
 
 
-def host_buffer(tensor, what="tensor"):
-    """Checks that `tensor` is a contiguous CPU tensor of a supported dtype.
+def buffer(tensor, what="tensor", device_memory=False):
+    """Checks that `tensor` is a contiguous tensor of a supported dtype in
+    the memory a communicator takes: a CUDA tensor when `device_memory`
+    (the NCCL backend), else a CPU tensor (Gloo).
 
     Returns (address, element count, dtype code). Raises
     InvalidArgumentError naming `what` otherwise.
@@ -26,11 +28,17 @@ def host_buffer(tensor, what="tensor"):
         raise InvalidArgumentError(
             f"{what}: expected a torch.Tensor, got {type(tensor).__name__}"
         )
-    if tensor.device.type != "cpu":
+    if device_memory and tensor.device.type != "cuda":
         raise InvalidArgumentError(
-            f"{what}: a {tensor.device.type} tensor; the Python communicator "
-            "runs on the Gloo backend and takes CPU tensors (copy it with "
-            ".cpu(), or use the C++ NCCL backend for GPU tensors)"
+            f"{what}: a {tensor.device.type} tensor, but this communicator "
+            "runs on NCCL and takes CUDA tensors (move it with .cuda(), or "
+            "run the job with HOLDFAST_BACKEND=gloo for CPU tensors)"
+        )
+    if not device_memory and tensor.device.type != "cpu":
+        raise InvalidArgumentError(
+            f"{what}: a {tensor.device.type} tensor, but this communicator "
+            "runs on Gloo and takes CPU tensors (run the job with "
+            "HOLDFAST_BACKEND=nccl for CUDA tensors, or copy it with .cpu())"
         )
     if not tensor.is_contiguous():
         raise InvalidArgumentError(
@@ -43,3 +51,8 @@ def host_buffer(tensor, what="tensor"):
             "int32, int64, bfloat16, float16, uint8)"
         )
     return tensor.data_ptr(), tensor.numel(), _DTYPES[tensor.dtype]
+
+
+def host_buffer(tensor, what="tensor"):
+    """buffer() of a CPU tensor."""
+    return buffer(tensor, what, device_memory=False)

@@ -106,19 +106,24 @@ class ProcessGroup(dist.ProcessGroup):
         if error is not None:
             raise error
 
-    def _run(self, fn, result):
+    def _run(self, fn, result, tensors):
         """Issues `fn(communicator)` on the runtime's operation thread and
         returns its Work at once; the Work completes with `result` when
-        the operation ended."""
+        the operation ended. `tensors`: every tensor the call touches; CUDA
+        tensors make it a device operation (see _run_device)."""
         if self._rt.standby:
             raise FencedError(
                 "holdfast process group: a standby has no communicator until "
                 "run() gives it a slot; issue collectives inside the step "
                 "function"
             )
+        comm_c = self._rt._rt.communicator()
+        device = _device_of(tensors, comm_c)
+        if device is not None:
+            return self._run_device(fn, result, comm_c, device)
         fut = torch.futures.Future()
         in_step = self._rt.in_step
-        comm = _runtime.Communicator(self._rt._rt.communicator())
+        comm = _runtime.Communicator(comm_c)
 
         def task():
             if self._error is not None:  # the step already failed: skip
@@ -127,14 +132,9 @@ class ProcessGroup(dist.ProcessGroup):
             try:
                 fn(comm)
             except HoldfastError as e:
-                # Bad arguments fail the Work. Anything else (a lost peer,
-                # a timeout, a failed op) is for the runtime to judge at the
-                # step's end: failing DDP's reducer would leave it in the
-                # middle of an iteration.
-                if isinstance(e, InvalidArgumentError) or not in_step:
+                if not self._defer(e, in_step):
                     fut.set_exception(e)
                     return
-                self._error = e
             except Exception as e:  # noqa: BLE001 -- handed to the waiter
                 fut.set_exception(e)
                 return
@@ -146,15 +146,73 @@ class ProcessGroup(dist.ProcessGroup):
         # (DDP's reducer) still waits on it.
         return _c10d._create_work_from_future(fut)
 
+    def _defer(self, error, in_step):
+        """Whether a holdfast error of an operation is kept for the step's
+        end (True) rather than failing its Work. Bad arguments fail the
+        Work. Anything else (a lost peer, a timeout, a failed op) is for
+        the runtime to judge at the step's end: failing DDP's reducer
+        would leave it in the middle of an iteration."""
+        if isinstance(error, InvalidArgumentError) or not in_step:
+            return False
+        self._error = self._error or error
+        return True
+
+    def _run_device(self, fn, result, comm_c, device):
+        """_run for CUDA tensors on an NCCL communicator, with
+        ProcessGroupNCCL's stream semantics: the operation starts on the
+        device after the work queued so far on the caller's current
+        stream (an event recorded here, at issue); its Work and future
+        complete once it is queued on the communicator's stream, and
+        waiting on them makes the waiter's current stream wait for it
+        (a CUDA-aware future), with no host synchronisation. The operation
+        thread then waits for the device to finish it, so a failure still
+        reaches the step's end, and the step's end waits for every
+        operation it issued (drain). Outside a step a call completes only
+        once done on the device, so its error fails the Work."""
+        fut = torch.futures.Future(devices=[device])
+        in_step = self._rt.in_step
+        ready = torch.cuda.Event()
+        ready.record(torch.cuda.current_stream(device))
+
+        def task():
+            with torch.cuda.device(device):
+                issuer = None
+                try:
+                    issuer = _runtime._DeviceIssuer(comm_c, device, ready)
+                    comm = _runtime.Communicator(comm_c, issuer=issuer)
+                    with torch.cuda.stream(issuer.main):
+                        if self._error is None:  # else the step failed: skip
+                            fn(comm)
+                        if not in_step:
+                            issuer.finish()
+                        # The future records its events on the current
+                        # stream: the communicator's, after the operation.
+                        fut.set_result(result)
+                    if in_step:
+                        issuer.finish()
+                except HoldfastError as e:
+                    if not self._defer(e, in_step):
+                        _fail(fut, e)
+                    elif not fut.done():
+                        fut.set_result(result)
+                except Exception as e:  # noqa: BLE001 -- handed to the waiter
+                    _fail(fut, e)
+
+        self._rt._ops.submit(task)
+        return _c10d._create_work_from_future(fut)
+
     # ---- collectives -------------------------------------------------------
     def allreduce(self, tensors, opts=None):
         op = _op_name(opts.reduceOp) if opts is not None else "sum"
 
         def fn(comm):
             for t in tensors:
-                comm.all_reduce(t, op)
+                if comm.device_memory and op in ("sum", "average"):
+                    _all_reduce_in_rank_order(comm, t, op)
+                else:
+                    comm.all_reduce(t, op)
 
-        return self._run(fn, tensors)
+        return self._run(fn, tensors, tensors)
 
     def broadcast(self, tensors, opts=None):
         root = opts.rootRank if opts is not None else 0
@@ -163,7 +221,7 @@ class ProcessGroup(dist.ProcessGroup):
             for t in tensors:
                 comm.broadcast(t, root)
 
-        return self._run(fn, tensors)
+        return self._run(fn, tensors, tensors)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         def fn(comm):
@@ -174,13 +232,15 @@ class ProcessGroup(dist.ProcessGroup):
                     )
                 inp = inp.contiguous()
                 flat = torch.empty(
-                    (comm.size,) + tuple(inp.shape), dtype=inp.dtype
+                    (comm.size,) + tuple(inp.shape), dtype=inp.dtype,
+                    device=inp.device
                 )
                 comm.all_gather(flat, inp)
                 for r, out in enumerate(outs):
                     out.copy_(flat[r])
 
-        return self._run(fn, output_tensors)
+        return self._run(fn, output_tensors,
+                         _flat(output_tensors) + list(input_tensors))
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         op = _op_name(opts.reduceOp) if opts is not None else "sum"
@@ -188,11 +248,13 @@ class ProcessGroup(dist.ProcessGroup):
         def fn(comm):
             for out, ins in zip(output_tensors, input_tensors):
                 flat = torch.cat([t.reshape(-1) for t in ins])
-                res = torch.empty(out.numel(), dtype=out.dtype)
+                res = torch.empty(out.numel(), dtype=out.dtype,
+                                  device=out.device)
                 comm.reduce_scatter(res, flat, op)
                 out.copy_(res.view_as(out))
 
-        return self._run(fn, output_tensors)
+        return self._run(fn, output_tensors,
+                         list(output_tensors) + _flat(input_tensors))
 
     # all_gather_into_tensor and reduce_scatter_tensor (FSDP2's collectives):
     # flat buffers, rank r's block at r.
@@ -200,7 +262,7 @@ class ProcessGroup(dist.ProcessGroup):
         def fn(comm):
             comm.all_gather(output, input.contiguous())
 
-        return self._run(fn, [output])
+        return self._run(fn, [output], [output, input])
 
     def _reduce_scatter_base(self, output, input, opts=None):
         op = _op_name(opts.reduceOp) if opts is not None else "sum"
@@ -208,24 +270,108 @@ class ProcessGroup(dist.ProcessGroup):
         def fn(comm):
             comm.reduce_scatter(output, input.contiguous(), op)
 
-        return self._run(fn, [output])
+        return self._run(fn, [output], [output, input])
 
     def barrier(self, opts=None):
-        return self._run(lambda comm: comm.barrier(), [])
+        # On the device of the group's collectives (device_ids, else the
+        # current CUDA device when the communicator is NCCL's).
+        devices = [] if opts is None else list(getattr(opts, "device_ids", []))
+        probe = []
+        if self._rt._rt.communicator().device_memory:
+            index = devices[0] if devices else torch.cuda.current_device()
+            probe = [torch.empty(0, device=torch.device("cuda", index))]
+        return self._run(lambda comm: comm.barrier(), [], probe)
 
     def send(self, tensors, dst, tag):
         def fn(comm):
             for t in tensors:
                 comm.send(t, dst, tag)
 
-        return self._run(fn, tensors)
+        return self._run(fn, tensors, tensors)
 
     def recv(self, tensors, src, tag):
         def fn(comm):
             for t in tensors:
                 comm.recv(t, src, tag)
 
-        return self._run(fn, tensors)
+        return self._run(fn, tensors, tensors)
+
+
+def _all_reduce_in_rank_order(comm, tensor, op):
+    """A sum (or average) of `tensor` over the slots in which every element
+    is folded in slot order, 0 first, wherever it sits in the buffer.
+
+    NCCL's own all-reduce adds an element's operands in an order that
+    depends on the element's position in the buffer (a ring starts each
+    chunk at another rank), so the same gradients give other bits when DDP
+    lays its buckets out anew after a recovery. Here every slot gathers
+    every slot's buffer (all_gather) and folds them in slot order: that
+    moves size/2 times the bytes of a ring all-reduce and holds size
+    copies of the buffer while it runs. (Exchanging blocks with ncclSend
+    and ncclRecv would move no more than a ring; with NCCL 2.28.9 over
+    sockets, a process whose send/recv peer died crashed.)"""
+    if not tensor.is_contiguous():
+        raise InvalidArgumentError(
+            f"all_reduce: not contiguous (shape {tuple(tensor.shape)}, "
+            f"stride {tensor.stride()}); call .contiguous() first")
+    world = comm.size
+    n = tensor.numel()
+    if world == 1 or n == 0:
+        return
+    flat = tensor.view(-1)
+    gathered = torch.empty(world * n, dtype=tensor.dtype, device=tensor.device)
+    comm.all_gather(gathered, flat)
+    parts = gathered.view(world, n)
+    acc = parts[0].clone()
+    for r in range(1, world):
+        acc.add_(parts[r])
+    if op == "average":
+        acc.div_(world)
+    flat.copy_(acc)
+
+
+def _flat(lists):
+    return [t for ts in lists for t in ts]
+
+
+def _device_of(tensors, comm):
+    """The CUDA device of `tensors` (None for CPU tensors), checked against
+    the memory `comm` takes. InvalidArgumentError for a mix of devices, or
+    for tensors the communicator cannot take."""
+    kinds = {(t.device.type, t.device.index) for t in tensors}
+    if len(kinds) > 1:
+        raise InvalidArgumentError(
+            "holdfast process group: one call's tensors are on several "
+            f"devices ({sorted(str(k) for k in kinds)}); put them on one"
+        )
+    device = None
+    if kinds:
+        kind, index = next(iter(kinds))
+        if kind == "cuda":
+            device = torch.device("cuda", index)
+        elif kind != "cpu":
+            raise InvalidArgumentError(
+                f"holdfast process group: {kind} tensors are not supported "
+                "(CPU tensors on Gloo, CUDA tensors on NCCL)"
+            )
+    if device is not None and not comm.device_memory:
+        raise InvalidArgumentError(
+            "holdfast process group: CUDA tensors need the NCCL backend; this "
+            f"job's communicator is {comm.backend!r} (run it with "
+            "HOLDFAST_BACKEND=nccl, or Runtime(backend='nccl'))"
+        )
+    if device is None and kinds and comm.device_memory:
+        raise InvalidArgumentError(
+            "holdfast process group: CPU tensors on a job whose communicator "
+            "is NCCL's are not supported yet; move them to the GPU, or run "
+            "the job with HOLDFAST_BACKEND=gloo"
+        )
+    return device
+
+
+def _fail(fut, error):
+    if not fut.done():
+        fut.set_exception(error)
 
 
 def allreduce_hook(process_group, bucket):
@@ -250,8 +396,8 @@ def _create(store, rank, size, timeout):
 
 
 if BACKEND.upper() not in getattr(dist.Backend, "_plugins", {}):
-    # The devices it serves: host memory (the Python side drives no GPU).
-    dist.Backend.register_backend(BACKEND, _create, devices=["cpu"])
+    # CPU tensors run on Gloo, CUDA tensors on NCCL (HOLDFAST_BACKEND=nccl).
+    dist.Backend.register_backend(BACKEND, _create, devices=["cpu", "cuda"])
 
 
 class _LocalStore(dist.Store):

@@ -1,14 +1,16 @@
 """The Python face of holdfast's runtime: state from torch modules and
 optimizers, a communicator on torch tensors, and the step loop."""
 
+import atexit
 import os
 import queue
 import threading
+import weakref
 
 import torch
 
-from . import _C
-from ._tensors import host_buffer
+from . import _C, _nccl
+from ._tensors import buffer, host_buffer
 from .errors import InvalidArgumentError
 
 _REDUCE = dict(_C.REDUCE_CODES)
@@ -64,23 +66,138 @@ class _OpQueue:
                     self._idle.notify_all()
 
 
+class _DeviceIssuer:
+    """Issues the operations of one holdfast.distributed call on an NCCL
+    communicator, from the operation thread, with ProcessGroupNCCL's
+    stream semantics: they run on the communicator's stream (`main`),
+    after `ready` (an event the caller recorded on its own stream when it
+    issued the call), and the torch work between them (staging copies)
+    runs on `main` too, in order. Each call returns once its op is queued
+    on the device, not once it completed; finish() waits for that."""
+
+    def __init__(self, comm, device, ready):
+        self.device = device
+        self.main = torch.cuda.ExternalStream(comm.cuda_stream, device=device)
+        self.main.wait_event(ready)
+        self._pending = []  # (PendingOp, its after_event): kept until done
+
+    def __call__(self, method, *args):
+        after = torch.cuda.Event()
+        after.record(self.main)
+        op = method(*args, after_event=after.cuda_event, wait=False)
+        self._pending.append((op, after))
+        stream = op.queued()
+        if stream and stream != self.main.cuda_stream:
+            # A point-to-point op runs on a stream of its own.
+            done = torch.cuda.Event()
+            done.record(torch.cuda.ExternalStream(stream, device=self.device))
+            self.main.wait_event(done)
+
+    def finish(self):
+        """Waits until every op is done on the device, then until the torch
+        work queued after them on `main` is too (the staging buffers may
+        be freed then). Raises the first op's error."""
+        error = None
+        for op, _ in self._pending:
+            try:
+                op.wait()
+            except Exception as e:  # noqa: BLE001 -- the first one is raised
+                error = error or e
+        self._pending = []
+        done = torch.cuda.Event()
+        done.record(self.main)
+        done.synchronize()
+        if error is not None:
+            raise error
+
+
+class _DeviceState:
+    """Registered CUDA tensors and their pinned host copies, which the
+    runtime snapshots and restores as if they were the tensors."""
+
+    def __init__(self):
+        self._pairs = {}  # name -> (device tensor, pinned host tensor)
+        self._streams = {}  # device -> the copy stream
+
+    def add(self, name, tensor):
+        host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        host.copy_(tensor)  # the values at registration, synchronously
+        self._pairs[name] = (tensor, host)
+
+    def host(self, name):
+        return self._pairs[name][1]
+
+    def copy_out(self):
+        """Copies every tensor into its host copy, after the work queued so
+        far on each device's current stream, on a stream of its own; returns
+        once the copies are done (the runtime reads the host copies next)."""
+        if not self._pairs:
+            return
+        for stream in self._run_on_copy_streams(
+                lambda dev, host: host.copy_(dev, non_blocking=True)):
+            stream.synchronize()
+
+    def copy_in(self):
+        """Copies every host copy back into its tensor (after a restore);
+        returns once done."""
+        if not self._pairs:
+            return
+        for stream in self._run_on_copy_streams(
+                lambda dev, host: dev.copy_(host, non_blocking=True)):
+            stream.synchronize()
+
+    def _run_on_copy_streams(self, copy):
+        used = []
+        for dev, host in self._pairs.values():
+            stream = self._streams.get(dev.device)
+            if stream is None:
+                stream = torch.cuda.Stream(device=dev.device)
+                self._streams[dev.device] = stream
+            if stream not in used:
+                stream.wait_stream(torch.cuda.current_stream(dev.device))
+                used.append(stream)
+            with torch.cuda.stream(stream):
+                copy(dev, host)
+        return used
+
+
 class Communicator:
-    """A communicator of one generation, on CPU torch tensors.
+    """A communicator of one generation, on torch tensors: CPU tensors
+    when it runs on Gloo, CUDA tensors when it runs on NCCL
+    (HOLDFAST_BACKEND=nccl; `device_memory` says which).
 
     Every call blocks until the operation is done and raises a holdfast
     error (PeerLostError, TimeoutError, AbortedError, ...) if it fails.
-    `timeout` is in seconds (0: the communicator's default). A call first
-    waits for the operations that the runtime's torch.distributed groups
-    issued before it, so that every slot's operations stay in one order.
+    On CUDA tensors an operation starts on the device after the work
+    already queued on the tensor's current stream, and is done on the
+    device when the call returns. `timeout` is in seconds (0: the
+    communicator's default). A call first waits for the operations that
+    the runtime's torch.distributed groups issued before it, so that
+    every slot's operations stay in one order.
     """
 
-    def __init__(self, comm, ops=None):
+    def __init__(self, comm, ops=None, issuer=None):
         self._comm = comm
         self._ops = ops
+        self._issuer = issuer  # a _DeviceIssuer (holdfast.distributed)
+        self.device_memory = comm.device_memory
 
     def _in_order(self):
         if self._ops is not None:
             self._ops.drain()
+
+    def _buf(self, tensor, what):
+        return buffer(tensor, what, self.device_memory)
+
+    def _issue(self, tensor, method, *args):
+        if self._issuer is not None:
+            self._issuer(method, *args)
+        elif self.device_memory:
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(tensor.device))
+            method(*args, after_event=ready.cuda_event)
+        else:
+            method(*args)
 
     @property
     def rank(self):
@@ -94,61 +211,75 @@ class Communicator:
     def generation(self):
         return self._comm.generation
 
+    @property
+    def backend(self):
+        """"gloo" or "nccl"."""
+        return self._comm.backend
+
     def all_reduce(self, tensor, op="sum", timeout=0.0):
         self._in_order()
-        ptr, n, dt = host_buffer(tensor, "all_reduce")
-        self._comm.all_reduce(ptr, n, dt, _reduce_code(op), timeout)
+        ptr, n, dt = self._buf(tensor, "all_reduce")
+        self._issue(tensor, self._comm.all_reduce, ptr, n, dt, _reduce_code(op),
+                    timeout)
         return tensor
 
     def broadcast(self, tensor, root=0, timeout=0.0):
         self._in_order()
-        ptr, n, dt = host_buffer(tensor, "broadcast")
-        self._comm.broadcast(ptr, n, dt, int(root), timeout)
+        ptr, n, dt = self._buf(tensor, "broadcast")
+        self._issue(tensor, self._comm.broadcast, ptr, n, dt, int(root), timeout)
         return tensor
 
     def all_gather(self, output, input, timeout=0.0):
         """`output` holds size * input.numel() elements, rank r's at r."""
         self._in_order()
-        sp, sn, sdt = host_buffer(input, "all_gather input")
-        rp, rn, rdt = host_buffer(output, "all_gather output")
+        sp, sn, sdt = self._buf(input, "all_gather input")
+        rp, rn, rdt = self._buf(output, "all_gather output")
         self._check_pair("all_gather", sdt, rdt, rn, sn * self.size)
-        self._comm.all_gather(sp, rp, sn, sdt, timeout)
+        self._issue(output, self._comm.all_gather, sp, rp, sn, sdt, timeout)
         return output
 
     def reduce_scatter(self, output, input, op="sum", timeout=0.0):
         """`input` holds size blocks of output.numel() elements."""
         self._in_order()
-        sp, sn, sdt = host_buffer(input, "reduce_scatter input")
-        rp, rn, rdt = host_buffer(output, "reduce_scatter output")
+        sp, sn, sdt = self._buf(input, "reduce_scatter input")
+        rp, rn, rdt = self._buf(output, "reduce_scatter output")
         self._check_pair("reduce_scatter", sdt, rdt, sn, rn * self.size)
-        self._comm.reduce_scatter(sp, rp, rn, sdt, _reduce_code(op), timeout)
+        self._issue(output, self._comm.reduce_scatter, sp, rp, rn, sdt,
+                    _reduce_code(op), timeout)
         return output
 
     def all_to_all(self, output, input, timeout=0.0):
         self._in_order()
-        sp, sn, sdt = host_buffer(input, "all_to_all input")
-        rp, rn, rdt = host_buffer(output, "all_to_all output")
+        sp, sn, sdt = self._buf(input, "all_to_all input")
+        rp, rn, rdt = self._buf(output, "all_to_all output")
         self._check_pair("all_to_all", sdt, rdt, rn, sn)
         if sn % self.size:
             raise InvalidArgumentError(
                 f"all_to_all: {sn} elements do not split into {self.size} blocks"
             )
-        self._comm.all_to_all(sp, rp, sn // self.size, sdt, timeout)
+        self._issue(output, self._comm.all_to_all, sp, rp, sn // self.size, sdt,
+                    timeout)
         return output
 
     def barrier(self, timeout=0.0):
         self._in_order()
-        self._comm.barrier(timeout)
+        if self.device_memory:
+            self._issue(torch.empty(0, device="cuda"), self._comm.barrier,
+                        timeout)
+        else:
+            self._comm.barrier(timeout)
 
     def send(self, tensor, peer, tag=0, timeout=0.0):
         self._in_order()
-        ptr, n, dt = host_buffer(tensor, "send")
-        self._comm.send(ptr, n, dt, int(peer), int(tag), timeout)
+        ptr, n, dt = self._buf(tensor, "send")
+        self._issue(tensor, self._comm.send, ptr, n, dt, int(peer), int(tag),
+                    timeout)
 
     def recv(self, tensor, peer, tag=0, timeout=0.0):
         self._in_order()
-        ptr, n, dt = host_buffer(tensor, "recv")
-        self._comm.recv(ptr, n, dt, int(peer), int(tag), timeout)
+        ptr, n, dt = self._buf(tensor, "recv")
+        self._issue(tensor, self._comm.recv, ptr, n, dt, int(peer), int(tag),
+                    timeout)
         return tensor
 
     def abort(self, reason="aborted from Python"):
@@ -187,6 +318,13 @@ class StepContext:
 _current = None
 
 
+def _close_at_exit(ref):
+    runtime = ref()
+    if runtime is not None and getattr(runtime, "_rt", None) is not None:
+        rt, runtime._rt = runtime._rt, None
+        del rt  # leaves the job and joins the runtime's threads
+
+
 def current_runtime():
     """The most recently created Runtime of this process (or None)."""
     return _current
@@ -199,12 +337,18 @@ class Runtime:
     fills the rest): controller, token, token_file, host, topology_block,
     faults, preferred_slot, replicas, verify_backups ("arrival" or
     "restore"), tp_size, pp_size, checkpoint_dir, checkpoint_every,
-    max_step_retries, and timeout, connect_timeout, join_timeout,
-    recovery_timeout in seconds.
+    max_step_retries, backend ("gloo", or "nccl" for CUDA tensors;
+    HOLDFAST_BACKEND), device (the CUDA device NCCL runs on;
+    HOLDFAST_DEVICE, else LOCAL_RANK), and timeout, connect_timeout,
+    join_timeout, recovery_timeout in seconds.
+
+    A runtime whose build has the NCCL backend first checks that torch's
+    NCCL is the one holdfast was built against (FencedError otherwise).
     """
 
     def __init__(self, **options):
         global _current
+        _nccl.check()
         self._rt = _C.Runtime(**options)
         self._groups = []  # process groups that defer errors to step ends
         self._ops = _OpQueue()  # their operations, in issue order
@@ -219,7 +363,12 @@ class Runtime:
         self._watched = []
         self._versions = None
         self._fence_checked = False
+        self._device_state = _DeviceState()  # registered CUDA tensors
         _current = self
+        # The C++ runtime's threads (NCCL's among them) must end before the
+        # interpreter and the CUDA runtime shut down: process groups refer
+        # back to the runtime, so the cycle might never be collected.
+        atexit.register(_close_at_exit, weakref.ref(self))
 
     # ---- where this process stands ---------------------------------------
     @property
@@ -252,13 +401,23 @@ class Runtime:
 
     # ---- state -------------------------------------------------------------
     def register_tensor(self, name, tensor):
-        """Registers a CPU tensor's bytes as replicated state under `name`.
+        """Registers a tensor's bytes, in place, as replicated state under
+        `name`: a CPU tensor or a CUDA tensor.
 
         The tensor must keep its storage (update it in place, as optimizers
         do); a recovery writes the restored bytes into it. Its values must be
         the same on every slot (a fresh start warns about one that differs).
+
+        A CUDA tensor is not copied on the device: the runtime keeps a
+        pinned host copy of it, which each step's end fills from the device
+        on a stream of its own (after the step's work on the tensor's
+        current stream) and each restore writes back.
         """
         data = tensor.data if isinstance(tensor, torch.nn.Parameter) else tensor
+        if isinstance(data, torch.Tensor) and data.device.type == "cuda":
+            buffer(data, f"state '{name}'", device_memory=True)
+            self._device_state.add(name, data)
+            data = self._device_state.host(name)
         ptr, n, _ = host_buffer(data, f"state '{name}'")
         self._rt.register_state(name, ptr, n * data.element_size())
         # The tensor itself (it keeps the storage alive too): .data of a
@@ -452,6 +611,8 @@ class Runtime:
                 self._in_step = False
             for group in self._groups:
                 group._end_step()
+            # The runtime snapshots the host copies once this returns.
+            self._device_state.copy_out()
             if dcp_every and (ctx.step % dcp_every == 0 or ctx.step == steps):
                 dcp_io.save(self, Communicator(ctx.comm, self._ops),
                             dcp_io.step_dir(dcp_dir, ctx.step), ctx.step)
@@ -464,6 +625,7 @@ class Runtime:
             # No snapshot copied during a step survives a restore, and the
             # step that failed may have moved versions: nothing to compare.
             self._versions = None
+            self._device_state.copy_in()
             if dcp_every and self.slot == 0:
                 dcp_io.prune(dcp_dir, dcp_keep, after=step)
             if on_restore is not None:

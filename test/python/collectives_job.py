@@ -21,7 +21,7 @@ rt.register_tensor("marker", marker)
 pg = hd.init_process_group(rt)
 assert dist.get_backend() == "holdfast"
 # Registered for the devices it serves (torch 2.x's register_backend).
-assert dist.Backend.backend_capability["holdfast"] == ["cpu"], (
+assert dist.Backend.backend_capability["holdfast"] == ["cpu", "cuda"], (
     dist.Backend.backend_capability)
 
 

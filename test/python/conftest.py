@@ -8,6 +8,7 @@ from the build."""
 
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 import tempfile
@@ -58,9 +59,12 @@ def controller(tmp_path):
     proc.wait()
 
 
-def run_job(args, cmd, timeout=240, extra_env=None):
+def run_job(args, cmd, timeout=None, extra_env=None):
     """Runs `holdfast-run ARGS -- CMD` (with `extra_env` added to the
-    environment); returns (exit code, output lines)."""
+    environment); returns (exit code, output lines). `timeout`: seconds
+    (default HOLDFAST_TEST_JOB_TIMEOUT, else 240)."""
+    if timeout is None:
+        timeout = float(os.environ.get("HOLDFAST_TEST_JOB_TIMEOUT", "240"))
     env = dict(os.environ)
     env.update(extra_env or {})
     if INSTALLED:
@@ -70,12 +74,53 @@ def run_job(args, cmd, timeout=240, extra_env=None):
     # A disk tier of the job's own: no run resumes another's checkpoint.
     if "--checkpoint-dir" not in args and "--no-disk-tier" not in args:
         env.setdefault("HOLDFAST_CHECKPOINT_DIR", tempfile.mkdtemp())
-    p = subprocess.run(
+    p = subprocess.Popen(
         [str(_tool("holdfast-run"))] + args + ["--"] + cmd,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        timeout=timeout, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
     )
-    return p.returncode, p.stdout.splitlines()
+    try:
+        out, _ = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        # Every process of the job prints its threads' stacks (the examples
+        # register faulthandler for SIGUSR1), then all of them end.
+        tree = _descendants(p.pid)
+        _signal_all(tree, signal.SIGUSR1)
+        time.sleep(3)
+        _signal_all([p.pid] + tree, signal.SIGKILL)
+        out, _ = p.communicate()
+        lines = out.splitlines()
+        raise AssertionError(
+            f"the job did not end within {timeout} s; its last lines:\n" +
+            "\n".join(lines[-400:])) from None
+    return p.returncode, out.splitlines()
+
+
+def _descendants(pid):
+    """The pids of every process below `pid` (from /proc)."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _signal_all(pids, sig):
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
 
 
 def final_lines(lines):
@@ -90,13 +135,14 @@ FSDP = [PYTHON, str(ROOT / "examples/python/fsdp_train.py"), "--steps", "30"]
 _fault_free = {}
 
 
-def fault_free_hash(ranks, job=DDP):
+def fault_free_hash(ranks, job=DDP, extra_env=None):
     """The hash of `job` (an example) without faults on `ranks` slots (3 or
     more: on two, a sum's operands commute, so a change in the order of a
     reduction after a recovery would go unseen)."""
-    key = (ranks, job[1])
+    key = (ranks, tuple(job))
     if key not in _fault_free:
-        rc, lines = run_job(["-n", str(ranks), "--standby", "1"], job)
+        rc, lines = run_job(["-n", str(ranks), "--standby", "1"], job,
+                            extra_env=extra_env)
         finals = final_lines(lines)
         assert rc == 0, "\n".join(lines[-40:])
         assert len(finals) == ranks and len(set(finals)) == 1, finals
@@ -123,13 +169,13 @@ def assert_fenced(lines, ranks):
     assert sum(int(c["snapshots_overlapped"]) for c in counts) > 0, counts
 
 
-def assert_survives(ranks, fault, job):
+def assert_survives(ranks, fault, job, extra_env=None):
     """`job` on `ranks` slots and a standby, with `fault` injected, ends
     with every slot of the final world printing the fault-free hash after
     one recovery (the replaced member never prints)."""
-    expected = fault_free_hash(ranks, job)
+    expected = fault_free_hash(ranks, job, extra_env)
     rc, lines = run_job(["-n", str(ranks), "--standby", "1", "--inject", fault],
-                        job)
+                        job, extra_env=extra_env)
     out = "\n".join(lines[-60:])
     assert rc == 0, out
     finals = final_lines(lines)

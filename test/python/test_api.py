@@ -26,6 +26,49 @@ def test_error_classes_follow_status_codes():
         holdfast.PeerLostError, holdfast.TimeoutError, holdfast.AbortedError}
 
 
+def test_one_nccl_per_process_is_checked_by_version_and_file():
+    """holdfast refuses to start where torch's NCCL is not the one it was
+    built against, or where two libnccl files are loaded, naming both."""
+    from holdfast import _nccl
+
+    _nccl.check((22809, 22809), (2, 28, 9), ["/x/libnccl.so.2"])  # agrees
+    _nccl.check(None)  # a build without the NCCL backend checks nothing
+    with pytest.raises(holdfast.FencedError, match=r"2\.29\.3.*2\.28\.9"):
+        _nccl.check((22809, 22809), (2, 29, 3), ["/x/libnccl.so.2"])
+    with pytest.raises(holdfast.FencedError, match="two NCCL libraries.*/a.*/b"):
+        _nccl.check((22809, 22809), (2, 28, 9),
+                    ["/a/libnccl.so.2", "/b/libnccl.so.2"])
+    # This process: one file, torch's, when the build has the backend.
+    libraries = _nccl.loaded_libraries()
+    assert len(libraries) <= 1, libraries
+    _nccl.check()
+
+
+def test_tensors_on_the_wrong_side_of_the_communicator_are_named():
+    """A CPU tensor for an NCCL communicator, a CUDA one for Gloo (here: a
+    tensor of another device type), and a device no backend takes."""
+    from holdfast import _tensors
+    from holdfast.distributed import _device_of
+
+    with pytest.raises(holdfast.InvalidArgumentError, match="takes CUDA tensors"):
+        _tensors.buffer(torch.zeros(2), "x", device_memory=True)
+    with pytest.raises(holdfast.InvalidArgumentError, match="takes CPU tensors"):
+        _tensors.buffer(torch.zeros(2, device="meta"), "x")
+
+    class Comm:
+        def __init__(self, device_memory, backend):
+            self.device_memory, self.backend = device_memory, backend
+
+    assert _device_of([torch.zeros(2)], Comm(False, "gloo")) is None
+    with pytest.raises(holdfast.InvalidArgumentError, match="CPU tensors on a job"):
+        _device_of([torch.zeros(2)], Comm(True, "nccl"))
+    with pytest.raises(holdfast.InvalidArgumentError, match="meta tensors"):
+        _device_of([torch.zeros(2, device="meta")], Comm(False, "gloo"))
+    with pytest.raises(holdfast.InvalidArgumentError, match="several devices"):
+        _device_of([torch.zeros(2), torch.zeros(2, device="meta")],
+                   Comm(False, "gloo"))
+
+
 def test_wrong_token_is_refused(controller):
     address, _ = controller
     with pytest.raises(holdfast.UnauthenticatedError, match="token"):

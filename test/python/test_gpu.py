@@ -1,0 +1,53 @@
+"""PyTorch on CUDA over NCCL, 3 ranks on one GPU (test/python/gpu_rank.sh
+gives each its own NCCL host id): the "holdfast" group's collectives on
+CUDA tensors with ProcessGroupNCCL's stream semantics, and DDP and FSDP2
+on CUDA ending with the fault-free hash after a SIGKILL and a SIGSTOP.
+Skipped (exit 77 under CTest) without a CUDA device."""
+
+import pytest
+import torch
+
+from conftest import (DDP, FSDP, HERE, PYTHON, assert_survives, final_lines,
+                      run_job)
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
+                                reason="no CUDA device")
+
+RANK = [str(HERE / "gpu_rank.sh")]
+GPU_ENV = {"HOLDFAST_BACKEND": "nccl", "HOLDFAST_DEVICE": "0"}
+DDP_CUDA = RANK + DDP + ["--device", "cuda"]
+FSDP_CUDA = RANK + FSDP + ["--device", "cuda"]
+
+
+def test_collectives_on_cuda_tensors():
+    rc, lines = run_job(["-n", "3"],
+                        RANK + [PYTHON, str(HERE / "cuda_collectives_job.py")],
+                        extra_env=GPU_ENV)
+    out = "\n".join(lines[-60:])
+    oks = sorted(line.split("] ", 1)[1] for line in lines if "] ok rank=" in line)
+    assert rc == 0, out
+    assert oks == [f"ok rank={r}" for r in range(3)], out
+    print("\n".join(line for line in lines if "position-dependent" in line))
+
+
+@pytest.mark.parametrize("fault", [
+    "kill:slot=1:step=9", "kill:slot=0:step=17", "hang:slot=2:step=12"])
+def test_ddp_on_cuda_survives_a_fault_with_the_fault_free_hash(fault):
+    assert_survives(3, fault, DDP_CUDA, extra_env=GPU_ENV)
+
+
+@pytest.mark.parametrize("fault", ["kill:slot=1:step=9", "hang:slot=0:step=14"])
+def test_fsdp2_on_cuda_survives_a_fault_with_the_fault_free_hash(fault):
+    assert_survives(3, fault, FSDP_CUDA, extra_env=GPU_ENV)
+
+
+def test_ddp_on_cuda_shrinks_from_3_to_2():
+    rc, lines = run_job(
+        ["-n", "3", "--mode", "shrink", "--inject", "kill:slot=2:step=10"],
+        DDP_CUDA, extra_env=GPU_ENV)
+    out = "\n".join(lines[-60:])
+    assert rc == 0, out
+    finals = final_lines(lines)
+    assert len(finals) == 2 and len(set(finals)) == 1, out
+    assert finals[0].startswith("final step=30 world=2 "), out
+
