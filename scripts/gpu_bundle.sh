@@ -1,16 +1,24 @@
 #!/bin/bash
-# Packs the GPU tests and benchmarks built in build/ for a machine with a
-# GPU but without this project's Debian packages: the binaries go to
-# DIR/bin, every shared library they need except glibc's, CUDA's driver and
-# NCCL goes to DIR/lib (the GPU machine's own libnccl.so.2 is used), and
-# DIR/run.sh runs them there. The test binaries hold the absolute paths of
-# build/holdfast-run and build/holdfast-dp-trainer-nccl, so run.sh must
-# run in a checkout at the same path as this one; it links those two
-# names to the bundled binaries.
+# Packs what the GPU checks need from build/ for a machine with a GPU but
+# without this project's Debian packages (scripts/gpu_check.sh runs them
+# there), into DIR (default .gpu, ignored by git):
+#   DIR/bin     the GPU tests, benchmarks, holdfast-run and the NCCL trainer,
+#               their rpath set to DIR/lib (patchelf), so nothing needs
+#               LD_LIBRARY_PATH;
+#   DIR/lib     every shared library they and the Python module need, except
+#               glibc's, libstdc++ and libgcc_s (the GPU machine's are newer),
+#               CUDA's driver and runtime, and NCCL: there, those are the
+#               machine's and torch's (one NCCL per process);
+#   DIR/static  the holdfast archives the Python module links, and
+#   DIR/include Abseil's headers and holdfast's version.h: gpu_check.sh
+#               compiles src/python/module.cc there, against that machine's
+#               Python, pybind11 and torch's NCCL.
+# The test binaries hold the absolute paths of build/holdfast-run and
+# build/holdfast-dp-trainer-nccl, so the checkout must be at the same path
+# there; gpu_check.sh links those names to the bundled binaries.
 #
-#   scripts/gpu_bundle.sh [DIR]     (a folder in the checkout; default .gpu,
-#                                    ignored by git)
-#   then, on the GPU machine, in the checkout:  bash DIR/run.sh
+#   scripts/gpu_bundle.sh [DIR]     (a folder in the checkout)
+#   then, on the GPU machine, in the checkout:  bash scripts/gpu_check.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir="${1:-.gpu}"
@@ -18,42 +26,32 @@ if [[ "$dir" == /* || "$dir" == *..* ]]; then
   echo "gpu_bundle: DIR must be a folder inside the checkout (it travels with it)" >&2
   exit 2
 fi
+command -v patchelf >/dev/null || {
+  echo "gpu_bundle: patchelf is missing (scripts/setup.sh installs it)" >&2; exit 1; }
 bins=(build/test/nccl_test build/test/nccl_job_test build/nccl_bench
       build/holdfast-nccl-probe build/holdfast-run
       build/holdfast-dp-trainer-nccl build/recovery_bench)
-for b in "${bins[@]}"; do
-  [[ -x "$b" ]] || { echo "gpu_bundle: $b is missing: build with CUDA and NCCL found" >&2; exit 1; }
+module=$(ls build/python/holdfast/_C*.so 2>/dev/null | head -1)
+archives=(build/libholdfast_runtime.a build/libholdfast_control.a
+          build/libholdfast_control_proto.a build/libholdfast_checkpoint.a
+          build/libholdfast_nccl.a build/libholdfast.a)
+for b in "${bins[@]}" "$module" "${archives[@]}"; do
+  [[ -e "$b" ]] || { echo "gpu_bundle: ${b:-the Python module} is missing: build with CUDA and NCCL found" >&2; exit 1; }
 done
-rm -rf "${dir:?}/bin" "${dir:?}/lib"
-mkdir -p "$dir/bin" "$dir/lib"
+[ "$(nm -C "$module" | grep -c "holdfast::nccl::LoadedVersion")" -gt 0 ] || {
+  echo "gpu_bundle: $module was built without the NCCL backend" >&2; exit 1; }
+rm -rf "${dir:?}/bin" "${dir:?}/lib" "${dir:?}/static" "${dir:?}/include" \
+       "${dir:?}/build"
+mkdir -p "$dir/bin" "$dir/lib" "$dir/static" "$dir/include/holdfast"
 cp "${bins[@]}" "$dir/bin/"
-for b in "${bins[@]}"; do ldd "$b" | awk '/=>/ {print $3}'; done | sort -u |
-  grep -v -E '/(libc|libm|libpthread|libdl|librt|libnccl|libcuda)\.so' |
+cp "${archives[@]}" "$dir/static/"
+cp -r /usr/include/absl "$dir/include/"
+cp build/include/holdfast/version.h "$dir/include/holdfast/"
+for b in "${bins[@]}" "$module"; do ldd "$b" | awk '/=>/ {print $3}'; done | sort -u |
+  grep -v -E '/(libc|libm|libpthread|libdl|librt|libstdc\+\+|libgcc_s|libnccl|libcuda|libcudart)\.so' |
   while read -r lib; do cp -L "$lib" "$dir/lib/"; done
-cat > "$dir/run.sh" <<EOF
-#!/bin/bash
-# Runs the bundled GPU tests and benchmarks (see scripts/gpu_bundle.sh).
-cd "\$(dirname "\$0")/.." || exit 1
-nccl=\$(ldconfig -p | awk '/libnccl.so.2 / {print \$NF; exit}')
-LD_LIBRARY_PATH=\$PWD/$dir/lib:\$(dirname "\${nccl:-/usr/lib/x86_64-linux-gnu/libnccl.so.2}")
-export LD_LIBRARY_PATH
-mkdir -p build
-# Links, unless a real build is there.
-for b in holdfast-run holdfast-dp-trainer-nccl; do
-  [[ -e "build/\$b" && ! -L "build/\$b" ]] || ln -sf "\$PWD/$dir/bin/\$b" "build/\$b"
+# DT_RPATH (not RUNPATH): it serves the libraries' own dependencies too.
+for b in "$dir"/bin/*; do
+  patchelf --force-rpath --set-rpath '$ORIGIN/../lib' "$b"
 done
-set -x
-$dir/bin/holdfast-nccl-probe
-$dir/bin/nccl_test "[gpu]"
-$dir/bin/nccl_test "[gpu-sticky]"
-$dir/bin/nccl_test "[gpu2]"
-$dir/bin/nccl_job_test "[gpu]"
-$dir/bin/nccl_bench
-# Recovery on NCCL with every process on device 0 (see test/nccl_job_test.cc).
-printf '#!/bin/sh\\nNCCL_HOSTID=holdfast-\$\$ exec %s "\$@"\\n' "\$PWD/build/holdfast-dp-trainer-nccl" > /tmp/holdfast-trainer-nccl.sh
-chmod +x /tmp/holdfast-trainer-nccl.sh
-HOLDFAST_BACKEND=nccl HOLDFAST_DEVICE=0 NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 \\
-  $dir/bin/recovery_bench --ranks 2,4 --state-mb 256 --trainer /tmp/holdfast-trainer-nccl.sh
-EOF
-chmod +x "$dir/run.sh"
 du -sh "$dir"

@@ -1,0 +1,113 @@
+#!/bin/bash
+# Every GPU check, on a machine with a GPU, from a checkout with the bundle
+# of scripts/gpu_bundle.sh (.gpu/) carried over. Writes one JSON summary
+# (SUMMARY, default $OUT/gpu_summary.json or .gpu/out/gpu_summary.json)
+# and the logs beside it. Exit code 0 when every check passed.
+#
+#   bash scripts/gpu_check.sh [python] [cpp] [bench]   (default: all three)
+#
+# PYTEST_TARGETS: the tests to run (default test/python/test_gpu.py);
+# HOLDFAST_TEST_JOB_TIMEOUT: seconds a test's job may take (default 90).
+#
+# python: builds holdfast._C for this machine's Python against its torch's
+#         NCCL, then test/python/test_gpu.py (collectives on CUDA tensors,
+#         DDP and FSDP2 on CUDA with a SIGKILL and a SIGSTOP, a shrink);
+# cpp:    nccl_test [gpu] and [gpu-sticky], nccl_job_test [gpu];
+# bench:  nccl_bench and recovery_bench (4 ranks x 256 MiB, NCCL, with its
+#         restart baseline).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+out="${OUT:-$root/.gpu/out}"
+mkdir -p "$out"
+summary="${SUMMARY:-$out/gpu_summary.json}"
+py="${PYTHON:-python3}"
+parts=("$@")
+[ ${#parts[@]} -eq 0 ] && parts=(python cpp bench)
+want() { [[ " ${parts[*]} " == *" $1 "* ]]; }
+[ -x .gpu/bin/holdfast-run ] || { echo "gpu_check: no bundle: run scripts/gpu_bundle.sh first" >&2; exit 2; }
+
+results=()
+# check NAME SECONDS CMD...: runs CMD with a time limit, logs to NAME.log.
+check() {
+  local name=$1 limit=$2; shift 2
+  local t0=$SECONDS rc
+  echo "=== $name" >&2
+  timeout -k 10 "$limit" "$@" > "$out/$name.log" 2>&1
+  rc=$?
+  tail -n 25 "$out/$name.log" >&2
+  results+=("{\"check\": \"$name\", \"rc\": $rc, \"seconds\": $((SECONDS - t0))}")
+  echo "=== $name: rc=$rc in $((SECONDS - t0)) s" >&2
+  return $rc
+}
+
+# torch's NCCL and CUDA runtime: what the Python module and the C++
+# binaries load (one NCCL per process, the same in both).
+nccl_lib=$($py -c "import nvidia.nccl as n; print(list(n.__path__)[0] + '/lib')")
+cudart=$($py -c "import glob, os, nvidia; print(sorted(p for d in nvidia.__path__ for p in glob.glob(os.path.join(d, '*', 'lib', 'libcudart.so.*')))[0])")
+export LD_LIBRARY_PATH_CPP="$nccl_lib:$(dirname "$cudart")"
+if [ "${1:-}" = "--build-module" ]; then
+  # The Python module for this machine's Python and torch's NCCL (the rest
+  # of holdfast comes prebuilt in .gpu/static and .gpu/lib).
+  pyinc=$($py -c "import sysconfig; print(sysconfig.get_paths()['include'])")
+  pybind=$($py -c "import pybind11; print(pybind11.get_include())" 2>/dev/null || echo /usr/include)
+  ext=$($py -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
+  cp python/holdfast/*.py .gpu/build/python/holdfast/
+  ${CXX:-g++} -O2 -std=c++17 -shared -fPIC -fvisibility=hidden \
+    -DHOLDFAST_PYTHON_NCCL -Iinclude -I.gpu/include -I"$pyinc" -I"$pybind" \
+    src/python/module.cc -o ".gpu/build/python/holdfast/_C$ext" \
+    -Wl,--start-group .gpu/static/*.a -Wl,--end-group \
+    -Wl,--as-needed .gpu/lib/*.so* "$nccl_lib/libnccl.so.2" "$cudart" \
+    -Wl,--disable-new-dtags,-rpath,"$root/.gpu/lib"
+  exit $?
+fi
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  $py -c "import torch; print('torch', torch.__version__, 'nccl', torch.cuda.nccl.version())"
+} > "$out/machine.txt" 2>&1
+echo "checkout: $root" >> "$out/machine.txt"
+cat "$out/machine.txt" >&2
+
+mkdir -p build .gpu/build/python/holdfast
+for b in holdfast-run holdfast-dp-trainer-nccl; do
+  [[ -e "build/$b" && ! -L "build/$b" ]] || ln -sf "$root/.gpu/bin/$b" "build/$b"
+  ln -sf "$root/.gpu/bin/$b" ".gpu/build/$b"
+done
+
+
+failed=0
+if want python; then
+  check python-module 120 bash "$0" --build-module || failed=1
+  HOLDFAST_BUILD_DIR="$root/.gpu/build" PYTHONPATH="$root/.gpu/build/python" \
+    HOLDFAST_TEST_JOB_TIMEOUT="${HOLDFAST_TEST_JOB_TIMEOUT:-90}" \
+    PYTHONUNBUFFERED=1 check python-gpu 270 \
+    $py -m pytest -q -rA --maxfail=2 -p no:cacheprovider \
+    --junitxml="$out/pytest.xml" ${PYTEST_TARGETS:-test/python/test_gpu.py} \
+    || failed=1
+fi
+if want cpp; then
+  LD_LIBRARY_PATH="$LD_LIBRARY_PATH_CPP" check nccl-test 60 .gpu/bin/nccl_test "[gpu]" || failed=1
+  LD_LIBRARY_PATH="$LD_LIBRARY_PATH_CPP" check nccl-sticky 30 .gpu/bin/nccl_test "[gpu-sticky]" || failed=1
+  LD_LIBRARY_PATH="$LD_LIBRARY_PATH_CPP" check nccl-job-test 240 .gpu/bin/nccl_job_test "[gpu]" || failed=1
+fi
+if want bench; then
+  LD_LIBRARY_PATH="$LD_LIBRARY_PATH_CPP" check nccl-bench 60 .gpu/bin/nccl_bench --json || failed=1
+  printf '#!/bin/sh\nNCCL_HOSTID=holdfast-$$ exec %s "$@"\n' "$root/build/holdfast-dp-trainer-nccl" > /tmp/holdfast-trainer-nccl.sh
+  chmod +x /tmp/holdfast-trainer-nccl.sh
+  LD_LIBRARY_PATH="$LD_LIBRARY_PATH_CPP" HOLDFAST_BACKEND=nccl HOLDFAST_DEVICE=0 \
+    NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 check recovery-bench 120 \
+    .gpu/bin/recovery_bench --ranks 4 --state-mb 256 --json \
+    --trainer /tmp/holdfast-trainer-nccl.sh || failed=1
+fi
+
+{
+  echo "{\"date\": \"$(date -u +%FT%TZ)\","
+  echo " \"machine\": $($py -c 'import json,sys; print(json.dumps(open(sys.argv[1]).read().strip()))' "$out/machine.txt"),"
+  echo " \"checks\": [$(IFS=,; echo "${results[*]}")],"
+  echo " \"passed\": $([ $failed -eq 0 ] && echo true || echo false)}"
+} > "$summary"
+cat "$summary"
+# The logs as one archive beside the summary (a device call brings back
+# few files).
+(cd "$out" && tar czf logs.tar.gz ./*.log ./*.xml machine.txt 2>/dev/null &&
+  rm -f ./*.log ./*.xml)
+exit $failed
