@@ -34,7 +34,7 @@ packages=(
   python3-dev python3-venv
   nlohmann-json3-dev libxxhash-dev libcli11-dev libspdlog-dev libfmt-dev
   prometheus-cpp-dev libssl-dev clang-format
-  iproute2 patchelf
+  iproute2 nftables patchelf
 )
 
 missing=()

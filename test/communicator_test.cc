@@ -195,7 +195,7 @@ TEST_CASE("a Gloo communicator says its buffers are host memory") {
 }
 
 TEST_CASE(
-    "on_queued is called once per op, before its Work finishes, with no "
+    "on_queued is called once per op before its Work finishes and with no "
     "stream on a host backend") {
   auto comm = Solo();
   struct Calls {

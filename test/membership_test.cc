@@ -946,3 +946,134 @@ TEST_CASE(
   CHECK(inc[0].evidence().find("against its peers' 31.5 ms") !=
         std::string::npos);
 }
+
+namespace {
+
+// A report of generation `gen` by member `i` that its communicator failed,
+// naming `unreachable` slots it could not reach on the data network.
+absl::StatusOr<bool> ReportUnreachable(Job& job, size_t i, int64_t gen,
+                                       std::vector<int> unreachable,
+                                       absl::Time now) {
+  ReportFailureRequest req;
+  req.set_member_id(job.ids[i]);
+  req.set_generation(gen);
+  req.set_peer_slot(-1);
+  req.set_reason("connecting to rank: No route to host");
+  for (int u : unreachable) req.add_unreachable_slots(u);
+  return job.m.ReportFailure(req, now);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "membership: a host that members on two other hosts could not reach is "
+    "fenced (from a late report too) and its standby takes no slot") {
+  Job job(4);
+  // Slots 0, 1 on a; 2 on b; 3 on c. Standbys on b (the cut host) and c.
+  for (const char* h : {"a", "a", "b", "c", "b", "c"}) job.Join(h, kT0);
+  // The first report rebuilds the group (one member's word fences nobody).
+  auto r = ReportUnreachable(job, 0, 0, {2}, kT0);
+  REQUIRE(r.ok());
+  CHECK(job.m.Status({}, kT0).generation() == 1);
+  CHECK(job.Incidents(kT0).back().kind() == INCIDENT_COMM_FAILED);
+  // A second host's member lost b too; its report comes late (generation
+  // 0), and is evidence all the same.
+  r = ReportUnreachable(job, 3, 0, {2}, kT0 + absl::Milliseconds(5));
+  REQUIRE(r.ok());
+  CHECK(*r);
+  auto inc = job.Incidents(kT0);
+  REQUIRE(inc.back().kind() == INCIDENT_UNREACHABLE);
+  CHECK(inc.back().slot() == 2);
+  CHECK(inc.back().host() == "b");
+  CHECK(inc.back().evidence().find(
+            "host cut off: host b: members on a, c failed to reach it") !=
+        std::string::npos);
+  // Slot 2 went to the standby on c, not to the one on b.
+  StatusRequest with_members;
+  with_members.set_include_members(true);
+  StatusResponse s = job.m.Status(with_members, kT0);
+  bool found = false;
+  for (const MemberInfo& m : s.members()) {
+    if (m.role() == ROLE_WORKER && m.slot() == 2 && m.state() == STATE_ALIVE) {
+      CHECK(m.host() == "c");
+      CHECK(m.member_id() == job.ids[5]);
+      found = true;
+    }
+  }
+  CHECK(found);
+  // Nobody on a or c was fenced.
+  for (const Incident& i : job.Incidents(kT0)) {
+    if (i.evicted()) CHECK(i.host() == "b");
+  }
+}
+
+TEST_CASE("membership: out-of-range unreachable slots are refused by name") {
+  Job job(2);
+  job.Join("a", kT0);
+  job.Join("b", kT0);
+  auto r = ReportUnreachable(job, 0, 0, {5}, kT0);
+  CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(r.status().message().find("unreachable slot 5") != std::string::npos);
+}
+
+TEST_CASE(
+    "membership: rebuilds that commit nothing and name nobody are bounded "
+    "and the job stops with a report instead of looping") {
+  RecoveryPolicy p;
+  p.max_unexplained_rebuilds = 3;
+  Job job(2, Job::Defaults(), p);
+  job.Join("a", kT0);
+  job.Join("b", kT0);
+  auto fail = [&](int64_t gen) {
+    return ReportUnreachable(job, 0, gen, {}, kT0);
+  };
+  // Two rebuilds, then a commit: the count starts again.
+  REQUIRE(fail(0).ok());
+  REQUIRE(fail(1).ok());
+  for (size_t i = 0; i < 2; ++i) {
+    AckCheckpointRequest ack;
+    ack.set_member_id(job.ids[i]);
+    ack.set_generation(2);
+    ack.set_step(4);
+    REQUIRE(job.m.AckCheckpoint(ack, kT0).ok());
+  }
+  for (int64_t g = 2; g < 5; ++g) {
+    auto r = fail(g);
+    REQUIRE(r.ok());
+    CHECK(*r);
+  }
+  CHECK(job.sinks[1]->End() == nullptr);
+  // The fourth in a row stops the job, saying why and how to resume.
+  auto r = fail(5);
+  REQUIRE(r.ok());
+  CHECK_FALSE(*r);
+  const JobEnd* end = job.sinks[1]->End();
+  REQUIRE(end != nullptr);
+  CHECK(end->state() == JOB_STOPPED);
+  CHECK(end->reason().find("rebuilt 3 times in a row") != std::string::npos);
+  CHECK(end->reason().find("disk tier") != std::string::npos);
+}
+
+TEST_CASE("membership: at the loop bound one member's evidence is acted on") {
+  RecoveryPolicy p;
+  p.max_unexplained_rebuilds = 2;
+  Job job(3, Job::Defaults(), p);
+  for (const char* h : {"a", "b", "c", "d"}) job.Join(h, kT0);  // d: standby
+  // Only slot 0 ever reports, and it lost b and c: below the bound one
+  // member's word fences nobody; at the bound it is the best evidence
+  // (host a, its only member, lost everyone), and it is acted on.
+  for (int64_t g = 0; g < 2; ++g) {
+    REQUIRE(ReportUnreachable(job, 0, g, {1, 2}, kT0).ok());
+    CHECK(job.Incidents(kT0).back().kind() == INCIDENT_COMM_FAILED);
+  }
+  auto r = ReportUnreachable(job, 0, 2, {1, 2}, kT0);
+  REQUIRE(r.ok());
+  CHECK(*r);
+  const Incident last = job.Incidents(kT0).back();
+  CHECK(last.kind() == INCIDENT_UNREACHABLE);
+  CHECK(last.slot() == 0);
+  CHECK(last.evidence().find("host cut off: host a") != std::string::npos);
+  CHECK(job.sinks[1]->End() == nullptr);
+  // The standby (on d) took slot 0.
+  CHECK(job.sinks[3]->LastUpdate()->slot() == 0);
+}

@@ -40,6 +40,11 @@ const std::vector<Entry>& Registry() {
       {{"HOLDFAST_CONNECT_THREADS", "64",
         "a rank with at most this many peers connects its pairs at once"},
        Kind::kInt},
+      {{"HOLDFAST_TCP_USER_TIMEOUT_MS", "4000",
+        "a Gloo connection whose sent data stays unacknowledged this long "
+        "fails (a peer cut off on the data network); 0: the kernel's "
+        "default (minutes)"},
+       Kind::kInt},
       {{"HOLDFAST_WATCHDOG_INTERVAL_MS", "10",
         "how often the watchdog checks in-flight deadlines"},
        Kind::kInt},

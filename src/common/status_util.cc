@@ -5,11 +5,14 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 
 namespace holdfast {
 namespace {
 constexpr absl::string_view kPeerPayload = "holdfast.dev/peer";
 constexpr absl::string_view kAbsentPayload = "holdfast.dev/absent";
+constexpr absl::string_view kUnreachablePayload = "holdfast.dev/unreachable";
 
 void SetRank(absl::Status* status, absl::string_view url, int rank) {
   status->SetPayload(url, absl::Cord(std::to_string(rank)));
@@ -49,6 +52,23 @@ void SetAbsent(absl::Status* status, int rank) {
 
 std::optional<int> GetAbsent(const absl::Status& status) {
   return GetRank(status, kAbsentPayload);
+}
+
+void SetUnreachable(absl::Status* status, const std::vector<int>& ranks) {
+  status->SetPayload(kUnreachablePayload,
+                     absl::Cord(absl::StrJoin(ranks, ",")));
+}
+
+std::vector<int> GetUnreachable(const absl::Status& status) {
+  std::vector<int> out;
+  auto payload = status.GetPayload(kUnreachablePayload);
+  if (!payload) return out;
+  for (absl::string_view part :
+       absl::StrSplit(std::string(*payload), ',', absl::SkipEmpty())) {
+    int rank;
+    if (absl::SimpleAtoi(part, &rank)) out.push_back(rank);
+  }
+  return out;
 }
 
 }  // namespace holdfast

@@ -7,6 +7,8 @@
 #include <optional>
 #include "absl/strings/string_view.h"
 
+#include <vector>
+
 #include "absl/status/status.h"
 
 namespace holdfast {
@@ -22,6 +24,12 @@ std::optional<int> GetPeer(const absl::Status& status);
 // publish its address, or did not connect): the one to blame for it.
 void SetAbsent(absl::Status* status, int rank);
 std::optional<int> GetAbsent(const absl::Status& status);
+
+// Attaches / reads every rank a rendezvous could not connect to (refused,
+// no route, timed out): the evidence of who lost whom on the data network.
+// Empty when none is attached.
+void SetUnreachable(absl::Status* status, const std::vector<int>& ranks);
+std::vector<int> GetUnreachable(const absl::Status& status);
 
 }  // namespace holdfast
 

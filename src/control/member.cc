@@ -125,11 +125,24 @@ class MemberClientImpl final : public MemberClient {
     report_now_ = true;
   }
 
-  absl::StatusOr<bool> ReportFailure(int peer_slot, const std::string& reason,
-                                     int64_t generation) override {
+  absl::StatusOr<bool> ReportFailure(
+      int peer_slot, const std::string& reason, int64_t generation,
+      const std::vector<int>& unreachable) override {
     ReportFailureRequest req;
     req.set_peer_slot(peer_slot);
     req.set_reason(reason);
+    for (int u : unreachable) req.add_unreachable_slots(u);
+    return SendReport(std::move(req), generation);
+  }
+
+  absl::StatusOr<bool> ReportUnreachable(const std::vector<int>& unreachable,
+                                         const std::string& reason,
+                                         int64_t generation) override {
+    ReportFailureRequest req;
+    req.set_peer_slot(-1);
+    req.set_reason(reason);
+    req.set_evidence_only(true);
+    for (int u : unreachable) req.add_unreachable_slots(u);
     return SendReport(std::move(req), generation);
   }
 

@@ -114,10 +114,17 @@ class MemberClient {
   // Unary calls with this member's identity (fenced: FailedPrecondition).
   // `generation`: the generation whose communicator failed. A report
   // that arrives after the next one opened is refused, not held against
-  // the new generation.
-  virtual absl::StatusOr<bool> ReportFailure(int peer_slot,
-                                             const std::string& reason,
-                                             int64_t generation) = 0;
+  // the new generation; its `unreachable` slots (peers this member could
+  // not reach on the data network) are kept as evidence all the same.
+  virtual absl::StatusOr<bool> ReportFailure(
+      int peer_slot, const std::string& reason, int64_t generation,
+      const std::vector<int>& unreachable = {}) = 0;
+  // Evidence only: the slots of `generation` this member could not reach
+  // on the data network; the controller opens no generation for it (but
+  // may fence whom the evidence of several members names).
+  virtual absl::StatusOr<bool> ReportUnreachable(
+      const std::vector<int>& unreachable, const std::string& reason,
+      int64_t generation) = 0;
   // A numeric anomaly of a step of `generation` (the controller rolls the
   // job back by opening the next generation). Whether it was taken up
   // (false: the job is not running).

@@ -58,6 +58,8 @@ const char* IncidentKindName(IncidentKind kind) {
       return "numeric";
     case INCIDENT_CORRUPTION:
       return "corruption";
+    case INCIDENT_UNREACHABLE:
+      return "unreachable";
     default:
       return "unknown";
   }
@@ -508,6 +510,21 @@ absl::StatusOr<bool> Membership::ReportFailure(const ReportFailureRequest& req,
   absl::MutexLock lock(&mu_);
   auto reporter = LiveMemberLocked(req.member_id());
   if (!reporter.ok()) return reporter.status();
+  for (int u : req.unreachable_slots()) {
+    if (u < 0 || u >= world_size_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unreachable slot ", u, " is out of range [0, ", world_size_, ")"));
+    }
+  }
+  // Evidence of the data network counts from late reports too: in a loop
+  // of failing rendezvous only the first report of a generation opens the
+  // next, and the others are what tells who lost whom.
+  if (req.unreachable_slots_size() > 0 && job_state_ == JOB_RUNNING &&
+      finished_workers_ == 0 &&
+      NoteUnreachableLocked(**reporter, req, /*force=*/false, now)) {
+    return true;
+  }
+  if (req.evidence_only()) return false;
   if (req.generation() != generation_) {
     return absl::FailedPreconditionError(absl::StrCat(
         "report from generation ", req.generation(), "; the job is at ",
@@ -528,6 +545,23 @@ absl::StatusOr<bool> Membership::ReportFailure(const ReportFailureRequest& req,
           "member ", r.id, " is a standby; it has no communicator"));
     }
     if (job_state_ != JOB_RUNNING || finished_workers_ > 0) return false;
+    if (policy_.max_unexplained_rebuilds > 0 &&
+        unexplained_rebuilds_ >= policy_.max_unexplained_rebuilds) {
+      // Never loop: act on the best evidence, or stop.
+      if (NoteUnreachableLocked(r, req, /*force=*/true, now)) return true;
+      EndJobLocked(
+          JOB_STOPPED,
+          absl::StrCat(
+              "the group was rebuilt ", unexplained_rebuilds_,
+              " times in a row without committing a step or naming a "
+              "culprit; the job stops rather than rebuild forever (last: "
+              "slot ",
+              r.slot, ": ", req.reason(),
+              "). Resume it from its disk tier (holdfast-run prints the "
+              "checkpoint directory) once the fault is found"));
+      return false;
+    }
+    ++unexplained_rebuilds_;
     RecordIncidentLocked(MakeIncidentLocked(
         r, INCIDENT_COMM_FAILED,
         absl::StrCat("slot ", r.slot,
@@ -661,7 +695,8 @@ void Membership::RecordIncidentLocked(Incident incident) {
              incident.kind() != INCIDENT_DIAGNOSED &&
              incident.kind() != INCIDENT_STRAGGLER &&
              incident.kind() != INCIDENT_NUMERIC &&
-             incident.kind() != INCIDENT_CORRUPTION && cases_.count(g) == 0) {
+             incident.kind() != INCIDENT_CORRUPTION &&
+             incident.kind() != INCIDENT_UNREACHABLE && cases_.count(g) == 0) {
     PendingCase& c = cases_[g];
     c.since = absl::FromUnixMillis(incident.detected_unix_ms());
     c.roster = slots_;
@@ -726,18 +761,21 @@ void Membership::OpenGenerationLocked(int lost_slot,
   // Every member's work_us is stale now (Member::work_generation).
   std::vector<SlotChange> changes;
   int removed = 0;  // slots a shrink took away
-  if (lost_slot >= 0 && !policy_.shrink && !standbys_.empty()) {
-    // Replace: the standby that waited longest takes the slot, preferring
-    // one in the same topology block so communication groups stay compact.
-    auto pick = standbys_.begin();
-    if (!topology_block.empty()) {
-      for (auto it = standbys_.begin(); it != standbys_.end(); ++it) {
-        if (members_.at(it->second).topology_block == topology_block) {
-          pick = it;
-          break;
-        }
-      }
+  // Replace: the standby that waited longest takes the slot, preferring
+  // one in the same topology block so communication groups stay compact,
+  // and never one on a host cut off from the data network.
+  auto pick = standbys_.end();
+  for (auto it = standbys_.begin(); it != standbys_.end(); ++it) {
+    const Member& c = members_.at(it->second);
+    if (cut_hosts_.count(c.host) != 0) continue;
+    if (pick == standbys_.end()) pick = it;
+    if (!topology_block.empty() && c.topology_block == topology_block) {
+      pick = it;
+      break;
     }
+  }
+  if (lost_slot >= 0 && !policy_.shrink && pick != standbys_.end()) {
+    slots_changed_at_ = generation_;
     Member& s = members_.at(pick->second);
     standbys_.erase(pick);
     s.role = ROLE_WORKER;
@@ -757,6 +795,7 @@ void Membership::OpenGenerationLocked(int lost_slot,
       if (id != 0) survivors.push_back(id);
     }
     removed = static_cast<int>(slots_.size() - survivors.size());
+    slots_changed_at_ = generation_;
     slots_ = survivors;
     vacant_.clear();
     world_size_ = static_cast<int>(survivors.size());

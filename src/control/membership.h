@@ -148,6 +148,12 @@ struct RecoveryPolicy {
   int straggler_replace_after = 16;
   double straggler_min_cost = 0.2;
   int straggler_budget = 2;
+  // A loop bound: after this many rebuilds of the group in a row that
+  // committed no step and named nobody (communicator failures), the
+  // controller acts on the best evidence it has (who lost whom on the
+  // data network, src/control/reachability.h) or, with none, stops the
+  // job with a report instead of rebuilding forever. 0: no bound.
+  int max_unexplained_rebuilds = 6;
 };
 
 // A member's heartbeat stream, as Membership sees it.
@@ -403,6 +409,14 @@ class Membership {
   void ScanAnomaliesLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DecideAnomalyLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NoteCommitLocked(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Data-network evidence (ReportFailureRequest::unreachable_slots): keeps
+  // `req`'s edges when its generation's slots are still the current ones,
+  // then fences the members the triangulation names, if it names any.
+  // Returns whether it fenced anyone. `force`: act on a verdict reached
+  // from one reporter's evidence too (the loop bound).
+  bool NoteUnreachableLocked(const Member& reporter,
+                             const ReportFailureRequest& req, bool force,
+                             absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FillSkipData(google::protobuf::RepeatedPtrField<DataRange>* out) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Pushes the committed step to one stream (one that may have missed
@@ -432,6 +446,16 @@ class Membership {
   std::map<uint64_t, uint64_t> standbys_ ABSL_GUARDED_BY(mu_);  // order -> id
   uint64_t next_standby_order_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  // The last generation whose slots changed (a replacement, a shrink): a
+  // slot number in a report of an older generation may name another
+  // member now.
+  int64_t slots_changed_at_ ABSL_GUARDED_BY(mu_) = 0;
+  // Since the last commit: who could not reach whom on the data network
+  // (member ids: reporter, target), and the rebuilds that named nobody.
+  std::set<std::pair<uint64_t, uint64_t>> unreachable_ ABSL_GUARDED_BY(mu_);
+  int unexplained_rebuilds_ ABSL_GUARDED_BY(mu_) = 0;
+  // Hosts found cut off from the data network: their standbys take no slot.
+  std::set<std::string> cut_hosts_ ABSL_GUARDED_BY(mu_);
   // Since when more than half of the live members are unheard (silence
   // verdicts pause meanwhile; see DetectionOptions::lease).
   std::optional<absl::Time> isolated_since_ ABSL_GUARDED_BY(mu_);

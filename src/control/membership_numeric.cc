@@ -234,6 +234,8 @@ void Membership::DecideAnomalyLocked(absl::Time now) {
 
 void Membership::NoteCommitLocked(int64_t step) {
   rollback_pending_ = false;
+  unreachable_.clear();
+  unexplained_rebuilds_ = 0;
   commits_.push_front(step);
   if (commits_.size() > kMaxCommitHistory) commits_.pop_back();
 }

@@ -42,7 +42,15 @@ absl::StatusOr<std::shared_ptr<Communicator>> RuntimeImpl::CreateComm(
   absl::StatusOr<std::unique_ptr<Communicator>> c =
       comm::Create(std::move(store), o, side ? nullptr : faults_);
   if (!c.ok()) {
-    if (auto why = cancelled()) return absl::AbortedError(*why);
+    if (auto why = cancelled()) {
+      // The peers it could not reach stay attached: evidence for the
+      // controller even when a newer generation cancelled this one.
+      absl::Status aborted = absl::AbortedError(*why);
+      if (std::vector<int> u = GetUnreachable(c.status()); !u.empty()) {
+        SetUnreachable(&aborted, u);
+      }
+      return aborted;
+    }
     return c.status();
   }
   return std::shared_ptr<Communicator>(std::move(*c));

@@ -173,9 +173,29 @@ int RuntimeImpl::AbsentPeer(const absl::Status& s) const {
   return r == slot() ? -1 : r;
 }
 
-void RuntimeImpl::ReportBroken(const std::string& why, int peer, int64_t gen) {
+std::vector<int> RuntimeImpl::UnreachablePeers(const absl::Status& s) const {
+  std::vector<int> out;
+  for (int r : GetUnreachable(s)) {
+    if (r >= 0 && r != slot()) out.push_back(r);
+  }
+  return out;
+}
+
+void RuntimeImpl::ReportUnreachable(const absl::Status& s, int64_t gen) {
+  const std::vector<int> peers = UnreachablePeers(s);
+  if (peers.empty()) return;
+  absl::StatusOr<bool> r =
+      member_->ReportUnreachable(peers, std::string(s.message()), gen);
+  if (!r.ok() && r.status().code() != absl::StatusCode::kFailedPrecondition) {
+    HOLDFAST_LOG_WARN("runtime: reporting unreachable peers: {}",
+                      std::string(r.status().message()));
+  }
+}
+
+void RuntimeImpl::ReportBroken(const std::string& why, int peer, int64_t gen,
+                               const std::vector<int>& unreachable) {
   if (gen < 0) gen = CurrentView().generation;
-  absl::StatusOr<bool> r = member_->ReportFailure(peer, why, gen);
+  absl::StatusOr<bool> r = member_->ReportFailure(peer, why, gen, unreachable);
   if (!r.ok() && r.status().code() != absl::StatusCode::kFailedPrecondition) {
     HOLDFAST_LOG_WARN("runtime: reporting the failure: {}",
                       std::string(r.status().message()));

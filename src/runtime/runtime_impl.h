@@ -248,13 +248,21 @@ class RuntimeImpl final : public Runtime {
 
   // The slot to blame for a rendezvous that timed out, or -1.
   int AbsentPeer(const absl::Status& s) const;
+  // The peers `s` says this member could not reach on the data network
+  // (no route, or its data went unacknowledged; the backend attaches them,
+  // SetUnreachable); empty otherwise.
+  std::vector<int> UnreachablePeers(const absl::Status& s) const;
   // Reports the failure of generation `gen`'s communicator, which nobody
   // explained; the controller opens a generation with the same members
   // (gen < 0, no communicator built yet: the current generation). With a
   // `peer` (>= 0), the slot that never came to the rendezvous is reported
   // instead: the controller declares it failed, and its slot goes to a
   // standby or the world shrinks.
-  void ReportBroken(const std::string& why, int peer, int64_t gen);
+  void ReportBroken(const std::string& why, int peer, int64_t gen,
+                    const std::vector<int>& unreachable = {});
+  // Sends the controller the peers `s` says this member could not reach
+  // (UnreachablePeers), as evidence only, at once; nothing if none.
+  void ReportUnreachable(const absl::Status& s, int64_t gen);
   // OK, or why the job cannot go on for this member.
   absl::Status Stopped() const;
   // The end of step `step`: while the member has had no word from the

@@ -71,6 +71,11 @@ absl::StatusOr<int64_t> RuntimeImpl::Recover(const absl::Status& cause) {
   // the controller knows, but stuck): reported instead of a plain
   // communicator failure, which would rebuild the same group around it.
   int absent = AbsentPeer(cause);
+  std::vector<int> unreachable = UnreachablePeers(cause);
+  // Who this member could not reach goes to the controller at once (it
+  // triangulates a data network fault from several members' word), also
+  // when another member's report or a crash opens the next generation.
+  ReportUnreachable(cause, failed);
   for (;;) {
     HOLDFAST_RETURN_IF_ERROR(Stopped());
     if (absl::Now() > deadline) {
@@ -84,7 +89,7 @@ absl::StatusOr<int64_t> RuntimeImpl::Recover(const absl::Status& cause) {
     // crash is seen at once). If it does not, nobody it knows of failed:
     // report the broken communicator, which rebuilds the group.
     if (!AwaitGeneration(failed, absl::Now() + options_.report_grace)) {
-      ReportBroken(last_error, absent, failed);
+      ReportBroken(last_error, absent, failed, unreachable);
       AwaitGeneration(failed, deadline);
       continue;
     }
@@ -132,6 +137,8 @@ absl::StatusOr<int64_t> RuntimeImpl::Recover(const absl::Status& cause) {
     }
     last_error = std::string(s.message());
     absent = AbsentPeer(s);
+    unreachable = UnreachablePeers(s);
+    ReportUnreachable(s, v.generation);
     HOLDFAST_LOG_WARN("runtime: generation {} failed during recovery: {}",
                       v.generation, last_error);
     AbortComm(INT64_MAX, last_error);

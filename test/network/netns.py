@@ -104,6 +104,24 @@ class Host:
             if n in self.veth:
                 _ip("link", "set", self.veth[n], "up" if up else "down")
 
+    def block(self, addrs):
+        """Drops every packet between this host and `addrs` (nftables in
+        its namespace, both ways); block([]) lifts it."""
+        nft = self.exec_prefix() + ["nft"]
+        subprocess.run(nft + ["delete", "table", "inet", "hf"],
+                       stderr=subprocess.DEVNULL, check=False)
+        if not addrs:
+            return
+        rules = "\n".join(
+            ["table inet hf {",
+             " chain out { type filter hook output priority 0; policy accept;"]
+            + [f"  ip daddr {a} drop" for a in addrs]
+            + [" }",
+               " chain in { type filter hook input priority 0; policy accept;"]
+            + [f"  ip saddr {a} drop" for a in addrs]
+            + [" }", "}"])
+        subprocess.run(nft + ["-f", "-"], input=rules, text=True, check=True)
+
 
 class TestNet:
     """Bridges and test hosts. `hosts`: [(name, nets)], nets a subset of

@@ -59,7 +59,7 @@ class Job:
     """One job on the test hosts: the controller on ctl, and each worker
     host's launcher."""
 
-    def __init__(self, net, out, controller_args=(), steps=STEPS):
+    def __init__(self, net, out, controller_args=(), steps=STEPS, standbys=1):
         self.net, self.out = net, out
         out.mkdir(parents=True, exist_ok=True)
         (out / "token").write_text(TOKEN)
@@ -85,7 +85,7 @@ class Job:
             self.launchers[name] = subprocess.Popen(
                 h.exec_prefix() + [
                     str(HERE / "host_launcher.sh"), str(out), name,
-                    str(i * PER_HOST), str(PER_HOST), "1", "--",
+                    str(i * PER_HOST), str(PER_HOST), str(standbys), "--",
                     str(BUILD / "holdfast-dp-trainer"), "--steps", str(steps),
                     "--step-ms", str(STEP_MS), "--progress-dir", str(out)],
                 env=env)
@@ -194,6 +194,7 @@ class Job:
     def close(self):
         for name in WORKER_HOSTS:
             self.net.hosts[name].set_link(True)
+            self.net.hosts[name].block([])
         self.net.hosts["ctl"].set_link(True)
         for pid in self.names():
             try:
@@ -387,6 +388,114 @@ def test_host_cut_for_good(job, fault_free):
         assert "fenced" in err, err[-2000:]
         known = int(err.split("dp-trainer: committed=")[1].split()[0])
         assert 0 <= known <= committed_at_cut, (n, known, committed_at_cut)
+
+
+def test_data_link_cut_for_good(job, fault_free):
+    """h1 loses its data network for good and keeps its control link: the
+    controller still hears every member. The ops that talk to h1 fail
+    (TCP_USER_TIMEOUT), the rendezvous' connects to and from h1 fail, and
+    the members say whom they could not reach: members on h0 and h2 lost
+    h1, so h1 is cut off, its workers are fenced, and standbys of h0 and
+    h2 (not h1's) take their slots. The job ends with the fault-free hash,
+    nobody on h0 or h2 is evicted, and it never loops."""
+    j = job()
+    j.wait_step(100)
+    j.net.hosts["h1"].set_link(False, nets=("d",))
+    cut_at = time.time()
+    j.wait_end(hosts=["h0", "h2"], timeout=180)
+    report(j, "data link cut for good", cut_at, "h1")
+    st = j.status()
+    assert_host_unreachable(j, st, "h1", "host cut off", fault_free)
+    # Generations: a few rebuilds, then the fences; never a loop.
+    assert int(st.get("generation", 0)) <= 10, st.get("generation")
+    # h1's workers hear over the control network that they were fenced.
+    j.wait_end(hosts=["h1"], timeout=60)
+    for n in ("h1-w0", "h1-w1"):
+        assert j.rc(n) == 3, (n, j.rc(n), j.logs())
+
+
+def assert_host_unreachable(j, st, host, rule, want):
+    """`host`'s workers, and nobody else, were fenced as unreachable by
+    `rule`; its standby took no slot; every slot finished with the
+    fault-free hash `want`."""
+    assert_only_evicted(st, [host], j)
+    fenced = [i for i in incidents(st) if i.get("evicted")]
+    assert len(fenced) == PER_HOST, json.dumps(incidents(st), indent=1)
+    for i in fenced:
+        assert i["kind"] == "INCIDENT_UNREACHABLE", i
+        assert rule in i["evidence"], i
+    assert_finished_equal(j, want, lost_hosts=[host])
+    assert j.final(f"{host}-s0") is None, f"{host}'s standby took a slot"
+
+
+def assert_only_evicted(st, hosts, j):
+    """Every member evicted was on one of `hosts`, for the data network."""
+    for i in incidents(st):
+        if i.get("evicted"):
+            assert i.get("host") in hosts, json.dumps(incidents(st), indent=1)
+
+
+def test_data_link_flapping(job, fault_free):
+    """h1's data link goes down for 2 s and up for 2 s, for 20 s. The job
+    never loops, ends with the fault-free hash, and evicts nobody but h1's
+    members."""
+    j = job()
+    j.wait_step(100)
+    cut_at = time.time()
+    for _ in range(5):
+        j.net.hosts["h1"].set_link(False, nets=("d",))
+        time.sleep(2.0)
+        j.net.hosts["h1"].set_link(True, nets=("d",))
+        time.sleep(2.0)
+    j.wait_end(hosts=["h0", "h2"], timeout=180)
+    report(j, "data link flapping", cut_at, "h1")
+    st = j.status()
+    assert_only_evicted(st, ["h1"], j)
+    assert_finished_equal(j, fault_free, lost_hosts=[])
+    assert int(st.get("generation", 0)) <= 20, st.get("generation")
+
+
+def test_one_pair_blocked(job, fault_free):
+    """Packets between h0 and h2 are dropped (nftables), every other pair
+    is fine: the verdict names the link, and one side's members (h2's, the
+    later name of two equal sides) are evicted, nobody on h1. The job ends
+    with the fault-free hash."""
+    j = job()
+    j.wait_step(100)
+    j.net.hosts["h0"].block([j.net.hosts["h2"].addr["d"]])
+    cut_at = time.time()
+    try:
+        j.wait_end(hosts=["h0", "h1"], timeout=180)
+    finally:
+        j.net.hosts["h0"].block([])
+    report(j, "one pair blocked", cut_at, "h2")
+    st = j.status()
+    assert_host_unreachable(j, st, "h2", "link", fault_free)
+
+
+def test_standby_host_loses_its_data_link(job, fault_free):
+    """Two standbys per host. h1's data link goes down, and a worker on h0
+    is killed at once: h1's standbys (of h0's topology block) are no
+    candidates once the controller knows h1 is cut off, and one that took
+    a slot first is evicted as soon as its peers cannot reach it. The job
+    ends with the fault-free hash, and no standby of h1 trains to the
+    end."""
+    j = job(standbys=2)
+    j.wait_step(100)
+    j.net.hosts["h1"].set_link(False, nets=("d",))
+    cut_at = time.time()
+    victim = [pid for pid, n in j.names().items() if n == "h0-w0"][0]
+    os.kill(victim, signal.SIGKILL)
+    j.wait_end(hosts=["h0", "h2"], timeout=180)
+    report(j, "standby's host cut off", cut_at, "h1")
+    st = j.status()
+    assert_only_evicted(st, ["h1", "h0"], j)
+    h0_evicted = [i for i in incidents(st)
+                  if i.get("evicted") and i.get("host") == "h0"]
+    assert len(h0_evicted) == 1, h0_evicted  # the killed worker alone
+    assert_finished_equal(j, fault_free, lost_hosts=["h1"])
+    for n in ("h1-s0", "h1-s1"):
+        assert j.final(n) is None, f"{n} trained on a host cut off"
 
 
 def test_cut_from_the_controller_only_stops_acting(job, fault_free):

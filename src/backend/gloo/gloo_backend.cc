@@ -42,6 +42,7 @@
 #include "src/backend/gloo/gloo_access.h"
 #include "src/backend/gloo/reduce.h"
 #include "src/common/config.h"
+#include "src/common/logging.h"
 #include "src/common/status_util.h"
 #include "src/common/thread_util.h"
 #include "src/store/keys.h"
@@ -49,6 +50,28 @@
 
 namespace holdfast::backend {
 namespace {
+
+// Whether a transport error says the network failed between the two
+// ranks (no route, or sent data unacknowledged: TCP_USER_TIMEOUT), as
+// opposed to the peer closing, resetting or refusing the connection.
+// How long a rendezvous whose connect to one peer failed for the network
+// (no route) waits for its other connects before failing them (Connect's
+// watcher): a host whose data link is down fails a connect at once only
+// to addresses it recently failed to resolve, and the others after the
+// neighbour resolution gives up (about 3 s on Linux). Their errors tell
+// the controller which peers this member could not reach. A connect that
+// failed otherwise (refused, reset) ends the others at once.
+constexpr absl::Duration kNetworkFailureGrace = absl::Milliseconds(3500);
+
+// A connect still unanswered this long when its rendezvous gave up is
+// counted as a peer this member could not reach (see ConnectPairs).
+constexpr absl::Duration kPendingIsUnreachable = absl::Seconds(1);
+
+bool NetworkFailure(absl::string_view what) {
+  return absl::StrContains(what, "No route to host") ||
+         absl::StrContains(what, "Network is unreachable") ||
+         absl::StrContains(what, "Connection timed out");
+}
 
 // Slot prefixes for the algorithms written here; Gloo's own use small values.
 constexpr uint8_t kReduceScatterSlotPrefix = 0xa1;
@@ -101,20 +124,30 @@ class MeshContext final : public ::gloo::rendezvous::Context {
     HOLDFAST_RETURN_IF_ERROR(store.Set(std::to_string(rank), mine));
 
     // The watcher: `why` is set once it failed the pairs. It also fails
-    // them as soon as one pair's connect failed (`broken`), so the
-    // connects still waiting on other peers end too.
+    // them once one pair's connect failed (`broken`), so the connects
+    // still waiting on other peers end too; kBrokenGrace later, so that
+    // the other connects that fail of themselves (no route) say so: the
+    // controller triangulates who lost whom from them.
     absl::Mutex mu;
-    bool done = false, broken = false;
+    bool done = false, broken = false, network = false;
+    std::optional<absl::Time> broken_at;
     std::optional<absl::Status> why;
     std::thread watcher([&] {
       absl::MutexLock lock(&mu);
       for (;;) {
-        auto stop = [&]() { return done || broken; };
+        auto stop = [&]() {
+          return done || (broken && !broken_at.has_value());
+        };
         mu.AwaitWithTimeout(absl::Condition(&stop), absl::Milliseconds(50));
         if (done) return;
         std::optional<std::string> c = cancelled ? cancelled() : std::nullopt;
         if (broken) {
           // The pair's own error is the reason; the rest just end.
+          if (!broken_at.has_value()) broken_at = absl::Now();
+          if (network && !c.has_value() && absl::Now() < deadline &&
+              absl::Now() - *broken_at < kNetworkFailureGrace) {
+            continue;
+          }
         } else if (c.has_value()) {
           why = absl::AbortedError(*c);
         } else if (absl::Now() > deadline) {
@@ -137,10 +170,12 @@ class MeshContext final : public ::gloo::rendezvous::Context {
         return;
       }
     });
-    absl::Status s = ConnectPairs(store, *tc, deadline, max_threads, [&] {
-      absl::MutexLock lock(&mu);
-      broken = true;
-    });
+    absl::Status s = ConnectPairs(store, *tc, deadline, max_threads,
+                                  [&](bool network_failure) {
+                                    absl::MutexLock lock(&mu);
+                                    broken = true;
+                                    network = network || network_failure;
+                                  });
     {
       absl::MutexLock lock(&mu);
       done = true;
@@ -152,6 +187,9 @@ class MeshContext final : public ::gloo::rendezvous::Context {
       absl::Status w(why->code(),
                      absl::StrCat(why->message(), " (", s.message(), ")"));
       if (auto peer = GetAbsent(s)) SetAbsent(&w, *peer);
+      if (std::vector<int> u = GetUnreachable(s); !u.empty()) {
+        SetUnreachable(&w, u);
+      }
       s = w;
     }
     if (!s.ok()) return s;
@@ -169,12 +207,12 @@ class MeshContext final : public ::gloo::rendezvous::Context {
   // more than `max_threads` peers (HOLDFAST_CONNECT_THREADS) they connect
   // one after another, in rank order (every rank in the same order cannot
   // deadlock; a bounded pool could).
-  // `broken` is called when a pair fails; the first failure in rank order
-  // is returned. `store` is cancellable when the rendezvous is
-  // (Communicator::Create).
+  // `broken` is called when a pair fails, with whether the network failed
+  // (NetworkFailure); the first failure in rank order is returned.
+  // `store` is cancellable when the rendezvous is (Communicator::Create).
   absl::Status ConnectPairs(Store& store, ::gloo::transport::Context& tc,
                             absl::Time deadline, int max_threads,
-                            const std::function<void()>& broken) {
+                            const std::function<void(bool)>& broken) {
     std::vector<std::vector<char>> addr(static_cast<size_t>(size));
     for (int j = 0; j < size; ++j) {
       if (j == rank) continue;
@@ -182,16 +220,24 @@ class MeshContext final : public ::gloo::rendezvous::Context {
                                 PeerAddress(store, deadline, j));
     }
     std::vector<absl::Status> result(static_cast<size_t>(size));
+    // How long each failed connect lasted: one still waiting for the peer's
+    // answer after kPendingIsUnreachable, when the rendezvous gave up on it,
+    // went unanswered (a listening peer's kernel answers at once, even
+    // while the process is stopped): the network.
+    std::vector<absl::Duration> lasted(static_cast<size_t>(size));
+    const absl::Time started = absl::Now();
     auto connect = [&](int j) {
       try {
         tc.getPair(j)->connect(addr[static_cast<size_t>(j)]);
         return true;
       } catch (const std::exception& e) {
+        lasted[static_cast<size_t>(j)] = absl::Now() - started;
         absl::Status s = absl::UnavailableError(
             absl::StrCat("connecting to rank ", j, ": ", e.what()));
         SetAbsent(&s, j);
+        const bool network = NetworkFailure(s.message());
         result[static_cast<size_t>(j)] = std::move(s);
-        broken();
+        broken(network);
         return false;
       }
     };
@@ -219,14 +265,26 @@ class MeshContext final : public ::gloo::rendezvous::Context {
       for (std::thread& t : threads) t.join();
     }
     // A pair the watcher failed because another one failed says so; the
-    // one that failed first explains it better.
-    absl::Status first;
-    for (const absl::Status& s : result) {
+    // one that failed first explains it better. Every peer whose connect
+    // failed of itself is attached (SetUnreachable): who lost whom.
+    absl::Status first, own;
+    std::vector<int> unreachable;
+    for (int j = 0; j < size; ++j) {
+      const absl::Status& s = result[static_cast<size_t>(j)];
       if (s.ok()) continue;
       if (first.ok()) first = s;
-      if (!absl::StrContains(s.message(), kOtherPairFailed)) return s;
+      const bool unanswered =
+          lasted[static_cast<size_t>(j)] >= kPendingIsUnreachable &&
+          !absl::StrContains(s.message(), "refused") &&
+          !absl::StrContains(s.message(), "reset") &&
+          !absl::StrContains(s.message(), "closed");
+      if (NetworkFailure(s.message()) || unanswered) unreachable.push_back(j);
+      if (absl::StrContains(s.message(), kOtherPairFailed)) continue;
+      if (own.ok()) own = s;
     }
-    return first;
+    absl::Status out = own.ok() ? first : own;
+    if (!unreachable.empty()) SetUnreachable(&out, unreachable);
+    return out;
   }
 
   // This rank's address at rank j's end of their pair.
@@ -282,10 +340,19 @@ class GlooBackend final : public Backend {
         context_(std::move(context)),
         device_(std::move(device)) {
     peer_addresses_.resize(options_.size);
+    const absl::Duration user_timeout =
+        absl::Milliseconds(config::IntParam("HOLDFAST_TCP_USER_TIMEOUT_MS"));
     for (int j = 0; j < options_.size; ++j) {
       if (j == options_.rank) continue;
       auto* pair = dynamic_cast<tcp::Pair*>(context_->getPair(j).get());
-      if (pair != nullptr) peer_addresses_[j] = PairAccess::PeerAddress(pair);
+      if (pair == nullptr) continue;
+      peer_addresses_[j] = PairAccess::PeerAddress(pair);
+      if (user_timeout > absl::ZeroDuration()) {
+        if (int e = PairAccess::SetUserTimeout(pair, user_timeout); e != 0) {
+          HOLDFAST_LOG_WARN("gloo: TCP_USER_TIMEOUT on the pair to rank {}: {}",
+                            j, std::strerror(e));
+        }
+      }
     }
     // Every peer's goodbye (Close) has its receive posted from the start, so
     // it lands whenever the peer sends it.
@@ -448,6 +515,11 @@ class GlooBackend final : public Backend {
             : absl::StrCat("lost connection to rank ", peer, " (",
                            peer_addresses_[peer], "): ", what));
     SetPeer(&s, peer);
+    // The network, not the peer: its data went unacknowledged
+    // (TCP_USER_TIMEOUT) or there is no route to it. A closed or reset
+    // connection is the peer's doing (it aborted, or died) and says
+    // nothing of the network.
+    if (NetworkFailure(what)) SetUnreachable(&s, {peer});
     return s;
   }
 
@@ -791,6 +863,9 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateGlooBackend(
                                options.size, " (generation ",
                                options.generation, ") failed: ", s.message()));
     if (auto peer = GetAbsent(s)) SetAbsent(&out, *peer);
+    if (std::vector<int> u = GetUnreachable(s); !u.empty()) {
+      SetUnreachable(&out, u);
+    }
     if (s.code() == absl::StatusCode::kDeadlineExceeded) {
       return RendezvousTimeout(*rendezvous, options, out);
     }
