@@ -131,6 +131,8 @@ def final_lines(lines):
 HERE = pathlib.Path(__file__).resolve().parent
 DDP = [PYTHON, str(ROOT / "examples/python/ddp_train.py"), "--steps", "30"]
 FSDP = [PYTHON, str(ROOT / "examples/python/fsdp_train.py"), "--steps", "30"]
+GPT = [PYTHON, str(ROOT / "examples/python/gpt_train.py"), "--steps", "30",
+       "--device", "cpu"]
 
 _fault_free = {}
 

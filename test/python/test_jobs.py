@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from conftest import (BUILD, DDP, HERE, PYTHON, assert_fenced, assert_survives,
-                      fault_free_hash, final_lines, run_job)
+from conftest import (BUILD, DDP, GPT, HERE, PYTHON, assert_fenced,
+                      assert_survives, fault_free_hash, final_lines, run_job)
 
 
 def test_collectives_on_torch_tensors():
@@ -32,6 +32,13 @@ def test_collectives_on_torch_tensors():
 ])
 def test_ddp_survives_a_fault_with_the_fault_free_hash(ranks, fault):
     assert_survives(ranks, fault, DDP)
+
+
+def test_gpt_survives_a_kill_with_the_fault_free_hash():
+    """The GPT example (3.3M parameters, AdamW, a corpus Debian ships) on 3
+    slots: a SIGKILL of slot 1 at step 12 ends with the fault-free hash of
+    its parameters, AdamW's state and the data position."""
+    assert_survives(3, "kill:slot=1:step=12", GPT)
 
 
 def test_ddp_nan_rolls_back_and_skips_its_data_with_the_reference_hash(
