@@ -176,7 +176,6 @@ class ProcessGroup(dist.ProcessGroup):
 
         def task():
             with torch.cuda.device(device):
-                issuer = None
                 try:
                     issuer = _runtime._DeviceIssuer(comm_c, device, ready)
                     comm = _runtime.Communicator(comm_c, issuer=issuer)

@@ -32,10 +32,14 @@ std::optional<int> GetRank(const absl::Status& status, absl::string_view url) {
 absl::Status Annotate(const absl::Status& status, absl::string_view prefix) {
   if (status.ok()) return status;
   absl::Status out(status.code(), absl::StrCat(prefix, ": ", status.message()));
-  status.ForEachPayload([&out](absl::string_view url, const absl::Cord& p) {
-    out.SetPayload(url, p);
-  });
+  CopyPayloads(status, &out);
   return out;
+}
+
+void CopyPayloads(const absl::Status& from, absl::Status* to) {
+  from.ForEachPayload([to](absl::string_view url, const absl::Cord& p) {
+    to->SetPayload(url, p);
+  });
 }
 
 void SetPeer(absl::Status* status, int peer) {

@@ -16,6 +16,10 @@ namespace holdfast {
 // `status` with "prefix: " put before its message; OK stays OK.
 absl::Status Annotate(const absl::Status& status, absl::string_view prefix);
 
+// Copies every payload of `from` (the peer, the absent rank, the
+// unreachable ranks) onto `to`.
+void CopyPayloads(const absl::Status& from, absl::Status* to);
+
 // Attaches / reads the rank of the peer an error concerns.
 void SetPeer(absl::Status* status, int peer);
 std::optional<int> GetPeer(const absl::Status& status);

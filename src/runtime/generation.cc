@@ -181,11 +181,10 @@ std::vector<int> RuntimeImpl::UnreachablePeers(const absl::Status& s) const {
   return out;
 }
 
-void RuntimeImpl::ReportUnreachable(const absl::Status& s, int64_t gen) {
-  const std::vector<int> peers = UnreachablePeers(s);
+void RuntimeImpl::ReportUnreachable(const std::vector<int>& peers,
+                                    const std::string& why, int64_t gen) {
   if (peers.empty()) return;
-  absl::StatusOr<bool> r =
-      member_->ReportUnreachable(peers, std::string(s.message()), gen);
+  absl::StatusOr<bool> r = member_->ReportUnreachable(peers, why, gen);
   if (!r.ok() && r.status().code() != absl::StatusCode::kFailedPrecondition) {
     HOLDFAST_LOG_WARN("runtime: reporting unreachable peers: {}",
                       std::string(r.status().message()));

@@ -260,9 +260,10 @@ class RuntimeImpl final : public Runtime {
   // standby or the world shrinks.
   void ReportBroken(const std::string& why, int peer, int64_t gen,
                     const std::vector<int>& unreachable = {});
-  // Sends the controller the peers `s` says this member could not reach
-  // (UnreachablePeers), as evidence only, at once; nothing if none.
-  void ReportUnreachable(const absl::Status& s, int64_t gen);
+  // Sends the controller `peers` (UnreachablePeers of the failure `why`),
+  // as evidence only, at once; nothing if none.
+  void ReportUnreachable(const std::vector<int>& peers, const std::string& why,
+                         int64_t gen);
   // OK, or why the job cannot go on for this member.
   absl::Status Stopped() const;
   // The end of step `step`: while the member has had no word from the

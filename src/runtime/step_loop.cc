@@ -75,7 +75,7 @@ absl::StatusOr<int64_t> RuntimeImpl::Recover(const absl::Status& cause) {
   // Who this member could not reach goes to the controller at once (it
   // triangulates a data network fault from several members' word), also
   // when another member's report or a crash opens the next generation.
-  ReportUnreachable(cause, failed);
+  ReportUnreachable(unreachable, last_error, failed);
   for (;;) {
     HOLDFAST_RETURN_IF_ERROR(Stopped());
     if (absl::Now() > deadline) {
@@ -138,7 +138,7 @@ absl::StatusOr<int64_t> RuntimeImpl::Recover(const absl::Status& cause) {
     last_error = std::string(s.message());
     absent = AbsentPeer(s);
     unreachable = UnreachablePeers(s);
-    ReportUnreachable(s, v.generation);
+    ReportUnreachable(unreachable, last_error, v.generation);
     HOLDFAST_LOG_WARN("runtime: generation {} failed during recovery: {}",
                       v.generation, last_error);
     AbortComm(INT64_MAX, last_error);

@@ -51,9 +51,6 @@
 namespace holdfast::backend {
 namespace {
 
-// Whether a transport error says the network failed between the two
-// ranks (no route, or sent data unacknowledged: TCP_USER_TIMEOUT), as
-// opposed to the peer closing, resetting or refusing the connection.
 // How long a rendezvous whose connect to one peer failed for the network
 // (no route) waits for its other connects before failing them (Connect's
 // watcher): a host whose data link is down fails a connect at once only
@@ -67,10 +64,19 @@ constexpr absl::Duration kNetworkFailureGrace = absl::Milliseconds(3500);
 // counted as a peer this member could not reach (see ConnectPairs).
 constexpr absl::Duration kPendingIsUnreachable = absl::Seconds(1);
 
+// Whether a transport error says the network failed between the two
+// ranks (no route, or sent data unacknowledged: TCP_USER_TIMEOUT).
 bool NetworkFailure(absl::string_view what) {
   return absl::StrContains(what, "No route to host") ||
          absl::StrContains(what, "Network is unreachable") ||
          absl::StrContains(what, "Connection timed out");
+}
+
+// Whether it says the peer refused, reset or closed the connection: the
+// peer's doing (it aborted, or died), which says nothing of the network.
+bool PeerEnded(absl::string_view what) {
+  return absl::StrContains(what, "refused") ||
+         absl::StrContains(what, "reset") || absl::StrContains(what, "closed");
 }
 
 // Slot prefixes for the algorithms written here; Gloo's own use small values.
@@ -125,9 +131,10 @@ class MeshContext final : public ::gloo::rendezvous::Context {
 
     // The watcher: `why` is set once it failed the pairs. It also fails
     // them once one pair's connect failed (`broken`), so the connects
-    // still waiting on other peers end too; kBrokenGrace later, so that
-    // the other connects that fail of themselves (no route) say so: the
-    // controller triangulates who lost whom from them.
+    // still waiting on other peers end too; when it failed for the network,
+    // kNetworkFailureGrace later, so that the other connects that fail of
+    // themselves (no route) say so: the controller triangulates who lost
+    // whom from them.
     absl::Mutex mu;
     bool done = false, broken = false, network = false;
     std::optional<absl::Time> broken_at;
@@ -186,10 +193,7 @@ class MeshContext final : public ::gloo::rendezvous::Context {
       // A connect the watcher ended: its reason first, then the transport's.
       absl::Status w(why->code(),
                      absl::StrCat(why->message(), " (", s.message(), ")"));
-      if (auto peer = GetAbsent(s)) SetAbsent(&w, *peer);
-      if (std::vector<int> u = GetUnreachable(s); !u.empty()) {
-        SetUnreachable(&w, u);
-      }
+      CopyPayloads(s, &w);
       s = w;
     }
     if (!s.ok()) return s;
@@ -275,9 +279,7 @@ class MeshContext final : public ::gloo::rendezvous::Context {
       if (first.ok()) first = s;
       const bool unanswered =
           lasted[static_cast<size_t>(j)] >= kPendingIsUnreachable &&
-          !absl::StrContains(s.message(), "refused") &&
-          !absl::StrContains(s.message(), "reset") &&
-          !absl::StrContains(s.message(), "closed");
+          !PeerEnded(s.message());
       if (NetworkFailure(s.message()) || unanswered) unreachable.push_back(j);
       if (absl::StrContains(s.message(), kOtherPairFailed)) continue;
       if (own.ok()) own = s;
@@ -515,10 +517,8 @@ class GlooBackend final : public Backend {
             : absl::StrCat("lost connection to rank ", peer, " (",
                            peer_addresses_[peer], "): ", what));
     SetPeer(&s, peer);
-    // The network, not the peer: its data went unacknowledged
-    // (TCP_USER_TIMEOUT) or there is no route to it. A closed or reset
-    // connection is the peer's doing (it aborted, or died) and says
-    // nothing of the network.
+    // The network, not the peer (NetworkFailure): the evidence of who
+    // lost whom.
     if (NetworkFailure(what)) SetUnreachable(&s, {peer});
     return s;
   }
@@ -858,14 +858,10 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateGlooBackend(
           config::IntParam("HOLDFAST_CONNECT_THREADS"), 1 << 16)),
       options.cancelled);
   if (!s.ok()) {
-    absl::Status out(
-        s.code(), absl::StrCat("rendezvous of rank ", options.rank, " of ",
-                               options.size, " (generation ",
-                               options.generation, ") failed: ", s.message()));
-    if (auto peer = GetAbsent(s)) SetAbsent(&out, *peer);
-    if (std::vector<int> u = GetUnreachable(s); !u.empty()) {
-      SetUnreachable(&out, u);
-    }
+    absl::Status out =
+        Annotate(s, absl::StrCat("rendezvous of rank ", options.rank, " of ",
+                                 options.size, " (generation ",
+                                 options.generation, ") failed"));
     if (s.code() == absl::StatusCode::kDeadlineExceeded) {
       return RendezvousTimeout(*rendezvous, options, out);
     }
