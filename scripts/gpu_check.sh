@@ -7,7 +7,8 @@
 #   bash scripts/gpu_check.sh [python] [cpp] [bench]   (default: all three)
 #
 # PYTEST_TARGETS: the tests to run (default test/python/test_gpu.py);
-# HOLDFAST_TEST_JOB_TIMEOUT: seconds a test's job may take (default 90).
+# HOLDFAST_TEST_JOB_TIMEOUT: seconds a test's job may take (default 90);
+# GDB_TARGET: a test to rerun under cuda-gdb when the Python tests fail.
 #
 # python: builds holdfast._C for this machine's Python against its torch's
 #         NCCL, then test/python/test_gpu.py (collectives on CUDA tensors,
@@ -58,8 +59,15 @@ if [ "${1:-}" = "--build-module" ]; then
     src/python/module.cc -o ".gpu/build/python/holdfast/_C$ext" \
     -Wl,--start-group .gpu/static/*.a -Wl,--end-group \
     -Wl,--as-needed .gpu/lib/*.so* "$nccl_lib/libnccl.so.2" "$cudart" \
-    -Wl,--disable-new-dtags,-rpath,"$root/.gpu/lib"
-  exit $?
+    -Wl,--version-script=src/python/module.map -Wl,--exclude-libs,ALL \
+    -Wl,--disable-new-dtags,-rpath,"$root/.gpu/lib" || exit 1
+  # What this toolchain put into the module (see src/python/module.map).
+  ${CXX:-g++} --version | head -1
+  echo "libstdc++: $(${CXX:-g++} -print-file-name=libstdc++.so)"
+  head -c 300 "$(${CXX:-g++} -print-file-name=libstdc++.so)" | tr -cd '[:print:]\n' | head -3
+  echo "exported: $(nm -D --defined-only .gpu/build/python/holdfast/_C$ext | wc -l) symbols"
+  echo "libstdc++ code inside: $(nm .gpu/build/python/holdfast/_C$ext | grep -c 'execute_native_thread_routine\|_ZNSo9_M_insertIlEERSoT_')"
+  exit 0
 fi
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   $py -c "import torch; print('torch', torch.__version__, 'nccl', torch.cuda.nccl.version())"
@@ -75,14 +83,23 @@ done
 
 
 failed=0
+export HOLDFAST_TEST_JOB_LOG_DIR="$out/jobs"
 if want python; then
   check python-module 120 bash "$0" --build-module || failed=1
   HOLDFAST_BUILD_DIR="$root/.gpu/build" PYTHONPATH="$root/.gpu/build/python" \
     HOLDFAST_TEST_JOB_TIMEOUT="${HOLDFAST_TEST_JOB_TIMEOUT:-90}" \
-    PYTHONUNBUFFERED=1 check python-gpu 270 \
+    PYTHONUNBUFFERED=1 check python-gpu "${PYTHON_LIMIT:-270}" \
     $py -m pytest -q -rA --maxfail=2 -p no:cacheprovider \
     --junitxml="$out/pytest.xml" ${PYTEST_TARGETS:-test/python/test_gpu.py} \
-    || failed=1
+    || { failed=1
+         # The first failing DDP case again, each rank under cuda-gdb
+         # (HOLDFAST_RANK_GDB, test/python/gpu_rank.sh): every thread's
+         # backtrace if a rank crashes.
+         [ -n "${GDB_TARGET:-}" ] &&
+           HOLDFAST_RANK_GDB=1 HOLDFAST_BUILD_DIR="$root/.gpu/build" \
+           PYTHONPATH="$root/.gpu/build/python" HOLDFAST_TEST_JOB_TIMEOUT=120 \
+           PYTHONUNBUFFERED=1 check python-gdb 150 \
+           $py -m pytest -q -rA -s -x -p no:cacheprovider "$GDB_TARGET"; }
 fi
 if want cpp; then
   LD_LIBRARY_PATH="$LD_LIBRARY_PATH_CPP" check nccl-test 60 .gpu/bin/nccl_test "[gpu]" || failed=1
@@ -108,6 +125,6 @@ fi
 cat "$summary"
 # The logs as one archive beside the summary (a device call brings back
 # few files).
-(cd "$out" && tar czf logs.tar.gz ./*.log ./*.xml machine.txt 2>/dev/null &&
-  rm -f ./*.log ./*.xml)
+(cd "$out" && tar czf logs.tar.gz ./*.log ./*.xml machine.txt $(ls -d jobs 2>/dev/null) 2>/dev/null &&
+  rm -rf ./*.log ./*.xml jobs)
 exit $failed

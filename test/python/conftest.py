@@ -88,11 +88,30 @@ def run_job(args, cmd, timeout=None, extra_env=None):
         time.sleep(3)
         _signal_all([p.pid] + tree, signal.SIGKILL)
         out, _ = p.communicate()
+        _keep_log(out)
         lines = out.splitlines()
         raise AssertionError(
             f"the job did not end within {timeout} s; its last lines:\n" +
             "\n".join(lines[-400:])) from None
+    _keep_log(out)
     return p.returncode, out.splitlines()
+
+
+_job_logs = 0
+
+
+def _keep_log(out):
+    """With HOLDFAST_TEST_JOB_LOG_DIR set, keeps each job's whole output
+    there (job-N.log): a failure's message shows only its last lines."""
+    global _job_logs
+    folder = os.environ.get("HOLDFAST_TEST_JOB_LOG_DIR")
+    if not folder:
+        return
+    os.makedirs(folder, exist_ok=True)
+    _job_logs += 1
+    with open(os.path.join(folder, f"job-{os.getpid()}-{_job_logs}.log"),
+              "w") as f:
+        f.write(out)
 
 
 def _descendants(pid):

@@ -13,7 +13,8 @@ export NCCL_IB_DISABLE=1
 export HOLDFAST_DEVICE="${HOLDFAST_DEVICE:-0}"
 if [ -n "${HOLDFAST_RANK_GDB:-}" ]; then
   exec cuda-gdb -q -batch -ex "set pagination off" -ex "handle SIGUSR1 nostop noprint pass" \
-    -ex run -ex "thread apply all bt 30" --args "$@"
+    -ex "set print thread-events off" \
+    -ex run -ex "bt 40" -ex "info threads" -ex "thread apply all bt 30" --args "$@"
 fi
 if [ -n "${HOLDFAST_RANK_STATUS:-}" ]; then
   "$@"
