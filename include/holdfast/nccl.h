@@ -62,6 +62,9 @@ absl::StatusOr<std::unique_ptr<Communicator>> Shrink(
 
 // The cudaStream_t the communicator's operations run on (as void*), so a
 // trainer can order its kernels against them; null for another backend.
+// The stream stays valid for the process's life (torch's allocator may
+// record events on it after the communicator is gone); a later
+// communicator may reuse it once it is idle.
 void* Stream(Communicator& comm);
 
 // A snapshot of device memory in pinned host memory: the copy runs

@@ -107,6 +107,55 @@ absl::Status AwaitReady(ncclComm_t comm, absl::Time deadline,
                    [&] { return CallDone(comm, what); });
 }
 
+// CUDA streams that live as long as the process. A communicator's stream
+// is handed to torch (holdfast.distributed wraps it in an ExternalStream),
+// and torch may use it after the communicator has gone: its caching
+// allocator records an event on every stream a freed block was used on,
+// and a CUDA-aware future's value is recorded on the stream it completed
+// on. A destroyed stream's handle is undefined to use, so a communicator
+// takes its streams from here and gives them back, and they are never
+// destroyed; one given back while work is still queued on it (an aborted
+// communicator's kernels) is handed out again only once it is idle.
+class StreamPool {
+ public:
+  // An idle stream of `device` (the current device), or a new one.
+  absl::StatusOr<cudaStream_t> Take(int device) {
+    {
+      absl::MutexLock lock(&mu_);
+      for (auto it = given_back_.begin(); it != given_back_.end(); ++it) {
+        if (it->first == device && cudaStreamQuery(it->second) == cudaSuccess) {
+          cudaStream_t s = it->second;
+          given_back_.erase(it);
+          return s;
+        }
+      }
+    }
+    cudaStream_t s = nullptr;
+    const cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    if (e != cudaSuccess) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("nccl: cannot create a stream on device ", device, ": ",
+                       CudaError(e)));
+    }
+    return s;
+  }
+
+  void GiveBack(int device, cudaStream_t s) {
+    if (s == nullptr) return;
+    absl::MutexLock lock(&mu_);
+    given_back_.emplace_back(device, s);
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<std::pair<int, cudaStream_t>> given_back_ ABSL_GUARDED_BY(mu_);
+};
+
+StreamPool& Streams() {
+  static StreamPool* const pool = new StreamPool;  // never destroyed
+  return *pool;
+}
+
 class NcclPending final : public PendingP2P {
  public:
   explicit NcclPending(cudaEvent_t done, absl::Time deadline)
@@ -128,15 +177,13 @@ class NcclBackend final : public Backend {
   // Streams, events and the barrier's scratch word.
   absl::Status Init() {
     cudaError_t e = cudaSetDevice(options_.device);
-    if (e == cudaSuccess) {
-      e = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking);
+    if (e != cudaSuccess) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "nccl: cannot set up device ", options_.device, ": ", CudaError(e)));
     }
-    if (e == cudaSuccess) {
-      e = cudaStreamCreateWithFlags(&p2p_stream_, cudaStreamNonBlocking);
-    }
-    if (e == cudaSuccess) {
-      e = cudaEventCreateWithFlags(&done_, cudaEventDisableTiming);
-    }
+    HOLDFAST_ASSIGN_OR_RETURN(stream_, Streams().Take(options_.device));
+    HOLDFAST_ASSIGN_OR_RETURN(p2p_stream_, Streams().Take(options_.device));
+    e = cudaEventCreateWithFlags(&done_, cudaEventDisableTiming);
     if (e == cudaSuccess) e = cudaMalloc(&scratch_, sizeof(float));
     if (e != cudaSuccess) {
       return absl::ResourceExhaustedError(absl::StrCat(
@@ -149,8 +196,8 @@ class NcclBackend final : public Backend {
     Abort("communicator destroyed");
     if (scratch_ != nullptr) cudaFree(scratch_);
     if (done_ != nullptr) cudaEventDestroy(done_);
-    if (p2p_stream_ != nullptr) cudaStreamDestroy(p2p_stream_);
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+    Streams().GiveBack(options_.device, p2p_stream_);
+    Streams().GiveBack(options_.device, stream_);
   }
 
   absl::string_view name() const override { return "nccl"; }
