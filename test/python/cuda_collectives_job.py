@@ -26,15 +26,24 @@ def check_stream_order(ctx):
     returns before the device is done: it orders the stream, it does not
     block the host."""
     r, n = ctx.rank, ctx.world_size
-    t = torch.zeros(1 << 20, device=device)
-    torch.cuda._sleep(200_000_000)  # about 0.1 s of one SM's cycles
-    t.fill_(float(r + 1))
-    work = dist.all_reduce(t, async_op=True)
-    work.wait()
-    pending_after_wait = not torch.cuda.current_stream().query()
     want = float(n * (n + 1) // 2)
-    assert bool((t == want).all()), t[:4]
-    assert pending_after_wait, "work.wait() synchronised the host"
+
+    def timed_all_reduce():
+        t = torch.zeros(1 << 20, device=device)
+        torch.cuda._sleep(200_000_000)  # about 0.1 s of one SM's cycles
+        t.fill_(float(r + 1))
+        work = dist.all_reduce(t, async_op=True)
+        work.wait()
+        pending_after_wait = not torch.cuda.current_stream().query()
+        assert bool((t == want).all()), t[:4]
+        return pending_after_wait
+
+    # The first collective of a communicator may wait for the device:
+    # NCCL connects its channels and allocates on first use (as under
+    # ProcessGroupNCCL). Printed, not asserted; the next one must not.
+    print(f"cold all_reduce left the stream busy: {timed_all_reduce()}",
+          flush=True)
+    assert timed_all_reduce(), "work.wait() synchronised the host"
 
 
 def step(ctx):
