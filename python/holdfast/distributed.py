@@ -117,12 +117,21 @@ class ProcessGroup(dist.ProcessGroup):
                 "run() gives it a slot; issue collectives inside the step "
                 "function"
             )
-        comm_c = self._rt._rt.communicator()
-        device = _device_of(tensors, comm_c)
+        in_step = self._rt.in_step
+        try:
+            comm_c = self._communicator(in_step)
+            device = _device_of(tensors, comm_c)
+        except HoldfastError as e:
+            # The step's communicator was replaced (a new generation
+            # opened): the step fails at its end, as if the op had.
+            if not self._defer(e, in_step):
+                raise
+            fut = torch.futures.Future()
+            fut.set_result(result)
+            return _c10d._create_work_from_future(fut)
         if device is not None:
             return self._run_device(fn, result, comm_c, device)
         fut = torch.futures.Future()
-        in_step = self._rt.in_step
         comm = _runtime.Communicator(comm_c)
 
         def task():
@@ -145,6 +154,19 @@ class ProcessGroup(dist.ProcessGroup):
         # lose its overrides once Python drops its reference, while C++
         # (DDP's reducer) still waits on it.
         return _c10d._create_work_from_future(fut)
+
+    def _communicator(self, in_step):
+        """The communicator an op issued now runs on. Inside a step, the
+        step's own, also once a newer generation opened (its ops then fail
+        with AbortedError and the step is redone after a recovery):
+        building the new generation's communicator from a step would put
+        this slot in it while the others (a standby restoring) are not.
+        Outside a step, the current generation's (built if needed)."""
+        if in_step:
+            comm_c = self._rt._step_comm
+            comm_c.rank  # AbortedError once its generation was replaced
+            return comm_c
+        return self._rt._rt.communicator()
 
     def _defer(self, error, in_step):
         """Whether a holdfast error of an operation is kept for the step's

@@ -355,6 +355,7 @@ class Runtime:
         self._sharded = {}  # sharded arrays: name -> (dtype, global numel)
         self._in_step = False
         self._step_place = (0, 1)  # (slot, world size) of the running step
+        self._step_comm = None  # the running step's C++ communicator
         # Registered tensors as given (name, tensor): they stay alive with
         # the runtime, and their version counters tell an in-place write
         # before the fence. Their versions after the last step that ended
@@ -596,6 +597,7 @@ class Runtime:
         def step(ctx):
             for group in self._groups:
                 group._begin_step()
+            self._step_comm = ctx.comm  # the step's; see ProcessGroup._run
             self._in_step = True
             self._step_place = (ctx.slot, ctx.world_size)
             self._fence_checked = False
@@ -609,6 +611,7 @@ class Runtime:
                 # replaces the communicator the operations run on).
                 self._ops.drain()
                 self._in_step = False
+                self._step_comm = None
             for group in self._groups:
                 group._end_step()
             # The runtime snapshots the host copies once this returns.

@@ -132,6 +132,25 @@ def test_a_loss_after_the_last_step_is_recovered_not_left_hanging(tmp_path):
     assert sorted(final_lines(lines)) == ["final step=12 world=2 sum=936.0"] * 2, out
 
 
+def test_a_group_op_issued_after_the_next_generation_opened_fails_the_step():
+    """A torch.distributed op issued in a step after the controller opened
+    the next generation (slot 1 was killed as the step began; a DDP hook
+    late in backward does this) fails, and the step is redone after a
+    recovery: the group does not build the new generation's communicator
+    in the middle of the step, where the standby is still restoring."""
+    steps, kill_step = 8, 5
+    rc, lines = run_job(
+        ["-n", "3", "--standby", "1", "--inject", f"kill:slot=1:step={kill_step}"],
+        [PYTHON, str(HERE / "stale_group_job.py"), str(steps), str(kill_step)],
+        timeout=120)
+    out = "\n".join(lines[-60:])
+    assert rc == 0, out
+    # Each step adds step * (1 + 2 + 3) to each of 4 elements.
+    want = 4 * 6 * steps * (steps + 1) // 2
+    assert sorted(final_lines(lines)) == [
+        f"final step={steps} world=3 sum={float(want)}"] * 3, out
+
+
 def run_stopping_job(log, args, job, extra_env=None, job_args=()):
     """Runs `job` (a script here) under holdfast-run with --log-dir `log`,
     for a failure no recovery mends: the job must stop, non-zero, with no
