@@ -478,7 +478,7 @@ TEST_CASE(
       Launch({"-n", "3", "--mode", "shrink", "--min-world", "2", "--inject",
               "kill:slot=1:step=10", "--inject", "kill:slot=0:step=20"},
              kTrainer);
-  CHECK(r.rc == 1);
+  CHECK(r.rc == 3);  // stopped (tools/launcher.h)
   CHECK(r.summary.value("outcome", "") == "stopped");
   CHECK(r.summary.value("reason", "").find("below the minimum world size 2") !=
         std::string::npos);
@@ -563,7 +563,7 @@ TEST_CASE(
   JobRun lost = Launch(
       {"-n", "3", "--min-world", "3", "--inject", "kill:slot=1:step=250"},
       trainer, cwd);
-  CHECK(lost.rc == 1);
+  CHECK(lost.rc == 3);  // stopped
   CHECK(lost.summary.value("outcome", "") == "stopped");
   CHECK(lost.summary.value("disk_checkpoint_step", int64_t{-1}) == 200);
   CHECK(lost.err.find("run the same command again to resume") !=

@@ -488,6 +488,79 @@ json Launcher::Summary(const StatusResponse& s, const std::string& outcome,
   return j;
 }
 
+int Launcher::Judge(const StatusResponse& s, json* summary) const {
+  json& j = *summary;
+  const std::string outcome = j.value("outcome", "");
+  std::vector<std::pair<int, std::string>> problems;  // code, what
+  if (outcome == "stopped") {
+    problems.emplace_back(
+        kExitStopped, absl::StrCat("the job stopped: ", j.value("reason", "")));
+  }
+  if (!j.value("replicas_agree", true)) {
+    problems.emplace_back(
+        kExitReplicasDiffer,
+        "the slots' replicated state differs at the end (replicas_agree "
+        "false): the final model is not the same everywhere");
+  }
+  // Each process against the controller's members with its pid.
+  for (const auto& p : procs_) {
+    bool finished = false, held_slot = false, fenced = false;
+    std::vector<uint64_t> ids;
+    for (const auto& m : s.members()) {
+      if (m.pid() != p->pid) continue;
+      ids.push_back(m.member_id());
+      held_slot |= m.role() == control::ROLE_WORKER;
+      finished |=
+          m.role() == control::ROLE_WORKER && m.state() == control::STATE_LEFT;
+    }
+    // Fenced by the controller's own decision, rather than gone by itself
+    // (crashed, left): its exit after that is expected.
+    for (const auto& inc : s.incidents()) {
+      if (std::find(ids.begin(), ids.end(), inc.member_id()) == ids.end()) {
+        continue;
+      }
+      fenced |= inc.kind() != control::INCIDENT_CRASHED &&
+                inc.kind() != control::INCIDENT_LEFT;
+    }
+    const bool clean =
+        p->exited && WIFEXITED(p->status) && WEXITSTATUS(p->status) == 0;
+    const std::string who = absl::StrCat("process ", p->index, " (pid ", p->pid,
+                                         ", ", p->label, ")");
+    if (finished && !clean) {
+      problems.emplace_back(
+          kExitWorkerExit,
+          absl::StrCat(who, " finished training, then ",
+                       p->exited ? DescribeExit(p->status) : "did not exit"));
+    } else if (p->index >= n_ && held_slot && !finished && !fenced &&
+               p->exited && WIFEXITED(p->status) &&
+               WEXITSTATUS(p->status) != 0) {
+      problems.emplace_back(
+          kExitStandbyFailed,
+          absl::StrCat(who, " was a standby, took a slot and failed: ",
+                       DescribeExit(p->status)));
+    }
+  }
+  int code =
+      outcome == "finished" || outcome == "stopped" ? kExitOk : kExitFailed;
+  for (int want : {kExitStopped, kExitReplicasDiffer, kExitWorkerExit,
+                   kExitStandbyFailed}) {
+    if (code != kExitOk) break;
+    for (const auto& [c, what] : problems) {
+      if (c == want) {
+        code = c;
+        break;
+      }
+    }
+  }
+  json list = json::array();
+  for (const auto& [c, what] : problems) {
+    list.push_back({{"exit_code", c}, {"problem", what}});
+  }
+  j["problems"] = list;
+  j["exit_code"] = code;
+  return code;
+}
+
 void Launcher::PrintSummary(const json& j) {
   std::string out = "\n==== holdfast-run summary ====\n";
   absl::StrAppend(&out, "outcome: ", j.value("outcome", ""));
@@ -576,7 +649,12 @@ void Launcher::PrintSummary(const json& j) {
                       j.value("checkpoint_dir", ""), " yet\n");
     }
   }
+  for (const json& p : j.value("problems", json::array())) {
+    absl::StrAppend(&out, "problem (exit code ", p.value("exit_code", 0),
+                    "): ", p.value("problem", ""), "\n");
+  }
   absl::StrAppend(&out, "wall: ", j.value("wall_ms", 0), " ms\n");
+  absl::StrAppend(&out, "exit code: ", j.value("exit_code", 0), "\n");
   std::fputs(out.c_str(), stderr);
 }
 

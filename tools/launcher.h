@@ -65,6 +65,17 @@ struct Flags {
   bool no_disk_tier = false, fresh = false;
 };
 
+// holdfast-run's exit codes. When several apply, the first in this
+// order wins: kExitStopped, kExitReplicasDiffer, kExitWorkerExit,
+// kExitStandbyFailed; summary.json's "problems" lists every one.
+inline constexpr int kExitOk = 0;          // finished; everything below held
+inline constexpr int kExitFailed = 1;      // the job could not run
+inline constexpr int kExitUsage = 2;       // bad command line
+inline constexpr int kExitStopped = 3;     // the controller stopped the job
+inline constexpr int kExitWorkerExit = 4;  // a finished worker exited != 0
+inline constexpr int kExitReplicasDiffer = 5;  // replicated state differs
+inline constexpr int kExitStandbyFailed = 6;   // a standby in a slot failed
+
 class Launcher {
  public:
   int Main(int argc, char** argv);
@@ -104,6 +115,9 @@ class Launcher {
   void RefreshLabelsNow();
   json Summary(const StatusResponse& s, const std::string& outcome,
                const std::string& reason);
+  // The exit code for the job's end (see kExitOk); adds "exit_code" and
+  // "problems" (what each non-zero code found) to `summary`.
+  int Judge(const StatusResponse& s, json* summary) const;
   void PrintSummary(const json& j);
   // With --log-dir: the verdict of `holdfast diagnose` on each incident's
   // generation, as the incident's "offline_diagnosis" (tools/diagnose.h),

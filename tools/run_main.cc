@@ -346,6 +346,7 @@ int Launcher::Main(int argc, char** argv) {
   if (auto s = FetchJob(); s.ok()) last = *s;
   WriteMembers(last);
   json summary = Summary(last, outcome, reason);
+  const int code = Judge(last, &summary);
   AddDiagnoses(&summary);
   PrintSummary(summary);
   if (!log_dir_.empty()) {
@@ -362,7 +363,7 @@ int Launcher::Main(int argc, char** argv) {
     std::filesystem::remove_all(checkpoint_dir_, ec);
   }
   (*server)->Shutdown();
-  return outcome == "finished" ? 0 : 1;
+  return code;
 }
 
 }  // namespace holdfast::run

@@ -151,6 +151,52 @@ def test_a_group_op_issued_after_the_next_generation_opened_fails_the_step():
         f"final step={steps} world=3 sum={float(want)}"] * 3, out
 
 
+def run_verdict_job(tmp_path, mode, args=()):
+    """verdict_job.py MODE on 3 slots for 6 steps; (exit code, summary.json,
+    the output's tail)."""
+    log = tmp_path / "log"
+    rc, lines = run_job(["-n", "3", "--log-dir", str(log), *args],
+                        [PYTHON, str(HERE / "verdict_job.py"), "6", mode],
+                        timeout=120)
+    return rc, json.loads((log / "summary.json").read_text()), \
+        "\n".join(lines[-40:])
+
+
+def test_a_worker_that_exits_non_zero_after_training_fails_the_launch(tmp_path):
+    rc, summary, out = run_verdict_job(tmp_path, "worker_exit")
+    assert summary["outcome"] == "finished", out
+    assert rc == 4 and summary["exit_code"] == 4, out
+    assert [p["exit_code"] for p in summary["problems"]] == [4], out
+    assert "finished training, then exited with code 1" in \
+        summary["problems"][0]["problem"], out
+
+
+def test_replicas_that_differ_at_the_end_fail_the_launch(tmp_path):
+    """One bit of slot 2's replicated state is flipped from another
+    process (/proc/<pid>/mem) in the last step."""
+    rc, summary, out = run_verdict_job(tmp_path, "flip")
+    assert summary["outcome"] == "finished", out
+    assert summary["replicas_agree"] is False, out
+    assert rc == 5 and summary["exit_code"] == 5, out
+    assert "replicated state differs" in summary["problems"][0]["problem"], out
+
+
+def test_a_standby_that_takes_a_slot_and_fails_fails_the_launch(tmp_path):
+    rc, summary, out = run_verdict_job(
+        tmp_path, "standby_fail",
+        ["--standby", "1", "--inject", "kill:slot=1:step=3"])
+    assert summary["outcome"] == "finished", out
+    assert rc == 6 and summary["exit_code"] == 6, out
+    assert any("was a standby, took a slot and failed" in p["problem"]
+               for p in summary["problems"]), out
+
+
+def test_a_clean_job_exits_0_with_no_problems(tmp_path):
+    rc, summary, out = run_verdict_job(tmp_path, "clean")
+    assert rc == 0 and summary["exit_code"] == 0, out
+    assert summary["problems"] == [] and summary["replicas_agree"], out
+
+
 def run_stopping_job(log, args, job, extra_env=None, job_args=()):
     """Runs `job` (a script here) under holdfast-run with --log-dir `log`,
     for a failure no recovery mends: the job must stop, non-zero, with no
@@ -159,7 +205,7 @@ def run_stopping_job(log, args, job, extra_env=None, job_args=()):
                         [PYTHON, str(HERE / job), *job_args],
                         extra_env=extra_env, timeout=120)
     out = "\n".join(lines[-60:])
-    assert rc != 0, out
+    assert rc == 3, out  # stopped (tools/launcher.h)
     assert final_lines(lines) == [], out
     summary = json.loads((log / "summary.json").read_text())
     assert summary["outcome"] == "stopped", out
