@@ -43,7 +43,7 @@ from torch.distributed.fsdp import fully_shard
 import holdfast
 import holdfast.distributed as hd
 import example_run
-from mlp_data import make_batch
+from mlp_data import make_batch, tensor_bytes
 
 
 class ShardedTensor:
@@ -184,8 +184,8 @@ def main():
             # hash is taken in the last step.
             digest = hashlib.sha256()
             for n in names:
-                digest.update(params[n].gather_full(ctx.comm, device)
-                              .numpy().tobytes())
+                digest.update(tensor_bytes(
+                    params[n].gather_full(ctx.comm, device)))
             final_hash[0] = digest.hexdigest()
 
     result, code = example_run.run("fsdp_train", lambda: rt.run(

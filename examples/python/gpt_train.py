@@ -34,6 +34,7 @@ import torch
 import holdfast
 import holdfast.distributed as hd
 import example_run
+from mlp_data import tensor_bytes
 
 CORPUS = pathlib.Path("/usr/share/common-licenses")
 
@@ -104,7 +105,7 @@ def state_sha256(model, opt, data_pos):
         st = opt.state_dict()["state"][index]
         tensors += [st[key] for key in sorted(st)]
     for t in tensors + [data_pos]:
-        digest.update(t.detach().cpu().contiguous().numpy().tobytes())
+        digest.update(tensor_bytes(t))
     return digest.hexdigest()
 
 
