@@ -190,3 +190,41 @@ TEST_CASE(
   CHECK(r.hashes.at(0) == ReferenceHash("9:10"));
   CHECK(holdfast::test::CountExits(r, "exited with code 3") == 1);  // fenced
 }
+
+TEST_CASE(
+    "gray: a rank throttled from outside for the whole run lowers the ETTR "
+    "by the time lost") {
+  // A fault-free run first: its ETTR is near 1.
+  JobRun clean = Launch({"-n", "3"}, {"--steps", "60", "--step-ms", "20"});
+  INFO("clean summary: " << clean.summary.dump(1));
+  REQUIRE(clean.rc == 0);
+  CHECK(clean.summary.value("ettr", 0.0) > 0.8);
+  // Slot 2's process runs 20 ms of every 60 (SIGSTOP and SIGCONT by pid)
+  // from its start to the end, so every step waits for it; stragglers are
+  // only reported. Counting the slowed steps whole (ettr_step_time), the
+  // job looked productive; at the healthy pace it is not.
+  const std::string dir = holdfast::proc::MakeTempDir();
+  std::atomic<bool> done{false};
+  pid_t throttled = -1;
+  std::thread throttle([&] {
+    throttled = AwaitWorker(dir, 2, 3);
+    while (throttled > 0 && !done) {
+      if (::kill(throttled, SIGSTOP) != 0) break;  // gone
+      absl::SleepFor(absl::Milliseconds(40));
+      ::kill(throttled, SIGCONT);
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    if (throttled > 0) ::kill(throttled, SIGCONT);
+  });
+  JobRun r = Launch({"-n", "3", "--silent-after-ms", "5000"},
+                    {"--steps", "60", "--step-ms", "20"}, "", dir);
+  done = true;
+  throttle.join();
+  INFO("summary: " << r.summary.dump(1));
+  REQUIRE(throttled > 0);
+  REQUIRE(r.rc == 0);
+  CheckFinished(r, 3, 60);
+  CHECK(r.summary.value("ettr_step_time", 0.0) > 0.8);
+  CHECK(r.summary.value("healthy_pace", 1.0) < 0.7);
+  CHECK(r.summary.value("ettr", 1.0) < 0.7);
+}

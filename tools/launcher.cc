@@ -422,9 +422,18 @@ json Launcher::Summary(const StatusResponse& s, const std::string& outcome,
         j["steps"] = fin.value("final_step", 0);
         const double wall = fin.value("wall_ms", 0);
         const double prod = fin.value("productive_ms", 0);
+        // ETTR counts the productive steps at the job's healthy pace:
+        // a step slowed by a straggler counts only the time it would have
+        // taken at the members' median pace (docs/recovery.md, "ETTR").
+        const double pace =
+            s.pace_step_us() > 0
+                ? static_cast<double>(s.pace_healthy_us()) / s.pace_step_us()
+                : 1.0;
         j["productive_ms"] = prod;
         j["train_wall_ms"] = wall;
-        j["ettr"] = wall > 0 ? prod / wall : 0.0;
+        j["healthy_pace"] = pace;
+        j["ettr"] = wall > 0 ? prod * pace / wall : 0.0;
+        j["ettr_step_time"] = wall > 0 ? prod / wall : 0.0;
       }
     }
   }
@@ -621,11 +630,13 @@ void Launcher::PrintSummary(const json& j) {
   }
   if (j.contains("ettr")) {
     absl::StrAppend(
-        &out,
-        absl::StrFormat("ETTR: %.3f (productive step time %.0f ms over %.0f ms "
-                        "from the first step to the last)\n",
-                        j.value("ettr", 0.0), j.value("productive_ms", 0.0),
-                        j.value("train_wall_ms", 0.0)));
+        &out, absl::StrFormat(
+                  "ETTR: %.3f (productive step time %.0f ms at %.2f of "
+                  "it the healthy pace, over %.0f ms from the first "
+                  "step to the last; %.3f counting slow steps whole)\n",
+                  j.value("ettr", 0.0), j.value("productive_ms", 0.0),
+                  j.value("healthy_pace", 1.0), j.value("train_wall_ms", 0.0),
+                  j.value("ettr_step_time", 0.0)));
   }
   if (j.contains("resumed_from_step")) {
     absl::StrAppend(&out, "resumed from the disk checkpoint of step ",
