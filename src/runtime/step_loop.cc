@@ -512,7 +512,11 @@ absl::StatusOr<int64_t> RuntimeImpl::Start(int64_t fresh_step) {
     member_->SetPhase(control::PHASE_RECOVERING, 0);
     faults_->AtRecovery(v.slot, ++recoveries_);
   }
-  HOLDFAST_RETURN_IF_ERROR(BuildComm());
+  // A communicator of this generation built before Run (communicator(),
+  // or a torch.distributed call outside a step) is used as it is: a
+  // second rendezvous of the same generation would meet the first one's
+  // addresses in the store.
+  HOLDFAST_RETURN_IF_ERROR(communicator().status());
   int64_t at = 0;
   bool resumed = false;  // from the disk tier
   if (v.generation > 0 || committed_step() >= 0) {
