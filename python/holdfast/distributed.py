@@ -29,6 +29,7 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d
 
 from . import runtime as _runtime
+from ._tensors import _DTYPES
 from .errors import FencedError, HoldfastError, InvalidArgumentError
 
 BACKEND = "holdfast"
@@ -122,9 +123,11 @@ class ProcessGroup(dist.ProcessGroup):
             comm_c = self._communicator(in_step)
             device = _device_of(tensors, comm_c)
         except HoldfastError as e:
-            # The step's communicator was replaced (a new generation
-            # opened): the step fails at its end, as if the op had.
-            if not self._defer(e, in_step):
+            # Bad arguments are refused at the call. The step's
+            # communicator replaced (a new generation opened): the step
+            # fails at its end, as if the op had.
+            if isinstance(e, InvalidArgumentError) or not self._defer(
+                    e, in_step):
                 raise
             fut = torch.futures.Future()
             fut.set_result(result)
@@ -140,20 +143,26 @@ class ProcessGroup(dist.ProcessGroup):
                 return
             try:
                 fn(comm)
-            except HoldfastError as e:
+            except Exception as e:  # noqa: BLE001 -- see _defer
                 if not self._defer(e, in_step):
                     fut.set_exception(e)
                     return
-            except Exception as e:  # noqa: BLE001 -- handed to the waiter
-                fut.set_exception(e)
-                return
             fut.set_result(result)
 
         self._rt._ops.submit(task)
-        # A C++ Work around the future: a Python subclass of Work would
-        # lose its overrides once Python drops its reference, while C++
-        # (DDP's reducer) still waits on it.
-        return _c10d._create_work_from_future(fut)
+        return self._work(fut, in_step)
+
+    @staticmethod
+    def _work(fut, in_step):
+        """A C++ Work around the future: a Python subclass of Work would
+        lose its overrides once Python drops its reference, while C++
+        (DDP's reducer) still waits on it. Such a Work's wait() does not
+        raise the future's error, so outside a step the call waits here
+        and raises it (inside one, errors go to the step's end)."""
+        work = _c10d._create_work_from_future(fut)
+        if not in_step:
+            fut.wait()
+        return work
 
     def _communicator(self, in_step):
         """The communicator an op issued now runs on. Inside a step, the
@@ -169,12 +178,13 @@ class ProcessGroup(dist.ProcessGroup):
         return self._rt._rt.communicator()
 
     def _defer(self, error, in_step):
-        """Whether a holdfast error of an operation is kept for the step's
-        end (True) rather than failing its Work. Bad arguments fail the
-        Work. Anything else (a lost peer, a timeout, a failed op) is for
-        the runtime to judge at the step's end: failing DDP's reducer
-        would leave it in the middle of an iteration."""
-        if isinstance(error, InvalidArgumentError) or not in_step:
+        """Whether an operation's error is kept for the step's end (True)
+        rather than failing its Work. Inside a step every error is: a lost
+        peer, a timeout or a failed op is for the runtime to judge there,
+        and failing DDP's reducer would leave it in the middle of an
+        iteration; any other error fails the step there (a Work's wait()
+        would not raise it). Outside a step the call raises it."""
+        if not in_step:
             return False
         self._error = self._error or error
         return True
@@ -211,16 +221,14 @@ class ProcessGroup(dist.ProcessGroup):
                         fut.set_result(result)
                     if in_step:
                         issuer.finish()
-                except HoldfastError as e:
+                except Exception as e:  # noqa: BLE001 -- see _defer
                     if not self._defer(e, in_step):
                         _fail(fut, e)
                     elif not fut.done():
                         fut.set_result(result)
-                except Exception as e:  # noqa: BLE001 -- handed to the waiter
-                    _fail(fut, e)
 
         self._rt._ops.submit(task)
-        return _c10d._create_work_from_future(fut)
+        return self._work(fut, in_step)
 
     # ---- collectives -------------------------------------------------------
     def allreduce(self, tensors, opts=None):
@@ -229,9 +237,9 @@ class ProcessGroup(dist.ProcessGroup):
         def fn(comm):
             for t in tensors:
                 if comm.device_memory and op in ("sum", "average"):
-                    _all_reduce_in_rank_order(comm, t, op)
+                    _in_place(t, lambda w: _all_reduce_in_rank_order(comm, w, op))
                 else:
-                    comm.all_reduce(t, op)
+                    _in_place(t, lambda w: comm.all_reduce(w, op))
 
         return self._run(fn, tensors, tensors)
 
@@ -240,7 +248,7 @@ class ProcessGroup(dist.ProcessGroup):
 
         def fn(comm):
             for t in tensors:
-                comm.broadcast(t, root)
+                _in_place(t, lambda w: comm.broadcast(w, root))
 
         return self._run(fn, tensors, tensors)
 
@@ -281,7 +289,8 @@ class ProcessGroup(dist.ProcessGroup):
     # flat buffers, rank r's block at r.
     def _allgather_base(self, output, input, opts=None):
         def fn(comm):
-            comm.all_gather(output, input.contiguous())
+            _in_place(output,
+                      lambda w: comm.all_gather(w, input.contiguous()))
 
         return self._run(fn, [output], [output, input])
 
@@ -289,7 +298,8 @@ class ProcessGroup(dist.ProcessGroup):
         op = _op_name(opts.reduceOp) if opts is not None else "sum"
 
         def fn(comm):
-            comm.reduce_scatter(output, input.contiguous(), op)
+            _in_place(output,
+                      lambda w: comm.reduce_scatter(w, input.contiguous(), op))
 
         return self._run(fn, [output], [output, input])
 
@@ -351,6 +361,18 @@ def _all_reduce_in_rank_order(comm, tensor, op):
     flat.copy_(acc)
 
 
+def _in_place(tensor, op):
+    """op(t) on `tensor`, which op writes in place: on the tensor itself
+    when it is contiguous, else on a contiguous copy written back after
+    (a view with strides, such as a column of a matrix)."""
+    if tensor.is_contiguous():
+        op(tensor)
+        return
+    work = tensor.contiguous()
+    op(work)
+    tensor.copy_(work)
+
+
 def _flat(lists):
     return [t for ts in lists for t in ts]
 
@@ -359,6 +381,12 @@ def _device_of(tensors, comm):
     """The CUDA device of `tensors` (None for CPU tensors), checked against
     the memory `comm` takes. InvalidArgumentError for a mix of devices, or
     for tensors the communicator cannot take."""
+    for t in tensors:
+        if t.dtype not in _DTYPES:
+            raise InvalidArgumentError(
+                f"holdfast process group: dtype {t.dtype} is not supported "
+                f"({', '.join(sorted(str(d).split('.')[-1] for d in _DTYPES))})"
+            )
     kinds = {(t.device.type, t.device.index) for t in tensors}
     if len(kinds) > 1:
         raise InvalidArgumentError(

@@ -15,7 +15,10 @@ import torch.distributed as dist
 import holdfast
 import holdfast.distributed as hd
 
-rt = holdfast.Runtime()
+# The call outside a step below builds the first communicator before
+# run() has waited for every member to join: give a rank that starts late
+# (a loaded machine) more than the default 15 s to come.
+rt = holdfast.Runtime(connect_timeout=120)
 marker = torch.zeros(1)
 rt.register_tensor("marker", marker)
 pg = hd.init_process_group(rt)
@@ -55,6 +58,43 @@ def check_asynchronous(ctx):
             time.sleep(0.01)
         dist.all_reduce(t)
     assert torch.equal(t, torch.full((3,), float(n * (n + 1) // 2))), t
+
+
+def check_views_and_refusals(r, n):
+    """Tensors that are views with strides (not contiguous) get the
+    answer, in place, and nothing around them changes; a dtype the group
+    does not take is refused by name at the call."""
+    base = torch.zeros(4, 3)
+    base[:, 1] = r + 1
+    dist.all_reduce(base[:, 1])
+    assert torch.equal(base[:, 1], torch.full((4,), float(n * (n + 1) // 2))), base
+    assert not base[:, 0].any() and not base[:, 2].any(), base
+    grid = torch.zeros(3, 4)
+    grid[:, 2] = 10 * r + torch.arange(3.0)
+    dist.broadcast(grid[:, 2], src=1)
+    assert torch.equal(grid[:, 2], 10 + torch.arange(3.0)), grid
+    assert grid[:, [0, 1, 3]].eq(0).all(), grid
+    wide = torch.zeros(n, 4)
+    dist.all_gather([wide[k, ::2] for k in range(n)], torch.full((2,), float(r)))
+    assert torch.equal(wide[:, ::2], torch.arange(float(n)).repeat_interleave(
+        2).view(n, 2)), wide
+    assert not wide[:, 1::2].any(), wide
+    whole = torch.zeros(n * 2, 2)
+    dist.all_gather_into_tensor(whole[:, 0], torch.full((2,), float(r)))
+    assert torch.equal(whole[:, 0], torch.arange(float(n)).repeat_interleave(2))
+    assert not whole[:, 1].any(), whole
+    # torch sends complex numbers as pairs of reals.
+    z = torch.full((2,), complex(r, -r), dtype=torch.complex64)
+    dist.all_reduce(z)
+    s = float(sum(range(n)))
+    assert torch.equal(z, torch.full((2,), complex(s, -s),
+                                     dtype=torch.complex64)), z
+    try:
+        dist.all_reduce(torch.zeros(2, dtype=torch.int16))
+    except Exception as e:  # noqa: BLE001 -- torch may rewrap the type
+        assert "int16" in str(e), e
+    else:
+        raise AssertionError("an all_reduce of int16 was accepted")
 
 
 def step(ctx):
@@ -101,10 +141,20 @@ def step(ctx):
     dist.broadcast(e, src=2)
     assert torch.equal(e, torch.full((2,), 2.0))
     dist.barrier()
+    check_views_and_refusals(r, n)
     check_asynchronous(ctx)
     assert pg.size() == n and pg.rank() == r
     marker.add_(1)
 
+
+# Outside a step an operation's error is raised by the call (the Work a
+# backend returns does not raise it in wait()).
+try:
+    dist.all_gather([torch.empty(2) for _ in range(2)], torch.zeros(2))
+except Exception as e:  # noqa: BLE001 -- torch may rewrap the type
+    assert "2 outputs for 3 ranks" in str(e), e
+else:
+    raise AssertionError("an all_gather into 2 outputs on 3 ranks returned")
 
 result = rt.run(step, 3)
 print(f"ok rank={result.slot} marker={int(marker.item())}", flush=True)
