@@ -52,6 +52,35 @@ std::string ReferenceHash(const std::string& skip) {
       4, {"--steps", "40", "--skip-data", skip}, 40);
 }
 
+// Throttles slot `slot`'s process from outside, as an OS would: once it
+// appears in the job of `dir`, it is stopped 40 ms of every 60 (SIGSTOP
+// and SIGCONT by pid) until Stop(). pid() is -1 if it never appeared.
+class DutyCycle {
+ public:
+  DutyCycle(const std::string& dir, int slot)
+      : thread_([this, dir, slot] {
+          pid_ = AwaitWorker(dir, slot, 3);
+          while (pid_ > 0 && !done_) {
+            if (::kill(pid_, SIGSTOP) != 0) break;  // gone
+            absl::SleepFor(absl::Milliseconds(40));
+            ::kill(pid_, SIGCONT);
+            absl::SleepFor(absl::Milliseconds(20));
+          }
+          if (pid_ > 0) ::kill(pid_, SIGCONT);
+        }) {}
+  ~DutyCycle() { Stop(); }
+  void Stop() {
+    done_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+  pid_t pid() const { return pid_; }
+
+ private:
+  std::atomic<bool> done_{false};
+  std::atomic<pid_t> pid_{-1};
+  std::thread thread_;
+};
+
 }  // namespace
 
 TEST_CASE(
@@ -61,25 +90,13 @@ TEST_CASE(
   // and SIGCONT by pid), so its step's own work takes about 3x its
   // peers'. The standby that replaces it runs at full speed.
   const std::string dir = holdfast::proc::MakeTempDir();
-  std::atomic<bool> done{false};
-  pid_t throttled = -1;
-  std::thread throttle([&] {
-    throttled = AwaitWorker(dir, 2, 3);
-    while (throttled > 0 && !done) {
-      if (::kill(throttled, SIGSTOP) != 0) break;  // gone
-      absl::SleepFor(absl::Milliseconds(40));
-      ::kill(throttled, SIGCONT);
-      absl::SleepFor(absl::Milliseconds(20));
-    }
-    if (throttled > 0) ::kill(throttled, SIGCONT);
-  });
+  DutyCycle throttle(dir, 2);
   JobRun r = Launch({"-n", "4", "--standby", "1", "--stragglers", "replace",
                      "--silent-after-ms", "5000"},
                     {"--steps", "80", "--step-ms", "20"}, "", dir);
-  done = true;
-  throttle.join();
+  throttle.Stop();
   INFO("summary: " << r.summary.dump(1));
-  REQUIRE(throttled > 0);
+  REQUIRE(throttle.pid() > 0);
   REQUIRE(r.rc == 0);
   CheckFinished(r, 4, 80);
   CHECK(r.hashes.at(0) == FaultFreeHash(80));
@@ -204,24 +221,12 @@ TEST_CASE(
   // only reported. Counting the slowed steps whole (ettr_step_time), the
   // job looked productive; at the healthy pace it is not.
   const std::string dir = holdfast::proc::MakeTempDir();
-  std::atomic<bool> done{false};
-  pid_t throttled = -1;
-  std::thread throttle([&] {
-    throttled = AwaitWorker(dir, 2, 3);
-    while (throttled > 0 && !done) {
-      if (::kill(throttled, SIGSTOP) != 0) break;  // gone
-      absl::SleepFor(absl::Milliseconds(40));
-      ::kill(throttled, SIGCONT);
-      absl::SleepFor(absl::Milliseconds(20));
-    }
-    if (throttled > 0) ::kill(throttled, SIGCONT);
-  });
+  DutyCycle throttle(dir, 2);
   JobRun r = Launch({"-n", "3", "--silent-after-ms", "5000"},
                     {"--steps", "60", "--step-ms", "20"}, "", dir);
-  done = true;
-  throttle.join();
+  throttle.Stop();
   INFO("summary: " << r.summary.dump(1));
-  REQUIRE(throttled > 0);
+  REQUIRE(throttle.pid() > 0);
   REQUIRE(r.rc == 0);
   CheckFinished(r, 3, 60);
   CHECK(r.summary.value("ettr_step_time", 0.0) > 0.8);
