@@ -45,12 +45,18 @@ def buffer(tensor, what="tensor", device_memory=False):
             f"{what}: not contiguous (shape {tuple(tensor.shape)}, stride "
             f"{tensor.stride()}); call .contiguous() first"
         )
+    check_dtype(tensor, what)
+    return tensor.data_ptr(), tensor.numel(), _DTYPES[tensor.dtype]
+
+
+def check_dtype(tensor, what="tensor"):
+    """InvalidArgumentError naming `what` unless the communicators take
+    `tensor`'s dtype."""
     if tensor.dtype not in _DTYPES:
         raise InvalidArgumentError(
             f"{what}: dtype {tensor.dtype} is not supported (float32, float64, "
             "int32, int64, bfloat16, float16, uint8)"
         )
-    return tensor.data_ptr(), tensor.numel(), _DTYPES[tensor.dtype]
 
 
 def host_buffer(tensor, what="tensor"):

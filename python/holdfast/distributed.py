@@ -29,7 +29,7 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d
 
 from . import runtime as _runtime
-from ._tensors import _DTYPES
+from ._tensors import check_dtype
 from .errors import FencedError, HoldfastError, InvalidArgumentError
 
 BACKEND = "holdfast"
@@ -131,7 +131,7 @@ class ProcessGroup(dist.ProcessGroup):
                 raise
             fut = torch.futures.Future()
             fut.set_result(result)
-            return _c10d._create_work_from_future(fut)
+            return self._work(fut, in_step)
         if device is not None:
             return self._run_device(fn, result, comm_c, device)
         fut = torch.futures.Future()
@@ -382,11 +382,7 @@ def _device_of(tensors, comm):
     the memory `comm` takes. InvalidArgumentError for a mix of devices, or
     for tensors the communicator cannot take."""
     for t in tensors:
-        if t.dtype not in _DTYPES:
-            raise InvalidArgumentError(
-                f"holdfast process group: dtype {t.dtype} is not supported "
-                f"({', '.join(sorted(str(d).split('.')[-1] for d in _DTYPES))})"
-            )
+        check_dtype(t, "holdfast process group")
     kinds = {(t.device.type, t.device.index) for t in tensors}
     if len(kinds) > 1:
         raise InvalidArgumentError(
