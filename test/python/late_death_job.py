@@ -10,13 +10,11 @@ import time
 
 import torch
 
-import holdfast
+from sum_job import run_and_report, runtime_with_state
 
 steps = int(sys.argv[1])
 marker = sys.argv[2]
-rt = holdfast.Runtime()
-state = torch.zeros(4, dtype=torch.float64)
-rt.register_tensor("state", state)
+rt, state = runtime_with_state()
 
 
 def step(ctx):
@@ -31,9 +29,4 @@ def step(ctx):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-try:
-    result = rt.run(step, steps)
-except holdfast.CancelledError:
-    sys.exit(0)  # a standby that was never needed
-print(f"final step={result.final_step} world={result.world_size} "
-      f"sum={state.sum().item()}", flush=True)
+result = run_and_report(rt, step, steps, state)

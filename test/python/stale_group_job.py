@@ -13,14 +13,12 @@ import time
 import torch
 import torch.distributed as dist
 
-import holdfast
+from sum_job import run_and_report, runtime_with_state
 import holdfast.distributed as hd
 
 steps = int(sys.argv[1])
 kill_step = int(sys.argv[2])
-rt = holdfast.Runtime()
-state = torch.zeros(4, dtype=torch.float64)
-rt.register_tensor("state", state)
+rt, state = runtime_with_state()
 hd.init_process_group(rt)
 
 
@@ -37,9 +35,4 @@ def step(ctx):
     state.add_(t)
 
 
-try:
-    result = rt.run(step, steps)
-except holdfast.CancelledError:
-    sys.exit(0)  # a standby that was never needed
-print(f"final step={result.final_step} world={result.world_size} "
-      f"sum={state.sum().item()}", flush=True)
+result = run_and_report(rt, step, steps, state)

@@ -15,13 +15,11 @@ import sys
 
 import torch
 
-import holdfast
+from sum_job import run_and_report, runtime_with_state
 
 steps = int(sys.argv[1])
 mode = sys.argv[2]
-rt = holdfast.Runtime()
-state = torch.zeros(4, dtype=torch.float64)
-rt.register_tensor("state", state)
+rt, state = runtime_with_state()
 was_standby = rt.standby
 
 FLIP = """
@@ -54,11 +52,6 @@ def step(ctx):
         flip_from_outside()
 
 
-try:
-    result = rt.run(step, steps)
-except holdfast.CancelledError:
-    sys.exit(0)  # a standby that was never needed
-print(f"final step={result.final_step} world={result.world_size} "
-      f"sum={state.sum().item()}", flush=True)
+result = run_and_report(rt, step, steps, state)
 if mode == "worker_exit" and result.slot == 1:
     sys.exit(1)

@@ -1,0 +1,30 @@
+"""What the small summing test jobs share (late_death_job.py,
+stale_group_job.py, verdict_job.py): a runtime with 4 float64 of
+replicated state, and a run that prints `final step=<N> world=<W>
+sum=<x>`."""
+
+import sys
+
+import torch
+
+import holdfast
+
+
+def runtime_with_state():
+    """A Runtime (HOLDFAST_* environment) and its registered state."""
+    rt = holdfast.Runtime()
+    state = torch.zeros(4, dtype=torch.float64)
+    rt.register_tensor("state", state)
+    return rt, state
+
+
+def run_and_report(rt, step, steps, state):
+    """rt.run(step, steps), then the final line; returns the RunResult. A
+    standby that was never needed exits 0."""
+    try:
+        result = rt.run(step, steps)
+    except holdfast.CancelledError:
+        sys.exit(0)
+    print(f"final step={result.final_step} world={result.world_size} "
+          f"sum={state.sum().item()}", flush=True)
+    return result
