@@ -18,7 +18,7 @@ namespace {
 
 const DataType kTypes[] = {
     DataType::kFloat32,  DataType::kFloat64, DataType::kInt32, DataType::kInt64,
-    DataType::kBFloat16, DataType::kFloat16, DataType::kUInt8};
+    DataType::kBFloat16, DataType::kFloat16, DataType::kUInt8, DataType::kInt8};
 
 // Small integers: every sum and product below is exact in every dtype, so
 // the reference does not depend on the reduction order.
@@ -65,6 +65,15 @@ std::vector<uint8_t> Encode(DataType dtype, const std::vector<double>& v) {
       }
       case DataType::kUInt8: {
         p[0] = static_cast<uint8_t>(v[i]);
+        break;
+      }
+      case DataType::kInt8: {
+        const int8_t x = static_cast<int8_t>(v[i]);
+        std::memcpy(p, &x, 1);
+        break;
+      }
+      case DataType::kBool: {
+        p[0] = v[i] != 0;
         break;
       }
     }

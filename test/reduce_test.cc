@@ -67,6 +67,19 @@ TEST_CASE("reduce kernels for every dtype and op") {
   GetReduceFn(DataType::kBFloat16, ReduceOp::kMin)(&bo, &b1, &b2, 1);
   CHECK(BFloat16ToFloat(bo) == -1.0f);
 
+  // int8 compares signed; a bool sum is a logical or, a product an and.
+  int8_t c1[2] = {-5, 100}, c2[2] = {3, 100}, co[2];
+  GetReduceFn(DataType::kInt8, ReduceOp::kMin)(co, c1, c2, 2);
+  CHECK(co[0] == -5);
+  GetReduceFn(DataType::kInt8, ReduceOp::kSum)(co, c1, c2, 2);
+  CHECK(co[0] == -2);
+  CHECK(co[1] == -56);  // wraps as torch's int8 does
+  bool t1[3] = {true, true, false}, t2[3] = {true, false, false}, to[3];
+  GetReduceFn(DataType::kBool, ReduceOp::kSum)(to, t1, t2, 3);
+  CHECK((to[0] && to[1] && !to[2]));
+  GetReduceFn(DataType::kBool, ReduceOp::kProduct)(to, t1, t2, 3);
+  CHECK((to[0] && !to[1] && !to[2]));
+
   for (int d = 0; d < holdfast::kNumDataTypes; ++d) {
     for (int r = 0; r < holdfast::kNumReduceOps; ++r) {
       CHECK(GetReduceFn(static_cast<DataType>(d), static_cast<ReduceOp>(r)) !=

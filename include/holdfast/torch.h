@@ -3,8 +3,8 @@
 // torch::nn::Module and a torch::optim::Optimizer.
 //
 // Tensors must be contiguous and of a dtype holdfast carries (float32,
-// float64, int32, int64, bfloat16, float16, uint8), and live where the
-// communicator's transport reads: CPU tensors for the Gloo backend, CUDA
+// float64, int32, int64, bfloat16, float16, uint8, int8, bool), and live where
+// the communicator's transport reads: CPU tensors for the Gloo backend, CUDA
 // tensors for NCCL. Anything else gives a Work already failed with
 // InvalidArgument naming the tensor's problem; nothing is sent.
 //

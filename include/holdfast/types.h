@@ -20,8 +20,12 @@ enum class DataType : uint8_t {
   kBFloat16 = 4,
   kFloat16 = 5,
   kUInt8 = 6,
+  kInt8 = 7,
+  // One byte per element, 0 or 1. A sum is a logical or, a product a
+  // logical and; an average is refused.
+  kBool = 8,
 };
-inline constexpr int kNumDataTypes = 7;
+inline constexpr int kNumDataTypes = 9;
 
 // kAverage divides the sum by the group size; on integer types the quotient
 // is truncated toward zero.

@@ -13,6 +13,8 @@ _DTYPES = {
     torch.bfloat16: _C.DTYPE_CODES["bfloat16"],
     torch.float16: _C.DTYPE_CODES["float16"],
     torch.uint8: _C.DTYPE_CODES["uint8"],
+    torch.int8: _C.DTYPE_CODES["int8"],
+    torch.bool: _C.DTYPE_CODES["bool"],
 }
 
 
@@ -55,7 +57,7 @@ def check_dtype(tensor, what="tensor"):
     if tensor.dtype not in _DTYPES:
         raise InvalidArgumentError(
             f"{what}: dtype {tensor.dtype} is not supported (float32, float64, "
-            "int32, int64, bfloat16, float16, uint8)"
+            "int32, int64, bfloat16, float16, uint8, int8, bool)"
         )
 
 

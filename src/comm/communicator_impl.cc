@@ -160,6 +160,11 @@ absl::Status CommunicatorImpl::Validate(const backend::OpSpec& spec) const {
     return absl::InvalidArgumentError(
         absl::StrCat("unsupported reduction ", static_cast<int>(spec.reduce)));
   }
+  if ((spec.type == OpType::kAllReduce ||
+       spec.type == OpType::kReduceScatter) &&
+      spec.dtype == DataType::kBool && spec.reduce == ReduceOp::kAverage) {
+    return absl::InvalidArgumentError("an average of bool is not defined");
+  }
   if (spec.type == OpType::kBroadcast &&
       (spec.peer < 0 || spec.peer >= options_.size)) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -15,6 +15,8 @@ size_t DataTypeSize(DataType dtype) {
     case DataType::kFloat16:
       return 2;
     case DataType::kUInt8:
+    case DataType::kInt8:
+    case DataType::kBool:
       return 1;
   }
   return 0;
@@ -36,6 +38,10 @@ absl::string_view DataTypeName(DataType dtype) {
       return "float16";
     case DataType::kUInt8:
       return "uint8";
+    case DataType::kInt8:
+      return "int8";
+    case DataType::kBool:
+      return "bool";
   }
   return "unknown";
 }

@@ -665,7 +665,9 @@ void BindCodes(py::module_& m) {
                py::arg("int64") = static_cast<int>(DataType::kInt64),
                py::arg("bfloat16") = static_cast<int>(DataType::kBFloat16),
                py::arg("float16") = static_cast<int>(DataType::kFloat16),
-               py::arg("uint8") = static_cast<int>(DataType::kUInt8));
+               py::arg("uint8") = static_cast<int>(DataType::kUInt8),
+               py::arg("int8") = static_cast<int>(DataType::kInt8),
+               py::arg("bool") = static_cast<int>(DataType::kBool));
   m.attr("REDUCE_CODES") =
       py::dict(py::arg("sum") = static_cast<int>(ReduceOp::kSum),
                py::arg("min") = static_cast<int>(ReduceOp::kMin),

@@ -123,11 +123,15 @@ absl::StatusOr<DataType> ToDataType(at::ScalarType type) {
       return DataType::kFloat16;
     case at::kByte:
       return DataType::kUInt8;
+    case at::kChar:
+      return DataType::kInt8;
+    case at::kBool:
+      return DataType::kBool;
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("dtype ", c10::toString(type),
                        " is not carried by holdfast (float32, float64, int32, "
-                       "int64, bfloat16, float16, uint8)"));
+                       "int64, bfloat16, float16, uint8, int8, bool)"));
   }
 }
 

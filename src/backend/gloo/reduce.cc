@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 namespace holdfast::backend::gloo {
 
@@ -66,13 +67,21 @@ namespace {
 struct Sum {
   template <typename T>
   static T Apply(T a, T b) {
-    return a + b;
+    if constexpr (std::is_same_v<T, bool>) {
+      return a || b;
+    } else {
+      return a + b;
+    }
   }
 };
 struct Prod {
   template <typename T>
   static T Apply(T a, T b) {
-    return a * b;
+    if constexpr (std::is_same_v<T, bool>) {
+      return a && b;
+    } else {
+      return a * b;
+    }
   }
 };
 struct Min {
@@ -120,6 +129,10 @@ ReduceFn ForOp(DataType dtype) {
       return &Kernel<int64_t, Op>;
     case DataType::kUInt8:
       return &Kernel<uint8_t, Op>;
+    case DataType::kInt8:
+      return &Kernel<int8_t, Op>;
+    case DataType::kBool:
+      return &Kernel<bool, Op>;
     case DataType::kBFloat16:
       return &Kernel16<BFloat16ToFloat, FloatToBFloat16, Op>;
     case DataType::kFloat16:
@@ -171,6 +184,10 @@ void DivideInPlace(void* data, size_t n, DataType dtype, int divisor) {
       return Divide<int64_t>(data, n, divisor);
     case DataType::kUInt8:
       return Divide<uint8_t>(data, n, divisor);
+    case DataType::kInt8:
+      return Divide<int8_t>(data, n, divisor);
+    case DataType::kBool:
+      return;  // refused by the communicator
     case DataType::kBFloat16:
       return Divide16<BFloat16ToFloat, FloatToBFloat16>(data, n, divisor);
     case DataType::kFloat16:

@@ -55,12 +55,21 @@ absl::StatusOr<ncclDataType_t> ToNccl(DataType t) {
     case DataType::kFloat16:
       return ncclFloat16;
     case DataType::kUInt8:
+    case DataType::kBool:  // 0 or 1; see ToNccl(ReduceOp, DataType)
       return ncclUint8;
+    case DataType::kInt8:
+      return ncclInt8;
   }
   return absl::InvalidArgumentError("nccl: unknown dtype");
 }
 
-ncclRedOp_t ToNccl(ReduceOp op) {
+// NCCL has no bool: a bool travels as uint8 (0 or 1), where a maximum is
+// the logical or (a sum) and a minimum the logical and (a product).
+ncclRedOp_t ToNccl(ReduceOp op, DataType dtype) {
+  if (dtype == DataType::kBool) {
+    if (op == ReduceOp::kSum) return ncclMax;
+    if (op == ReduceOp::kProduct) return ncclMin;
+  }
   switch (op) {
     case ReduceOp::kSum:
       return ncclSum;
@@ -363,8 +372,8 @@ class NcclBackend final : public Backend {
       }
       switch (op.type) {
         case OpType::kAllReduce:
-          r = ncclAllReduce(op.recv, op.recv, op.count, dt, ToNccl(op.reduce),
-                            comm_, stream);
+          r = ncclAllReduce(op.recv, op.recv, op.count, dt,
+                            ToNccl(op.reduce, op.dtype), comm_, stream);
           break;
         case OpType::kBroadcast:
           r = ncclBroadcast(op.recv, op.recv, op.count, dt, op.peer, comm_,
@@ -375,7 +384,7 @@ class NcclBackend final : public Backend {
           break;
         case OpType::kReduceScatter:
           r = ncclReduceScatter(op.send, op.recv, op.count, dt,
-                                ToNccl(op.reduce), comm_, stream);
+                                ToNccl(op.reduce, op.dtype), comm_, stream);
           break;
         case OpType::kAllToAll: {
           r = ncclGroupStart();
