@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d
 
+from . import _groupcomm
 from . import runtime as _runtime
 from ._tensors import check_dtype
 from .errors import FencedError, HoldfastError, InvalidArgumentError
@@ -47,7 +48,9 @@ def _op_name(reduce_op):
 class ProcessGroup(dist.ProcessGroup):
     """A torch.distributed process group over a holdfast Runtime."""
 
-    def __init__(self, runtime, rank=None, size=None):
+    def __init__(self, runtime, rank=None, size=None, ranks=None):
+        """`ranks`: the world slots of a subgroup, in group rank order (see
+        _groupcomm); None for the world."""
         if runtime is None:
             raise InvalidArgumentError(
                 "holdfast process group: create a holdfast.Runtime first"
@@ -58,6 +61,8 @@ class ProcessGroup(dist.ProcessGroup):
         )
         self._rt = runtime
         self._error = None
+        self._ranks = None if ranks is None else [int(r) for r in ranks]
+        self._tag = None if ranks is None else _groupcomm.group_tag(self._ranks)
         runtime._groups.append(self)
 
     # The slot and world size of the running step, else the live ones
@@ -65,12 +70,17 @@ class ProcessGroup(dist.ProcessGroup):
     # these). Within a step they stay the step's even when a failure opens
     # a generation of another size meanwhile: FSDP computes its buffers'
     # shapes from them while the step's remaining operations are skipped.
+    # A subgroup's are its own, fixed: its members keep their slots.
     def rank(self):
-        if self._rt.in_step:
-            return self._rt._step_place[0]
-        return max(self._rt.slot, 0)
+        slot = (self._rt._step_place[0] if self._rt.in_step
+                else max(self._rt.slot, 0))
+        if self._ranks is not None:
+            return self._ranks.index(slot) if slot in self._ranks else -1
+        return slot
 
     def size(self):
+        if self._ranks is not None:
+            return len(self._ranks)
         if self._rt.in_step:
             return self._rt._step_place[1]
         return max(self._rt.world_size, 1)
@@ -107,7 +117,7 @@ class ProcessGroup(dist.ProcessGroup):
         if error is not None:
             raise error
 
-    def _run(self, fn, result, tensors):
+    def _run(self, fn, result, tensors, p2p=False):
         """Issues `fn(communicator)` on the runtime's operation thread and
         returns its Work at once; the Work completes with `result` when
         the operation ended. `tensors`: every tensor the call touches; CUDA
@@ -134,23 +144,55 @@ class ProcessGroup(dist.ProcessGroup):
             return self._work(fut, in_step)
         if device is not None:
             return self._run_device(fn, result, comm_c, device)
+        if p2p:
+            fut = torch.futures.Future()
+            self._rt._ops.submit(self._task(fn, fut, result, comm_c, in_step))
+            return _P2PWork(fut)
         fut = torch.futures.Future()
-        comm = _runtime.Communicator(comm_c)
+        self._rt._ops.submit(self._task(fn, fut, result, comm_c, in_step))
+        return self._work(fut, in_step)
+
+    def _task(self, fn, fut, result, comm_c, in_step):
+        """The operation thread's task for _run: fn(communicator), then
+        `fut` completes with `result`, or fails (see _defer). An fn that
+        returns posted point-to-point operations leaves their wait to
+        the runtime's second thread, so the operation thread goes on
+        while the peer takes them (see _OpQueue)."""
 
         def task():
             if self._error is not None:  # the step already failed: skip
                 fut.set_result(result)
                 return
             try:
-                fn(comm)
+                posted = fn(self._group_comm(_runtime.Communicator(comm_c)))
             except Exception as e:  # noqa: BLE001 -- see _defer
                 if not self._defer(e, in_step):
                     fut.set_exception(e)
                     return
+                posted = None
+            if posted:
+                self._rt._ops.wait_later(
+                    lambda: self._complete(fut, result, posted, in_step))
+                return
             fut.set_result(result)
 
-        self._rt._ops.submit(task)
-        return self._work(fut, in_step)
+        return task
+
+    def _complete(self, fut, result, posted, in_step):
+        try:
+            _groupcomm.wait_all(posted)
+        except Exception as e:  # noqa: BLE001 -- see _defer
+            if not self._defer(e, in_step):
+                fut.set_exception(e)
+                return
+        fut.set_result(result)
+
+    def _group_comm(self, world):
+        """The communicator this group's calls run on: `world` (a runtime
+        Communicator of the step's generation), or a subgroup's on it."""
+        if self._ranks is None:
+            return world
+        return _groupcomm.SubComm(world, self._ranks, self._tag)
 
     @staticmethod
     def _work(fut, in_step):
@@ -210,7 +252,8 @@ class ProcessGroup(dist.ProcessGroup):
             with torch.cuda.device(device):
                 try:
                     issuer = _runtime._DeviceIssuer(comm_c, device, ready)
-                    comm = _runtime.Communicator(comm_c, issuer=issuer)
+                    comm = self._group_comm(
+                        _runtime.Communicator(comm_c, issuer=issuer))
                     with torch.cuda.stream(issuer.main):
                         if self._error is None:  # else the step failed: skip
                             fn(comm)
@@ -236,12 +279,105 @@ class ProcessGroup(dist.ProcessGroup):
 
         def fn(comm):
             for t in tensors:
-                if comm.device_memory and op in ("sum", "average"):
-                    _in_place(t, lambda w: _all_reduce_in_rank_order(comm, w, op))
-                else:
-                    _in_place(t, lambda w: comm.all_reduce(w, op))
+                _in_place(t, lambda w: _all_reduce(comm, w, op))
 
         return self._run(fn, tensors, tensors)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        """One all-reduce of every tensor's elements, in the order given."""
+        op = _op_name(opts.reduceOp) if opts is not None else "sum"
+        _same_dtype("all_reduce_coalesced", tensors)
+
+        def fn(comm):
+            flat = torch.cat([t.reshape(-1) for t in tensors])
+            _all_reduce(comm, flat, op)
+            offset = 0
+            for t in tensors:
+                t.copy_(flat[offset:offset + t.numel()].view(t.shape))
+                offset += t.numel()
+
+        return self._run(fn, tensors, tensors)
+
+    def reduce(self, tensors, opts=None):
+        op = _op_name(opts.reduceOp) if opts is not None else "sum"
+        root = opts.rootRank if opts is not None else 0
+
+        def fn(comm):
+            for t in tensors:
+                _groupcomm.reduce(comm, t, op, root)
+
+        return self._run(fn, tensors, tensors)
+
+    def gather(self, output_tensors, input_tensors, opts=None):
+        root = opts.rootRank if opts is not None else 0
+
+        def fn(comm):
+            for i, inp in enumerate(input_tensors):
+                outs = output_tensors[i] if output_tensors else []
+                _groupcomm.gather(comm, outs, inp, root)
+
+        return self._run(fn, output_tensors,
+                         _flat(output_tensors) + list(input_tensors))
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        root = opts.rootRank if opts is not None else 0
+
+        def fn(comm):
+            for i, out in enumerate(output_tensors):
+                ins = input_tensors[i] if input_tensors else []
+                _groupcomm.scatter(comm, out, ins, root)
+
+        return self._run(fn, output_tensors,
+                         list(output_tensors) + _flat(input_tensors))
+
+    def alltoall_base(self, output, input, output_split_sizes,
+                      input_split_sizes, opts=None):
+        """all_to_all_single: blocks of rows (dim 0), even when both split
+        lists are empty, else as they say."""
+        out_splits = list(output_split_sizes)
+        in_splits = list(input_split_sizes)
+
+        def fn(comm):
+            if not out_splits and not in_splits:
+                if input.numel() % comm.size or output.numel() % comm.size:
+                    raise InvalidArgumentError(
+                        f"all_to_all_single: {input.numel()} and "
+                        f"{output.numel()} elements do not split into "
+                        f"{comm.size} blocks")
+                _in_place(output,
+                          lambda w: comm.all_to_all(w, input.contiguous()))
+                return
+            work = output.contiguous()
+            _groupcomm.exchange(
+                comm, _rows(input.contiguous(), in_splits, comm.size, "input"),
+                _rows(work, out_splits, comm.size, "output"),
+                _groupcomm._TAG_ALL_TO_ALL)
+            if work is not output:
+                output.copy_(work)
+
+        return self._run(fn, [output], [output, input])
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        def fn(comm):
+            if len(input_tensors) != comm.size or len(output_tensors) != comm.size:
+                raise InvalidArgumentError(
+                    f"all_to_all: {len(input_tensors)} inputs and "
+                    f"{len(output_tensors)} outputs for {comm.size} ranks")
+            me = comm.rank
+            if output_tensors[me].numel() != input_tensors[me].numel():
+                raise InvalidArgumentError(
+                    f"all_to_all: this rank's own block has "
+                    f"{input_tensors[me].numel()} elements in and "
+                    f"{output_tensors[me].numel()} out")
+            works = [t.contiguous() for t in output_tensors]
+            _groupcomm.exchange(comm, [t.contiguous() for t in input_tensors],
+                                works, _groupcomm._TAG_ALL_TO_ALL)
+            for out, w in zip(output_tensors, works):
+                if w is not out:
+                    out.copy_(w)
+
+        return self._run(fn, output_tensors,
+                         list(output_tensors) + list(input_tensors))
 
     def broadcast(self, tensors, opts=None):
         root = opts.rootRank if opts is not None else 0
@@ -259,6 +395,7 @@ class ProcessGroup(dist.ProcessGroup):
                     raise InvalidArgumentError(
                         f"allgather: {len(outs)} outputs for {comm.size} ranks"
                     )
+                _groupcomm._check_blocks("allgather", outs, inp)
                 inp = inp.contiguous()
                 flat = torch.empty(
                     (comm.size,) + tuple(inp.shape), dtype=inp.dtype,
@@ -270,6 +407,9 @@ class ProcessGroup(dist.ProcessGroup):
 
         return self._run(fn, output_tensors,
                          _flat(output_tensors) + list(input_tensors))
+
+    def allgather_coalesced(self, output_lists, input_tensors, opts=None):
+        return self.allgather(output_lists, input_tensors, opts)
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         op = _op_name(opts.reduceOp) if opts is not None else "sum"
@@ -303,6 +443,23 @@ class ProcessGroup(dist.ProcessGroup):
 
         return self._run(fn, [output], [output, input])
 
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        def fn(comm):
+            for out, inp in zip(outputs, inputs):
+                _in_place(out, lambda w: comm.all_gather(w, inp.contiguous()))
+
+        return self._run(fn, outputs, list(outputs) + list(inputs))
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        op = _op_name(opts.reduceOp) if opts is not None else "sum"
+
+        def fn(comm):
+            for out, inp in zip(outputs, inputs):
+                _in_place(out,
+                          lambda w: comm.reduce_scatter(w, inp.contiguous(), op))
+
+        return self._run(fn, outputs, list(outputs) + list(inputs))
+
     def barrier(self, opts=None):
         # On the device of the group's collectives (device_ids, else the
         # current CUDA device when the communicator is NCCL's).
@@ -313,19 +470,140 @@ class ProcessGroup(dist.ProcessGroup):
             probe = [torch.empty(0, device=torch.device("cuda", index))]
         return self._run(lambda comm: comm.barrier(), [], probe)
 
+    # Point-to-point calls return at once; the operation thread goes on
+    # while the peer takes them (a ring of isend and irecv meets).
     def send(self, tensors, dst, tag):
-        def fn(comm):
-            for t in tensors:
-                comm.send(t, dst, tag)
-
-        return self._run(fn, tensors, tensors)
+        _contiguous("send", tensors)
+        return self._run(
+            lambda comm: [comm.post_send(t, dst, tag) for t in tensors],
+            tensors, tensors, p2p=True)
 
     def recv(self, tensors, src, tag):
-        def fn(comm):
-            for t in tensors:
-                comm.recv(t, src, tag)
+        _contiguous("recv", tensors)
+        return self._run(
+            lambda comm: [comm.post_recv(t, src, tag) for t in tensors],
+            tensors, tensors, p2p=True)
 
-        return self._run(fn, tensors, tensors)
+    def recv_anysource(self, tensors, tag):
+        raise InvalidArgumentError(
+            "holdfast process group: a receive from any source (irecv or "
+            "recv without src) is not supported; name the source rank")
+
+    # ---- split_group ------------------------------------------------------
+    # torch's split_group asks the parent for its CUDA backend and whether
+    # it can split; a holdfast group can, on any device.
+    def _get_backend(self, device):
+        return _SplitSupport()
+
+    def split_group(self, ranks, timeout=None, opts=None, group_name=None,
+                    group_desc=None):
+        """The subgroup of this group's ranks `ranks` that holds this rank
+        (None if it is not in it)."""
+        me = self.rank()
+        if me not in ranks:
+            return None
+        world = self._ranks or list(range(self.size()))
+        group = ProcessGroup(self._rt, list(ranks).index(me), len(ranks),
+                             ranks=[world[r] for r in ranks])
+        group._set_group_name(group_name)
+        group._set_group_desc(group_desc or "holdfast split")
+        return group
+
+    def get_group_store(self):
+        return _LocalStore(self._rt)
+
+
+class _P2PWork(dist.Work):
+    """The Work of a send or recv on CPU tensors: returned at once, also
+    outside a step (an isend waited there would never meet its peer's
+    irecv in a ring), and its wait() raises the operation's error. Only
+    Python holds it (torch's isend, irecv and batch_isend_irecv), so a
+    Python subclass keeps its overrides."""
+
+    def __init__(self, fut):
+        super().__init__()
+        self._fut = fut
+
+    def wait(self, timeout=None):
+        self._fut.wait()
+        return True
+
+    def is_completed(self):
+        return self._fut.done()
+
+    def is_success(self):
+        return self._fut.done() and self.exception() is None
+
+    def exception(self):
+        try:
+            self._fut.value() if self._fut.done() else None
+        except Exception as e:  # noqa: BLE001 -- it is the answer
+            return e
+        return None
+
+    def get_future(self):
+        return self._fut
+
+
+class _SplitSupport:
+    """What torch's split_group and new_group read of a group's backend
+    once the default group is bound to a device: it can split, and a
+    split needs nothing from the ranks outside the new group."""
+
+    supports_splitting = True
+    options = None
+
+    def _set_sequence_number_for_group(self):
+        pass
+
+    def perform_nocolor_split(self, device):
+        pass
+
+    def eager_connect_single_device(self, device):
+        pass
+
+
+def _all_reduce(comm, tensor, op):
+    """An all-reduce of the contiguous `tensor`, in place: NCCL sums in
+    slot order (see below), the rest on the communicator's own."""
+    if comm.device_memory and op in ("sum", "average"):
+        _all_reduce_in_rank_order(comm, tensor, op)
+    else:
+        comm.all_reduce(tensor, op)
+
+
+def _rows(tensor, splits, size, what):
+    """`tensor` (contiguous) as `size` blocks of rows (dim 0), `splits`
+    rows each (an even split when empty)."""
+    rows = tensor.shape[0] if tensor.dim() else 1
+    if not splits:
+        if rows % size:
+            raise InvalidArgumentError(
+                f"all_to_all_single: the {what}'s {rows} rows do not split "
+                f"into {size} blocks")
+        splits = [rows // size] * size
+    if len(splits) != size or sum(splits) != rows or min(splits) < 0:
+        raise InvalidArgumentError(
+            f"all_to_all_single: {what} split sizes {splits} do not divide "
+            f"its {rows} rows among {size} ranks")
+    flat = tensor.reshape(rows, -1) if tensor.numel() else tensor.reshape(
+        rows, 0)
+    return list(torch.split(flat, splits))
+
+
+def _same_dtype(what, tensors):
+    if len({t.dtype for t in tensors}) > 1:
+        raise InvalidArgumentError(
+            f"{what}: the tensors have several dtypes "
+            f"({sorted(str(t.dtype) for t in tensors)}); give it one")
+
+
+def _contiguous(what, tensors):
+    for t in tensors:
+        if not t.is_contiguous():
+            raise InvalidArgumentError(
+                f"{what}: not contiguous (shape {tuple(t.shape)}, stride "
+                f"{t.stride()}); call .contiguous() first")
 
 
 def _all_reduce_in_rank_order(comm, tensor, op):
@@ -436,13 +714,21 @@ def allreduce_hook(process_group, bucket):
     return fut.then(lambda _: tensor.div_(size))
 
 
-def _create(store, rank, size, timeout):
-    return ProcessGroup(_runtime.current_runtime(), rank, size)
+def _create(options, backend_options):
+    """The group of torch's init_process_group (the world) or new_group
+    (a subgroup, by its world ranks; all of them is the world)."""
+    runtime = _runtime.current_runtime()
+    ranks = list(options.global_ranks_in_group)
+    if runtime is None or not ranks or ranks == list(range(max(runtime.world_size, 1))):
+        return ProcessGroup(runtime, options.group_rank, options.group_size)
+    return ProcessGroup(runtime, options.group_rank, options.group_size,
+                        ranks=ranks)
 
 
 if BACKEND.upper() not in getattr(dist.Backend, "_plugins", {}):
     # CPU tensors run on Gloo, CUDA tensors on NCCL (HOLDFAST_BACKEND=nccl).
-    dist.Backend.register_backend(BACKEND, _create, devices=["cpu", "cuda"])
+    dist.Backend.register_backend(BACKEND, _create, extended_api=True,
+                                  devices=["cpu", "cuda"])
 
 
 class _LocalStore(dist.Store):
@@ -488,9 +774,11 @@ class _LocalStore(dist.Store):
         return len(self._data)
 
 
-def init_process_group(runtime=None):
+def init_process_group(runtime=None, device_id=None):
     """dist.init_process_group(backend="holdfast") for `runtime` (default:
-    the current one). Returns the default process group."""
+    the current one). Returns the default process group. `device_id`
+    (a CUDA device) binds the group to it, as torch's does; torch's
+    split_group needs that."""
     runtime = runtime or _runtime.current_runtime()
     if runtime is None:
         raise InvalidArgumentError(
@@ -502,6 +790,7 @@ def init_process_group(runtime=None):
         store=_LocalStore(runtime),
         rank=max(runtime.slot, 0),
         world_size=max(runtime.world_size, 1),
+        device_id=device_id,
     )
     return dist.distributed_c10d._get_default_group()
 
@@ -518,7 +807,8 @@ def _detach(model):
 def ddp(runtime, module, process_group=None, **kwargs):
     """DistributedDataParallel(module) for the runtime's current generation,
     with allreduce_hook; rebuilt when the generation changes. Call it inside
-    the step function."""
+    the step function. `process_group`: the world's by default, or a
+    subgroup's (a data-parallel dimension of a device mesh)."""
     key = id(module)
     cached = _ddp_cache.get(key)
     if cached is not None and cached[0] == runtime.generation:
@@ -532,7 +822,8 @@ def ddp(runtime, module, process_group=None, **kwargs):
             runtime._groups.remove(cached[2])
     group = process_group or dist.distributed_c10d._get_default_group()
     resized = None
-    if dist.ProcessGroup.size(group) != runtime.world_size:
+    if (getattr(group, "_ranks", None) is None
+            and dist.ProcessGroup.size(group) != runtime.world_size):
         # C++ (DDP's reducer and its checks) reads the size the group was
         # built with; after a shrink, DDP gets a group of the new size.
         resized = ProcessGroup(runtime, max(runtime.slot, 0), runtime.world_size)

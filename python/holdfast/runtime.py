@@ -31,33 +31,46 @@ class _OpQueue:
     were issued: every slot issues its collectives in the same order, so
     they meet in that order. The operations release the GIL while they
     wait on the network, so the caller (DDP's backward) computes
-    meanwhile."""
+    meanwhile.
+
+    A point-to-point operation must not hold that thread until its peer
+    takes it (a ring of sends would never meet its receives): its task
+    posts it and hands the wait to a second thread (wait_later). drain()
+    waits for both."""
 
     def __init__(self):
-        self._tasks = queue.Queue()
         self._idle = threading.Condition()
         self._pending = 0
-        self._thread = None
+        self._lanes = {}  # name: its task queue, served by a thread
 
     def submit(self, task):
         """Queues `task()`; it must not raise (it reports through the
         future it completes)."""
-        with self._idle:
-            self._pending += 1
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._serve, name="holdfast-ops", daemon=True)
-                self._thread.start()
-        self._tasks.put(task)
+        self._put("holdfast-ops", task)
+
+    def wait_later(self, task):
+        """Queues `task()`, which waits for a posted point-to-point
+        operation, behind the waits queued before it."""
+        self._put("holdfast-p2p", task)
 
     def drain(self):
         """Returns once every queued operation has ended."""
         with self._idle:
             self._idle.wait_for(lambda: self._pending == 0)
 
-    def _serve(self):
+    def _put(self, lane, task):
+        with self._idle:
+            self._pending += 1
+            tasks = self._lanes.get(lane)
+            if tasks is None:
+                tasks = self._lanes[lane] = queue.Queue()
+                threading.Thread(target=self._serve, args=(tasks,), name=lane,
+                                 daemon=True).start()
+        tasks.put(task)
+
+    def _serve(self, tasks):
         while True:
-            task = self._tasks.get()
+            task = tasks.get()
             try:
                 task()
             finally:
@@ -282,6 +295,30 @@ class Communicator:
                     timeout)
         return tensor
 
+    def post_send(self, tensor, peer, tag=0, timeout=0.0):
+        """send() without the wait: returns an object whose wait() blocks
+        until the peer took the tensor (raising the op's error). The
+        tensor must stay alive and unchanged until then."""
+        ptr, n, dt = self._buf(tensor, "send")
+        return self._post(tensor, self._comm.send, ptr, n, dt, int(peer),
+                          int(tag), timeout)
+
+    def post_recv(self, tensor, peer, tag=0, timeout=0.0):
+        """recv() without the wait (see post_send)."""
+        ptr, n, dt = self._buf(tensor, "recv")
+        return self._post(tensor, self._comm.recv, ptr, n, dt, int(peer),
+                          int(tag), timeout)
+
+    def _post(self, tensor, method, *args):
+        if self._issuer is not None:
+            self._issuer(method, *args)  # its finish() waits
+            return _Done()
+        if self.device_memory:
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(tensor.device))
+            return method(*args, after_event=ready.cuda_event, wait=False)
+        return method(*args, wait=False)
+
     def abort(self, reason="aborted from Python"):
         self._comm.abort(reason)
 
@@ -296,6 +333,11 @@ class Communicator:
             raise InvalidArgumentError(
                 f"{what}: the buffer holds {have} elements, {want} expected"
             )
+
+
+class _Done:
+    def wait(self):
+        pass
 
 
 class StepContext:

@@ -150,6 +150,8 @@ def final_lines(lines):
 HERE = pathlib.Path(__file__).resolve().parent
 DDP = [PYTHON, str(ROOT / "examples/python/ddp_train.py"), "--steps", "30"]
 FSDP = [PYTHON, str(ROOT / "examples/python/fsdp_train.py"), "--steps", "30"]
+PP_DDP = [PYTHON, str(ROOT / "examples/python/pp_ddp_train.py"), "--steps",
+          "30"]
 GPT = [PYTHON, str(ROOT / "examples/python/gpt_train.py"), "--steps", "30",
        "--device", "cpu"]
 

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from conftest import (DDP, FSDP, HERE, PYTHON, assert_survives,
+from conftest import (DDP, FSDP, HERE, PP_DDP, PYTHON, assert_survives,
                       fault_free_hash, final_lines, run_job)
 
 
@@ -22,6 +22,15 @@ from conftest import (DDP, FSDP, HERE, PYTHON, assert_survives,
 ])
 def test_fsdp2_survives_a_fault_with_the_fault_free_hash(ranks, fault):
     assert_survives(ranks, fault, FSDP)
+
+
+# Two dimensions: pipeline stages x DDP replicas on a 2 x 2 device mesh of
+# holdfast subgroups. The standby that takes a slot takes its stage and its
+# replica's place in both groups; the hash covers every slot's state.
+@pytest.mark.parametrize("fault", ["kill:slot=1:step=12", "hang:slot=2:step=9"])
+def test_pipeline_x_ddp_on_a_2x2_mesh_survives_a_fault_with_the_fault_free_hash(
+        fault):
+    assert_survives(4, fault, PP_DDP)
 
 
 def test_fsdp2_without_a_standby_stops_with_an_error_naming_the_shrink():
