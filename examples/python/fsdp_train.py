@@ -21,10 +21,17 @@ partition of it is FSDP's. The world size must therefore stay the same:
 run the job with standbys. A shrink would re-chunk FSDP's shards, which
 this example does not do; it stops the run with an error that says so.
 
-FSDP's shards and the registered ones are separate buffers: each step
-copies its new shards in after optimizer.step() (behind
-begin_state_update()), and a restore copies them back out. FSDP is built
-once this process has a slot (a standby builds it when it takes one).
+One copy of the shards on the CPU: FSDP's shard of each parameter, and
+SGD's momentum of it, live in the runtime's memory of the registered
+partition (fully_shard allocates its own; the example points FSDP at the
+partition before the first step, and drops FSDP's). optimizer.step()
+updates the registered state in place (behind begin_state_update()), and
+a restore writes into FSDP's shards: nothing is copied in either
+direction. On a GPU (--device cuda) the partitions are the host copy of
+FSDP's device shards: each step copies its new shards in after
+optimizer.step(), and a restore copies them back. FSDP is built once this
+process has a slot (a standby builds it when it takes one, after its
+partition was restored).
 
 Each rank prints one line at the end, with the hash of the full model:
     final step=<N> world=<W> params_sha256=<hex>
@@ -39,6 +46,7 @@ import sys
 import torch
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
 
 import holdfast
 import holdfast.distributed as hd
@@ -53,6 +61,7 @@ class ShardedTensor:
     def __init__(self, rt, name, full, world):
         self.rt, self.name = rt, name
         self.rows = full.shape[0]
+        self.shape = tuple(full.shape)
         self.row_numel = full.numel() // self.rows
         self.chunk_rows = -(-self.rows // world)
         chunk = self.chunk_rows * self.row_numel
@@ -66,11 +75,24 @@ class ShardedTensor:
         shard.zero_()
         shard[:part.numel()].copy_(part.reshape(-1))
 
+    def local_view(self, rows):
+        """The partition as FSDP's local shard of `rows` rows (a view of
+        the runtime's memory), and its padded form."""
+        padded = self.rt.shard(self.name).view(self.chunk_rows, -1)
+        shape = (self.chunk_rows,) + self.shape[1:]
+        padded = padded.view(shape)
+        return padded.narrow(0, 0, rows), padded
+
     def save(self, local):
         self.rt.shard(self.name)[:local.numel()].copy_(local.reshape(-1))
 
     def load(self, local):
         local.copy_(self.rt.shard(self.name)[:local.numel()].view_as(local))
+
+    def in_place(self, local):
+        """Whether `local` (a local shard) is a view of the partition."""
+        return (local.untyped_storage().data_ptr() ==
+                self.rt.shard(self.name).untyped_storage().data_ptr())
 
     def gather_full(self, comm, device):
         """The full tensor, from every slot's chunk (flat), on `device`
@@ -80,6 +102,36 @@ class ShardedTensor:
                           device=device)
         comm.all_gather(out, shard)
         return out[:self.rows * self.row_numel].cpu()
+
+
+def adopt_partitions(model, names, params):
+    """Points every FSDP shard of `model` (fully_shard applied, before its
+    first forward) at its registered partition, without copying: the
+    partition holds the state to train from (filled on a fresh start,
+    restored on a standby). FSDP's own shard storage is dropped. torch's
+    FSDP2 keeps a shard as a padded flat tensor and the parameter's local
+    tensor as a view of it; both become views of the partition, so its
+    lazy initialisation finds them the same storage and keeps them."""
+    by_param = {id(p): n for n, p in zip(names, model.parameters())}
+    adopted = 0
+    for module in model.modules():
+        state = getattr(module, "_get_fsdp_state", None)
+        group = state()._fsdp_param_group if state is not None else None
+        for fsdp_param in group.fsdp_params if group is not None else ():
+            name = by_param[id(fsdp_param.sharded_param)]
+            local = fsdp_param.sharded_param._local_tensor
+            view, padded = params[name].local_view(local.shape[0])
+            if tuple(padded.shape) != tuple(fsdp_param.padded_sharded_param_size):
+                raise RuntimeError(
+                    f"fsdp_train: FSDP pads '{name}' to "
+                    f"{tuple(fsdp_param.padded_sharded_param_size)}, the "
+                    f"partition holds {tuple(padded.shape)}")
+            fsdp_param._sharded_param_data = padded.view(-1)
+            fsdp_param.sharded_param._local_tensor = view
+            adopted += 1
+    if adopted != len(names):
+        raise RuntimeError(f"fsdp_train: {adopted} of {len(names)} FSDP "
+                           "shards found")
 
 
 def main():
@@ -119,6 +171,9 @@ def main():
     data_pos = torch.zeros(1, dtype=torch.int64)
     rt.register_data_position("data_pos", data_pos)
     hd.init_process_group(rt)
+    # The partitions are host memory: FSDP's shards on the CPU are them;
+    # on a GPU, FSDP's shards (the only device copy) are copied to them.
+    in_place = device.type == "cpu"
 
     built = {}
 
@@ -136,21 +191,39 @@ def main():
             for layer in linears:
                 fully_shard(layer, mesh=mesh)
             fully_shard(model, mesh=mesh)
+            if in_place:
+                adopt_partitions(model, names, params)
             opt = torch.optim.SGD(model.parameters(), lr=args.lr,
                                   momentum=0.9)
             pairs = []
             for n, p in zip(names, model.parameters()):
-                opt.state[p]["momentum_buffer"] = torch.zeros_like(p)
+                if in_place:
+                    local, _ = momenta[n].local_view(p.to_local().shape[0])
+                    momentum = DTensor.from_local(
+                        local, p.device_mesh, p.placements, run_check=False,
+                        shape=p.shape, stride=p.stride())
+                else:
+                    momentum = torch.zeros_like(p)
+                opt.state[p]["momentum_buffer"] = momentum
                 pairs.append((params[n], p))
-                pairs.append((momenta[n], opt.state[p]["momentum_buffer"]))
+                pairs.append((momenta[n], momentum))
             built["opt"], built["pairs"] = opt, pairs
         return built["opt"]
 
     def restored(step):
         fsdp()
-        with torch.no_grad():
-            for state, tensor in built["pairs"]:
-                state.load(tensor.to_local())
+        if not in_place:
+            with torch.no_grad():
+                for state, tensor in built["pairs"]:
+                    state.load(tensor.to_local())
+
+    def check_in_place():
+        """Every shard FSDP and SGD use is still the registered partition
+        (the runtime moves partitions only after a shrink)."""
+        for state, tensor in built["pairs"]:
+            if in_place and not state.in_place(tensor.to_local()):
+                raise RuntimeError(
+                    f"fsdp_train: '{state.name}' is no longer FSDP's shard")
 
     last_loss = [0.0]
     last_grad_norm = [0.0]
@@ -163,6 +236,7 @@ def main():
                 f"fsdp_train: the world shrank from {world} to "
                 f"{ctx.world_size} slots; this example needs a world of a "
                 "fixed size: run it with standbys")
+        check_in_place()
         x, y = make_batch(int(data_pos[0]) + 1, args.batch)
         x, y = x.to(device), y.to(device)
         lo = args.batch * ctx.slot // ctx.world_size
@@ -174,9 +248,10 @@ def main():
             [p.grad.to_local().norm() for p in model.parameters()])))
         ctx.runtime.begin_state_update()  # the first write comes next
         opt.step()
-        with torch.no_grad():
-            for state, tensor in built["pairs"]:
-                state.save(tensor.to_local())
+        if not in_place:
+            with torch.no_grad():
+                for state, tensor in built["pairs"]:
+                    state.save(tensor.to_local())
         data_pos.add_(1)
         last_loss[0] = float(loss.detach())
         if ctx.step == args.steps:
@@ -194,6 +269,9 @@ def main():
     if result is None:
         return code
 
+    # Every step checked that FSDP's and SGD's shards are the partitions.
+    if in_place:
+        print(f"shards_in_place={len(built['pairs'])}", file=sys.stderr)
     example_run.report(result, last_loss[0], final_hash[0])
     return 0
 

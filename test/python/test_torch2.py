@@ -24,6 +24,20 @@ def test_fsdp2_survives_a_fault_with_the_fault_free_hash(ranks, fault):
     assert_survives(ranks, fault, FSDP)
 
 
+def test_fsdp2_trains_on_the_registered_partitions_through_a_kill():
+    """One copy of the shards: every step, each of FSDP's parameter shards
+    and SGD's momentum shards (6 parameters, 12 shards) is a view of its
+    registered partition, on the survivors and on the standby that took
+    the lost slot, and the run ends with the fault-free hash."""
+    expected = fault_free_hash(3, FSDP)
+    rc, lines = run_job(["-n", "3", "--standby", "1", "--inject",
+                         "kill:slot=2:step=14"], FSDP)
+    out = "\n".join(lines[-60:])
+    assert rc == 0, out
+    assert set(final_lines(lines)) == {expected}, out
+    assert sum("] shards_in_place=12" in line for line in lines) == 3, out
+
+
 # Two dimensions: pipeline stages x DDP replicas on a 2 x 2 device mesh of
 # holdfast subgroups. The standby that takes a slot takes its stage and its
 # replica's place in both groups; the hash covers every slot's state.
