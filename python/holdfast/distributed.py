@@ -143,7 +143,7 @@ class ProcessGroup(dist.ProcessGroup):
             fut.set_result(result)
             return self._work(fut, in_step)
         if device is not None:
-            return self._run_device(fn, result, comm_c, device)
+            return self._run_device(fn, result, comm_c, device, p2p)
         if p2p:
             fut = torch.futures.Future()
             self._rt._ops.submit(self._task(fn, fut, result, comm_c, in_step))
@@ -231,7 +231,7 @@ class ProcessGroup(dist.ProcessGroup):
         self._error = self._error or error
         return True
 
-    def _run_device(self, fn, result, comm_c, device):
+    def _run_device(self, fn, result, comm_c, device, p2p=False):
         """_run for CUDA tensors on an NCCL communicator, with
         ProcessGroupNCCL's stream semantics: the operation starts on the
         device after the work queued so far on the caller's current
@@ -242,11 +242,28 @@ class ProcessGroup(dist.ProcessGroup):
         thread then waits for the device to finish it, so a failure still
         reaches the step's end, and the step's end waits for every
         operation it issued (drain). Outside a step a call completes only
-        once done on the device, so its error fails the Work."""
+        once done on the device, so its error fails the Work.
+
+        A point-to-point call (`p2p`) is waited for on the runtime's
+        second thread, which completes its Work once it is done on the
+        device, inside a step or not: the operation thread goes on, so a
+        ring of them meets. (Not yet run on a GPU.)"""
         fut = torch.futures.Future(devices=[device])
         in_step = self._rt.in_step
         ready = torch.cuda.Event()
         ready.record(torch.cuda.current_stream(device))
+
+        def finish_later(issuer):
+            def wait():
+                with torch.cuda.device(device):
+                    try:
+                        issuer.finish()
+                    except Exception as e:  # noqa: BLE001 -- see _defer
+                        if not self._defer(e, in_step):
+                            _fail(fut, e)
+                            return
+                    fut.set_result(result)
+            self._rt._ops.wait_later(wait)
 
         def task():
             with torch.cuda.device(device):
@@ -257,6 +274,9 @@ class ProcessGroup(dist.ProcessGroup):
                     with torch.cuda.stream(issuer.main):
                         if self._error is None:  # else the step failed: skip
                             fn(comm)
+                        if p2p:
+                            finish_later(issuer)
+                            return
                         if not in_step:
                             issuer.finish()
                         # The future records its events on the current
@@ -271,7 +291,7 @@ class ProcessGroup(dist.ProcessGroup):
                         fut.set_result(result)
 
         self._rt._ops.submit(task)
-        return self._work(fut, in_step)
+        return _P2PWork(fut) if p2p else self._work(fut, in_step)
 
     # ---- collectives -------------------------------------------------------
     def allreduce(self, tensors, opts=None):

@@ -9,6 +9,10 @@ comparison checks what each call computes and where it puts it, not the
 rounding of one summation order (holdfast's own order is checked by the
 jobs that compare final hashes).
 
+HOLDFAST_CONFORMANCE_DEVICE=cuda runs the holdfast group's calls on CUDA
+tensors (NCCL; HOLDFAST_DEVICE names the GPU) against gloo's answers on
+the CPU.
+
 Prints one line per case, `case NAME ok`, `case NAME both-refuse`,
 `case NAME holdfast-only`, `case NAME unsupported: ERROR` (gloo answers,
 holdfast refuses) or `case NAME MISMATCH: ...`, then
@@ -28,7 +32,13 @@ from torch.distributed import distributed_c10d as c10d
 import holdfast
 import holdfast.distributed as hd
 
-rt = holdfast.Runtime(connect_timeout=120)
+DEVICE = os.environ.get("HOLDFAST_CONFORMANCE_DEVICE", "cpu")
+if DEVICE == "cuda":
+    INDEX = int(os.environ.get("HOLDFAST_DEVICE", "0"))
+    torch.cuda.set_device(INDEX)
+    rt = holdfast.Runtime(connect_timeout=120, backend="nccl", device=INDEX)
+else:
+    rt = holdfast.Runtime(connect_timeout=120)
 R, N = rt.slot, rt.world_size
 
 INT_DTYPES = [torch.uint8, torch.int8, torch.int32, torch.int64]
@@ -41,10 +51,11 @@ def values(seed, shape, dtype, rank=None):
     """Small integers (exact in every dtype, products of N of them too),
     different on every rank and in every case."""
     g = torch.Generator().manual_seed(seed * 101 + (R if rank is None else rank))
+    here = torch.get_default_device()
     if dtype == torch.bool:
-        return torch.randint(0, 2, shape, generator=g).bool()
+        return torch.randint(0, 2, shape, generator=g, device="cpu").bool().to(here)
     low = 0 if dtype == torch.uint8 else -3
-    return torch.randint(low, 4, shape, generator=g).to(dtype)
+    return torch.randint(low, 4, shape, generator=g, device="cpu").to(dtype).to(here)
 
 
 CASES = []
@@ -436,7 +447,8 @@ def _():
 def _():
     from torch.distributed.device_mesh import init_device_mesh
 
-    mesh = init_device_mesh("cpu", (2, N // 2), mesh_dim_names=("dp", "tp"))
+    mesh = init_device_mesh(torch.get_default_device().type, (2, N // 2),
+                            mesh_dim_names=("dp", "tp"))
     out = []
     for dim in ("dp", "tp"):
         t = values(47, (3,), torch.float32)
@@ -459,7 +471,7 @@ def run_cases(only=None):
 
 
 def agree(a, b):
-    return len(a) == len(b) and all(map(same, a, b))
+    return len(a) == len(b) and all(same(x.cpu(), y.cpu()) for x, y in zip(a, b))
 
 
 def same(a, b):
@@ -480,6 +492,8 @@ def main():
     dist.destroy_process_group()
 
     hd.init_process_group(rt)
+    if DEVICE == "cuda":
+        torch.set_default_device(torch.device("cuda", INDEX))
     got = run_cases()
     # torch's split_group needs a default group bound to a device, and
     # init_process_group binds accelerators only (a CUDA job passes
@@ -487,7 +501,7 @@ def main():
     # (torch's new_group then refuses the CPU binding), the holdfast
     # group splits.
     dist.distributed_c10d._get_default_group().bound_device_id = (
-        torch.device("cpu", 0))
+        torch.device("cuda", INDEX) if DEVICE == "cuda" else torch.device("cpu", 0))
     got.update(run_cases(only="split_group"))
 
     mismatches = 0

@@ -30,6 +30,20 @@ def test_collectives_on_cuda_tensors():
     print("\n".join(line for line in lines if "position-dependent" in line))
 
 
+def test_every_call_on_cuda_gives_the_answer_gloo_gives():
+    """conformance_job.py with the holdfast group's calls on CUDA tensors
+    (gloo's answers from the CPU)."""
+    from test_conformance import check_conformance
+
+    rc, lines = run_job(["-n", "3"],
+                        RANK + [PYTHON, str(HERE / "conformance_job.py")],
+                        extra_env=dict(GPU_ENV,
+                                       HOLDFAST_CONFORMANCE_DEVICE="cuda",
+                                       HOLDFAST_TIMEOUT_MS="15000"),
+                        timeout=180)
+    check_conformance(rc, lines, 3)
+
+
 @pytest.mark.parametrize("fault", [
     "kill:slot=1:step=9", "kill:slot=0:step=17", "hang:slot=2:step=12"])
 def test_ddp_on_cuda_survives_a_fault_with_the_fault_free_hash(fault):
