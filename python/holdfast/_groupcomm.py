@@ -25,7 +25,7 @@ from .errors import InvalidArgumentError
 # send and recv use small tags): one per kind of call, so a call never
 # pairs with another kind's message.
 _WORLD_TAG = 0x7FFF0000
-_TAG_GATHER, _TAG_SCATTER, _TAG_ALL_TO_ALL = 1, 2, 3
+TAG_GATHER, TAG_SCATTER, TAG_ALL_TO_ALL = 1, 2, 3
 
 
 def group_tag(ranks):
@@ -207,7 +207,11 @@ def reduce(comm, tensor, op, root):
         tensor.copy_(work)
 
 
-def _check_blocks(what, blocks, like):
+def check_blocks(what, blocks, like, n=None):
+    """InvalidArgumentError unless `blocks` are `n` tensors (when given) of
+    `like`'s element count and dtype."""
+    if n is not None and len(blocks) != n:
+        raise InvalidArgumentError(f"{what}: {len(blocks)} tensors for {n} ranks")
     for r, t in enumerate(blocks):
         if t.numel() != like.numel() or t.dtype != like.dtype:
             raise InvalidArgumentError(
@@ -223,12 +227,9 @@ def gather(comm, outputs, input, root):
     sends[root] = input.contiguous()
     recvs = [None] * n
     if comm.rank == root:
-        if len(outputs) != n:
-            raise InvalidArgumentError(
-                f"gather: {len(outputs)} outputs for {n} ranks")
-        _check_blocks("gather", outputs, input)
+        check_blocks("gather", outputs, input, n)
         recvs = [o.contiguous() for o in outputs]
-    exchange(comm, sends, recvs, _TAG_GATHER)
+    exchange(comm, sends, recvs, TAG_GATHER)
     if comm.rank == root:
         for o, r in zip(outputs, recvs):
             if r is not o:
@@ -243,11 +244,8 @@ def scatter(comm, output, inputs, root):
     recvs = [None] * n
     recvs[root] = work
     if comm.rank == root:
-        if len(inputs) != n:
-            raise InvalidArgumentError(
-                f"scatter: {len(inputs)} inputs for {n} ranks")
-        _check_blocks("scatter", inputs, output)
+        check_blocks("scatter", inputs, output, n)
         sends = [t.contiguous() for t in inputs]
-    exchange(comm, sends, recvs, _TAG_SCATTER)
+    exchange(comm, sends, recvs, TAG_SCATTER)
     if work is not output:
         output.copy_(work)

@@ -371,7 +371,7 @@ class ProcessGroup(dist.ProcessGroup):
             _groupcomm.exchange(
                 comm, _rows(input.contiguous(), in_splits, comm.size, "input"),
                 _rows(work, out_splits, comm.size, "output"),
-                _groupcomm._TAG_ALL_TO_ALL)
+                _groupcomm.TAG_ALL_TO_ALL)
             if work is not output:
                 output.copy_(work)
 
@@ -391,7 +391,7 @@ class ProcessGroup(dist.ProcessGroup):
                     f"{output_tensors[me].numel()} out")
             works = [t.contiguous() for t in output_tensors]
             _groupcomm.exchange(comm, [t.contiguous() for t in input_tensors],
-                                works, _groupcomm._TAG_ALL_TO_ALL)
+                                works, _groupcomm.TAG_ALL_TO_ALL)
             for out, w in zip(output_tensors, works):
                 if w is not out:
                     out.copy_(w)
@@ -415,7 +415,7 @@ class ProcessGroup(dist.ProcessGroup):
                     raise InvalidArgumentError(
                         f"allgather: {len(outs)} outputs for {comm.size} ranks"
                     )
-                _groupcomm._check_blocks("allgather", outs, inp)
+                _groupcomm.check_blocks("allgather", outs, inp)
                 inp = inp.contiguous()
                 flat = torch.empty(
                     (comm.size,) + tuple(inp.shape), dtype=inp.dtype,
