@@ -55,7 +55,7 @@ if [ "${1:-}" = "--build-module" ]; then
   ext=$($py -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
   cp python/holdfast/*.py .gpu/build/python/holdfast/
   ${CXX:-g++} -O2 -std=c++17 -shared -fPIC -fvisibility=hidden \
-    -DHOLDFAST_PYTHON_NCCL -Iinclude -I.gpu/include -I"$pyinc" -I"$pybind" \
+    -DHOLDFAST_PYTHON_NCCL -I. -Iinclude -I.gpu/include -I"$pyinc" -I"$pybind" \
     src/python/module.cc -o ".gpu/build/python/holdfast/_C$ext" \
     -Wl,--start-group .gpu/static/*.a -Wl,--end-group \
     -Wl,--as-needed .gpu/lib/*.so* "$nccl_lib/libnccl.so.2" "$cudart" \

@@ -23,6 +23,7 @@
 #include "holdfast/communicator.h"
 #include "holdfast/testing/fake_clock.h"
 #include "src/comm/communicator_impl.h"
+#include "src/comm/create.h"
 #include "src/common/config.h"
 #include "src/common/status_util.h"
 #include "src/store/keys.h"
@@ -83,6 +84,35 @@ TEST_CASE("Create rejects bad options with InvalidArgument") {
   o.timeout = absl::Seconds(1);
   CHECK(Communicator::Create(nullptr, o).status().code() ==
         absl::StatusCode::kInvalidArgument);
+}
+
+// Faults reach a communicator through fault::Hooks only: a test's own
+// hooks fail the collective they choose, with the injector nowhere.
+TEST_CASE("a test's own fault hooks fail the collective they choose") {
+  struct FailThird final : fault::Hooks {
+    absl::Status AtCollective(int, int64_t seq) override {
+      return seq == 2 ? absl::InternalError("the test's fault")
+                      : absl::OkStatus();
+    }
+  };
+  CommunicatorOptions o;
+  o.rank = 0;
+  o.size = 1;
+  auto comm = comm::Create(NewMemoryStore(), o, std::make_shared<FailThird>());
+  REQUIRE(comm.ok());
+  float x = 1;
+  CHECK((*comm)
+            ->AllReduce(&x, 1, DataType::kFloat32, ReduceOp::kSum)
+            ->Wait()
+            .ok());
+  CHECK((*comm)
+            ->AllReduce(&x, 1, DataType::kFloat32, ReduceOp::kSum)
+            ->Wait()
+            .ok());
+  const absl::Status third =
+      (*comm)->AllReduce(&x, 1, DataType::kFloat32, ReduceOp::kSum)->Wait();
+  CHECK(third.code() == absl::StatusCode::kInternal);
+  CHECK(third.message().find("the test's fault") != absl::string_view::npos);
 }
 
 TEST_CASE("a malformed HOLDFAST_ variable is named in the error") {

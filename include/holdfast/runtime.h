@@ -369,9 +369,6 @@ class Runtime {
   // The same verdict from a trainer that checked its values itself (a
   // framework's isfinite). Call from the step function.
   virtual void ReportNonFinite(absl::string_view what) = 0;
-  // Whether the injected fault nan: fires for this slot at this step (for
-  // a trainer that checks its own way: it makes its values NaN then).
-  virtual bool InjectNanNow() = 0;
 
   // ---- The step loop ------------------------------------------------------
   // Runs steps committed+1 .. options.steps with automatic recovery. A

@@ -16,7 +16,7 @@
 #include "src/common/logging.h"
 #include "src/common/op_text.h"
 #include "src/common/status_util.h"
-#include "src/fault/fault.h"
+#include "src/fault/hooks.h"
 #include "src/store/keys.h"
 #include "src/store/store_util.h"
 
@@ -70,7 +70,7 @@ uint32_t MatchTag(const backend::OpSpec& spec, int64_t match_seq,
 CommunicatorImpl::CommunicatorImpl(const CommunicatorOptions& options,
                                    std::shared_ptr<Store> store,
                                    std::unique_ptr<backend::Backend> backend,
-                                   std::shared_ptr<fault::Injector> faults)
+                                   std::shared_ptr<fault::Hooks> faults)
     : options_(options),
       clock_(options.clock != nullptr ? options.clock : Clock::Real()),
       real_clock_(clock_ == Clock::Real()),
@@ -675,7 +675,7 @@ backend::BackendOptions ToBackendOptions(const CommunicatorOptions& options) {
 
 absl::StatusOr<std::unique_ptr<Communicator>> Create(
     std::shared_ptr<Store> store, const CommunicatorOptions& options,
-    std::shared_ptr<fault::Injector> faults) {
+    std::shared_ptr<fault::Hooks> faults) {
   HOLDFAST_RETURN_IF_ERROR(config::Validate());
   config::ApplyMutexMode();
   IgnoreSigpipe();

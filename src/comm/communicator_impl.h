@@ -30,7 +30,7 @@
 #include "holdfast/communicator.h"
 #include "src/backend/backend.h"
 #include "src/comm/work_impl.h"
-#include "src/fault/fault.h"
+#include "src/fault/hooks.h"
 #include "src/trace/trace_ring.h"
 
 namespace holdfast::comm {
@@ -46,7 +46,7 @@ class CommunicatorImpl final : public Communicator, private InlineRunner {
   CommunicatorImpl(const CommunicatorOptions& options,
                    std::shared_ptr<Store> store,
                    std::unique_ptr<backend::Backend> backend,
-                   std::shared_ptr<fault::Injector> faults = nullptr);
+                   std::shared_ptr<fault::Hooks> faults = nullptr);
   ~CommunicatorImpl() override;
 
   int rank() const override { return options_.rank; }
@@ -182,7 +182,7 @@ class CommunicatorImpl final : public Communicator, private InlineRunner {
   const bool real_clock_;
   const std::shared_ptr<Store> store_;
   const std::unique_ptr<backend::Backend> backend_;
-  const std::shared_ptr<fault::Injector> faults_;  // may be null
+  const std::shared_ptr<fault::Hooks> faults_;  // may be null
   trace::TraceRing ring_;
   const std::shared_ptr<RunnerHandle> runner_handle_;
 

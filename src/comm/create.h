@@ -8,7 +8,7 @@
 #include "absl/status/statusor.h"
 #include "holdfast/communicator.h"
 #include "holdfast/store.h"
-#include "src/fault/fault.h"
+#include "src/fault/hooks.h"
 
 namespace holdfast::comm {
 
@@ -16,7 +16,7 @@ namespace holdfast::comm {
 // faults of `faults` (null: none).
 absl::StatusOr<std::unique_ptr<Communicator>> Create(
     std::shared_ptr<Store> store, const CommunicatorOptions& options,
-    std::shared_ptr<fault::Injector> faults);
+    std::shared_ptr<fault::Hooks> faults);
 
 }  // namespace holdfast::comm
 

@@ -56,9 +56,9 @@
 // claim, once per injector).
 //
 // Ownership: each Runtime owns one injector (configured from
-// RuntimeOptions::faults) and shares it with the training communicators it
-// builds; nothing else fires faults. Threading: every method is
-// thread-safe.
+// RuntimeOptions::faults) and hands it, as fault::Hooks (hooks.h), to its
+// step loop, its checkpoints and the training communicators it builds;
+// they see the points only. Threading: every method is thread-safe.
 #ifndef HOLDFAST_SRC_FAULT_FAULT_H_
 #define HOLDFAST_SRC_FAULT_FAULT_H_
 
@@ -72,23 +72,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "src/fault/hooks.h"
 
 namespace holdfast::fault {
-
-enum class Kind {
-  kKill,
-  kHang,
-  kStall,
-  kExit,
-  kSlow,
-  kFailOp,
-  kMismatch,
-  kCorruptPiece,
-  kCorruptBackup,
-  kCorruptRestore,
-  kNan,
-  kSpike
-};
 
 struct FaultSpec {
   int index = 0;  // position in the list: the job-wide identity
@@ -112,7 +98,7 @@ absl::StatusOr<std::vector<FaultSpec>> Parse(absl::string_view list);
 
 const char* KindName(Kind kind);
 
-class Injector {
+class Injector final : public Hooks {
  public:
   // An injector with no faults.
   Injector() = default;
@@ -137,18 +123,18 @@ class Injector {
 
   // Points. Kill and exit do not return when they fire; hang returns when
   // the process is continued, stall when it is released.
-  void AtStep(int slot, int64_t step);
-  void AtRecovery(int slot, int recovery);
-  void AtRestore(int slot, int restore);
+  void AtStep(int slot, int64_t step) override;
+  void AtRecovery(int slot, int recovery) override;
+  void AtRestore(int slot, int restore) override;
   // Non-OK (Internal, "injected fault ...") when fail-op fires.
-  absl::Status AtCollective(int slot, int64_t seq);
+  absl::Status AtCollective(int slot, int64_t seq) override;
   // Whether `slot` issues a Barrier in place of its collective `seq`
   // (mismatch); claims the fault when so.
-  bool MismatchAt(int slot, int64_t seq);
+  bool MismatchAt(int slot, int64_t seq) override;
   // True once when a fault of `kind` that the caller carries out
   // (corrupt-piece, corrupt-backup, corrupt-restore, nan, spike) fires for
   // this slot at `step`.
-  bool FiresAt(Kind kind, int slot, int64_t step);
+  bool FiresAt(Kind kind, int slot, int64_t step) override;
 
  private:
   // Fires kill/exit now (does not return), hang and stall (return when

@@ -36,6 +36,7 @@
 #endif
 #include "holdfast/runtime.h"
 #include "holdfast/types.h"
+#include "src/runtime/fault_points.h"
 
 namespace py = pybind11;
 
@@ -624,7 +625,8 @@ void BindRuntime(py::module_& m) {
            [](Runtime& rt, const std::string& what) {
              rt.ReportNonFinite(what);
            })
-      .def("inject_nan_now", [](Runtime& rt) { return rt.InjectNanNow(); })
+      .def("inject_nan_now",
+           [](Runtime& rt) { return runtime_internal::NanFaultFiresNow(rt); })
       .def("begin_state_update",
            [](Runtime& rt) {
              // It may wait for a memory copy on the backup thread.

@@ -4,7 +4,7 @@
 #include "holdfast/status.h"
 #include "src/checkpoint/pieces.h"
 #include "src/common/logging.h"
-#include "src/fault/fault.h"
+#include "src/fault/hooks.h"
 
 namespace holdfast {
 
@@ -17,7 +17,7 @@ checkpoint::Restore RuntimeImpl::NewRestore(Communicator* comm, const View& v) {
   checkpoint::RestoreHooks hooks;
   const int slot = v.slot;
   const int restores = restores_;
-  std::shared_ptr<fault::Injector> faults = faults_;
+  std::shared_ptr<fault::Hooks> faults = faults_;
   hooks.before_transfers = [faults, slot, restores] {
     faults->AtRestore(slot, restores);
   };

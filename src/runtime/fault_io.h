@@ -12,15 +12,14 @@
 #include <vector>
 
 #include "src/checkpoint/piece_io.h"
-#include "src/fault/fault.h"
+#include "src/fault/hooks.h"
 
 namespace holdfast {
 
 class FaultyPieceIo final : public checkpoint::PieceIo {
  public:
   // `slot`: this member's slot now (the faults name slots).
-  FaultyPieceIo(std::shared_ptr<fault::Injector> faults,
-                std::function<int()> slot)
+  FaultyPieceIo(std::shared_ptr<fault::Hooks> faults, std::function<int()> slot)
       : faults_(std::move(faults)), slot_(std::move(slot)) {}
 
   void Receiving(int64_t step, const std::vector<int>& owners) override;
@@ -35,7 +34,7 @@ class FaultyPieceIo final : public checkpoint::PieceIo {
   // Damages the byte at `at` of piece `piece` once (the restore's hit).
   void DamageTaken(int piece, uint8_t* at);
 
-  const std::shared_ptr<fault::Injector> faults_;
+  const std::shared_ptr<fault::Hooks> faults_;
   const std::function<int()> slot_;
   // The owner whose copy is damaged in this backup round, or -1.
   std::atomic<int> hit_owner_{-1};

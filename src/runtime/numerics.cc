@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "holdfast/status.h"
 #include "src/common/logging.h"
+#include "src/runtime/fault_points.h"
 #include "src/runtime/runtime_impl.h"
 
 namespace holdfast {
@@ -72,6 +73,15 @@ void RuntimeImpl::ReportNonFinite(absl::string_view what) {
 bool RuntimeImpl::InjectNanNow() {
   return faults_->FiresAt(fault::Kind::kNan, slot(), step_now_.load());
 }
+
+namespace runtime_internal {
+
+bool NanFaultFiresNow(Runtime& rt) {
+  // Runtime::Create makes every Runtime.
+  return static_cast<RuntimeImpl&>(rt).InjectNanNow();
+}
+
+}  // namespace runtime_internal
 
 std::optional<control::Anomaly> RuntimeImpl::CheckNumbers(
     const NumericChecks& checks, int64_t step,

@@ -24,15 +24,15 @@ RuntimeImpl::~RuntimeImpl() {
     abort_stop_ = true;
   }
   if (aborter_.joinable()) aborter_.join();
-  faults_->SetClaim(nullptr);
-  faults_->SetRelease(nullptr);
-  faults_->SetCommitted(nullptr);
+  injector_->SetClaim(nullptr);
+  injector_->SetRelease(nullptr);
+  injector_->SetCommitted(nullptr);
 }
 
 absl::Status RuntimeImpl::Init() {
   snapshots_.SetKeep(options_.keep_snapshots);
   if (!options_.faults.empty()) {
-    HOLDFAST_RETURN_IF_ERROR(faults_->Configure(options_.faults));
+    HOLDFAST_RETURN_IF_ERROR(injector_->Configure(options_.faults));
   }
   control::ClientOptions client;
   client.address = options_.controller;
@@ -92,14 +92,14 @@ absl::Status RuntimeImpl::Init() {
   // controller's store fires it.
   std::shared_ptr<control::ControllerStore> store = store_;
   const uint64_t id = a.member_id;
-  faults_->SetClaim([store, id](const fault::FaultSpec& f) {
+  injector_->SetClaim([store, id](const fault::FaultSpec& f) {
     auto r = store->CompareAndSet(keys::FaultClaim(f.index), "", true,
                                   absl::StrCat(id));
     return r.ok() && r->first;
   });
   // An injected stall ends once this member has no job to go on with.
-  faults_->SetRelease([this] { return !Stopped().ok(); });
-  faults_->SetCommitted([this] { return committed_step(); });
+  injector_->SetRelease([this] { return !Stopped().ok(); });
+  injector_->SetCommitted([this] { return committed_step(); });
   backup_hooks_ = NewBackupHooks();
   backup_thread_ = std::thread([this] { BackupLoop(); });
   return absl::OkStatus();

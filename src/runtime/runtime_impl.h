@@ -47,6 +47,7 @@
 #include "src/control/client.h"
 #include "src/control/member.h"
 #include "src/fault/fault.h"
+#include "src/fault/hooks.h"
 #include "src/runtime/fault_io.h"
 
 namespace holdfast {
@@ -88,7 +89,9 @@ class RuntimeImpl final : public Runtime {
                                     int64_t* position) override;
   bool CheckFinite(absl::string_view what, float* data, size_t count) override;
   void ReportNonFinite(absl::string_view what) override;
-  bool InjectNanNow() override;
+  // Whether the injected fault nan: fires for this slot at this step (see
+  // src/runtime/fault_points.h).
+  bool InjectNanNow();
 
   bool standby() const override;
   int slot() const override;
@@ -423,11 +426,13 @@ class RuntimeImpl final : public Runtime {
   // the backup thread.
   checkpoint::Snapshots snapshots_{&state_};
   checkpoint::BackupHooks backup_hooks_;  // set before the backup thread
-  // This member's test faults (RuntimeOptions::faults), shared with the
-  // training communicators; its callbacks reach this runtime until the
-  // destructor clears them.
-  const std::shared_ptr<fault::Injector> faults_ =
+  // This member's test faults (RuntimeOptions::faults); its callbacks
+  // reach this runtime until the destructor clears them. Only runtime.cc
+  // configures it: everything else, the training communicators included,
+  // reaches faults through the points of `faults_` (src/fault/hooks.h).
+  const std::shared_ptr<fault::Injector> injector_ =
       std::make_shared<fault::Injector>();
+  const std::shared_ptr<fault::Hooks> faults_ = injector_;
   // The I/O of the pieces this member receives, through which the
   // corrupt-backup and corrupt-restore faults damage them.
   FaultyPieceIo piece_io_{faults_, [this] { return slot(); }};

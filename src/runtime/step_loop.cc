@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "holdfast/status.h"
 #include "src/common/logging.h"
-#include "src/fault/fault.h"
+#include "src/fault/hooks.h"
 #include "src/store/keys.h"
 
 namespace holdfast {
