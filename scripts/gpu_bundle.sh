@@ -32,7 +32,7 @@ bins=(build/test/nccl_test build/test/nccl_job_test build/nccl_bench
       build/holdfast-nccl-probe build/holdfast-run
       build/holdfast-dp-trainer-nccl build/recovery_bench)
 module=$(ls build/python/holdfast/_C*.so 2>/dev/null | head -1)
-archives=(build/libholdfast_runtime.a build/libholdfast_control.a
+archives=(build/libholdfast_runtime.a build/libholdfast_member.a
           build/libholdfast_control_proto.a build/libholdfast_checkpoint.a
           build/libholdfast_nccl.a build/libholdfast.a)
 for b in "${bins[@]}" "$module" "${archives[@]}"; do
