@@ -22,7 +22,8 @@ communicator is NCCL's, and the registered CUDA tensors are snapshotted
 through pinned host copies. Several ranks may share one GPU (give each
 process its own NCCL_HOSTID; see scripts/gpu_check.sh).
 
-Each rank prints one line at the end:
+Each rank prints one line at the end, with the hash of its whole state
+(parameters, SGD's momentum, the data position; mlp_data.state_sha256):
     final step=<N> world=<W> params_sha256=<hex>
 Exit codes: 0 done (also a standby that was never needed), 3 fenced, 4 the
 job stopped, 1 any other error.
@@ -39,7 +40,7 @@ import holdfast
 import holdfast.dcp
 import holdfast.distributed as hd
 import example_run
-from mlp_data import make_batch, make_model, params_sha256
+from mlp_data import make_batch, make_model, state_sha256
 
 
 def step_scale(sigma, step, slot):
@@ -151,7 +152,8 @@ def main():
     if result is None:
         return code
 
-    example_run.report(result, last_loss[0], params_sha256(model))
+    example_run.report(result, last_loss[0],
+                       state_sha256(model, opt, data_pos))
     return 0
 
 

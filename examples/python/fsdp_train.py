@@ -33,7 +33,8 @@ optimizer.step(), and a restore copies them back. FSDP is built once this
 process has a slot (a standby builds it when it takes one, after its
 partition was restored).
 
-Each rank prints one line at the end, with the hash of the full model:
+Each rank prints one line at the end, with the hash of the whole state
+(every parameter and momentum shard, gathered, and the data position):
     final step=<N> world=<W> params_sha256=<hex>
 Exit codes as ddp_train.py's: 0 done (also a standby that was never
 needed), 3 fenced, 4 the job stopped, 1 any other error.
@@ -257,10 +258,11 @@ def main():
         if ctx.step == args.steps:
             # The runtime's communicator ends with run(): the full model's
             # hash is taken in the last step.
+            # Parameters, then momentum, then the data position.
             digest = hashlib.sha256()
-            for n in names:
-                digest.update(tensor_bytes(
-                    params[n].gather_full(ctx.comm, device)))
+            for state in [params[n] for n in names] + [momenta[n] for n in names]:
+                digest.update(tensor_bytes(state.gather_full(ctx.comm, device)))
+            digest.update(tensor_bytes(data_pos))
             final_hash[0] = digest.hexdigest()
 
     result, code = example_run.run("fsdp_train", lambda: rt.run(

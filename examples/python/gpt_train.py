@@ -24,7 +24,6 @@ needed), 3 fenced, 4 the job stopped, 1 any other error.
 """
 
 import argparse
-import hashlib
 import math
 import pathlib
 import sys
@@ -34,7 +33,7 @@ import torch
 import holdfast
 import holdfast.distributed as hd
 import example_run
-from mlp_data import tensor_bytes
+from mlp_data import state_sha256
 
 CORPUS = pathlib.Path("/usr/share/common-licenses")
 
@@ -94,19 +93,6 @@ def make_batch(corpus, k, batch, seq):
     starts = torch.randint(len(corpus) - seq - 1, (batch,), generator=gen)
     w = torch.stack([corpus[s:s + seq + 1] for s in starts.tolist()])
     return w[:, :-1], w[:, 1:]
-
-
-def state_sha256(model, opt, data_pos):
-    """The hash of the whole state: parameters, AdamW's state, data
-    position."""
-    digest = hashlib.sha256()
-    tensors = list(model.state_dict().values())
-    for index in sorted(opt.state_dict()["state"]):
-        st = opt.state_dict()["state"][index]
-        tensors += [st[key] for key in sorted(st)]
-    for t in tensors + [data_pos]:
-        digest.update(tensor_bytes(t))
-    return digest.hexdigest()
 
 
 def main():

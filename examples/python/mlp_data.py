@@ -22,11 +22,18 @@ def tensor_bytes(tensor):
     return ctypes.string_at(t.data_ptr(), t.numel() * t.element_size())
 
 
-def params_sha256(model):
-    """The hash of a model's state_dict, as the examples print it."""
+def state_sha256(model, opt, data_pos):
+    """The hash of a trainer's whole state, as the examples print it: the
+    model's state_dict, its optimizer's state (by parameter index, then
+    key) and the data position."""
     digest = hashlib.sha256()
-    for tensor in model.state_dict().values():
-        digest.update(tensor_bytes(tensor))
+    tensors = list(model.state_dict().values())
+    state = opt.state_dict()["state"]
+    for index in sorted(state):
+        tensors += [state[index][key] for key in sorted(state[index])
+                    if isinstance(state[index][key], torch.Tensor)]
+    for t in tensors + [data_pos]:
+        digest.update(tensor_bytes(t))
     return digest.hexdigest()
 
 
