@@ -53,12 +53,12 @@ one_hash() {
     [ -n "$(hash "$1")" ]
 }
 echo
-echo "=== final parameter hashes (one line per distinct hash)"
+echo "=== final state hashes (one line per distinct hash)"
 for name in fault-free kill hang node; do
   printf '%-10s %s\n' "$name" "$(hash "$name" | tr '\n' ' ')"
 done
 if one_hash fault-free kill hang node; then
-  echo "equal: every rank of every run ended with the fault-free parameters"
+  echo "equal: every rank of every run ended with the fault-free state"
 else
   echo "DIFFERENT: the runs did not end with the same parameters" >&2
   exit 1
@@ -82,7 +82,7 @@ pyrun py-fault-free
 pyrun py-kill --inject "kill:slot=1:step=20"
 echo
 if one_hash py-fault-free py-kill; then
-  echo "equal: the DDP run with a kill ended with the fault-free parameters"
+  echo "equal: the DDP run with a kill ended with the fault-free state"
 else
   echo "DIFFERENT: the DDP runs did not end with the same parameters" >&2
   exit 1

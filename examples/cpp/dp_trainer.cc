@@ -18,7 +18,8 @@
 //
 // Each rank prints one line to stdout at the end:
 //   final step=<N> world=<W> params_sha256=<hex>
-// (the hash covers every parameter byte: the MLP and the --state-mb table),
+// (the hash covers the whole state: the MLP, its momentum, the
+// --state-mb table and the data position),
 // and `final_loss=<x>` on stderr. Exit codes: 0 done (also a standby that
 // was never needed), 3 fenced, 4 the job stopped, 1 any other error.
 //
@@ -431,27 +432,38 @@ int main(int argc, char** argv) {
         params[i] -= lr * m[k];
       }
       // All-gather the updated partitions (padded to equal size; the
-      // runtime's partition gives the first kParams % W slots one more).
-      const int w = ctx.world_size;
-      const size_t chunk = (kParams + w - 1) / w;
-      std::vector<float> send(chunk, 0.0f), recv(chunk * w);
-      std::copy(params.begin() + first, params.begin() + first + count,
-                send.begin());
-      s = collectives.Run(*ctx.comm, send.data(), chunk, recv.data(),
-                          recv.size(), [&](float* in, float* out) {
-                            return ctx.comm
-                                ->AllGather(in, out, chunk,
-                                            holdfast::DataType::kFloat32)
-                                ->Wait();
-                          });
+      // runtime's partition gives the first kParams % W slots one more)
+      // into `full`, from this slot's `count` values at `mine`.
+      auto gather = [&](const float* mine, std::vector<float>& full) {
+        const int w = ctx.world_size;
+        const size_t chunk = (kParams + w - 1) / w;
+        std::vector<float> send(chunk, 0.0f), recv(chunk * w);
+        std::copy(mine, mine + count, send.begin());
+        absl::Status g = collectives.Run(
+            *ctx.comm, send.data(), chunk, recv.data(), recv.size(),
+            [&](float* in, float* out) {
+              return ctx.comm
+                  ->AllGather(in, out, chunk, holdfast::DataType::kFloat32)
+                  ->Wait();
+            });
+        if (!g.ok()) return g;
+        const size_t base = kParams / w, extra = kParams % w;
+        for (int r = 0; r < w; ++r) {
+          const size_t ru = static_cast<size_t>(r);
+          const size_t rf = ru * base + std::min(ru, extra);
+          const size_t rc = base + (ru < extra ? 1 : 0);
+          std::copy(recv.begin() + ru * chunk, recv.begin() + ru * chunk + rc,
+                    full.begin() + rf);
+        }
+        return absl::OkStatus();
+      };
+      s = gather(params.data() + first, params);
       if (!s.ok()) return s;
-      const size_t base = kParams / w, extra = kParams % w;
-      for (int r = 0; r < w; ++r) {
-        const size_t ru = static_cast<size_t>(r);
-        const size_t rf = ru * base + std::min(ru, extra);
-        const size_t rc = base + (ru < extra ? 1 : 0);
-        std::copy(recv.begin() + ru * chunk, recv.begin() + ru * chunk + rc,
-                  params.begin() + rf);
+      // The whole momentum, for the final hash (the runtime's communicator
+      // ends with Run).
+      if (ctx.step == steps) {
+        s = gather(m, momentum);
+        if (!s.ok()) return s;
       }
     }
     if (!table.empty()) {
@@ -524,9 +536,13 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
+  // The whole state (with --zero1, the momentum every slot gathered in
+  // the last step).
   const std::string hash = holdfast_examples::Sha256Hex(
       {{params.data(), params.size() * sizeof(float)},
-       {table.data(), table.size()}});
+       {momentum.data(), momentum.size() * sizeof(float)},
+       {table.data(), table.size()},
+       {&data_pos, sizeof(data_pos)}});
   std::printf("final step=%lld world=%d params_sha256=%s\n",
               static_cast<long long>(result->final_step), result->world_size,
               hash.c_str());

@@ -28,13 +28,19 @@
 namespace {
 
 // SHA-256 of the parameters' bytes, in order.
-std::string ParamsSha256(const std::vector<at::Tensor>& tensors) {
+// The hash of the whole state: the parameters, then SGD's momentum (the
+// trainer has no data position: step k takes batch k).
+std::string StateSha256(const std::vector<at::Tensor>& params,
+                        ::torch::optim::SGD& opt) {
   std::vector<at::Tensor> flat;
-  std::vector<std::pair<const void*, size_t>> parts;
-  for (const at::Tensor& t : tensors) {
-    flat.push_back(t.contiguous());
-    parts.emplace_back(flat.back().data_ptr(), flat.back().nbytes());
+  for (const at::Tensor& t : params) flat.push_back(t.contiguous());
+  for (const at::Tensor& p : params) {
+    auto& state = static_cast<::torch::optim::SGDParamState&>(
+        *opt.state().at(holdfast::torch::OptimizerStateKey(opt.state(), p)));
+    flat.push_back(state.momentum_buffer().contiguous());
   }
+  std::vector<std::pair<const void*, size_t>> parts;
+  for (const at::Tensor& t : flat) parts.emplace_back(t.data_ptr(), t.nbytes());
   return holdfast_examples::Sha256Hex(parts);
 }
 
@@ -136,7 +142,7 @@ int main(int argc, char** argv) {
                static_cast<long long>(result->snapshots_unfenced));
   std::printf("final step=%lld world=%d params_sha256=%s\n",
               static_cast<long long>(result->final_step), result->world_size,
-              ParamsSha256(model->parameters()).c_str());
+              StateSha256(model->parameters(), opt).c_str());
   std::fflush(stdout);
   return 0;
 }
