@@ -11,7 +11,8 @@ of one worker, by pid, when the job reaches a step), and reports for each
                after it (F + 2, F being the highest step completed before
                it: F + 1 may have been under way); it includes that step
   lost         steps completed before the fault and done again
-  equal        whether the final model equals the system's fault-free one
+  equal        whether every rank's final state (model, momentum, extra
+               state) equals the system's fault-free one
 
 and the ratio holdfast/peer of each; with --repeat N, the median of N runs
 of each (a final model is "equal" only when it is in every run). Systems:
@@ -214,9 +215,13 @@ def run_job(system, args, fault, every_s=0.0):
         log.close()
     final = (work / "final").read_text().split() if (work / "final").exists() \
         else None
+    # Every rank's final hash (a replaced rank's successor writes it).
+    finals = {f.name: f.read_text().split()[1]
+              for f in work.glob("final-*") if not f.name.endswith(".tmp")}
     return {"work": str(work), "progress": progress(work),
             "fault_ns": faults[0] if faults else None, "faults": len(faults),
-            "final": final, "timed_out": time.time() > deadline}
+            "final": final, "finals": finals,
+            "timed_out": time.time() > deadline}
 
 
 def ettr(system, args, plain_step_ms):
@@ -273,8 +278,11 @@ def measure(system, args):
     row["recovery_ms"], row["lost"] = recovery(faulted)
     row["finished"] = faulted["final"] is not None and \
         int(faulted["final"][0]) >= args.steps
+    # Every rank of both runs ended with one hash: the fault-free run's.
     row["equal"] = bool(row["finished"] and clean["final"] and
-                        faulted["final"][1] == clean["final"][1])
+                        len(faulted["finals"]) == WORKERS and
+                        set(faulted["finals"].values()) ==
+                        set(clean["finals"].values()) == {clean["final"][1]})
     row["logs"] = faulted["work"]
     return row
 

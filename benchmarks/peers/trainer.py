@@ -18,8 +18,10 @@ adds compute time per step.
                         in-memory checkpoints, standbys (holdfast-run)
 
 Every rank appends "<step> <unix ns>" to $PEERS_OUT/progress-<rank> when a
-step completes, keeps its pid in $PEERS_OUT/pid-<rank>, and rank 0 writes
-the final model's hash to $PEERS_OUT/final: "<step> <sha256>".
+step completes, keeps its pid in $PEERS_OUT/pid-<rank>, and writes the hash
+of its whole final state (the model, SGD's momentum and all of the extra
+state) to $PEERS_OUT/final-<rank>: "<step> <sha256>"; rank 0 also to
+$PEERS_OUT/final.
 """
 
 import argparse
@@ -82,10 +84,14 @@ class Job:
             self.extra.add_(float(step % 7))
 
     def digest(self):
+        """The hash of the whole state: the model, SGD's momentum (by
+        parameter index) and every byte of the extra state."""
         h = hashlib.sha256()
-        for t in self.model.state_dict().values():
+        tensors = list(self.model.state_dict().values())
+        state = self.opt.state_dict()["state"]
+        tensors += [state[i]["momentum_buffer"] for i in sorted(state)]
+        for t in tensors + [self.extra]:
             h.update(t.contiguous().numpy().tobytes())
-        h.update(self.extra[:1024].numpy().tobytes())
         return h.hexdigest()
 
 
@@ -106,9 +112,12 @@ class Out:
         self.progress.flush()
 
     def final(self, step, digest):
-        if self.rank == 0:
-            with open(os.path.join(self.dir, "final"), "w") as f:
+        names = [f"final-{self.rank}"] + (["final"] if self.rank == 0 else [])
+        for name in names:
+            tmp = os.path.join(self.dir, name + ".tmp")
+            with open(tmp, "w") as f:
                 f.write(f"{step} {digest}\n")
+            os.replace(tmp, os.path.join(self.dir, name))
 
 
 def run_plain(args, job):
