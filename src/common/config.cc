@@ -321,9 +321,11 @@ std::string CheckpointDir() {
 int64_t CheckpointEvery() {
   return config::IntParam("HOLDFAST_CHECKPOINT_EVERY");
 }
+// Not clamped: a value out of range is refused by the runtime's options
+// check, which names it.
 int KeepSnapshots() {
-  return static_cast<int>(
-      std::clamp<int64_t>(config::IntParam("HOLDFAST_KEEP_SNAPSHOTS"), 1, 64));
+  return static_cast<int>(std::min<int64_t>(
+      config::IntParam("HOLDFAST_KEEP_SNAPSHOTS"), INT32_MAX));
 }
 int MaxStepRetries() {
   return static_cast<int>(std::min<int64_t>(

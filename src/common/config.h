@@ -12,6 +12,14 @@
 
 namespace holdfast::config {
 
+// The one range rule of the committed snapshots a member keeps
+// (HOLDFAST_KEEP_SNAPSHOTS, RuntimeOptions::keep_snapshots, and the count an
+// anomaly report carries to the controller): at least two, because the
+// newest committed snapshot may already be poisoned when a numeric anomaly
+// shows.
+inline constexpr int kMinKeepSnapshots = 2;
+inline constexpr int kMaxKeepSnapshots = 64;
+
 struct Param {
   const char* env;
   const char* default_value;

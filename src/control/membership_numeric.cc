@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "holdfast/status.h"
+#include "src/common/config.h"
 #include "src/control/membership.h"
 
 namespace holdfast::control {
@@ -46,9 +47,11 @@ absl::Status CheckAnomaly(const Anomaly& a) {
         absl::StrCat("anomaly data range ", RangeText(a.data()),
                      " is not a range of non-negative positions"));
   }
-  if (a.keep_snapshots() < 1) {
+  if (a.keep_snapshots() < config::kMinKeepSnapshots ||
+      a.keep_snapshots() > config::kMaxKeepSnapshots) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "anomaly keep_snapshots ", a.keep_snapshots(), " is below 1"));
+        "anomaly keep_snapshots ", a.keep_snapshots(), " is outside ",
+        config::kMinKeepSnapshots, " to ", config::kMaxKeepSnapshots));
   }
   return absl::OkStatus();
 }

@@ -320,10 +320,14 @@ absl::Status CheckOptions(RuntimeOptions* o) {
   if (o->checkpoint_every < 1) {
     return refuse("checkpoint_every", o->checkpoint_every, ">= 1");
   }
-  if (o->keep_snapshots < 2 || o->keep_snapshots > 64) {
+  if (o->keep_snapshots < config::kMinKeepSnapshots ||
+      o->keep_snapshots > config::kMaxKeepSnapshots) {
     return refuse("keep_snapshots", o->keep_snapshots,
-                  "2 to 64 (the newest committed snapshot may already be "
-                  "poisoned when a numeric anomaly shows)");
+                  absl::StrCat(config::kMinKeepSnapshots, " to ",
+                               config::kMaxKeepSnapshots,
+                               " (the newest committed snapshot may already "
+                               "be poisoned when a numeric anomaly shows; "
+                               "HOLDFAST_KEEP_SNAPSHOTS sets the default)"));
   }
   if (o->max_step_retries < 0) {
     return refuse("max_step_retries", o->max_step_retries,
