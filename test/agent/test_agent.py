@@ -14,9 +14,13 @@ import os
 import pathlib
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "support"))
+from launched import LaunchedProcesses  # noqa: E402
 
 BUILD = pathlib.Path(os.environ.get(
     "HOLDFAST_BUILD_DIR",
@@ -31,7 +35,7 @@ STEP_MS = 10
 STEPS = 600
 
 
-class Job:
+class Job(LaunchedProcesses):
     """A controller, an agent per host, and each host's launcher."""
 
     def __init__(self, out):
@@ -114,42 +118,14 @@ class Job:
         raise AssertionError(f"the job did not reach step {step}")
 
     def wait_end(self, hosts=HOSTS, timeout=180):
-        deadline = time.time() + timeout
-        for h in hosts:
-            try:
-                self.launchers[h].wait(timeout=max(1, deadline - time.time()))
-            except subprocess.TimeoutExpired:
-                raise AssertionError(f"{h}'s processes did not end\n"
-                                     f"{self.logs()}")
-
-    def names(self):
-        return sorted(f.stem for f in self.out.glob("*.pid"))
-
-    def rc(self, name):
-        f = self.out / f"{name}.rc"
-        return int(f.read_text()) if f.exists() else None
-
-    def final(self, name):
-        f = self.out / f"{name}.out"
-        for line in f.read_text().splitlines() if f.exists() else []:
-            if line.startswith("final "):
-                kv = dict(p.split("=") for p in line.split()[1:])
-                return int(kv["step"]), int(kv["world"]), kv["params_sha256"]
-        return None
-
-    def finals(self):
-        return {n: f for n in self.names() if (f := self.final(n))}
+        super().wait_end(hosts, timeout)
 
     def logs(self):
-        parts = []
-        for f in sorted(self.out.glob("*.err")) + sorted(
-                self.out.glob("*.log")):
-            lines = f.read_text().splitlines()
-            parts.append(f"--- {f.name}\n" + "\n".join(lines[-12:]))
-        return "\n".join(parts)
+        return self.log_tails(sorted(self.out.glob("*.err")) +
+                              sorted(self.out.glob("*.log")), 12)
 
     def close(self):
-        for name in self.names():
+        for name in self.all_names():
             try:
                 os.kill(self.pid(name), signal.SIGKILL)
             except ProcessLookupError:
@@ -252,7 +228,7 @@ def test_agent_crash_is_the_loss_of_its_host(job, fault_free):
     # through it that they were fenced, and exit.
     j.start_agent("h1")
     j.wait_end()
-    h1 = [n for n in j.names() if n.startswith("h1-")]
+    h1 = [n for n in j.all_names() if n.startswith("h1-")]
     for n in h1:
         assert j.rc(n) == 3, (n, j.rc(n), j.logs())
     assert_finished_equal(j, fault_free, lost=h1)
@@ -271,11 +247,11 @@ def test_agent_restart_loses_nothing(job, fault_free):
     assert st.get("incidents", []) == [], (st.get("incidents"), j.logs())
     assert int(st.get("generation", 0)) == gen
     assert_finished_equal(j, fault_free)
-    for n in j.names():
+    for n in j.all_names():
         assert j.rc(n) == 0, (n, j.rc(n), j.logs())
         if "-s" in n:
             assert j.final(n) is None, n
     # h1's members did lose their streams, and came back.
-    for n in [n for n in j.names() if n.startswith("h1-")]:
+    for n in [n for n in j.all_names() if n.startswith("h1-")]:
         err = (j.out / f"{n}.err").read_text()
         assert "heartbeat stream back" in err, (n, err[-2000:])

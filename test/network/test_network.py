@@ -24,7 +24,9 @@ import time
 import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "support"))
 import netns  # noqa: E402
+from launched import LaunchedProcesses  # noqa: E402
 
 BUILD = pathlib.Path(os.environ.get(
     "HOLDFAST_BUILD_DIR",
@@ -55,7 +57,7 @@ def net():
     n.close()
 
 
-class Job:
+class Job(LaunchedProcesses):
     """One job on the test hosts: the controller on ctl, and each worker
     host's launcher."""
 
@@ -155,41 +157,11 @@ class Job:
                 if name.startswith(host + "-")]
 
     def wait_end(self, hosts=WORKER_HOSTS, timeout=240):
-        deadline = time.time() + timeout
-        for name in hosts:
-            left = max(1, deadline - time.time())
-            try:
-                self.launchers[name].wait(timeout=left)
-            except subprocess.TimeoutExpired:
-                raise AssertionError(
-                    f"{name}'s processes did not end\n{self.logs()}")
-
-    def rc(self, name):
-        f = self.out / f"{name}.rc"
-        return int(f.read_text()) if f.exists() else None
-
-    def final(self, name):
-        """(step, world, hash) of a process's final line, or None."""
-        f = self.out / f"{name}.out"
-        for line in f.read_text().splitlines() if f.exists() else []:
-            if line.startswith("final "):
-                kv = dict(p.split("=") for p in line.split()[1:])
-                return int(kv["step"]), int(kv["world"]), kv["params_sha256"]
-        return None
-
-    def finals(self):
-        """The final lines of the processes that finished training."""
-        return {n: f for n in self.all_names() if (f := self.final(n))}
-
-    def all_names(self):
-        return sorted(f.stem for f in self.out.glob("*.pid"))
+        super().wait_end(hosts, timeout)
 
     def logs(self):
-        parts = []
-        for f in sorted(self.out.glob("*.err")) + [self.out / "controller.log"]:
-            lines = f.read_text().splitlines() if f.exists() else []
-            parts.append(f"--- {f.name}\n" + "\n".join(lines[-15:]))
-        return "\n".join(parts)
+        return self.log_tails(sorted(self.out.glob("*.err")) +
+                              [self.out / "controller.log"], 15)
 
     def close(self):
         for name in WORKER_HOSTS:
