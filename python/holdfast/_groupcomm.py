@@ -115,15 +115,8 @@ class SubComm:
             raise InvalidArgumentError(
                 f"all_gather: the output holds {output.numel()} elements, "
                 f"{n * self.size} expected")
-        blocks = output.view(self.size, n)
         src = input.reshape(-1)
-        posted = []
-        for peer in range(self.size):
-            if peer != self.rank:
-                posted.append(self.post_send(src, peer))
-                posted.append(self.post_recv(blocks[peer], peer))
-        blocks[self.rank].copy_(src)
-        wait_all(posted)
+        exchange(self, [src] * self.size, list(output.view(self.size, n)), 0)
         return output
 
     def all_reduce(self, tensor, op="sum"):
@@ -149,16 +142,9 @@ class SubComm:
             raise InvalidArgumentError(
                 f"reduce_scatter: the input holds {input.numel()} elements, "
                 f"{n * self.size} expected")
-        blocks = input.reshape(self.size, n)
         parts = torch.empty(self.size, n, dtype=output.dtype,
                             device=output.device)
-        posted = []
-        for peer in range(self.size):
-            if peer != self.rank:
-                posted.append(self.post_send(blocks[peer], peer))
-                posted.append(self.post_recv(parts[peer], peer))
-        parts[self.rank].copy_(blocks[self.rank])
-        wait_all(posted)
+        exchange(self, list(input.reshape(self.size, n)), list(parts), 0)
         output.view(-1).copy_(fold(list(parts), op))
         return output
 
