@@ -80,5 +80,6 @@ env -u PYTHONPATH "$venv/bin/python3" -c \
   'import holdfast, os; print("import holdfast:", os.path.dirname(holdfast.__file__))'
 env -u PYTHONPATH HOLDFAST_INSTALLED=1 HOLDFAST_BUILD_DIR="$root/build" \
   "$venv/bin/python3" -m pytest -q -p no:cacheprovider \
-  "$root/test/python/test_api.py" "$root/test/python/test_jobs.py" \
+  "$root/test/python/test_api.py" "$root/test/python/test_conformance.py" \
+  "$root/test/python/test_jobs.py" \
   "$root/test/python/test_torch2.py"
