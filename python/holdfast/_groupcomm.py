@@ -102,9 +102,6 @@ class SubComm:
     def post_recv(self, tensor, peer, tag=0):
         return self._world.post_recv(tensor, self._ranks[peer], self._tag + tag)
 
-    def send(self, tensor, peer, tag=0):
-        self.post_send(tensor, peer, tag).wait()
-
     def recv(self, tensor, peer, tag=0):
         self.post_recv(tensor, peer, tag).wait()
 

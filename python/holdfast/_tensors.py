@@ -42,13 +42,18 @@ def buffer(tensor, what="tensor", device_memory=False):
             "runs on Gloo and takes CPU tensors (run the job with "
             "HOLDFAST_BACKEND=nccl for CUDA tensors, or copy it with .cpu())"
         )
+    check_contiguous(tensor, what)
+    check_dtype(tensor, what)
+    return tensor.data_ptr(), tensor.numel(), _DTYPES[tensor.dtype]
+
+
+def check_contiguous(tensor, what="tensor"):
+    """InvalidArgumentError naming `what` unless `tensor` is contiguous."""
     if not tensor.is_contiguous():
         raise InvalidArgumentError(
             f"{what}: not contiguous (shape {tuple(tensor.shape)}, stride "
             f"{tensor.stride()}); call .contiguous() first"
         )
-    check_dtype(tensor, what)
-    return tensor.data_ptr(), tensor.numel(), _DTYPES[tensor.dtype]
 
 
 def check_dtype(tensor, what="tensor"):

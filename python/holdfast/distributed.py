@@ -30,7 +30,7 @@ from torch._C import _distributed_c10d as _c10d
 
 from . import _groupcomm
 from . import runtime as _runtime
-from ._tensors import check_dtype
+from ._tensors import check_contiguous, check_dtype
 from .errors import FencedError, HoldfastError, InvalidArgumentError
 
 BACKEND = "holdfast"
@@ -144,13 +144,9 @@ class ProcessGroup(dist.ProcessGroup):
             return self._work(fut, in_step)
         if device is not None:
             return self._run_device(fn, result, comm_c, device, p2p)
-        if p2p:
-            fut = torch.futures.Future()
-            self._rt._ops.submit(self._task(fn, fut, result, comm_c, in_step))
-            return _P2PWork(fut)
         fut = torch.futures.Future()
         self._rt._ops.submit(self._task(fn, fut, result, comm_c, in_step))
-        return self._work(fut, in_step)
+        return _P2PWork(fut) if p2p else self._work(fut, in_step)
 
     def _task(self, fn, fut, result, comm_c, in_step):
         """The operation thread's task for _run: fn(communicator), then
@@ -171,19 +167,21 @@ class ProcessGroup(dist.ProcessGroup):
                     return
                 posted = None
             if posted:
-                self._rt._ops.wait_later(
-                    lambda: self._complete(fut, result, posted, in_step))
+                self._rt._ops.wait_later(lambda: self._complete(
+                    fut, result, in_step, lambda: _groupcomm.wait_all(posted)))
                 return
             fut.set_result(result)
 
         return task
 
-    def _complete(self, fut, result, posted, in_step):
+    def _complete(self, fut, result, in_step, wait):
+        """Completes `fut` with `result` once wait() returned (on the
+        runtime's second thread); its error fails `fut` (see _defer)."""
         try:
-            _groupcomm.wait_all(posted)
+            wait()
         except Exception as e:  # noqa: BLE001 -- see _defer
             if not self._defer(e, in_step):
-                fut.set_exception(e)
+                _fail(fut, e)
                 return
         fut.set_result(result)
 
@@ -256,13 +254,7 @@ class ProcessGroup(dist.ProcessGroup):
         def finish_later(issuer):
             def wait():
                 with torch.cuda.device(device):
-                    try:
-                        issuer.finish()
-                    except Exception as e:  # noqa: BLE001 -- see _defer
-                        if not self._defer(e, in_step):
-                            _fail(fut, e)
-                            return
-                    fut.set_result(result)
+                    self._complete(fut, result, in_step, issuer.finish)
             self._rt._ops.wait_later(wait)
 
         def task():
@@ -620,10 +612,7 @@ def _same_dtype(what, tensors):
 
 def _contiguous(what, tensors):
     for t in tensors:
-        if not t.is_contiguous():
-            raise InvalidArgumentError(
-                f"{what}: not contiguous (shape {tuple(t.shape)}, stride "
-                f"{t.stride()}); call .contiguous() first")
+        check_contiguous(t, what)
 
 
 def _all_reduce_in_rank_order(comm, tensor, op):
@@ -639,10 +628,7 @@ def _all_reduce_in_rank_order(comm, tensor, op):
     copies of the buffer while it runs. (Exchanging blocks with ncclSend
     and ncclRecv would move no more than a ring; with NCCL 2.28.9 over
     sockets, a process whose send/recv peer died crashed.)"""
-    if not tensor.is_contiguous():
-        raise InvalidArgumentError(
-            f"all_reduce: not contiguous (shape {tuple(tensor.shape)}, "
-            f"stride {tensor.stride()}); call .contiguous() first")
+    check_contiguous(tensor, "all_reduce")
     world = comm.size
     n = tensor.numel()
     if world == 1 or n == 0:

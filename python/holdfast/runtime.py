@@ -202,15 +202,18 @@ class Communicator:
     def _buf(self, tensor, what):
         return buffer(tensor, what, self.device_memory)
 
-    def _issue(self, tensor, method, *args):
+    def _issue(self, tensor, method, *args, wait=True):
+        """method(*args): blocking, or with `wait` False returning an
+        object whose wait() blocks until the op is done (an issuer's
+        finish() waits for its ops instead)."""
         if self._issuer is not None:
             self._issuer(method, *args)
-        elif self.device_memory:
+            return _Done()
+        if self.device_memory:
             ready = torch.cuda.Event()
             ready.record(torch.cuda.current_stream(tensor.device))
-            method(*args, after_event=ready.cuda_event)
-        else:
-            method(*args)
+            return method(*args, after_event=ready.cuda_event, wait=wait)
+        return method(*args, wait=wait)
 
     @property
     def rank(self):
@@ -300,24 +303,14 @@ class Communicator:
         until the peer took the tensor (raising the op's error). The
         tensor must stay alive and unchanged until then."""
         ptr, n, dt = self._buf(tensor, "send")
-        return self._post(tensor, self._comm.send, ptr, n, dt, int(peer),
-                          int(tag), timeout)
+        return self._issue(tensor, self._comm.send, ptr, n, dt, int(peer),
+                           int(tag), timeout, wait=False)
 
     def post_recv(self, tensor, peer, tag=0, timeout=0.0):
         """recv() without the wait (see post_send)."""
         ptr, n, dt = self._buf(tensor, "recv")
-        return self._post(tensor, self._comm.recv, ptr, n, dt, int(peer),
-                          int(tag), timeout)
-
-    def _post(self, tensor, method, *args):
-        if self._issuer is not None:
-            self._issuer(method, *args)  # its finish() waits
-            return _Done()
-        if self.device_memory:
-            ready = torch.cuda.Event()
-            ready.record(torch.cuda.current_stream(tensor.device))
-            return method(*args, after_event=ready.cuda_event, wait=False)
-        return method(*args, wait=False)
+        return self._issue(tensor, self._comm.recv, ptr, n, dt, int(peer),
+                           int(tag), timeout, wait=False)
 
     def abort(self, reason="aborted from Python"):
         self._comm.abort(reason)
