@@ -55,10 +55,10 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "src/common/config.h"
-#include "src/control/auth.h"
-#include "src/control/client.h"
-#include "src/control/controller.grpc.pb.h"
-#include "src/control/member.h"
+#include "src/control/member/client.h"
+#include "src/control/member/member.h"
+#include "src/control/wire/auth.h"
+#include "src/control/wire/controller.grpc.pb.h"
 #include "test/support/process_group.h"
 
 using namespace holdfast;

@@ -92,8 +92,8 @@
 #include "holdfast/runtime.h"
 #include "holdfast/status.h"
 #include "holdfast/testing/backup_stats.h"
-#include "src/control/member.h"
-#include "src/control/server.h"
+#include "src/control/controller/server.h"
+#include "src/control/member/member.h"
 #include "test/support/process_group.h"
 
 using nlohmann::json;

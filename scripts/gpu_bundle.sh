@@ -33,7 +33,7 @@ bins=(build/test/nccl_test build/test/nccl_job_test build/nccl_bench
       build/holdfast-dp-trainer-nccl build/recovery_bench)
 module=$(ls build/python/holdfast/_C*.so 2>/dev/null | head -1)
 archives=(build/libholdfast_runtime.a build/libholdfast_member.a
-          build/libholdfast_control_proto.a build/libholdfast_checkpoint.a
+          build/libholdfast_wire.a build/libholdfast_checkpoint.a
           build/libholdfast_nccl.a build/libholdfast.a)
 for b in "${bins[@]}" "$module" "${archives[@]}"; do
   [[ -e "$b" ]] || { echo "gpu_bundle: ${b:-the Python module} is missing: build with CUDA and NCCL found" >&2; exit 1; }

@@ -1,4 +1,4 @@
-// Host agents (src/control/agent.h) in process: members behind an agent
+// Host agents (src/control/agent/agent.h) in process: members behind an agent
 // register, report, commit, renew their leases and use the store as they
 // would with the controller; a generation change reaches them merged per
 // host; bad input on either side is named. The process-level faults (a
@@ -10,12 +10,12 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
-#include "src/control/agent.h"
-#include "src/control/auth.h"
-#include "src/control/client.h"
-#include "src/control/controller.grpc.pb.h"
-#include "src/control/member.h"
-#include "src/control/server.h"
+#include "src/control/agent/agent.h"
+#include "src/control/controller/server.h"
+#include "src/control/member/client.h"
+#include "src/control/member/member.h"
+#include "src/control/wire/auth.h"
+#include "src/control/wire/controller.grpc.pb.h"
 
 using namespace holdfast;
 using namespace holdfast::control;

@@ -13,12 +13,12 @@
 #include <thread>
 
 #include "holdfast/communicator.h"
-#include "src/control/auth.h"
-#include "src/control/client.h"
-#include "src/control/controller.grpc.pb.h"
-#include "src/control/kv_store.h"
-#include "src/control/member.h"
-#include "src/control/server.h"
+#include "src/control/controller/kv_store.h"
+#include "src/control/controller/server.h"
+#include "src/control/member/client.h"
+#include "src/control/member/member.h"
+#include "src/control/wire/auth.h"
+#include "src/control/wire/controller.grpc.pb.h"
 #include "test/support/process_group.h"
 
 extern char** environ;

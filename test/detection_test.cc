@@ -18,9 +18,9 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
-#include "src/control/client.h"
-#include "src/control/controller.grpc.pb.h"
-#include "src/control/server.h"
+#include "src/control/controller/server.h"
+#include "src/control/member/client.h"
+#include "src/control/wire/controller.grpc.pb.h"
 #include "test/support/process_group.h"
 
 using namespace holdfast;

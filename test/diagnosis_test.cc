@@ -1,6 +1,6 @@
-// The culprit analysis (src/control/diagnosis.h) on hand-made evidence of
+// The culprit analysis (src/diagnosis/diagnosis.h) on hand-made evidence of
 // four slots: the trace tails and heartbeats that each fault leaves.
-#include "src/control/diagnosis.h"
+#include "src/diagnosis/diagnosis.h"
 
 #include <catch2/catch.hpp>
 #include <string>
@@ -12,10 +12,10 @@ using holdfast::DataType;
 using holdfast::OpState;
 using holdfast::OpType;
 using holdfast::TraceRecord;
-using holdfast::control::Diagnose;
-using holdfast::control::Diagnosis;
-using holdfast::control::DiagnosisKind;
-using holdfast::control::SlotEvidence;
+using holdfast::diagnosis::Diagnose;
+using holdfast::diagnosis::Diagnosis;
+using holdfast::diagnosis::DiagnosisKind;
+using holdfast::diagnosis::SlotEvidence;
 using Liveness = SlotEvidence::Liveness;
 
 // An all-reduce record: collective `seq` of `count` floats in `state`.
@@ -38,7 +38,7 @@ SlotEvidence Slot(int slot, int64_t first, int64_t last, int64_t next = -1,
   SlotEvidence s;
   s.slot = slot;
   s.answered = true;
-  s.phase = holdfast::control::PHASE_COLLECTIVE;
+  s.phase = holdfast::diagnosis::Phase::kCollective;
   s.step = 12;
   for (int64_t c = first; c <= last; ++c) {
     s.trace.push_back(AllReduce(c, OpState::kCompleted));
@@ -81,7 +81,7 @@ TEST_CASE("diagnosis: slot 0 frozen is named like any other slot") {
   // SIGSTOP on slot 0: no heartbeat, no trace. Nothing presumes rank 0
   // innocent.
   SlotEvidence stopped = Gone(0, Liveness::kSilent);
-  stopped.phase = holdfast::control::PHASE_COLLECTIVE;
+  stopped.phase = holdfast::diagnosis::Phase::kCollective;
   stopped.collective_seq = 5;
   stopped.step = 4;
   stopped.still_ms = 900;
@@ -100,7 +100,7 @@ TEST_CASE("diagnosis: a slot hung in compute never entered the collective") {
   // Slot 3's step thread is stuck in its own code: it heartbeats, answers,
   // computes, and its trace ends at #8 while the others wait in #9.
   SlotEvidence hung = Slot(3, 0, 8);
-  hung.phase = holdfast::control::PHASE_COMPUTING;
+  hung.phase = holdfast::diagnosis::Phase::kComputing;
   hung.still_ms = 3200;
   const Diagnosis d = Diagnose({Slot(0, 0, 8, 9, OpState::kTimedOut),
                                 Slot(1, 0, 8, 9), Slot(2, 0, 8, 9), hung});
@@ -110,7 +110,7 @@ TEST_CASE("diagnosis: a slot hung in compute never entered the collective") {
   CHECK(d.coll_seq == 9);
   CHECK(d.op == OpType::kAllReduce);
   CHECK(d.count == 1024);
-  CHECK(Mentions(d, "slot 3 is alive (phase PHASE_COMPUTING"));
+  CHECK(Mentions(d, "slot 3 is alive (phase computing"));
   CHECK(Mentions(d, "last entered #8"));
   CHECK(Mentions(d, "still for 3200 ms"));
 }
@@ -121,14 +121,14 @@ TEST_CASE(
   // Slot 1's op failed at #9 (an injected transport error) and the group
   // was aborted while slot 3 was still computing: slot 3 is innocent.
   SlotEvidence computing = Slot(3, 0, 8);
-  computing.phase = holdfast::control::PHASE_COMPUTING;
+  computing.phase = holdfast::diagnosis::Phase::kComputing;
   const Diagnosis d = Diagnose(
       {Slot(0, 0, 8, 9, OpState::kAborted), Slot(1, 0, 8, 9, OpState::kFailed),
        Slot(2, 0, 8, 9, OpState::kAborted), computing});
   CHECK(d.kind == DiagnosisKind::kUndecided);
   CHECK(d.culprits.empty());
   CHECK(Mentions(d, "nobody timed out waiting for it"));
-  CHECK_FALSE(holdfast::control::Actionable(d));
+  CHECK_FALSE(holdfast::diagnosis::Actionable(d));
 }
 
 TEST_CASE("diagnosis: a mismatch names the slot that called differently") {
@@ -202,7 +202,7 @@ TEST_CASE(
   // and slot 3 never entered #8, where slot 1 timed out.
   SlotEvidence short_tail = Slot(1, 4, 7, 8, OpState::kTimedOut);
   SlotEvidence hung = Slot(3, 0, 7);
-  hung.phase = holdfast::control::PHASE_COMPUTING;
+  hung.phase = holdfast::diagnosis::Phase::kComputing;
   const Diagnosis d =
       Diagnose({Slot(0, 0, 7, 8), short_tail, Slot(2, 0, 7, 8), hung});
   CHECK(d.kind == DiagnosisKind::kComputeHang);
@@ -225,7 +225,7 @@ TEST_CASE(
   CHECK(d.culprits == std::vector<int>{1});
   CHECK(d.victims == std::vector<int>{0, 2, 3});
   CHECK(Mentions(d, "slot 1 failed its op on its own"));
-  CHECK_FALSE(holdfast::control::Actionable(d));
+  CHECK_FALSE(holdfast::diagnosis::Actionable(d));
   // A slot that blames one that blames another: no single origin.
   slots[3].blames = 0;
   CHECK(Diagnose(slots).kind == DiagnosisKind::kUndecided);
@@ -234,7 +234,7 @@ TEST_CASE(
 TEST_CASE("diagnosis: an abort notice gives its trace tail and its blame") {
   SlotEvidence s;
   s.slot = 2;
-  REQUIRE(holdfast::control::ReadNotice(
+  REQUIRE(holdfast::diagnosis::ReadNotice(
       R"({"rank":2,"code":13,"message":"m","peer":1,"trace":[)"
       R"({"seq":4,"generation":0,"coll_seq":4,"op":"AllReduce",)"
       R"("dtype":"float32","count":8,"bytes":32,"state":"failed",)"
@@ -248,9 +248,9 @@ TEST_CASE("diagnosis: an abort notice gives its trace tail and its blame") {
   CHECK(s.trace[0].state == OpState::kFailed);
   // Malformed: not JSON, no trace, an op of an unknown name.
   SlotEvidence bad;
-  CHECK_FALSE(holdfast::control::ReadNotice("not json", &bad));
-  CHECK_FALSE(holdfast::control::ReadNotice(R"({"peer":1})", &bad));
-  CHECK_FALSE(holdfast::control::ReadNotice(
+  CHECK_FALSE(holdfast::diagnosis::ReadNotice("not json", &bad));
+  CHECK_FALSE(holdfast::diagnosis::ReadNotice(R"({"peer":1})", &bad));
+  CHECK_FALSE(holdfast::diagnosis::ReadNotice(
       R"({"trace":[{"op":"Teleport","dtype":"float32","state":"failed"}]})",
       &bad));
   CHECK_FALSE(bad.answered);
@@ -264,7 +264,7 @@ TEST_CASE(
   std::vector<SlotEvidence> slots;
   for (int i = 0; i < 1000; ++i) {
     SlotEvidence s = Gone(i, Liveness::kSilent);
-    s.phase = holdfast::control::PHASE_COMPUTING;
+    s.phase = holdfast::diagnosis::Phase::kComputing;
     s.step = 7;
     slots.push_back(s);
   }

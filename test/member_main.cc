@@ -22,8 +22,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "src/control/auth.h"
-#include "src/control/member.h"
+#include "src/control/member/member.h"
+#include "src/control/wire/auth.h"
 
 namespace {
 

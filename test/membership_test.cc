@@ -6,7 +6,7 @@
 #include <set>
 #include <vector>
 
-#include "src/control/membership.h"
+#include "src/control/controller/membership.h"
 #include "test/support/membership_job.h"
 
 using namespace holdfast::control;

@@ -1,11 +1,11 @@
 // Triangulating who lost whom on the data network (src/control/
 // reachability.h): a pure function, tested on the shapes of real faults.
-#include "src/control/reachability.h"
+#include "src/diagnosis/reachability.h"
 
 #include <catch2/catch.hpp>
 
-using holdfast::control::ReachInput;
-using holdfast::control::Triangulate;
+using holdfast::diagnosis::ReachInput;
+using holdfast::diagnosis::Triangulate;
 
 namespace {
 

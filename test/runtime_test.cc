@@ -23,7 +23,7 @@
 #include "holdfast/testing/backup_stats.h"
 #include "spdlog/sinks/ostream_sink.h"
 #include "src/common/logging.h"
-#include "src/control/server.h"
+#include "src/control/controller/server.h"
 #include "test/support/process_group.h"
 
 namespace {

@@ -19,8 +19,8 @@
 
 #include "src/common/file_util.h"
 #include "src/common/logging.h"
-#include "src/control/agent.h"
-#include "src/control/auth.h"
+#include "src/control/agent/agent.h"
+#include "src/control/wire/auth.h"
 
 int main(int argc, char** argv) {
   CLI::App app{

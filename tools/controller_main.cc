@@ -17,8 +17,8 @@
 #include "absl/strings/str_cat.h"
 #include "src/common/file_util.h"
 #include "src/common/logging.h"
-#include "src/control/auth.h"
-#include "src/control/server.h"
+#include "src/control/controller/server.h"
+#include "src/control/wire/auth.h"
 
 int main(int argc, char** argv) {
   CLI::App app{

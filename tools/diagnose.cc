@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "holdfast/types.h"
-#include "src/control/membership.h"
+#include "src/control/controller/membership.h"
 #include "src/trace/trace_json.h"
 
 namespace holdfast::diagnose {
@@ -76,12 +76,12 @@ absl::StatusOr<Evidence> Load(const std::string& dir,
         " (holdfast-run writes them there with --log-dir)"));
   }
   int size = 0;
-  std::map<int, control::SlotEvidence> slots;
+  std::map<int, diagnosis::SlotEvidence> slots;
   for (const auto& [rank, path] : of_gen->second) {
     absl::StatusOr<json> d = ReadJson(path);
     if (!d.ok()) return d.status();
     size = std::max(size, d->value("size", 0));
-    control::SlotEvidence& s = slots[rank];
+    diagnosis::SlotEvidence& s = slots[rank];
     s.slot = rank;
     s.answered = true;
     // The slot whose abort it adopted, as its abort reason names it.
@@ -106,22 +106,22 @@ absl::StatusOr<Evidence> Load(const std::string& dir,
     const int slot = i.value("slot", -1);
     const std::string kind = i.value("kind", std::string());
     if (slot < 0) continue;
-    control::SlotEvidence& s = slots[slot];
+    diagnosis::SlotEvidence& s = slots[slot];
     s.slot = slot;
     // Its last heartbeat, as the incident recorded it.
     const std::string phase = i.value("phase", std::string());
-    for (control::Phase p :
-         {control::PHASE_IDLE, control::PHASE_COMPUTING,
-          control::PHASE_COLLECTIVE, control::PHASE_CHECKPOINTING,
-          control::PHASE_RECOVERING}) {
-      if (phase == control::PhaseName(p)) s.phase = p;
+    for (diagnosis::Phase p :
+         {diagnosis::Phase::kIdle, diagnosis::Phase::kComputing,
+          diagnosis::Phase::kCollective, diagnosis::Phase::kCheckpointing,
+          diagnosis::Phase::kRecovering}) {
+      if (phase == diagnosis::PhaseName(p)) s.phase = p;
     }
     s.step = i.value("step", s.step);
     s.collective_seq = i.value("collective_seq", s.collective_seq);
     if (kind == "crashed" || kind == "left") {
-      s.liveness = control::SlotEvidence::Liveness::kDead;
+      s.liveness = diagnosis::SlotEvidence::Liveness::kDead;
     } else if (kind == "silent" || kind == "absent") {
-      s.liveness = control::SlotEvidence::Liveness::kSilent;
+      s.liveness = diagnosis::SlotEvidence::Liveness::kSilent;
     }
   }
   for (int r = 0; r < size; ++r) slots[r].slot = r;  // no dump: unanswered
@@ -129,11 +129,13 @@ absl::StatusOr<Evidence> Load(const std::string& dir,
   return ev;
 }
 
-json ToJson(int64_t generation, const control::Diagnosis& d) {
-  json j = {
-      {"generation", generation}, {"kind", control::DiagnosisKindName(d.kind)},
-      {"culprits", d.culprits},   {"victims", d.victims},
-      {"evidence", d.evidence},   {"confidence", d.confidence}};
+json ToJson(int64_t generation, const diagnosis::Diagnosis& d) {
+  json j = {{"generation", generation},
+            {"kind", diagnosis::DiagnosisKindName(d.kind)},
+            {"culprits", d.culprits},
+            {"victims", d.victims},
+            {"evidence", d.evidence},
+            {"confidence", d.confidence}};
   if (d.coll_seq >= 0) {
     j["collective"] = {{"seq", d.coll_seq},
                        {"op", std::string(OpTypeName(d.op))},

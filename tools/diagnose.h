@@ -1,4 +1,4 @@
-// `holdfast diagnose DIR`: the culprit analysis (src/control/diagnosis.h)
+// `holdfast diagnose DIR`: the culprit analysis (src/diagnosis/diagnosis.h)
 // run offline on what holdfast-run left in its log directory: the trace
 // dumps (DIR/trace/trace-g<G>-r<R>-p<pid>.json, docs/trace-schema.md) and
 // the incidents of DIR/summary.json.
@@ -13,14 +13,14 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/status/statusor.h"
-#include "src/control/diagnosis.h"
+#include "src/diagnosis/diagnosis.h"
 
 namespace holdfast::diagnose {
 
 // The evidence of one generation, as the log directory holds it.
 struct Evidence {
   int64_t generation = -1;
-  std::vector<control::SlotEvidence> slots;
+  std::vector<diagnosis::SlotEvidence> slots;
 };
 
 // Reads `dir`. `generation`: the one to analyze; unset, the lowest one with
@@ -38,7 +38,7 @@ absl::StatusOr<Evidence> Load(const std::string& dir,
 
 // The verdict as JSON (kind, culprits, victims, collective, evidence,
 // confidence).
-nlohmann::json ToJson(int64_t generation, const control::Diagnosis& d);
+nlohmann::json ToJson(int64_t generation, const diagnosis::Diagnosis& d);
 
 }  // namespace holdfast::diagnose
 

@@ -24,10 +24,10 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
-#include "src/control/auth.h"
-#include "src/control/client.h"
-#include "src/control/diagnosis.h"
-#include "src/control/membership.h"
+#include "src/control/controller/membership.h"
+#include "src/control/member/client.h"
+#include "src/control/wire/auth.h"
+#include "src/diagnosis/diagnosis.h"
 #include "tools/diagnose.h"
 
 namespace {
@@ -123,14 +123,15 @@ int Diagnose(const std::string& dir, std::optional<int64_t> generation,
                  std::string(ev.status().message()).c_str());
     return 1;
   }
-  const holdfast::control::Diagnosis d = holdfast::control::Diagnose(ev->slots);
+  const holdfast::diagnosis::Diagnosis d =
+      holdfast::diagnosis::Diagnose(ev->slots);
   const nlohmann::json j = holdfast::diagnose::ToJson(ev->generation, d);
   if (as_json) {
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
   std::printf("generation %lld: %s", static_cast<long long>(ev->generation),
-              holdfast::control::DiagnosisKindName(d.kind));
+              holdfast::diagnosis::DiagnosisKindName(d.kind));
   if (!d.culprits.empty()) {
     std::printf("; culprit%s %s", d.culprits.size() > 1 ? "s" : "",
                 absl::StrJoin(d.culprits, ", ").c_str());

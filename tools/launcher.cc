@@ -30,9 +30,9 @@
 #include "absl/time/clock.h"
 #include "src/checkpoint/pieces.h"
 #include "src/common/file_util.h"
-#include "src/control/client.h"
-#include "src/control/membership.h"
-#include "src/control/server.h"
+#include "src/control/controller/membership.h"
+#include "src/control/controller/server.h"
+#include "src/control/member/client.h"
 #include "src/runtime/report.h"
 #include "src/store/keys.h"
 #include "tools/diagnose.h"
@@ -682,7 +682,7 @@ void Launcher::AddDiagnoses(json* summary) const {
           diagnose::Load(log_dir_, g, incidents);
       json verdict;
       if (ev.ok()) {
-        verdict = diagnose::ToJson(g, control::Diagnose(ev->slots));
+        verdict = diagnose::ToJson(g, diagnosis::Diagnose(ev->slots));
       } else {
         verdict = {{"generation", g},
                    {"kind", "undecided"},

@@ -20,8 +20,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "src/control/client.h"
-#include "src/control/membership.h"
+#include "src/control/controller/membership.h"
+#include "src/control/member/client.h"
 #include "tools/timeline.h"
 
 namespace holdfast::run {

@@ -41,7 +41,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "holdfast/status.h"
-#include "src/control/server.h"
+#include "src/control/controller/server.h"
 #include "src/fault/fault.h"
 #include "tools/launcher.h"
 

@@ -15,7 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/time/time.h"
-#include "src/control/controller.pb.h"
+#include "src/control/wire/controller.pb.h"
 
 namespace holdfast::run {
 

@@ -11,7 +11,7 @@
 #include "src/backend/backend.h"
 #include "src/common/config.h"
 #include "src/common/logging.h"
-#include "src/control/auth.h"
+#include "src/control/wire/auth.h"
 #include "src/fault/fault.h"
 #include "src/store/keys.h"
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "src/control/membership.h"
+#include "src/control/controller/membership.h"
 
 namespace holdfast::control::test {
 

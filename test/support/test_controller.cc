@@ -2,7 +2,7 @@
 
 #include <utility>
 
-#include "src/control/server.h"
+#include "src/control/controller/server.h"
 
 namespace holdfast::testing {
 

@@ -1,0 +1,535 @@
+// Membership: the controller's view of the job. Slots and standbys,
+// generations, heartbeats, failure detection (crashed, silent, stalled,
+// reported), incidents, fencing and the checkpoint ledger. Pure logic: no
+// gRPC and no clock of its own (every call takes `now`), so tests drive it
+// with a fake time.
+//
+// Threading: thread-safe (one mutex). Sinks and the observer are called with
+// that mutex held; they must not call back into Membership.
+#ifndef HOLDFAST_SRC_CONTROL_CONTROLLER_MEMBERSHIP_H_
+#define HOLDFAST_SRC_CONTROL_CONTROLLER_MEMBERSHIP_H_
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/random/random.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "src/control/controller/verdict.h"
+#include "src/control/wire/controller.pb.h"
+#include "src/control/wire/member_sink.h"
+#include "src/diagnosis/diagnosis.h"
+
+namespace holdfast::control {
+
+struct DetectionOptions;
+// The lease that `d` gives members: d.lease, or two thirds of
+// d.silent_after when unset.
+absl::Duration Lease(const DetectionOptions& d);
+
+struct DetectionOptions {
+  // How often members send a periodic report (told to them at Register).
+  absl::Duration heartbeat_interval = absl::Milliseconds(500);
+  // silent: no heartbeat for this long. This is the grace of a link blip
+  // too: a member whose link is down for less costs no fence. A blip of
+  // b silences a member for up to b + heartbeat_interval + TCP's
+  // retransmission back-off (0.2, 0.4, 0.8 s: about 1.9 s for b = 1 s),
+  // so 3 s keeps blips of a second or so, and finds a frozen process or
+  // a lost host in 3 s (docs/network.md).
+  absl::Duration silent_after = absl::Seconds(3);
+  // A member that has not heard from the controller for this long stops
+  // acting: no step completes and no snapshot is acked until it hears
+  // again (told to members at Register). Shorter than silent_after, so a
+  // cut-off member has stopped before the controller declares it lost and
+  // gives its slot to another: no split brain. Unset: two thirds of
+  // silent_after (2 s with its default); zero: no lease. See Lease().
+  std::optional<absl::Duration> lease;
+  // Silence verdicts pause while more than half of the live members are
+  // unheard for max(2 heartbeat intervals, silent_after / 2): the
+  // controller's own link is then the likelier fault (its host cut off).
+  // Reported failures are still acted on. When a majority is heard again, no
+  // member is declared silent for as long as the isolation lasted plus
+  // silent_after (TCP backs its retransmissions off during an outage, so queued
+  // heartbeats may take about that long to arrive), and every stall clock
+  // restarts.
+  //
+  // stalled: the step has not advanced for
+  //   max(stall_floor, stall_factor x median, stall_max_factor x longest)
+  // over the job's last `step_history` steps. Needs stall_min_history steps
+  // of history first: a long first step (compilation, loading) is never a
+  // stall, and a job with periodic long steps (an RL rollout every few
+  // steps) has shown one before the rule applies.
+  double stall_factor = 10.0;
+  double stall_max_factor = 3.0;
+  absl::Duration stall_floor = absl::Seconds(30);
+  int stall_min_history = 16;
+  int step_history = 128;
+  // A recovery's rendezvous (generations after the first): once every
+  // other slot's member has come to it, a member that has not is left out
+  // (kind absent) after rendezvous_grace when it does not answer either
+  // (no heartbeat of the new generation, or none for the longer of the
+  // grace and two heartbeat intervals: frozen, or dead without a broken
+  // stream), and after rendezvous_timeout when it still heartbeats (its
+  // training thread is stuck or slow). Faults come in clusters: a frozen
+  // member must not hold a recovery while more members fail.
+  absl::Duration rendezvous_grace = absl::Seconds(1);
+  absl::Duration rendezvous_timeout = absl::Seconds(30);
+  // The culprit analysis of an incident's generation runs once every
+  // member of it that still heartbeats has left its abort notice, or
+  // this long after the incident (src/diagnosis/diagnosis.h).
+  absl::Duration diagnosis_settle = absl::Seconds(2);
+  // straggler: for the last straggler_window steps that every worker
+  // reported, a worker's own work (its step time less its time inside
+  // collectives) was at least straggler_factor times the median of its
+  // peers' and straggler_floor more (Minder's continuity rule: one slow
+  // step is noise). Needs 3 workers or more. Each step is compared across
+  // the workers, so steps that are long on every rank (an RL rollout)
+  // raise nothing. 0 turns it off.
+  int straggler_window = 8;
+  double straggler_factor = 1.3;
+  absl::Duration straggler_floor = absl::Milliseconds(5);
+  // A numeric anomaly (ReportFailureRequest::anomaly) is decided once
+  // every worker has reported one for the generation, or this long after
+  // the first report (a loss spike seen by one slot only).
+  absl::Duration anomaly_settle = absl::Seconds(1);
+  // A generation opened within this of the last push of one waits, and
+  // goes with those that follow it in one push of the newest: faults come
+  // in clusters (a host's eight ranks, a rack), and a thousand deaths at
+  // once cost a few pushes to every member, not a thousand. The first
+  // generation after a quiet spell goes at once. Zero: every generation
+  // is pushed at once.
+  absl::Duration push_merge = absl::Milliseconds(50);
+};
+
+// A generation whose incidents await the culprit analysis, with what the
+// controller knows of each of its slots (liveness, phase, step); the
+// trace tails are in the members' abort notices, in the job's store.
+struct DiagnosisCase {
+  int64_t generation = -1;
+  absl::Time since;  // its first incident's detection
+  std::vector<diagnosis::SlotEvidence> slots;
+};
+
+struct MembershipLimits {
+  size_t max_label_bytes = 256;  // host, failure domain, topology block
+  size_t max_metrics = 64;       // per report
+  size_t max_metric_name = 64;   // bytes
+  size_t max_reason_bytes = 4096;
+  size_t max_incidents = 1024;     // kept for Status (the oldest drop)
+  size_t max_dead_records = 4096;  // dead or left members kept for Status
+  int64_t max_pending_ack_steps = 1024;
+};
+
+// What happens when a worker is lost.
+struct RecoveryPolicy {
+  // false (replace): a standby takes the lost slot; with none left the
+  // world shrinks. true: the survivors are always renumbered into a
+  // smaller world.
+  bool shrink = false;
+  // Below this many workers the job stops (JobEnd STOPPED), >= 1.
+  int min_world = 1;
+  // Stragglers (DetectionOptions::straggler_*): false, report them only;
+  // true, also replace one with a standby once it has been slow on each
+  // of the last straggler_replace_after steps every worker reported and
+  // its peers spend at least straggler_min_cost of each step waiting for
+  // it. Never without a standby, and at most straggler_budget times per
+  // job: a slowdown of every rank shows no straggler, and one that moves
+  // from rank to rank does not evict them all.
+  bool replace_stragglers = false;
+  int straggler_replace_after = 16;
+  double straggler_min_cost = 0.2;
+  int straggler_budget = 2;
+  // A loop bound: after this many rebuilds of the group in a row that
+  // committed no step and named nobody (communicator failures), the
+  // controller acts on the best evidence it has (who lost whom on the
+  // data network, src/diagnosis/reachability.h) or, with none, stops the
+  // job with a report instead of rebuilding forever. 0: no bound.
+  int max_unexplained_rebuilds = 6;
+};
+
+// Metrics hooks; called with the Membership mutex held.
+class MembershipObserver {
+ public:
+  virtual ~MembershipObserver() = default;
+  virtual void OnHeartbeat() {}
+  virtual void OnIncident(const Incident& incident) { (void)incident; }
+};
+
+class Membership {
+ public:
+  // `start` is the controller's start time (for uptime).
+  Membership(int world_size, DetectionOptions detection, absl::Time start,
+             MembershipLimits limits = {}, RecoveryPolicy policy = {});
+
+  // `observer` (may be null) must outlive this object.
+  void set_observer(MembershipObserver* observer);
+
+  // New members get the lowest vacant slot, or the standby role when every
+  // slot is held. A resume keeps its id, slot and generation when they are
+  // still consistent with what this controller knows (after a controller
+  // restart it knows nothing, and adopts them). InvalidArgument for bad
+  // fields; FailedPrecondition for a fenced member, a stale generation or a
+  // slot held by another member.
+  absl::StatusOr<RegisterResponse> Register(const RegisterRequest& req,
+                                            absl::Time now);
+
+  // A message on `sink`'s stream. The first one binds the stream to the
+  // member (a previous stream of the same member is closed as superseded).
+  // InvalidArgument for an unknown id or a bad report; FailedPrecondition
+  // for a fenced or departed member.
+  absl::Status Heartbeat(const HeartbeatRequest& req, MemberSink* sink,
+                         absl::Time now);
+
+  // `sink`'s stream ended. `clean`: the member said it was leaving;
+  // `finished`: a worker that completed its last step. A member whose
+  // current stream breaks is declared crashed; a worker that leaves
+  // unfinished while the job runs is declared lost (kind left). When every
+  // worker has finished, the job ends (JobEnd FINISHED to the standbys).
+  // `heard_at`: when the stream last carried anything (a host agent's
+  // stream carries the beats of several members; unset: the member's own
+  // last heartbeat). A stream that breaks more than two heartbeat
+  // intervals after that is the late news of a link that was down: the
+  // silence rule decides.
+  void Detach(uint64_t member_id, MemberSink* sink, bool clean, bool finished,
+              absl::string_view why, absl::Time now,
+              absl::Time heard_at = absl::InfinitePast());
+
+  // `sink` no longer carries the member, and that says nothing of its
+  // health (its host agent is restarting): it may resume on a new stream,
+  // and the silence rule decides if it does not.
+  void Unbind(uint64_t member_id, MemberSink* sink);
+
+  // Declares the reporter's peer dead (kind reported). Returns false if it
+  // already was. A peer slot of -1 reports that the reporter's
+  // communicator failed with no peer known dead: the group is rebuilt at
+  // the next generation (kind comm_failed, nobody fenced). FailedPrecondition
+  // for a fenced reporter or a stale generation.
+  absl::StatusOr<bool> ReportFailure(const ReportFailureRequest& req,
+                                     absl::Time now);
+
+  // Records that the member holds its shard of `step`; returns the
+  // committed step (every slot of the current generation acked it). An ack
+  // that arrived on `stream` (the member's bound heartbeat stream) is
+  // answered there: the commit it completes is pushed to every stream, and
+  // a step committed already is pushed to `stream`.
+  // (A report with an anomaly is a numeric anomaly, not a failure: the
+  // job rolls back to a clean committed step and skips the step's data;
+  // see ReportAnomalyLocked.)
+  absl::StatusOr<int64_t> AckCheckpoint(const AckCheckpointRequest& req,
+                                        absl::Time now,
+                                        MemberSink* stream = nullptr);
+
+  // Runs the silent, stalled and absent detectors.
+  void Scan(absl::Time now);
+
+  // Generation changes that come within DetectionOptions::push_merge of
+  // the last push are merged into one push (of the newest): PushDue says
+  // when it is due (InfiniteFuture: none waits), and FlushPushes sends it
+  // once it is.
+  absl::Time PushDue() const;
+  void FlushPushes(absl::Time now);
+
+  // The generations with an incident (of a worker) and no verdict yet. A
+  // member is dead when its process is gone (its stream broke, or it
+  // left), silent when its last heartbeat was more than three heartbeat
+  // intervals (at least 1 s) before now or before it was fenced.
+  std::vector<DiagnosisCase> PendingDiagnoses(absl::Time now) const;
+  // Records the verdict on generation `generation`'s incidents (and on
+  // later ones of it), logs it, and acts on it: when it is Actionable,
+  // the culprits still alive in their slots are fenced (kind diagnosed)
+  // and replaced. A mismatch verdict is not acted on again when no step
+  // was committed since the last one was (the mismatch came back with a
+  // new member: it is the program's). Returns the verdict as recorded,
+  // with its action.
+  Verdict SetDiagnosis(int64_t generation, const diagnosis::Diagnosis& d,
+                       absl::Time now);
+
+  StatusResponse Status(const StatusRequest& req, absl::Time now) const;
+
+  int world_size() const;
+  JobState job_state() const;
+
+ private:
+  struct Member {
+    uint64_t id = 0;
+    Role role = ROLE_STANDBY;
+    int slot = -1;
+    MemberState state = STATE_ALIVE;
+    std::string host, failure_domain, topology_block;
+    int64_t pid = 0;
+    int64_t step = -1;
+    Phase phase = PHASE_UNSPECIFIED;
+    int64_t collective_seq = 0;
+    int64_t last_step_us = 0;
+    std::map<std::string, double> metrics;
+    absl::Time last_seen;
+    absl::Time step_changed_at;
+    uint64_t standby_order = 0;  // lower joined earlier
+    MemberSink* sink = nullptr;
+    // The newest generation its heartbeats carried, and the newest whose
+    // rendezvous it came to (-1: none), since when.
+    int64_t seen_generation = -1;
+    int64_t rendezvous_generation = -1;
+    absl::Time rendezvous_at;
+    // Its own work (step time less time inside collectives) of its last
+    // steps, by step number, oldest first; cleared at each generation.
+    std::deque<std::pair<int64_t, int64_t>> work_us;
+    // The generation work_us belongs to (older: it is empty, as if
+    // cleared when the generation opened).
+    int64_t work_generation = -1;
+    // The generation in which it was last reported a straggler.
+    int64_t straggler_generation = -1;
+    // Why and when it was declared dead.
+    IncidentKind fenced_by = INCIDENT_UNSPECIFIED;
+    absl::Time fenced_at;
+  };
+  // A generation's roster when its first incident came: the member of
+  // each slot (0: vacant).
+  struct PendingCase {
+    absl::Time since;
+    std::vector<uint64_t> roster;
+  };
+
+  absl::Status CheckRegister(const RegisterRequest& req) const;
+  absl::Status CheckReport(const StepReport& report) const;
+  // The live member `id`, or InvalidArgument (unknown) / FailedPrecondition
+  // (fenced or departed).
+  absl::StatusOr<Member*> LiveMemberLocked(uint64_t id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t NewIdLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds a live member with the request's labels, in `slot` (marked held)
+  // or, for -1, as the newest standby.
+  Member& AddMemberLocked(uint64_t id, const RegisterRequest& req, int slot,
+                          absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  RegisterResponse AssignmentLocked(const Member& m) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Marks `m` dead, fences it, records the incident and, for a worker,
+  // opens the next generation (a standby takes the slot if there is one).
+  void DeclareLocked(Member& m, IncidentKind kind, std::string evidence,
+                     absl::Time onset, uint64_t reporter, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The same with the incident made (its kind and evidence say why).
+  void DeclareFencedLocked(Member& m, Incident incident, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Opens the next generation after `lost_slot` was lost (-1: none lost,
+  // the group is only rebuilt): a standby takes the slot, or the world
+  // shrinks; below the minimum world the job stops. Pushes it all.
+  void OpenGenerationLocked(int lost_slot, const std::string& topology_block,
+                            AbortOrder abort, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EndJobLocked(JobState state, std::string reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the job as finished once a worker has finished and none is left.
+  void MaybeFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Resizes the slot table (a resume after a controller restart adopts a
+  // shrunken world). False if a held slot would fall outside.
+  bool ResizeLocked(int world_size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // An incident about `m`, detected at `now`, its onset at `onset`.
+  Incident MakeIncidentLocked(const Member& m, IncidentKind kind,
+                              std::string evidence, absl::Time onset,
+                              uint64_t reporter, absl::Time now) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records `incident` (with the verdict on its generation, if there is
+  // one); an incident of a worker's generation with none yet opens its
+  // diagnosis case.
+  void RecordIncidentLocked(Incident incident)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  diagnosis::SlotEvidence::Liveness LivenessLocked(const Member& m,
+                                                   absl::Time now) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What SetDiagnosis does about `v` (sets its action).
+  void ActOnVerdictLocked(int64_t generation, const PendingCase& c,
+                          const diagnosis::Diagnosis& d, Verdict* v,
+                          absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Pushes the new generation to every live member (personalized), with an
+  // abort order when `abort` is set.
+  // Merges it with the generations opened within push_merge of the last
+  // push (FlushPushes sends them as one).
+  // `removed`: slots a shrink took away (MembershipUpdate.slots_removed).
+  void BroadcastGenerationLocked(const std::vector<SlotChange>& changes,
+                                 int removed, const AbortOrder* abort,
+                                 absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PushGenerationLocked(const std::vector<SlotChange>& changes, int removed,
+                            const AbortOrder* abort, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void VacateLocked(Member& m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RetireLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The stall threshold from the job's step history, or nullopt while the
+  // history is too short.
+  std::optional<absl::Duration> StallThresholdLocked() const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Duration MedianStepLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ScanStallsLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reports the workers slower than their peers (straggler_*).
+  void ScanStragglersLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Leaves out the members absent from a recovery's rendezvous
+  // (DetectionOptions::rendezvous_grace).
+  void ScanRendezvousLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeCommitLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Numeric anomalies (membership_numeric.cc). A report joins the
+  // generation's case; the case is decided when every worker has reported
+  // or anomaly_settle after the first report: the job rolls back to the
+  // newest clean committed step the members still keep, skips the step's
+  // data, and opens the next generation; a slot that was the source of
+  // non-finite values at two different data is fenced instead (suspected
+  // silent data corruption) and its data is not skipped.
+  absl::StatusOr<bool> ReportAnomalyLocked(Member& reporter,
+                                           const Anomaly& anomaly,
+                                           absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ScanAnomaliesLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DecideAnomalyLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void NoteCommitLocked(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Data-network evidence (ReportFailureRequest::unreachable_slots): keeps
+  // `req`'s edges when its generation's slots are still the current ones,
+  // then fences the members the triangulation names, if it names any.
+  // Returns whether it fenced anyone. `force`: act on a verdict reached
+  // from one reporter's evidence too (the loop bound).
+  bool NoteUnreachableLocked(const Member& reporter,
+                             const ReportFailureRequest& req, bool force,
+                             absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FillSkipData(google::protobuf::RepeatedPtrField<DataRange>* out) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Pushes the committed step to one stream (one that may have missed
+  // the push of the commit).
+  void PushCommittedLocked(MemberSink* sink) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const int initial_world_size_;
+  const DetectionOptions detection_;
+  const MembershipLimits limits_;
+  const RecoveryPolicy policy_;
+
+  mutable absl::Mutex mu_;
+  int world_size_ ABSL_GUARDED_BY(mu_);
+  JobState job_state_ ABSL_GUARDED_BY(mu_) = JOB_RUNNING;
+  std::string job_reason_ ABSL_GUARDED_BY(mu_);
+  int finished_workers_ ABSL_GUARDED_BY(mu_) = 0;
+  MembershipObserver* observer_ ABSL_GUARDED_BY(mu_) = nullptr;
+  absl::BitGen rng_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, Member> members_ ABSL_GUARDED_BY(mu_);
+  // Ids of members declared dead: refused forever (bounded by the job's
+  // failures, 8 bytes each).
+  absl::flat_hash_set<uint64_t> fenced_ ABSL_GUARDED_BY(mu_);
+  std::deque<uint64_t> retired_
+      ABSL_GUARDED_BY(mu_);                           // dead/left, oldest first
+  std::vector<uint64_t> slots_ ABSL_GUARDED_BY(mu_);  // 0: vacant
+  std::set<int> vacant_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, uint64_t> standbys_ ABSL_GUARDED_BY(mu_);  // order -> id
+  uint64_t next_standby_order_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  // The last generation whose slots changed (a replacement, a shrink): a
+  // slot number in a report of an older generation may name another
+  // member now.
+  int64_t slots_changed_at_ ABSL_GUARDED_BY(mu_) = 0;
+  // Since the last commit: who could not reach whom on the data network
+  // (member ids: reporter, target), and the rebuilds that named nobody.
+  std::set<std::pair<uint64_t, uint64_t>> unreachable_ ABSL_GUARDED_BY(mu_);
+  int unexplained_rebuilds_ ABSL_GUARDED_BY(mu_) = 0;
+  // Hosts found cut off from the data network: their standbys take no slot.
+  std::set<std::string> cut_hosts_ ABSL_GUARDED_BY(mu_);
+  // Since when more than half of the live members are unheard (silence
+  // verdicts pause meanwhile; see DetectionOptions::lease).
+  std::optional<absl::Time> isolated_since_ ABSL_GUARDED_BY(mu_);
+  // No silence verdicts before this (after an isolation).
+  absl::Time quiet_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+
+  // The healthy pace (StatusResponse::pace_healthy_us): steps still
+  // awaiting a member's report, by step number; each keeps up to
+  // kPaceSamples members' own work, the least collective wait and the
+  // longest step time. A step every slot reported adds to the totals.
+  struct PaceStep {
+    std::vector<int64_t> work_us;
+    int64_t min_collective_us = INT64_MAX;
+    int64_t step_us = 0;
+    int reports = 0;
+  };
+  std::map<int64_t, PaceStep> pace_open_ ABSL_GUARDED_BY(mu_);
+  int64_t pace_generation_ ABSL_GUARDED_BY(mu_) = -1;
+  int64_t pace_step_us_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t pace_healthy_us_ ABSL_GUARDED_BY(mu_) = 0;
+  void NotePaceLocked(int64_t step, int64_t step_us, int64_t collective_us)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // One duration per step number (the first report of it), newest last.
+  std::deque<int64_t> step_history_us_ ABSL_GUARDED_BY(mu_);
+  int64_t last_history_step_ ABSL_GUARDED_BY(mu_) = -1;
+  // Steps already reported as a job-wide stall (no culprit), per generation.
+  int64_t job_stall_step_ ABSL_GUARDED_BY(mu_) = -1;
+  int64_t job_stall_generation_ ABSL_GUARDED_BY(mu_) = -1;
+
+  // Checkpoint ledger for the current generation: step -> slots acked.
+  struct StepAcks {
+    std::vector<bool> slots;
+    int count = 0;
+  };
+  std::map<int64_t, StepAcks> acks_ ABSL_GUARDED_BY(mu_);
+  int64_t committed_step_ ABSL_GUARDED_BY(mu_) = -1;
+  // Numeric anomalies. commits_: the committed steps, newest first (after
+  // a rollback, only those the members still keep). poisoned_: commits
+  // found unclean (an anomaly in the first step after restoring one).
+  struct AnomalyCase {
+    int64_t generation = -1;
+    absl::Time since;
+    std::map<int, Anomaly> reports;  // by slot
+  };
+  std::optional<AnomalyCase> anomaly_ ABSL_GUARDED_BY(mu_);
+  std::deque<int64_t> commits_ ABSL_GUARDED_BY(mu_);
+  std::set<int64_t> poisoned_ ABSL_GUARDED_BY(mu_);
+  // The generation opened by the last rollback, and the step it restored.
+  int64_t rollback_generation_ ABSL_GUARDED_BY(mu_) = -1;
+  int64_t rollback_target_ ABSL_GUARDED_BY(mu_) = -1;
+  // Generations opened since the last rollback and before the next commit
+  // carry MembershipUpdate::rollback.
+  bool rollback_pending_ ABSL_GUARDED_BY(mu_) = false;
+  int rollbacks_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::pair<int64_t, int64_t>> skip_data_ ABSL_GUARDED_BY(mu_);
+  // Per member: the data at which it was the source of non-finite values.
+  std::map<uint64_t, std::vector<std::pair<int64_t, int64_t>>> nan_sources_
+      ABSL_GUARDED_BY(mu_);
+
+  // Generations waiting to be pushed as one (BroadcastGenerationLocked).
+  struct Merge {
+    std::map<int, uint64_t> changes;  // slot -> member, the latest
+    std::optional<AbortOrder> abort;  // the first
+    int removed = 0;                  // slots shrinks took away
+    int generations = 0;
+  };
+  std::optional<Merge> merge_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_broadcast_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+
+  std::deque<Incident> incidents_ ABSL_GUARDED_BY(mu_);
+  // Diagnosis cases by generation, and the verdicts reached (the newest
+  // limits_.max_incidents of each).
+  std::map<int64_t, PendingCase> cases_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, Verdict> verdicts_ ABSL_GUARDED_BY(mu_);
+  // The committed step when a mismatch verdict last replaced its culprits
+  // (-2: never).
+  int64_t mismatch_replaced_at_ ABSL_GUARDED_BY(mu_) = -2;
+  int stragglers_replaced_ ABSL_GUARDED_BY(mu_) = 0;
+  // A step end was reported since the last straggler scan.
+  bool stragglers_dirty_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t incidents_total_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t heartbeats_total_ ABSL_GUARDED_BY(mu_) = 0;
+  const absl::Time started_;
+};
+
+// "crashed", "silent", ... (for logs, the CLI and metric labels).
+const char* IncidentKindName(IncidentKind kind);
+const char* JobStateName(JobState state);
+const char* StateName(MemberState state);
+
+}  // namespace holdfast::control
+
+#endif  // HOLDFAST_SRC_CONTROL_CONTROLLER_MEMBERSHIP_H_

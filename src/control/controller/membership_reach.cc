@@ -1,0 +1,74 @@
+// Membership: who lost whom on the data network (ReportFailureRequest::
+// unreachable_slots), triangulated by src/diagnosis/reachability.h.
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "src/common/logging.h"
+#include "src/control/controller/membership.h"
+#include "src/diagnosis/reachability.h"
+
+namespace holdfast::control {
+
+bool Membership::NoteUnreachableLocked(const Member& reporter,
+                                       const ReportFailureRequest& req,
+                                       bool force, absl::Time now) {
+  // A slot number names the same member as in the report's generation only
+  // while the slots have not changed since.
+  if (req.generation() >= slots_changed_at_ &&
+      req.generation() <= generation_) {
+    for (int u : req.unreachable_slots()) {
+      const uint64_t target = slots_[static_cast<size_t>(u)];
+      if (target != 0 && target != reporter.id) {
+        unreachable_.insert({reporter.id, target});
+      }
+    }
+  }
+  diagnosis::ReachInput in;
+  in.host_of_slot.assign(slots_.size(), "");
+  for (size_t s = 0; s < slots_.size(); ++s) {
+    if (slots_[s] != 0) in.host_of_slot[s] = members_.at(slots_[s]).host;
+  }
+  std::set<uint64_t> reporters;
+  for (const auto& [from, to] : unreachable_) {
+    auto f = members_.find(from);
+    auto t = members_.find(to);
+    if (f == members_.end() || t == members_.end() ||
+        f->second.state != STATE_ALIVE || t->second.state != STATE_ALIVE ||
+        f->second.slot < 0 || t->second.slot < 0) {
+      continue;
+    }
+    in.failed.emplace_back(f->second.slot, t->second.slot);
+    reporters.insert(from);
+  }
+  // One member's word is not enough to fence anyone, unless the loop
+  // bound asks for the best evidence there is.
+  if (in.failed.empty() || (!force && reporters.size() < 2)) return false;
+  const diagnosis::ReachVerdict v = diagnosis::Triangulate(in);
+  if (v.culprits.empty()) {
+    if (force) {
+      HOLDFAST_LOG_WARN("data network: no culprit from the evidence: {}",
+                        v.evidence);
+    }
+    return false;
+  }
+  if (v.rule != "bad NIC") {
+    // Its standbys cannot reach the data network either.
+    cut_hosts_.insert(in.host_of_slot[static_cast<size_t>(v.culprits[0])]);
+  }
+  std::vector<uint64_t> ids;
+  for (int s : v.culprits) ids.push_back(slots_[static_cast<size_t>(s)]);
+  unreachable_.clear();
+  unexplained_rebuilds_ = 0;
+  const std::string evidence = absl::StrCat(v.rule, ": ", v.evidence);
+  for (uint64_t id : ids) {
+    auto m = members_.find(id);
+    if (m == members_.end() || m->second.state != STATE_ALIVE) continue;
+    DeclareLocked(m->second, INCIDENT_UNREACHABLE, evidence, now, reporter.id,
+                  now);
+  }
+  return true;
+}
+
+}  // namespace holdfast::control

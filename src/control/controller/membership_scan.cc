@@ -1,0 +1,377 @@
+// Membership's scans (members gone silent, rendezvous no-shows, stalled
+// steps) and its status reply.
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <optional>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "src/common/logging.h"
+#include "src/control/controller/duration_text.h"
+#include "src/control/controller/membership.h"
+
+namespace holdfast::control {
+
+absl::Duration Membership::MedianStepLocked() const {
+  if (step_history_us_.empty()) return absl::ZeroDuration();
+  std::vector<int64_t> v(step_history_us_.begin(), step_history_us_.end());
+  auto mid = v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2);
+  std::nth_element(v.begin(), mid, v.end());
+  return absl::Microseconds(*mid);
+}
+
+std::optional<absl::Duration> Membership::StallThresholdLocked() const {
+  if (static_cast<int>(step_history_us_.size()) <
+      std::max(1, detection_.stall_min_history)) {
+    return std::nullopt;
+  }
+  const int64_t longest =
+      *std::max_element(step_history_us_.begin(), step_history_us_.end());
+  return std::max({detection_.stall_floor,
+                   detection_.stall_factor * MedianStepLocked(),
+                   detection_.stall_max_factor * absl::Microseconds(longest)});
+}
+
+void Membership::Scan(absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  std::vector<Member*> silent;
+  // Members that report at every step end are heard more often than the
+  // others: those unheard for half the threshold count against the
+  // controller's own link, so that it is suspected before the first
+  // member is due.
+  const absl::Duration suspect =
+      std::max(2 * detection_.heartbeat_interval, detection_.silent_after / 2);
+  int alive = 0, unheard = 0;
+  for (auto& [id, m] : members_) {
+    if (m.state != STATE_ALIVE) continue;
+    ++alive;
+    if (now - m.last_seen > suspect) ++unheard;
+    if (now - m.last_seen > detection_.silent_after) silent.push_back(&m);
+  }
+  // One member alone has no majority to be compared with.
+  if (alive > 1 && 2 * unheard > alive) {
+    if (!isolated_since_.has_value()) {
+      isolated_since_ = now;
+      HOLDFAST_LOG_WARN(
+          "controller: {} of {} live members unheard for {}: more likely this "
+          "controller's own link; silence verdicts pause until most are "
+          "heard again (reported failures are still acted on)",
+          unheard, alive, Seconds(suspect));
+    }
+    silent.clear();
+  } else if (isolated_since_.has_value()) {
+    // TCP backs its retransmissions off while a link is down: after an
+    // outage of d, a member's queued heartbeats may take up to about d
+    // more to arrive. No member is declared silent for that long (the
+    // isolation and the threshold before it was noticed).
+    const absl::Duration away = std::min(
+        now - *isolated_since_ + detection_.silent_after, absl::Minutes(1));
+    HOLDFAST_LOG_WARN(
+        "controller: most members heard again after {}; no member is "
+        "declared silent for {}, and every stall clock restarts",
+        Seconds(now - *isolated_since_), Seconds(away));
+    isolated_since_.reset();
+    quiet_until_ = now + away;
+    for (auto& [id, m] : members_) {
+      if (m.state == STATE_ALIVE) {
+        m.step_changed_at = std::max(m.step_changed_at, now);
+      }
+    }
+  }
+  if (now < quiet_until_) silent.clear();
+  for (Member* m : silent) {
+    DeclareLocked(
+        *m, INCIDENT_SILENT,
+        absl::StrCat("no heartbeat for ", Seconds(now - m->last_seen),
+                     " (threshold ", Seconds(detection_.silent_after), ")"),
+        m->last_seen, 0, now);
+  }
+  ScanStallsLocked(now);
+  ScanStragglersLocked(now);
+  ScanRendezvousLocked(now);
+  ScanAnomaliesLocked(now);
+}
+
+void Membership::ScanRendezvousLocked(absl::Time now) {
+  // The first generation's members set up at their own pace; a finishing
+  // job has no group to rebuild; a vacant slot has nobody to wait for.
+  if (generation_ == 0 || job_state_ != JOB_RUNNING || finished_workers_ > 0 ||
+      !vacant_.empty()) {
+    return;
+  }
+  absl::Time ready_at = absl::InfinitePast();
+  int ready = 0;
+  std::vector<Member*> absent;
+  for (uint64_t id : slots_) {
+    Member& m = members_.at(id);
+    if (m.rendezvous_generation >= generation_) {
+      ++ready;
+      ready_at = std::max(ready_at, m.rendezvous_at);
+    } else {
+      absent.push_back(&m);
+    }
+  }
+  if (ready == 0 || absent.empty()) return;
+  const absl::Duration quiet =
+      std::max(detection_.rendezvous_grace, 2 * detection_.heartbeat_interval);
+  const int64_t gen = generation_;
+  std::vector<std::pair<Member*, std::string>> out;
+  for (Member* m : absent) {
+    const bool answers =
+        m->seen_generation >= gen && now - m->last_seen <= quiet;
+    const absl::Duration bound =
+        answers ? detection_.rendezvous_timeout : detection_.rendezvous_grace;
+    if (now - ready_at < bound) continue;
+    out.emplace_back(
+        m,
+        absl::StrCat(
+            "did not come to the rendezvous of generation ", gen, " within ",
+            Seconds(bound), " of the other ", ready, " member(s) being there; ",
+            answers ? "it still heartbeats (its training thread is stuck)"
+                    : absl::StrCat("no answer: last heartbeat ",
+                                   Seconds(now - m->last_seen), " ago",
+                                   m->seen_generation < gen
+                                       ? ", never of this generation"
+                                       : "")));
+  }
+  // Every absent member is declared, each opening a generation of its own.
+  for (auto& [m, evidence] : out) {
+    DeclareLocked(*m, INCIDENT_ABSENT, std::move(evidence), ready_at, 0, now);
+  }
+}
+
+void Membership::ScanStallsLocked(absl::Time now) {
+  const std::optional<absl::Duration> threshold = StallThresholdLocked();
+  if (!threshold.has_value()) return;
+  // Progress is (step, last collective entered). When one rank hangs in its
+  // step, the others soon wait for it inside the next collective: they stop
+  // advancing too, but they are ahead. Only the laggards are declared.
+  using Progress = std::pair<int64_t, int64_t>;
+  std::vector<Member*> stuck;
+  int live_workers = 0;
+  for (auto& [id, m] : members_) {
+    if (m.state != STATE_ALIVE || m.role != ROLE_WORKER) continue;
+    ++live_workers;
+    if (m.phase == PHASE_RECOVERING) continue;
+    if (now - m.step_changed_at > *threshold) stuck.push_back(&m);
+  }
+  if (stuck.empty()) return;
+  auto progress = [](const Member* m) {
+    return Progress(m->step, m->collective_seq);
+  };
+  Progress lowest = progress(stuck[0]);
+  for (const Member* m : stuck) lowest = std::min(lowest, progress(m));
+  std::vector<Member*> laggards;
+  bool all_equal = static_cast<int>(stuck.size()) == live_workers;
+  for (Member* m : stuck) {
+    if (progress(m) == lowest) {
+      laggards.push_back(m);
+    } else {
+      all_equal = false;
+    }
+  }
+  const absl::Duration median = MedianStepLocked();
+  auto evidence = [&](const Member* m) {
+    return absl::StrCat(
+        "step ", m->step, " has not advanced for ",
+        Seconds(now - m->step_changed_at), " (threshold ", Seconds(*threshold),
+        ": ", detection_.stall_factor, " x median step ", Seconds(median),
+        ", floor ", Seconds(detection_.stall_floor), "); phase ",
+        PhaseName(m->phase), ", last collective #", m->collective_seq);
+  };
+  if (all_equal && live_workers > 1) {
+    // Every worker is stuck at the same point: no culprit to fence. Record
+    // it once per step and generation.
+    if (job_stall_step_ == lowest.first &&
+        job_stall_generation_ == generation_) {
+      return;
+    }
+    job_stall_step_ = lowest.first;
+    job_stall_generation_ = generation_;
+    Incident inc;
+    inc.set_kind(INCIDENT_STALLED);
+    inc.set_slot(-1);
+    inc.set_generation(generation_);
+    inc.set_detected_unix_ms(absl::ToUnixMillis(now));
+    inc.set_time_to_detect_ms(std::max<int64_t>(
+        0, ToMs(now - (laggards[0]->step_changed_at + median))));
+    inc.set_evidence(absl::StrCat(
+        "all ", live_workers,
+        " workers stuck alike, no culprit: ", evidence(laggards[0])));
+    RecordIncidentLocked(std::move(inc));
+    return;
+  }
+  for (Member* m : laggards) {
+    DeclareLocked(*m, INCIDENT_STALLED, evidence(m),
+                  m->step_changed_at + median, 0, now);
+  }
+}
+
+StatusResponse Membership::Status(const StatusRequest& req,
+                                  absl::Time now) const {
+  absl::MutexLock lock(&mu_);
+  StatusResponse r;
+  r.set_world_size(world_size_);
+  r.set_initial_world_size(initial_world_size_);
+  r.set_job_state(job_state_);
+  r.set_job_reason(job_reason_);
+  r.set_shrink(policy_.shrink);
+  r.set_min_world(policy_.min_world);
+  r.set_generation(generation_);
+  r.set_committed_step(committed_step_);
+  FillSkipData(r.mutable_skip_data());
+  r.set_rollbacks(rollbacks_);
+  r.set_pace_step_us(pace_step_us_);
+  r.set_pace_healthy_us(pace_healthy_us_);
+  r.set_uptime_ms(ToMs(now - started_));
+  r.set_vacant_slots(static_cast<int32_t>(vacant_.size()));
+  r.set_standbys(static_cast<int32_t>(standbys_.size()));
+  r.set_median_step_us(absl::ToInt64Microseconds(MedianStepLocked()));
+  auto threshold = StallThresholdLocked();
+  r.set_stall_threshold_ms(threshold.has_value() ? ToMs(*threshold) : -1);
+  r.set_heartbeats_total(heartbeats_total_);
+  r.set_incidents_total(incidents_total_);
+  int alive = 0, left = 0;
+  for (const auto& [id, m] : members_) {
+    alive += m.state == STATE_ALIVE;
+    left += m.state == STATE_LEFT;
+    if (!req.include_members()) continue;
+    MemberInfo* info = r.add_members();
+    info->set_member_id(m.id);
+    info->set_role(m.role);
+    info->set_slot(m.slot);
+    info->set_state(m.state);
+    info->set_host(m.host);
+    info->set_pid(m.pid);
+    info->set_failure_domain(m.failure_domain);
+    info->set_topology_block(m.topology_block);
+    info->set_step(m.step);
+    info->set_phase(m.phase);
+    info->set_collective_seq(m.collective_seq);
+    info->set_last_step_us(m.last_step_us);
+    info->set_heartbeat_age_ms(ToMs(now - m.last_seen));
+    info->mutable_metrics()->insert(m.metrics.begin(), m.metrics.end());
+    info->set_connected(m.sink != nullptr);
+  }
+  r.set_alive(alive);
+  // Every member declared dead is fenced, also those whose records dropped.
+  r.set_dead(static_cast<int32_t>(fenced_.size()));
+  r.set_left(left);
+  if (req.include_members()) {
+    std::sort(r.mutable_members()->begin(), r.mutable_members()->end(),
+              [](const MemberInfo& a, const MemberInfo& b) {
+                auto key = [](const MemberInfo& m) {
+                  return std::make_tuple(m.state() != STATE_ALIVE,
+                                         m.slot() < 0 ? INT32_MAX : m.slot(),
+                                         m.member_id());
+                };
+                return key(a) < key(b);
+              });
+  }
+  const int n = std::min<int>(std::max(0, req.max_incidents()),
+                              static_cast<int>(incidents_.size()));
+  for (auto it = incidents_.end() - n; it != incidents_.end(); ++it) {
+    *r.add_incidents() = *it;
+  }
+  return r;
+}
+
+void Membership::ScanStragglersLocked(absl::Time now) {
+  const int window = detection_.straggler_window;
+  // Only new step ends can change the answer.
+  if (!stragglers_dirty_) return;
+  stragglers_dirty_ = false;
+  if (window <= 0 || job_state_ != JOB_RUNNING || finished_workers_ > 0 ||
+      slots_.size() < 3) {
+    return;
+  }
+  std::vector<Member*> workers;
+  for (uint64_t id : slots_) {
+    if (id == 0) return;
+    Member& m = members_.at(id);
+    if (m.state != STATE_ALIVE) return;
+    workers.push_back(&m);
+  }
+  // The steps every worker reported, with each one's work, newest first.
+  const size_t n = workers.size();
+  std::map<int64_t, std::vector<int64_t>> by_step;
+  for (size_t i = 0; i < n; ++i) {
+    if (workers[i]->work_generation != generation_) return;  // none yet
+    for (const auto& [step, us] : workers[i]->work_us) {
+      std::vector<int64_t>& v = by_step[step];
+      v.resize(n, -1);
+      v[i] = us;
+    }
+  }
+  // Each complete step's values, and the same sorted (for the median of
+  // a worker's peers in O(log n): the median of the others is the sorted
+  // list's, one place further when the worker's own value sits at or
+  // below it).
+  std::vector<const std::vector<int64_t>*> steps;
+  std::vector<std::vector<int64_t>> sorted;
+  for (auto it = by_step.rbegin(); it != by_step.rend(); ++it) {
+    if (std::find(it->second.begin(), it->second.end(), -1) ==
+        it->second.end()) {
+      steps.push_back(&it->second);
+      sorted.push_back(it->second);
+      std::sort(sorted.back().begin(), sorted.back().end());
+    }
+  }
+  if (steps.size() < static_cast<size_t>(window)) return;
+  const size_t mid = (n - 1) / 2;  // the median's index among n - 1 others
+  const int64_t floor_us =
+      absl::ToInt64Microseconds(detection_.straggler_floor);
+  for (size_t i = 0; i < n; ++i) {
+    // The newest steps in a row on which it was slow, and its own work
+    // and its peers' median over them.
+    int run = 0;
+    double mine = 0, peers = 0;
+    for (size_t k = 0; k < steps.size(); ++k) {
+      const std::vector<int64_t>& all = sorted[k];
+      const int64_t own = (*steps[k])[i];
+      const size_t at = static_cast<size_t>(
+          std::lower_bound(all.begin(), all.end(), own) - all.begin());
+      const int64_t median = at <= mid ? all[mid + 1] : all[mid];
+      if (static_cast<double>(own) <
+              detection_.straggler_factor * static_cast<double>(median) ||
+          own - median < floor_us) {
+        break;
+      }
+      ++run;
+      mine += static_cast<double>(own);
+      peers += static_cast<double>(median);
+    }
+    if (run < window) continue;
+    Member& m = *workers[i];
+    const std::string evidence = absl::StrFormat(
+        "its own work took %.1f ms a step against its peers' %.1f ms "
+        "(%.2fx) over the last %d steps every worker reported (step time "
+        "less time inside collectives; threshold %.2fx): the others wait "
+        "for it in each collective",
+        mine / run / 1000.0, peers / run / 1000.0,
+        peers > 0 ? mine / peers : 0.0, run, detection_.straggler_factor);
+    // The share of each step its peers spend waiting for it.
+    const double cost = mine > 0 ? 1.0 - peers / mine : 0.0;
+    if (policy_.replace_stragglers && run >= policy_.straggler_replace_after &&
+        cost >= policy_.straggler_min_cost && !standbys_.empty() &&
+        stragglers_replaced_ < policy_.straggler_budget) {
+      ++stragglers_replaced_;
+      DeclareLocked(m, INCIDENT_STRAGGLER,
+                    absl::StrFormat("%s; it costs the job %.0f%% of each "
+                                    "step, so a standby replaces it (%d of "
+                                    "the job's budget of %d)",
+                                    evidence, 100 * cost, stragglers_replaced_,
+                                    policy_.straggler_budget),
+                    now, 0, now);
+      return;  // a new generation: the steps start over
+    }
+    if (m.straggler_generation == generation_) continue;
+    m.straggler_generation = generation_;
+    RecordIncidentLocked(
+        MakeIncidentLocked(m, INCIDENT_STRAGGLER, evidence, now, 0, now));
+  }
+}
+
+}  // namespace holdfast::control

@@ -1,0 +1,67 @@
+// Helpers shared by the controller's clients and servers: status
+// translation, call contexts that carry the job token, the channel to the
+// controller and the token check. Thread-safe (pure functions).
+#ifndef HOLDFAST_SRC_CONTROL_WIRE_RPC_UTIL_H_
+#define HOLDFAST_SRC_CONTROL_WIRE_RPC_UTIL_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "src/control/wire/auth.h"
+
+namespace holdfast::control {
+
+// A gRPC status as an absl::Status whose message says which call failed.
+inline absl::Status FromGrpc(const grpc::Status& s, absl::string_view what) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(
+      static_cast<absl::StatusCode>(s.error_code()),
+      absl::StrCat("controller ", what, ": ", s.error_message()));
+}
+
+// A call context with the token and `deadline` (infinite: none).
+inline std::unique_ptr<grpc::ClientContext> TokenContext(
+    const std::string& token, absl::Time deadline) {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  ctx->AddMetadata(kTokenMetadataKey, token);
+  if (deadline != absl::InfiniteFuture()) {
+    ctx->set_deadline(absl::ToChronoTime(deadline));
+  }
+  return ctx;
+}
+
+// A channel to the controller, for a member or a host agent: it finds a
+// restarted controller quickly (gRPC's default back-off reaches two
+// minutes), and notices a frozen one without traffic.
+inline std::shared_ptr<grpc::Channel> ControllerChannel(
+    const std::string& address) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
+                                   args);
+}
+
+// Whether a call on the serving side carries `token`.
+inline bool HasToken(const grpc::CallbackServerContext& ctx,
+                     const std::string& token) {
+  const auto& md = ctx.client_metadata();
+  auto it = md.find(kTokenMetadataKey);
+  return it != md.end() &&
+         TokensEqual(absl::string_view(it->second.data(), it->second.size()),
+                     token);
+}
+
+}  // namespace holdfast::control
+
+#endif  // HOLDFAST_SRC_CONTROL_WIRE_RPC_UTIL_H_
