@@ -257,6 +257,20 @@ TEST_CASE(
   }
 }
 
+TEST_CASE(
+    "runtime: a variable past its option's range is refused by the one "
+    "range rule and not clamped") {
+  // HOLDFAST_REPLICAS=100 once became 64 without a word.
+  Controller c(1);
+  setenv("HOLDFAST_REPLICAS", "100", 1);
+  holdfast::RuntimeOptions o = c.Options();
+  unsetenv("HOLDFAST_REPLICAS");
+  CHECK(o.replicas == 100);
+  auto rt = holdfast::Runtime::Create(o);
+  CHECK(rt.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(Mentions(rt.status(), "RuntimeOptions::replicas"));
+}
+
 TEST_CASE("runtime: a bad verify_backups is refused by name") {
   // In code it is an enum (VerifyBackups); the variable is checked.
   Controller c(1);

@@ -56,6 +56,7 @@
 #include "absl/time/time.h"
 #include "holdfast/communicator.h"
 #include "holdfast/options.h"
+#include "holdfast/state.h"
 
 namespace holdfast {
 
@@ -166,14 +167,6 @@ struct RuntimeOptions {
   // finite but wrong shows in the next step's loss). Each one costs the
   // snapshot memory of one step.
   int keep_snapshots = defaults::KeepSnapshots();
-};
-
-// A slot's partition of a sharded global array.
-struct ShardView {
-  uint8_t* data = nullptr;  // this slot's bytes (moves after a recovery)
-  size_t offset = 0;        // where they start in the global array
-  size_t bytes = 0;
-  size_t global_bytes = 0;
 };
 
 class Runtime;

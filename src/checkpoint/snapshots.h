@@ -40,7 +40,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "holdfast/runtime.h"
+#include "holdfast/state.h"
 #include "holdfast/testing/backup_stats.h"
 #include "src/checkpoint/state.h"
 

@@ -26,7 +26,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "holdfast/runtime.h"
+#include "holdfast/state.h"
 #include "src/checkpoint/pieces.h"
 
 namespace holdfast::checkpoint {

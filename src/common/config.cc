@@ -1,6 +1,5 @@
 #include "src/common/config.h"
 
-#include <unistd.h>
 #include <algorithm>
 
 #include <cstdlib>
@@ -12,8 +11,6 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
-#include "holdfast/options.h"
-#include "holdfast/runtime.h"
 
 namespace holdfast::config {
 namespace {
@@ -228,108 +225,3 @@ void ApplyMutexMode() {
 }
 
 }  // namespace holdfast::config
-
-namespace holdfast::defaults {
-
-absl::Duration OpTimeout() {
-  static const int64_t ms = config::IntParam("HOLDFAST_TIMEOUT_MS");
-  return absl::Milliseconds(ms);
-}
-absl::Duration ConnectTimeout() {
-  static const int64_t ms = config::IntParam("HOLDFAST_CONNECT_TIMEOUT_MS");
-  return absl::Milliseconds(ms);
-}
-absl::Duration WatchdogInterval() {
-  static const int64_t ms = config::IntParam("HOLDFAST_WATCHDOG_INTERVAL_MS");
-  return absl::Milliseconds(ms);
-}
-size_t TraceCapacity() {
-  static const int64_t n = config::IntParam("HOLDFAST_TRACE_CAPACITY");
-  return static_cast<size_t>(n);
-}
-std::string Backend() { return config::StringParam("HOLDFAST_BACKEND"); }
-
-int Device() {
-  int device = 0;
-  for (const char* env : {"HOLDFAST_DEVICE", "LOCAL_RANK"}) {
-    const char* value = std::getenv(env);
-    if (value != nullptr && *value != 0 && absl::SimpleAtoi(value, &device) &&
-        device >= 0) {
-      return device;
-    }
-  }
-  return 0;
-}
-
-std::string TraceDir() {
-  if (const char* dir = std::getenv("HOLDFAST_TRACE_DIR")) return dir;
-  const char* tmp = std::getenv("TMPDIR");
-  return std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") +
-         "/holdfast-trace";
-}
-std::string BindAddress() { return config::StringParam("HOLDFAST_BIND_ADDR"); }
-std::string Interface() { return config::StringParam("HOLDFAST_IFACE"); }
-
-std::string Controller() { return config::StringParam("HOLDFAST_CONTROLLER"); }
-std::string JobToken() { return config::StringParam("HOLDFAST_JOB_TOKEN"); }
-std::string Host() {
-  std::string host = config::StringParam("HOLDFAST_HOST");
-  if (host.empty()) {
-    char name[256] = {};
-    gethostname(name, sizeof(name) - 1);
-    host = name;
-  }
-  return host;
-}
-std::string TopologyBlock() {
-  return config::StringParam("HOLDFAST_TOPOLOGY_BLOCK");
-}
-absl::Duration RecoveryTimeout() {
-  return absl::Milliseconds(config::IntParam("HOLDFAST_RECOVERY_TIMEOUT_MS"));
-}
-std::string Faults() { return config::StringParam("HOLDFAST_FAULTS"); }
-std::optional<int> PreferredSlot() {
-  const std::string want = config::StringParam("HOLDFAST_PREFERRED_SLOT");
-  if (want == "standby") return -1;
-  int slot;
-  if (absl::SimpleAtoi(want, &slot) && slot >= 0) return slot;
-  return std::nullopt;
-}
-int Replicas() {
-  return static_cast<int>(
-      std::min<int64_t>(config::IntParam("HOLDFAST_REPLICAS"), 64));
-}
-VerifyBackups VerifyBackupsWhen() {
-  return config::StringParam("HOLDFAST_VERIFY_BACKUPS") == "restore"
-             ? VerifyBackups::kRestore
-             : VerifyBackups::kArrival;
-}
-bool SameHostRestore() {
-  return config::StringParam("HOLDFAST_SAME_HOST_RESTORE") == "on";
-}
-int TpSize() {
-  return static_cast<int>(
-      std::min<int64_t>(config::IntParam("HOLDFAST_TP_SIZE"), INT32_MAX));
-}
-int PpSize() {
-  return static_cast<int>(
-      std::min<int64_t>(config::IntParam("HOLDFAST_PP_SIZE"), INT32_MAX));
-}
-std::string CheckpointDir() {
-  return config::StringParam("HOLDFAST_CHECKPOINT_DIR");
-}
-int64_t CheckpointEvery() {
-  return config::IntParam("HOLDFAST_CHECKPOINT_EVERY");
-}
-// Not clamped: a value out of range is refused by the runtime's options
-// check, which names it.
-int KeepSnapshots() {
-  return static_cast<int>(std::min<int64_t>(
-      config::IntParam("HOLDFAST_KEEP_SNAPSHOTS"), INT32_MAX));
-}
-int MaxStepRetries() {
-  return static_cast<int>(std::min<int64_t>(
-      config::IntParam("HOLDFAST_MAX_STEP_RETRIES"), INT32_MAX));
-}
-
-}  // namespace holdfast::defaults

@@ -7,7 +7,10 @@
 #include <cstdint>
 
 #include "absl/time/time.h"
-#include "holdfast/runtime.h"
+
+namespace holdfast {
+class Runtime;
+}  // namespace holdfast
 
 namespace holdfast::testing {
 

@@ -23,7 +23,6 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "holdfast/nccl.h"
 #include "holdfast/status.h"
 #include "src/backend/backend.h"
 #include "src/backend/nccl/nccl_backend.h"
