@@ -218,7 +218,7 @@ class Membership {
   absl::StatusOr<bool> ReportFailure(const ReportFailureRequest& req,
                                      absl::Time now);
 
-  // Records that the member holds its shard of `step`; returns the
+  // Records that the member holds its piece of `step`; returns the
   // committed step (every slot of the current generation acked it). An ack
   // that arrived on `stream` (the member's bound heartbeat stream) is
   // answered there: the commit it completes is pushed to every stream, and
