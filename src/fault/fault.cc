@@ -3,7 +3,9 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <iterator>
 #include <thread>
 
 #include "absl/strings/numbers.h"
@@ -34,80 +36,49 @@ absl::Status Bad(absl::string_view spec, absl::string_view why) {
                    "nan:slot=1:step=20 or spike:slot=1:step=20)"));
 }
 
-absl::StatusOr<FaultSpec> ParseOne(absl::string_view text, int index) {
-  std::vector<absl::string_view> parts = absl::StrSplit(text, ':');
-  FaultSpec f;
-  f.index = index;
-  f.text = std::string(text);
-  const absl::string_view kind = parts[0];
-  if (kind == "kill") {
-    f.kind = Kind::kKill;
-  } else if (kind == "hang") {
-    f.kind = Kind::kHang;
-  } else if (kind == "stall") {
-    f.kind = Kind::kStall;
-  } else if (kind == "exit") {
-    f.kind = Kind::kExit;
-  } else if (kind == "slow") {
-    f.kind = Kind::kSlow;
-  } else if (kind == "fail-op") {
-    f.kind = Kind::kFailOp;
-  } else if (kind == "mismatch") {
-    f.kind = Kind::kMismatch;
-  } else if (kind == "corrupt-piece") {
-    f.kind = Kind::kCorruptPiece;
-  } else if (kind == "corrupt-backup") {
-    f.kind = Kind::kCorruptBackup;
-  } else if (kind == "corrupt-restore") {
-    f.kind = Kind::kCorruptRestore;
-  } else if (kind == "nan") {
-    f.kind = Kind::kNan;
-  } else if (kind == "spike") {
-    f.kind = Kind::kSpike;
+// Every kind, in the order KindName and the error messages list them.
+constexpr Kind kKinds[] = {
+    Kind::kKill,           Kind::kHang,         Kind::kStall,
+    Kind::kExit,           Kind::kSlow,         Kind::kFailOp,
+    Kind::kMismatch,       Kind::kCorruptPiece, Kind::kCorruptBackup,
+    Kind::kCorruptRestore, Kind::kNan,          Kind::kSpike,
+};
+
+// Sets the field of `f` that `key` names to `v`; an error for a key that
+// does not apply to f's kind, or a value out of its range.
+absl::Status SetKey(absl::string_view text, absl::string_view key, int64_t v,
+                    FaultSpec* f) {
+  const bool process = IsProcessFault(f->kind);
+  if (key == "slot") {
+    if (v > (1 << 20)) return Bad(text, "slot out of range");
+    f->slot = static_cast<int>(v);
+  } else if (key == "step") {
+    f->step = v;
+  } else if (key == "seq" &&
+             (f->kind == Kind::kFailOp || f->kind == Kind::kMismatch)) {
+    f->seq = v;
+  } else if (key == "ms" && (f->kind == Kind::kSlow || process)) {
+    if (v > 3600000) return Bad(text, "ms out of range");
+    f->ms = v;
+  } else if ((key == "recovery" || key == "restore") && process) {
+    if (v < 1 || v > (1 << 20)) {
+      return Bad(text, absl::StrCat(key, " counts from 1"));
+    }
+    (key == "recovery" ? f->recovery : f->restore) = static_cast<int>(v);
+  } else if (key == "committed" && process) {
+    f->committed = v;
+  } else if (key == "code" && f->kind == Kind::kExit) {
+    if (v > 255) return Bad(text, "code out of range [0, 255]");
+    f->code = static_cast<int>(v);
   } else {
-    return Bad(text, absl::StrCat(
-                         "unknown kind '", kind,
-                         "' (kill, hang, stall, exit, slow, fail-op, mismatch, "
-                         "corrupt-piece, corrupt-backup, corrupt-restore, "
-                         "nan or spike)"));
+    return Bad(text, absl::StrCat("key '", key, "' does not apply to ",
+                                  KindName(f->kind)));
   }
-  for (size_t i = 1; i < parts.size(); ++i) {
-    std::pair<absl::string_view, absl::string_view> kv =
-        absl::StrSplit(parts[i], absl::MaxSplits('=', 1));
-    int64_t v = 0;
-    if (kv.second.empty() || !absl::SimpleAtoi(kv.second, &v) || v < 0) {
-      return Bad(text, absl::StrCat("'", parts[i],
-                                    "' is not key=non-negative integer"));
-    }
-    const absl::string_view key = kv.first;
-    if (key == "slot") {
-      if (v > (1 << 20)) return Bad(text, "slot out of range");
-      f.slot = static_cast<int>(v);
-    } else if (key == "step") {
-      f.step = v;
-    } else if (key == "seq" &&
-               (f.kind == Kind::kFailOp || f.kind == Kind::kMismatch)) {
-      f.seq = v;
-    } else if (key == "ms" &&
-               (f.kind == Kind::kSlow || IsProcessFault(f.kind))) {
-      if (v > 3600000) return Bad(text, "ms out of range");
-      f.ms = v;
-    } else if (key == "recovery" && IsProcessFault(f.kind)) {
-      if (v < 1 || v > (1 << 20)) return Bad(text, "recovery counts from 1");
-      f.recovery = static_cast<int>(v);
-    } else if (key == "restore" && IsProcessFault(f.kind)) {
-      if (v < 1 || v > (1 << 20)) return Bad(text, "restore counts from 1");
-      f.restore = static_cast<int>(v);
-    } else if (key == "committed" && IsProcessFault(f.kind)) {
-      f.committed = v;
-    } else if (key == "code" && f.kind == Kind::kExit) {
-      if (v > 255) return Bad(text, "code out of range [0, 255]");
-      f.code = static_cast<int>(v);
-    } else {
-      return Bad(text,
-                 absl::StrCat("key '", key, "' does not apply to ", kind));
-    }
-  }
+  return absl::OkStatus();
+}
+
+// The keys f's kind requires, and the combinations it refuses.
+absl::Status CheckRequired(absl::string_view text, const FaultSpec& f) {
   if (f.slot < 0) return Bad(text, "slot=N is required");
   switch (f.kind) {
     case Kind::kKill:
@@ -141,6 +112,38 @@ absl::StatusOr<FaultSpec> ParseOne(absl::string_view text, int index) {
     case Kind::kCorruptRestore:
       break;  // step=N is optional: any restore that receives a piece
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<FaultSpec> ParseOne(absl::string_view text, int index) {
+  std::vector<absl::string_view> parts = absl::StrSplit(text, ':');
+  FaultSpec f;
+  f.index = index;
+  f.text = std::string(text);
+  const absl::string_view kind = parts[0];
+  const Kind* found = std::find_if(std::begin(kKinds), std::end(kKinds),
+                                   [&](Kind k) { return kind == KindName(k); });
+  if (found == std::end(kKinds)) {
+    return Bad(text, absl::StrCat(
+                         "unknown kind '", kind,
+                         "' (kill, hang, stall, exit, slow, fail-op, mismatch, "
+                         "corrupt-piece, corrupt-backup, corrupt-restore, "
+                         "nan or spike)"));
+  }
+  f.kind = *found;
+  for (size_t i = 1; i < parts.size(); ++i) {
+    std::pair<absl::string_view, absl::string_view> kv =
+        absl::StrSplit(parts[i], absl::MaxSplits('=', 1));
+    int64_t v = 0;
+    if (kv.second.empty() || !absl::SimpleAtoi(kv.second, &v) || v < 0) {
+      return Bad(text, absl::StrCat("'", parts[i],
+                                    "' is not key=non-negative integer"));
+    }
+    absl::Status set = SetKey(text, kv.first, v, &f);
+    if (!set.ok()) return set;
+  }
+  absl::Status required = CheckRequired(text, f);
+  if (!required.ok()) return required;
   return f;
 }
 

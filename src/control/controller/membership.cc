@@ -252,7 +252,7 @@ RegisterResponse Membership::AssignmentLocked(const Member& m) const {
   r.set_heartbeat_interval_ms(ToMs(detection_.heartbeat_interval));
   r.set_lease_ms(ToMs(Lease(detection_)));
   r.set_committed_step(committed_step_);
-  FillSkipData(r.mutable_skip_data());
+  anomalies_.FillSkipData(r.mutable_skip_data());
   return r;
 }
 
@@ -911,8 +911,8 @@ void Membership::PushGenerationLocked(const std::vector<SlotChange>& changes,
   u->set_generation(generation_);
   u->set_world_size(world_size_);
   u->set_committed_step(committed_step_);
-  u->set_rollback(rollback_pending_);
-  FillSkipData(u->mutable_skip_data());
+  u->set_rollback(anomalies_.rollback_pending());
+  anomalies_.FillSkipData(u->mutable_skip_data());
   for (const SlotChange& c : changes) *u->add_changes() = c;
   u->set_slots_removed(removed);
   if (abort != nullptr) *msg.mutable_abort() = *abort;

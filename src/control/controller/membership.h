@@ -26,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "src/control/controller/anomaly_ledger.h"
 #include "src/control/controller/verdict.h"
 #include "src/control/wire/controller.pb.h"
 #include "src/control/wire/member_sink.h"
@@ -390,7 +391,8 @@ class Membership {
                                            absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ScanAnomaliesLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void DecideAnomalyLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DecideAnomalyLocked(const AnomalyLedger::Case& c, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NoteCommitLocked(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Data-network evidence (ReportFailureRequest::unreachable_slots): keeps
   // `req`'s edges when its generation's slots are still the current ones,
@@ -400,8 +402,6 @@ class Membership {
   bool NoteUnreachableLocked(const Member& reporter,
                              const ReportFailureRequest& req, bool force,
                              absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FillSkipData(google::protobuf::RepeatedPtrField<DataRange>* out) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Pushes the committed step to one stream (one that may have missed
   // the push of the commit).
   void PushCommittedLocked(MemberSink* sink) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -476,28 +476,9 @@ class Membership {
   };
   std::map<int64_t, StepAcks> acks_ ABSL_GUARDED_BY(mu_);
   int64_t committed_step_ ABSL_GUARDED_BY(mu_) = -1;
-  // Numeric anomalies. commits_: the committed steps, newest first (after
-  // a rollback, only those the members still keep). poisoned_: commits
-  // found unclean (an anomaly in the first step after restoring one).
-  struct AnomalyCase {
-    int64_t generation = -1;
-    absl::Time since;
-    std::map<int, Anomaly> reports;  // by slot
-  };
-  std::optional<AnomalyCase> anomaly_ ABSL_GUARDED_BY(mu_);
-  std::deque<int64_t> commits_ ABSL_GUARDED_BY(mu_);
-  std::set<int64_t> poisoned_ ABSL_GUARDED_BY(mu_);
-  // The generation opened by the last rollback, and the step it restored.
-  int64_t rollback_generation_ ABSL_GUARDED_BY(mu_) = -1;
-  int64_t rollback_target_ ABSL_GUARDED_BY(mu_) = -1;
-  // Generations opened since the last rollback and before the next commit
-  // carry MembershipUpdate::rollback.
-  bool rollback_pending_ ABSL_GUARDED_BY(mu_) = false;
-  int rollbacks_ ABSL_GUARDED_BY(mu_) = 0;
-  std::vector<std::pair<int64_t, int64_t>> skip_data_ ABSL_GUARDED_BY(mu_);
-  // Per member: the data at which it was the source of non-finite values.
-  std::map<uint64_t, std::vector<std::pair<int64_t, int64_t>>> nan_sources_
-      ABSL_GUARDED_BY(mu_);
+  // Numeric anomalies: the open case, the commits the members keep, the
+  // data skipped.
+  AnomalyLedger anomalies_ ABSL_GUARDED_BY(mu_);
 
   // Generations waiting to be pushed as one (BroadcastGenerationLocked).
   struct Merge {

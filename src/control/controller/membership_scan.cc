@@ -221,8 +221,8 @@ StatusResponse Membership::Status(const StatusRequest& req,
   r.set_min_world(policy_.min_world);
   r.set_generation(generation_);
   r.set_committed_step(committed_step_);
-  FillSkipData(r.mutable_skip_data());
-  r.set_rollbacks(rollbacks_);
+  anomalies_.FillSkipData(r.mutable_skip_data());
+  r.set_rollbacks(anomalies_.rollbacks());
   r.set_pace_step_us(pace_step_us_);
   r.set_pace_healthy_us(pace_healthy_us_);
   r.set_uptime_ms(ToMs(now - started_));
