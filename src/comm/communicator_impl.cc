@@ -148,62 +148,119 @@ CommunicatorImpl::~CommunicatorImpl() {
   watchdog_.join();
 }
 
-absl::Status CommunicatorImpl::Validate(const backend::OpSpec& spec) const {
+namespace {
+
+bool Reduces(OpType type) {
+  return type == OpType::kAllReduce || type == OpType::kReduceScatter;
+}
+
+// count * size * element size must fit, and the buffers the op reads and
+// writes must be there.
+absl::Status CheckBuffers(const backend::OpSpec& spec, int size) {
   const size_t esize = DataTypeSize(spec.dtype);
-  if (esize == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unsupported dtype ", static_cast<int>(spec.dtype)));
-  }
-  if ((spec.type == OpType::kAllReduce ||
-       spec.type == OpType::kReduceScatter) &&
-      static_cast<int>(spec.reduce) >= kNumReduceOps) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unsupported reduction ", static_cast<int>(spec.reduce)));
-  }
-  if ((spec.type == OpType::kAllReduce ||
-       spec.type == OpType::kReduceScatter) &&
-      spec.dtype == DataType::kBool && spec.reduce == ReduceOp::kAverage) {
-    return absl::InvalidArgumentError("an average of bool is not defined");
-  }
-  if (spec.type == OpType::kBroadcast &&
-      (spec.peer < 0 || spec.peer >= options_.size)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "root ", spec.peer, " is out of range [0, ", options_.size, ")"));
-  }
-  if (!IsCollective(spec.type)) {
-    if (spec.peer < 0 || spec.peer >= options_.size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "peer ", spec.peer, " is out of range [0, ", options_.size, ")"));
-    }
-    if (spec.peer == options_.rank) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("peer ", spec.peer, " is this rank itself"));
-    }
-  }
-  // Overflow of count * size * element size.
-  const size_t blocks =
-      (spec.type == OpType::kAllGather || spec.type == OpType::kReduceScatter ||
-       spec.type == OpType::kAllToAll)
-          ? static_cast<size_t>(options_.size)
-          : 1;
+  const bool blocked = spec.type == OpType::kAllGather ||
+                       spec.type == OpType::kReduceScatter ||
+                       spec.type == OpType::kAllToAll;
+  const size_t blocks = blocked ? static_cast<size_t>(size) : 1;
   if (spec.count > SIZE_MAX / esize / blocks) {
     return absl::InvalidArgumentError(
         absl::StrCat("count ", spec.count, " overflows the buffer size"));
   }
-  if (spec.type != OpType::kBarrier && spec.count > 0) {
-    const bool needs_send = spec.type == OpType::kAllGather ||
-                            spec.type == OpType::kReduceScatter ||
-                            spec.type == OpType::kAllToAll ||
-                            spec.type == OpType::kSend;
-    if (needs_send && spec.send == nullptr) {
-      return absl::InvalidArgumentError("send buffer is null");
-    }
-    if (spec.type != OpType::kSend && spec.recv == nullptr) {
-      return absl::InvalidArgumentError(needs_send ? "receive buffer is null"
-                                                   : "buffer is null");
-    }
+  if (spec.type == OpType::kBarrier || spec.count == 0) {
+    return absl::OkStatus();
+  }
+  const bool needs_send = blocked || spec.type == OpType::kSend;
+  if (needs_send && spec.send == nullptr) {
+    return absl::InvalidArgumentError("send buffer is null");
+  }
+  if (spec.type != OpType::kSend && spec.recv == nullptr) {
+    return absl::InvalidArgumentError(needs_send ? "receive buffer is null"
+                                                 : "buffer is null");
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CommunicatorImpl::Validate(const backend::OpSpec& spec) const {
+  if (DataTypeSize(spec.dtype) == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unsupported dtype ", static_cast<int>(spec.dtype)));
+  }
+  if (Reduces(spec.type) && static_cast<int>(spec.reduce) >= kNumReduceOps) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unsupported reduction ", static_cast<int>(spec.reduce)));
+  }
+  if (Reduces(spec.type) && spec.dtype == DataType::kBool &&
+      spec.reduce == ReduceOp::kAverage) {
+    return absl::InvalidArgumentError("an average of bool is not defined");
+  }
+  const bool peer_out = spec.peer < 0 || spec.peer >= options_.size;
+  if (spec.type == OpType::kBroadcast && peer_out) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "root ", spec.peer, " is out of range [0, ", options_.size, ")"));
+  }
+  if (!IsCollective(spec.type) && peer_out) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "peer ", spec.peer, " is out of range [0, ", options_.size, ")"));
+  }
+  if (!IsCollective(spec.type) && spec.peer == options_.rank) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("peer ", spec.peer, " is this rank itself"));
+  }
+  return CheckBuffers(spec, options_.size);
+}
+
+std::shared_ptr<Work> CommunicatorImpl::RefuseLocked(const TraceRecord& r,
+                                                     const absl::Status& valid,
+                                                     const OpOptions& options) {
+  // Refused calls are traced too, but take no matching position.
+  ring_.Begin(r);
+  if (!valid.ok()) {
+    ring_.Transition(r.seq, OpState::kFailed, r.enqueued_ns,
+                     static_cast<int32_t>(valid.code()));
+    return WorkImpl::Done(r.seq, Annotate(valid, Describe(r)),
+                          options.on_queued);
+  }
+  ring_.Transition(r.seq, OpState::kAborted, r.enqueued_ns,
+                   static_cast<int32_t>(absl::StatusCode::kAborted));
+  return WorkImpl::Done(r.seq,
+                        absl::AbortedError(absl::StrCat(
+                            Describe(r), ": communicator already aborted: ",
+                            abort_status_.message())),
+                        options.on_queued);
+}
+
+int64_t CommunicatorImpl::MatchLocked(backend::OpSpec& spec, TraceRecord& r,
+                                      const OpOptions& options) {
+  if (spec.type == OpType::kSend) return sends_to_[{spec.peer, options.tag}]++;
+  if (!IsCollective(spec.type)) return recvs_from_[{spec.peer, options.tag}]++;
+  const int64_t match_seq = next_coll_seq_++;
+  if (faults_ != nullptr && faults_->MismatchAt(options_.rank, match_seq)) {
+    // An injected mismatch: a Barrier goes where the peers' call goes.
+    spec = backend::OpSpec{};
+    spec.type = OpType::kBarrier;
+    r.op = OpType::kBarrier;
+    r.count = 0;
+    r.bytes = 0;
+  }
+  return match_seq;
+}
+
+void CommunicatorImpl::PostLocked(const std::shared_ptr<Pending>& p) {
+  // Posting never blocks; doing it under mu_ keeps the per-peer order
+  // equal to the numbering.
+  if (p->spec.count > 0) {
+    absl::StatusOr<std::unique_ptr<backend::PendingP2P>> posted =
+        backend_->Post(p->spec);
+    if (posted.ok()) {
+      p->posted = std::move(*posted);
+    } else {
+      p->post_status = posted.status();
+    }
+  }
+  ring_.Transition(p->record.seq, OpState::kStarted, Now());
+  p2p_.push_back(p);
 }
 
 std::shared_ptr<Work> CommunicatorImpl::Submit(backend::OpSpec spec,
@@ -212,9 +269,8 @@ std::shared_ptr<Work> CommunicatorImpl::Submit(backend::OpSpec spec,
   auto p = std::make_shared<Pending>();
   const absl::Status valid = Validate(spec);
   absl::MutexLock lock(&mu_);
-  const uint64_t seq = next_seq_++;
   TraceRecord& r = p->record;
-  r.seq = seq;
+  r.seq = next_seq_++;
   r.generation = options_.generation;
   r.op = spec.type;
   r.dtype = spec.dtype;
@@ -224,48 +280,16 @@ std::shared_ptr<Work> CommunicatorImpl::Submit(backend::OpSpec spec,
   r.count = spec.count;
   r.bytes = bytes;
   r.enqueued_ns = Now();
-  if (!valid.ok()) {
-    // Rejected calls are traced too, but consume no matching position.
-    ring_.Begin(r);
-    ring_.Transition(seq, OpState::kFailed, r.enqueued_ns,
-                     static_cast<int32_t>(valid.code()));
-    return WorkImpl::Done(seq, Annotate(valid, Describe(r)), options.on_queued);
-  }
-  if (aborted_) {
-    ring_.Begin(r);
-    ring_.Transition(seq, OpState::kAborted, r.enqueued_ns,
-                     static_cast<int32_t>(absl::StatusCode::kAborted));
-    return WorkImpl::Done(seq,
-                          absl::AbortedError(absl::StrCat(
-                              Describe(r), ": communicator already aborted: ",
-                              abort_status_.message())),
-                          options.on_queued);
-  }
-  int64_t match_seq;
-  if (IsCollective(spec.type)) {
-    match_seq = next_coll_seq_++;
-    if (faults_ != nullptr && faults_->MismatchAt(options_.rank, match_seq)) {
-      // An injected mismatch: a Barrier goes where the peers' call goes.
-      spec = backend::OpSpec{};
-      spec.type = OpType::kBarrier;
-      r.op = OpType::kBarrier;
-      r.count = 0;
-      r.bytes = 0;
-    }
-  } else if (spec.type == OpType::kSend) {
-    match_seq = sends_to_[{spec.peer, options.tag}]++;
-  } else {
-    match_seq = recvs_from_[{spec.peer, options.tag}]++;
-  }
-  r.coll_seq = match_seq;
-  spec.tag = MatchTag(spec, match_seq, options.tag);
+  if (!valid.ok() || aborted_) return RefuseLocked(r, valid, options);
+  r.coll_seq = MatchLocked(spec, r, options);
+  spec.tag = MatchTag(spec, r.coll_seq, options.tag);
   p->timeout = options.timeout > absl::ZeroDuration() ? options.timeout
                                                       : options_.timeout;
   spec.timeout = p->timeout + kTransportGrace;
   p->deadline_ns = r.enqueued_ns + absl::ToInt64Nanoseconds(p->timeout);
   p->issued_ns = real_clock_ ? r.enqueued_ns : MonotonicNanos();
   p->work = std::make_shared<WorkImpl>(
-      seq, IsCollective(spec.type) ? runner_handle_ : nullptr);
+      r.seq, IsCollective(spec.type) ? runner_handle_ : nullptr);
   p->work->SetOnQueued(options.on_queued);
   spec.after_event = options.after_event;
   // The backend runs the op while p (and so its Work) is alive.
@@ -279,19 +303,7 @@ std::shared_ptr<Work> CommunicatorImpl::Submit(backend::OpSpec spec,
   if (IsCollective(spec.type)) {
     queue_.push_back(p);
   } else {
-    // Posting never blocks; doing it under mu_ keeps the per-peer order
-    // equal to the numbering above.
-    if (spec.count > 0) {
-      absl::StatusOr<std::unique_ptr<backend::PendingP2P>> posted =
-          backend_->Post(p->spec);
-      if (posted.ok()) {
-        p->posted = std::move(*posted);
-      } else {
-        p->post_status = posted.status();
-      }
-    }
-    ring_.Transition(seq, OpState::kStarted, Now());
-    p2p_.push_back(p);
+    PostLocked(p);
   }
   return p->work;
 }
@@ -417,15 +429,71 @@ void CommunicatorImpl::Complete(const std::shared_ptr<Pending>& p,
   FinishLocked(p.get(), final_status);
 }
 
+void CommunicatorImpl::ExpireLocked(WatchdogTick* tick) {
+  const int64_t now = Now();
+  std::shared_ptr<Pending> expired;
+  if (running_ && running_->deadline_ns <= now) expired = running_;
+  for (auto& q : p2p_) {
+    if (expired == nullptr && q->deadline_ns <= now) expired = q;
+  }
+  for (auto& q : queue_) {
+    if (expired == nullptr && q->deadline_ns <= now) expired = q;
+  }
+  if (expired == nullptr) return;
+  const bool queued = IsCollective(expired->record.op) && expired != running_;
+  const char* where = queued ? "never started: an earlier op held the queue"
+                             : "still in progress";
+  tick->cause = absl::DeadlineExceededError(
+      absl::StrCat(Describe(expired->record), ": timed out after ",
+                   absl::FormatDuration(expired->timeout), " (", where,
+                   "); a peer may be frozen, slow or issuing a different op"));
+  // A queued collective never started: nothing to compare.
+  if (options_.size > 1 && !queued) {
+    tick->timed_out = expired;
+  } else {
+    tick->began = BeginAbortLocked(tick->cause, expired.get(), &tick->finish);
+  }
+}
+
+void CommunicatorImpl::ConfirmTimeout(WatchdogTick* tick) {
+  tick->cause = DiagnoseTimeout(tick->timed_out->record, tick->cause);
+  absl::MutexLock lock(&mu_);
+  // Unless it finished (or something else aborted) meanwhile.
+  if (running_ == tick->timed_out ||
+      std::find(p2p_.begin(), p2p_.end(), tick->timed_out) != p2p_.end()) {
+    tick->began =
+        BeginAbortLocked(tick->cause, tick->timed_out.get(), &tick->finish);
+  }
+}
+
+void CommunicatorImpl::CheckPeersOnce() {
+  // A lost peer is normally reported by the op that talks to it; this
+  // catches the ones the transport leaves waiting (see CheckPeers).
+  absl::Status peers = backend_->CheckPeers();
+  if (peers.ok()) return;
+  std::optional<TraceRecord> running;
+  {
+    absl::MutexLock lock(&mu_);
+    if (Pending* p = InProgressLocked()) running = p->record;
+  }
+  absl::Status cause = ExplainFailure(peers, running);
+  std::vector<std::shared_ptr<Pending>> finish;
+  bool began;
+  {
+    absl::MutexLock lock(&mu_);
+    Pending* trigger = InProgressLocked();
+    if (trigger != nullptr) {
+      cause = Annotate(cause, Describe(trigger->record));
+    }
+    began = BeginAbortLocked(cause, trigger, &finish);
+  }
+  if (began) CompleteAbort(cause, std::move(finish));
+}
+
 void CommunicatorImpl::WatchdogLoop() {
   for (;;) {
-    absl::Status cause;
-    std::vector<std::shared_ptr<Pending>> finish;
-    bool began = false;
+    WatchdogTick tick;
     bool in_flight = false;
-    // A running collective or a Send/Recv past its deadline, to compare
-    // with the peers' (the matching op's) before aborting.
-    std::shared_ptr<Pending> timed_out;
     {
       absl::MutexLock lock(&mu_);
       if (mu_.AwaitWithTimeout(absl::Condition(&stop_),
@@ -437,66 +505,14 @@ void CommunicatorImpl::WatchdogLoop() {
         continue;
       }
       in_flight = running_ != nullptr || !p2p_.empty();
-      const int64_t now = Now();
-      std::shared_ptr<Pending> expired;
-      if (running_ && running_->deadline_ns <= now) expired = running_;
-      for (auto& q : p2p_) {
-        if (expired == nullptr && q->deadline_ns <= now) expired = q;
-      }
-      for (auto& q : queue_) {
-        if (expired == nullptr && q->deadline_ns <= now) expired = q;
-      }
-      if (expired != nullptr) {
-        const bool queued =
-            IsCollective(expired->record.op) && expired != running_;
-        const char* where = queued
-                                ? "never started: an earlier op held the queue"
-                                : "still in progress";
-        cause = absl::DeadlineExceededError(absl::StrCat(
-            Describe(expired->record), ": timed out after ",
-            absl::FormatDuration(expired->timeout), " (", where,
-            "); a peer may be frozen, slow or issuing a different op"));
-        // A queued collective never started: nothing to compare.
-        if (options_.size > 1 && !queued) {
-          timed_out = expired;
-        } else {
-          began = BeginAbortLocked(cause, expired.get(), &finish);
-        }
-      }
+      ExpireLocked(&tick);
     }
-    if (timed_out != nullptr) {
-      cause = DiagnoseTimeout(timed_out->record, cause);
-      absl::MutexLock lock(&mu_);
-      // Unless it finished (or something else aborted) meanwhile.
-      if (running_ == timed_out ||
-          std::find(p2p_.begin(), p2p_.end(), timed_out) != p2p_.end()) {
-        began = BeginAbortLocked(cause, timed_out.get(), &finish);
-      }
-    }
-    if (began) {
-      CompleteAbort(cause, std::move(finish));
+    if (tick.timed_out != nullptr) ConfirmTimeout(&tick);
+    if (tick.began) {
+      CompleteAbort(tick.cause, std::move(tick.finish));
       continue;
     }
-    if (!in_flight) continue;
-    // A lost peer is normally reported by the op that talks to it; this
-    // catches the ones the transport leaves waiting (see CheckPeers).
-    absl::Status peers = backend_->CheckPeers();
-    if (peers.ok()) continue;
-    std::optional<TraceRecord> running;
-    {
-      absl::MutexLock lock(&mu_);
-      if (Pending* p = InProgressLocked()) running = p->record;
-    }
-    cause = ExplainFailure(peers, running);
-    {
-      absl::MutexLock lock(&mu_);
-      Pending* trigger = InProgressLocked();
-      if (trigger != nullptr) {
-        cause = Annotate(cause, Describe(trigger->record));
-      }
-      began = BeginAbortLocked(cause, trigger, &finish);
-    }
-    if (began) CompleteAbort(cause, std::move(finish));
+    if (in_flight) CheckPeersOnce();
   }
 }
 

@@ -105,6 +105,20 @@ class CommunicatorImpl final : public Communicator, private InlineRunner {
   std::shared_ptr<Work> Submit(backend::OpSpec spec, uint64_t bytes,
                                const OpOptions& options);
   absl::Status Validate(const backend::OpSpec& spec) const;
+  // A call refused before it was numbered: `valid`'s error, or the abort.
+  std::shared_ptr<Work> RefuseLocked(const TraceRecord& r,
+                                     const absl::Status& valid,
+                                     const OpOptions& options)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The position `spec` matches at: the next collective, or the next
+  // Send/Recv with its peer and tag. May turn a collective into an
+  // injected mismatch (spec and r change).
+  int64_t MatchLocked(backend::OpSpec& spec, TraceRecord& r,
+                      const OpOptions& options)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Posts Send/Recv `p` to the transport and hands it to the p2p thread.
+  void PostLocked(const std::shared_ptr<Pending>& p)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void WorkerLoop();
   // Runs collective `seq` on the calling thread if it is at the head of the
@@ -114,6 +128,17 @@ class CommunicatorImpl final : public Communicator, private InlineRunner {
   void Execute(const std::shared_ptr<Pending>& p);
   void P2PLoop();
   void WatchdogLoop();
+  // One pass of the watchdog: an op past its deadline (a running one is
+  // compared with its peers' first), then, with ops in flight, the peers.
+  struct WatchdogTick {
+    absl::Status cause;
+    std::vector<std::shared_ptr<Pending>> finish;
+    bool began = false;  // an abort began; CompleteAbort finishes it
+    std::shared_ptr<Pending> timed_out;  // to compare with the peers'
+  };
+  void ExpireLocked(WatchdogTick* tick) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ConfirmTimeout(WatchdogTick* tick);
+  void CheckPeersOnce();
   // The op this rank is in, for a failure no op reported: the running
   // collective, else the oldest Send/Recv; null if none.
   Pending* InProgressLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -89,34 +89,85 @@ void SetVictims(const std::vector<SlotEvidence>& slots, Diagnosis* d) {
   std::sort(d->victims.begin(), d->victims.end());
 }
 
+// Slots that never entered collective `at` while the others waited there
+// until their deadline: hung in compute.
+void JudgeMissing(const std::vector<Trace>& traces,
+                  const std::vector<int>& missing, const std::string& at,
+                  Diagnosis* d) {
+  d->kind = DiagnosisKind::kComputeHang;
+  d->culprits = missing;
+  d->confidence = 0.8;
+  std::vector<std::string> where;
+  for (const Trace& t : traces) {
+    if (std::find(missing.begin(), missing.end(), t.slot->slot) ==
+        missing.end()) {
+      continue;
+    }
+    where.push_back(
+        absl::StrCat("slot ", t.slot->slot, " is alive (phase ",
+                     PhaseName(t.slot->phase), ", step ", t.slot->step,
+                     t.slot->still_ms >= 0
+                         ? absl::StrCat(", still for ", t.slot->still_ms, " ms")
+                         : std::string(),
+                     ") and never entered it (last entered #", t.entered, ")"));
+  }
+  d->evidence = absl::StrCat(at, ": ", absl::StrJoin(where, "; "),
+                             "; the others entered it and wait");
+}
+
+// The slots entered collective `at` with different calls: the slots
+// outside a strict majority call are the culprits; with no such call every
+// side is named.
+void JudgeMismatch(const std::map<std::string, std::vector<int>>& by_signature,
+                   const std::string& at, Diagnosis* d) {
+  d->kind = DiagnosisKind::kMismatch;
+  std::vector<std::string> sides;
+  size_t largest = 0, ties = 0;
+  for (const auto& [sig, who] : by_signature) {
+    sides.push_back(absl::StrCat(Slots(who), " called ", sig));
+    if (who.size() > largest) {
+      largest = who.size();
+      ties = 1;
+    } else if (who.size() == largest) {
+      ++ties;
+    }
+  }
+  for (const auto& [sig, who] : by_signature) {
+    if (ties > 1 || who.size() != largest) {
+      d->culprits.insert(d->culprits.end(), who.begin(), who.end());
+    }
+  }
+  d->confidence = ties > 1 ? 0.5 : 0.9;
+  d->evidence = absl::StrCat(
+      at, " was called differently: ", absl::StrJoin(sides, "; "),
+      ties > 1 ? " (no call is the majority's: every side named)" : "");
+}
+
 // At collective `c`, where the answering slots differ: who never entered
 // it, who called it differently, or who is stuck in it.
 void Judge(const std::vector<Trace>& traces, int64_t c, Diagnosis* d) {
   std::vector<int> missing;
   std::map<std::string, std::vector<int>> by_signature;
   std::vector<int> completed, stuck;
+  // Whether a slot waited in #c until its deadline.
+  bool waited = false;
   for (const Trace& t : traces) {
     auto it = t.by_seq.find(c);
     if (it == t.by_seq.end() || !Entered(*it->second)) {
       missing.push_back(t.slot->slot);
       continue;
     }
-    if (d->coll_seq < 0) Describe(*it->second, d);
-    by_signature[Signature(*it->second)].push_back(t.slot->slot);
-    (it->second->state == OpState::kCompleted ? completed : stuck)
+    const TraceRecord& r = *it->second;
+    waited = waited || r.state == OpState::kTimedOut;
+    if (d->coll_seq < 0) Describe(r, d);
+    by_signature[Signature(r)].push_back(t.slot->slot);
+    (r.state == OpState::kCompleted ? completed : stuck)
         .push_back(t.slot->slot);
   }
   const std::string at = absl::StrCat("collective #", c);
   // A slot that never entered #c is the culprit only if the others waited
   // for it there until their deadline; else another failure aborted the
   // group before it came (it may simply have been computing).
-  bool waited = false;
-  for (const Trace& t : traces) {
-    auto it = t.by_seq.find(c);
-    if (it != t.by_seq.end() && it->second->state == OpState::kTimedOut) {
-      waited = true;
-    }
-  }
   if (!missing.empty() && !waited) {
     d->evidence = absl::StrCat(
         Slots(missing), " never entered ", at,
@@ -125,54 +176,8 @@ void Judge(const std::vector<Trace>& traces, int64_t c, Diagnosis* d) {
         ": the group was aborted by a failure the traces do not show");
     return;
   }
-  if (!missing.empty()) {
-    d->kind = DiagnosisKind::kComputeHang;
-    d->culprits = missing;
-    d->confidence = 0.8;
-    std::vector<std::string> where;
-    for (const Trace& t : traces) {
-      if (std::find(missing.begin(), missing.end(), t.slot->slot) ==
-          missing.end()) {
-        continue;
-      }
-      where.push_back(absl::StrCat(
-          "slot ", t.slot->slot, " is alive (phase ", PhaseName(t.slot->phase),
-          ", step ", t.slot->step,
-          t.slot->still_ms >= 0
-              ? absl::StrCat(", still for ", t.slot->still_ms, " ms")
-              : std::string(),
-          ") and never entered it (last entered #", t.entered, ")"));
-    }
-    d->evidence = absl::StrCat(at, ": ", absl::StrJoin(where, "; "),
-                               "; the others entered it and wait");
-    return;
-  }
-  if (by_signature.size() > 1) {
-    d->kind = DiagnosisKind::kMismatch;
-    std::vector<std::string> sides;
-    size_t largest = 0, ties = 0;
-    for (const auto& [sig, who] : by_signature) {
-      sides.push_back(absl::StrCat(Slots(who), " called ", sig));
-      if (who.size() > largest) {
-        largest = who.size();
-        ties = 1;
-      } else if (who.size() == largest) {
-        ++ties;
-      }
-    }
-    // The slots outside a strict majority call are the culprits; with no
-    // such call every side is named.
-    for (const auto& [sig, who] : by_signature) {
-      if (ties > 1 || who.size() != largest) {
-        d->culprits.insert(d->culprits.end(), who.begin(), who.end());
-      }
-    }
-    d->confidence = ties > 1 ? 0.5 : 0.9;
-    d->evidence = absl::StrCat(
-        at, " was called differently: ", absl::StrJoin(sides, "; "),
-        ties > 1 ? " (no call is the majority's: every side named)" : "");
-    return;
-  }
+  if (!missing.empty()) return JudgeMissing(traces, missing, at, d);
+  if (by_signature.size() > 1) return JudgeMismatch(by_signature, at, d);
   d->kind = DiagnosisKind::kStuckInCollective;
   d->culprits = stuck;
   d->confidence = 0.6;
