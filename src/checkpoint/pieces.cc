@@ -171,6 +171,53 @@ uint64_t CopyHasher::Digest() const {
   return state_->xxh->digest(state_->state);
 }
 
+namespace {
+
+// How well slot c suits as a buddy of slot s: 0, everything holds; 1,
+// another failure domain but a shared parallel group or topology block;
+// 2, the same failure domain.
+class Tiers {
+ public:
+  explicit Tiers(const PlacementInput& in)
+      : in_(in),
+        group_(in.tp * in.pp),
+        groups_(group_ > 1 && static_cast<int>(in.domain.size()) % group_ == 0),
+        blocks_(in.block.size() == in.domain.size() &&
+                std::any_of(in.block.begin(), in.block.end(),
+                            [](uint64_t b) { return b != 0; })) {}
+
+  int Of(int s, int c) const {
+    const size_t si = static_cast<size_t>(s), ci = static_cast<size_t>(c);
+    if (in_.domain[si] == in_.domain[ci]) return 2;
+    if (!OutsideGroups(s, c)) return 1;
+    if (blocks_ && in_.block[si] != 0 && in_.block[si] == in_.block[ci]) {
+      return 1;
+    }
+    return 0;
+  }
+  // Whether tier 1 means anything here (there are groups or blocks).
+  bool constrained() const { return groups_ || blocks_; }
+
+ private:
+  bool OutsideGroups(int a, int b) const {
+    if (!groups_) return true;
+    const int ta = a % in_.tp, tb = b % in_.tp;
+    const int pa = (a / in_.tp) % in_.pp, pb = (b / in_.tp) % in_.pp;
+    const int da = a / group_, db = b / group_;
+    // Sharing a TP group: same (pp, dp); PP: same (tp, dp); DP: same
+    // (tp, pp).
+    return !((pa == pb && da == db) || (ta == tb && da == db) ||
+             (ta == tb && pa == pb));
+  }
+
+  const PlacementInput& in_;
+  const int group_;
+  const bool groups_;
+  const bool blocks_;
+};
+
+}  // namespace
+
 Placement Place(const PlacementInput& in) {
   Placement out;
   const int world = static_cast<int>(in.domain.size());
@@ -180,40 +227,19 @@ Placement Place(const PlacementInput& in) {
   const size_t distinct =
       std::set<uint64_t>(in.domain.begin(), in.domain.end()).size();
   const int shift = std::max(1, world / static_cast<int>(distinct));
-  const int group = in.tp * in.pp;
-  const bool groups = group > 1 && world % group == 0;
-  const bool blocks = in.block.size() == in.domain.size() &&
-                      std::any_of(in.block.begin(), in.block.end(),
-                                  [](uint64_t b) { return b != 0; });
-  auto outside_groups = [&](int a, int b) {
-    if (!groups) return true;
-    const int ta = a % in.tp, tb = b % in.tp;
-    const int pa = (a / in.tp) % in.pp, pb = (b / in.tp) % in.pp;
-    const int da = a / group, db = b / group;
-    // Sharing a TP group: same (pp, dp); PP: same (tp, dp); DP: same
-    // (tp, pp).
-    return !((pa == pb && da == db) || (ta == tb && da == db) ||
-             (ta == tb && pa == pb));
-  };
-  // 0: everything holds; 1: another failure domain; 2: any other slot.
-  auto tier = [&](int s, int c) {
-    const size_t si = static_cast<size_t>(s), ci = static_cast<size_t>(c);
-    if (in.domain[si] == in.domain[ci]) return 2;
-    if (!outside_groups(s, c)) return 1;
-    if (blocks && in.block[si] != 0 && in.block[si] == in.block[ci]) return 1;
-    return 0;
-  };
+  const Tiers tiers(in);
   for (int s = 0; s < world; ++s) {
     std::vector<int>& chosen = out.buddies[static_cast<size_t>(s)];
-    for (int t = 0; t <= 2 && static_cast<int>(chosen.size()) < r; ++t) {
-      for (int k = 0; k < world && static_cast<int>(chosen.size()) < r; ++k) {
+    const auto full = [&] { return static_cast<int>(chosen.size()) >= r; };
+    for (int t = 0; t <= 2 && !full(); ++t) {
+      for (int k = 0; k < world && !full(); ++k) {
         const int c = (s + shift + k) % world;
-        if (c == s || tier(s, c) > t ||
+        if (c == s || tiers.Of(s, c) > t ||
             std::find(chosen.begin(), chosen.end(), c) != chosen.end()) {
           continue;
         }
         chosen.push_back(c);
-        if (t == 1 && (groups || blocks)) {
+        if (t == 1 && tiers.constrained()) {
           out.warnings.push_back(absl::StrCat(
               "slot ", s, "'s copy on slot ", c,
               " shares a parallel group or topology block with it"));

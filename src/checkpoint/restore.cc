@@ -151,10 +151,8 @@ Restore::Restore(Communicator* comm, int world, int slot, StateRegistry* state,
       options_(std::move(options)),
       hooks_(std::move(hooks)) {}
 
-absl::StatusOr<Restored> Restore::FromMemory(int64_t committed) {
-  Communicator* const comm = comm_;
+absl::StatusOr<Restore::Gathered> Restore::Gather(int64_t committed) {
   const uint64_t layout = state_->LayoutHash();
-  const int64_t held = static_cast<int64_t>(snapshots_->count());
   // With this member's host key, pid and probe word (zeros when reads in
   // place are off), for InPlaceReach.
   const bool offer = options_.read_in_place && peer_memory::HostKey() != 0;
@@ -162,7 +160,7 @@ absl::StatusOr<Restored> Restore::FromMemory(int64_t committed) {
   mine[kCommitted] = committed;
   mine[kHigh] = progress_->high_step;
   mine[kLayout] = static_cast<int64_t>(layout);
-  mine[kHeld] = held;
+  mine[kHeld] = static_cast<int64_t>(snapshots_->count());
   mine[kHostKey] = offer ? static_cast<int64_t>(peer_memory::HostKey()) : 0;
   mine[kPid] = static_cast<int64_t>(getpid());
   mine[kProbeAddress] =
@@ -170,25 +168,56 @@ absl::StatusOr<Restored> Restore::FromMemory(int64_t committed) {
                   reinterpret_cast<uintptr_t>(options_.probe_word))
             : 0;
   mine[kProbeValue] = static_cast<int64_t>(*options_.probe_word);
-  std::vector<int64_t> all(static_cast<size_t>(world_) * kRestoreWords);
+  Gathered g;
+  g.all.resize(static_cast<size_t>(world_) * kRestoreWords);
   HOLDFAST_RETURN_IF_ERROR(
-      comm->AllGather(mine, all.data(), kRestoreWords, DataType::kInt64)
+      comm_->AllGather(mine, g.all.data(), kRestoreWords, DataType::kInt64)
           ->Wait());
-  HOLDFAST_ASSIGN_OR_RETURN(InPlace in_place, InPlaceReach(all));
-  int64_t kmax = 1;
-  std::vector<int64_t> highs(static_cast<size_t>(world_));
-  std::vector<MemberState> states(static_cast<size_t>(world_));
+  HOLDFAST_ASSIGN_OR_RETURN(g.in_place, InPlaceReach(g.all));
+  g.highs.resize(static_cast<size_t>(world_));
+  g.states.resize(static_cast<size_t>(world_));
   for (int r = 0; r < world_; ++r) {
-    const int64_t* e = &all[static_cast<size_t>(r) * kRestoreWords];
-    highs[static_cast<size_t>(r)] = e[kHigh];
+    const int64_t* e = &g.all[static_cast<size_t>(r) * kRestoreWords];
+    g.highs[static_cast<size_t>(r)] = e[kHigh];
     if (e[kLayout] != mine[kLayout]) {
       return LayoutMismatch(r, static_cast<uint64_t>(e[kLayout]), slot_,
                             layout);
     }
-    states[static_cast<size_t>(r)] = {e[kCommitted], e[kHigh]};
-    kmax = std::max(kmax, e[kHeld]);
+    g.states[static_cast<size_t>(r)] = {e[kCommitted], e[kHigh]};
+    g.kmax = std::max(g.kmax, e[kHeld]);
   }
-  const Target chosen = ChooseTarget(states);
+  return g;
+}
+
+absl::StatusOr<Restored> Restore::NoCopyLeft(int64_t target,
+                                             const std::string& missing) {
+  const std::string why =
+      absl::StrCat("step ", target,
+                   " cannot be restored from memory: no live member "
+                   "holds a good copy of ",
+                   missing.empty() ? std::string("any piece") : missing,
+                   " (with replicas=", options_.replicas, " every piece has ",
+                   options_.replicas + 1,
+                   " copies; all of them are gone or failed their checksum)");
+  HOLDFAST_ASSIGN_OR_RETURN(std::optional<Restored> from_live, FromLive(why));
+  if (from_live.has_value()) return *from_live;
+  progress_->live_step = -1;  // the disk tier writes the live state
+  if (options_.checkpoint_dir.empty()) {
+    return absl::DataLossError(absl::StrCat(
+        why, "; no disk tier is configured (HOLDFAST_CHECKPOINT_DIR)"));
+  }
+  HOLDFAST_LOG_WARN("restore: {}; falling back to the disk tier", why);
+  absl::StatusOr<std::optional<Restored>> d = FromDisk(/*required=*/true);
+  if (!d.ok()) {
+    return absl::Status(d.status().code(),
+                        absl::StrCat(why, "; ", d.status().message()));
+  }
+  return **d;
+}
+
+absl::StatusOr<Restored> Restore::FromMemory(int64_t committed) {
+  HOLDFAST_ASSIGN_OR_RETURN(const Gathered g, Gather(committed));
+  const Target chosen = ChooseTarget(g.states);
   const int64_t target = chosen.step;
   progress_->lost_steps = chosen.lost;
   // Snapshots past the target belong to a timeline that was abandoned.
@@ -197,33 +226,9 @@ absl::StatusOr<Restored> Restore::FromMemory(int64_t committed) {
   std::vector<Piece*> at;
   std::vector<bool> good_at;
   HOLDFAST_ASSIGN_OR_RETURN(const std::vector<std::vector<OfferedCopy>> offers,
-                            OfferCopies(target, kmax, &at, &good_at));
+                            OfferCopies(target, g.kmax, &at, &good_at));
   const CutChoice choice = ChooseCut(offers);
-  const std::string& missing = choice.missing;
-  if (!choice.cut.has_value()) {
-    const std::string why =
-        absl::StrCat("step ", target,
-                     " cannot be restored from memory: no live member "
-                     "holds a good copy of ",
-                     missing.empty() ? std::string("any piece") : missing,
-                     " (with replicas=", options_.replicas, " every piece has ",
-                     options_.replicas + 1,
-                     " copies; all of them are gone or failed their checksum)");
-    HOLDFAST_ASSIGN_OR_RETURN(std::optional<Restored> from_live, FromLive(why));
-    if (from_live.has_value()) return *from_live;
-    progress_->live_step = -1;  // the disk tier writes the live state
-    if (options_.checkpoint_dir.empty()) {
-      return absl::DataLossError(absl::StrCat(
-          why, "; no disk tier is configured (HOLDFAST_CHECKPOINT_DIR)"));
-    }
-    HOLDFAST_LOG_WARN("restore: {}; falling back to the disk tier", why);
-    absl::StatusOr<std::optional<Restored>> d = FromDisk(/*required=*/true);
-    if (!d.ok()) {
-      return absl::Status(d.status().code(),
-                          absl::StrCat(why, "; ", d.status().message()));
-    }
-    return **d;
-  }
+  if (!choice.cut.has_value()) return NoCopyLeft(target, choice.missing);
 
   const Holders& use = choice.cut->holders;
   const int64_t use_gen = choice.cut->layout_generation;
@@ -239,14 +244,16 @@ absl::StatusOr<Restored> Restore::FromMemory(int64_t committed) {
       local.emplace(p->slot, p);
     }
   }
-  HOLDFAST_ASSIGN_OR_RETURN(PieceSets live, LivePieces(target, highs, old_world,
-                                                       use.checksum, local));
+  HOLDFAST_ASSIGN_OR_RETURN(
+      PieceSets live,
+      LivePieces(target, g.highs, old_world, use.checksum, local));
   std::map<int, std::unique_ptr<Piece>> received;
   Restored out;
   out.step = target;
   progress_->live_step = -1;  // until the target is in the live state
-  HOLDFAST_RETURN_IF_ERROR(ApplyTarget(target, use_gen, old_world, use, local,
-                                       live, in_place, &received, &out));
+  HOLDFAST_RETURN_IF_ERROR(
+      ApplyTarget(Source{target, use_gen, old_world, use, local, g.in_place},
+                  live, &received, &out));
   // The received copies ApplyTarget kept stay: they cover a second fault
   // before the next commit.
   for (auto& [p, piece] : received) snapshots_->Add(std::move(piece));
@@ -475,12 +482,10 @@ absl::StatusOr<PieceSets> Restore::LivePieces(
 
 // Restores from the disk tier's newest complete checkpoint. nullopt when
 // there is none and it is not `required` (else DataLoss).
-absl::StatusOr<std::optional<Restored>> Restore::FromDisk(bool required) {
-  Communicator* const comm = comm_;
+absl::StatusOr<std::pair<int64_t, int>> Restore::AgreeDiskStep() {
   const std::string& dir = options_.checkpoint_dir;
-  const uint64_t layout = state_->LayoutHash();
   absl::StatusOr<std::optional<pieces::DiskStep>> found =
-      pieces::FindNewest(dir, layout);
+      pieces::FindNewest(dir, state_->LayoutHash());
   int64_t mine[2] = {-1, 0};
   if (found.ok() && found->has_value()) {
     mine[0] = (*found)->step;
@@ -490,7 +495,7 @@ absl::StatusOr<std::optional<Restored>> Restore::FromDisk(bool required) {
   }
   std::vector<int64_t> all(static_cast<size_t>(world_) * 2);
   HOLDFAST_RETURN_IF_ERROR(
-      comm->AllGather(mine, all.data(), 2, DataType::kInt64)->Wait());
+      comm_->AllGather(mine, all.data(), 2, DataType::kInt64)->Wait());
   int64_t step = -1;
   int world = 0;
   bool refused = false;
@@ -506,40 +511,51 @@ absl::StatusOr<std::optional<Restored>> Restore::FromDisk(bool required) {
     return absl::InvalidArgumentError(
         "another slot refused the disk checkpoint (see its log)");
   }
+  return std::make_pair(step, world);
+}
+
+absl::Status Restore::ReadDiskPieces(int64_t step, int world, int64_t* read) {
+  const std::string& dir = options_.checkpoint_dir;
+  const uint64_t layout = state_->LayoutHash();
+  std::vector<uint8_t> data;
+  for (int p = 0; p < world; ++p) {
+    if (!state_->NeedsPiece(world_, slot_, world, p)) continue;
+    pieces::PieceHeader h;
+    const std::string path = pieces::PiecePath(dir, step, world, p);
+    HOLDFAST_RETURN_IF_ERROR(pieces::ReadPiece(path, layout, &h, &data));
+    if (data.size() != state_->PieceSize(world, p)) {
+      return absl::DataLossError(
+          absl::StrCat("checkpoint piece ", path, " holds ", data.size(),
+                       " bytes; ", state_->PieceSize(world, p), " expected"));
+    }
+    state_->ApplyPiece(data.data(), world, p, world_, slot_);
+    if (read[1] == INT64_MAX) {
+      read[1] = p;
+      std::copy(h.ledger.begin(), h.ledger.end(), read + 2);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::optional<Restored>> Restore::FromDisk(bool required) {
+  const std::string& dir = options_.checkpoint_dir;
+  HOLDFAST_ASSIGN_OR_RETURN(const auto newest, AgreeDiskStep());
+  const auto [step, world] = newest;
   if (step < 0) {
     if (!required) return std::optional<Restored>();
     return absl::DataLossError(absl::StrCat("the disk tier in ", dir,
                                             " holds no complete checkpoint"));
   }
   state_->RepartitionAll(world_, slot_);
-  absl::Status s;
-  std::vector<uint8_t> data;
   // [ok, the lowest piece read, its ledger]: every member goes on with the
   // ledger of the lowest piece any member read.
   constexpr size_t kWords = 2 + pieces::kLedgerWords;
   int64_t mine_read[kWords] = {1, INT64_MAX};
-  for (int p = 0; p < world && s.ok(); ++p) {
-    if (!state_->NeedsPiece(world_, slot_, world, p)) continue;
-    pieces::PieceHeader h;
-    s = pieces::ReadPiece(pieces::PiecePath(dir, step, world, p), layout, &h,
-                          &data);
-    if (s.ok() && data.size() != state_->PieceSize(world, p)) {
-      s = absl::DataLossError(absl::StrCat(
-          "checkpoint piece ", pieces::PiecePath(dir, step, world, p),
-          " holds ", data.size(), " bytes; ", state_->PieceSize(world, p),
-          " expected"));
-    }
-    if (!s.ok()) break;
-    state_->ApplyPiece(data.data(), world, p, world_, slot_);
-    if (mine_read[1] == INT64_MAX) {
-      mine_read[1] = p;
-      std::copy(h.ledger.begin(), h.ledger.end(), mine_read + 2);
-    }
-  }
+  const absl::Status s = ReadDiskPieces(step, world, mine_read);
   mine_read[0] = s.ok() ? 1 : 0;
   std::vector<int64_t> reads(static_cast<size_t>(world_) * kWords);
   HOLDFAST_RETURN_IF_ERROR(
-      comm->AllGather(mine_read, reads.data(), kWords, DataType::kInt64)
+      comm_->AllGather(mine_read, reads.data(), kWords, DataType::kInt64)
           ->Wait());
   if (!s.ok()) return s;
   const int64_t* lowest = nullptr;

@@ -128,6 +128,27 @@ class Restore {
     std::vector<int64_t> pids;
   };
 
+  // The newest disk checkpoint any member sees, (step, world): step -1
+  // for none. InvalidArgument when a member refused its disk tier.
+  absl::StatusOr<std::pair<int64_t, int>> AgreeDiskStep();
+  // Reads the pieces this member needs of disk step `step` (cut for
+  // `world`) into the live state; read[1..] become the lowest piece read
+  // and its ledger.
+  absl::Status ReadDiskPieces(int64_t step, int world, int64_t* read);
+  // The exchange a restore from memory starts with: every member's
+  // committed and highest step, layout, copies held and same-host words.
+  struct Gathered {
+    std::vector<int64_t> all;
+    InPlace in_place;
+    int64_t kmax = 1;
+    std::vector<int64_t> highs;
+    std::vector<MemberState> states;
+  };
+  absl::StatusOr<Gathered> Gather(int64_t committed);
+  // The fallback when step `target` has a piece with no good copy left
+  // (`missing`): the live state, then the disk tier, else DataLoss.
+  absl::StatusOr<Restored> NoCopyLeft(int64_t target,
+                                      const std::string& missing);
   absl::StatusOr<std::vector<std::vector<OfferedCopy>>> OfferCopies(
       int64_t target, int64_t kmax, std::vector<Piece*>* at,
       std::vector<bool>* good_at);
@@ -139,24 +160,65 @@ class Restore {
       int64_t target, const std::vector<int64_t>& highs, int old_world,
       const std::vector<uint64_t>& checksums,
       const std::map<int, const Piece*>& local);
-  absl::Status ApplyTarget(int64_t target, int64_t use_gen, int old_world,
-                           const Holders& use,
-                           const std::map<int, const Piece*>& local,
-                           const PieceSets& live, const InPlace& in_place,
+  // What a restore from memory goes back to: the step, the cut of its
+  // pieces (layout generation, world), where their copies lie, this
+  // member's own good copies, and who may read whose memory.
+  struct Source {
+    int64_t target;
+    int64_t use_gen;
+    int old_world;
+    const Holders& use;
+    const std::map<int, const Piece*>& local;
+    const InPlace& in_place;
+  };
+  // ApplyTarget's transfers across their rounds.
+  struct Transfers {
+    std::vector<std::pair<int, int>> todo;  // (piece, member) still to move
+    std::set<int> keep;     // received pieces this member keeps a copy of
+    std::set<int> arrived;  // received pieces that passed their check
+    absl::Status lost;      // a piece that failed from every holder
+    std::map<int, std::unique_ptr<Piece>>* received;
+    Restored* out;
+  };
+  // The pieces this member takes in one round, and how.
+  struct RoundPlan {
+    std::vector<std::shared_ptr<Work>> works;  // sends and receives posted
+    std::map<int, int> sender;  // piece -> who sends it to this member
+    std::vector<int> reads;     // pieces this member reads in place
+    // Where each piece this member takes lands: its live buffers (the
+    // pieces in `into_live`, read in place) or a piece buffer in
+    // `received`.
+    std::map<int, Segments> lands;
+    std::set<int> into_live;
+    // Kept pieces read in place whose bytes all go into the live state:
+    // where, each chunk copied there from the cache as it lands.
+    std::map<int, Segments> also_live;
+    // The pieces read in place whose bytes go into the live state, hashed
+    // chunk by chunk as they land.
+    std::map<int, pieces::CopyHasher> live_hashes;
+  };
+
+  absl::Status ApplyTarget(const Source& src, const PieceSets& live,
                            std::map<int, std::unique_ptr<Piece>>* received,
                            Restored* out);
-  // One round of ApplyTarget's transfers of `todo` ((piece, member)
-  // pairs), each from the holder of index `round`; the pieces this member
-  // got right go to `arrived`, and `todo` becomes what failed somewhere
-  // and has a next holder.
-  absl::Status TransferRound(size_t round, int64_t target, int64_t use_gen,
-                             int old_world, const Holders& use,
-                             const std::map<int, const Piece*>& local,
-                             const InPlace& in_place, const std::set<int>& keep,
-                             std::vector<std::pair<int, int>>* todo,
-                             std::map<int, std::unique_ptr<Piece>>* received,
-                             std::set<int>* arrived, absl::Status* lost,
-                             Restored* out);
+  // The copies received pieces keep: where a piece has fewer holders than
+  // a commit leaves it (replicas + 1), by its first receivers.
+  std::set<int> Keep(const Source& src,
+                     const std::vector<std::pair<int, int>>& todo) const;
+  // One round of ApplyTarget's transfers of t->todo, each from the holder
+  // of index `round`; the pieces this member got right go to t->arrived,
+  // and t->todo becomes what failed somewhere and has a next holder.
+  absl::Status TransferRound(size_t round, const Source& src, Transfers* t);
+  // Posts this member's sends and receives of the round, and plans its
+  // reads in place.
+  RoundPlan PlanRound(size_t round, const Source& src, Transfers* t);
+  // The round's reads in place, on up to kRestoreThreads threads.
+  absl::Status ReadRound(size_t round, const Source& src, RoundPlan& plan,
+                         Restored* out);
+  // Checks what arrived against the owners' checksums; every member learns
+  // which pieces failed where (one all-gather).
+  absl::Status CheckRound(size_t round, const Source& src, RoundPlan& plan,
+                          Transfers* t);
 
   // Reads piece `p` in place from slot `from` (process `pid`, the copy at
   // `address`) into `lands`, chunk by chunk; with `h`, each chunk is hashed

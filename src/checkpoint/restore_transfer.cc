@@ -56,59 +56,40 @@ void PostRecvs(Communicator* c, Piece* p, int peer, const OpOptions& oo,
 // the piece, when it failed from every holder; the live state it was
 // partly copied into is then not used (the member does not go on).
 absl::Status Restore::ApplyTarget(
-    int64_t target, int64_t use_gen, int old_world, const Holders& use,
-    const std::map<int, const Piece*>& local, const PieceSets& live,
-    const InPlace& in_place, std::map<int, std::unique_ptr<Piece>>* received,
-    Restored* out) {
+    const Source& src, const PieceSets& live,
+    std::map<int, std::unique_ptr<Piece>>* received, Restored* out) {
+  const int old_world = src.old_world;
   // Every member knows where the others' copies lie now.
   if (hooks_.before_transfers) hooks_.before_transfers();
-  std::vector<std::pair<int, int>> todo;  // (piece, member)
+  Transfers t;
+  t.received = received;
+  t.out = out;
   for (int p = 0; p < old_world; ++p) {
-    const std::vector<int>& hs = use.by_slot[static_cast<size_t>(p)];
+    const std::vector<int>& hs = src.use.by_slot[static_cast<size_t>(p)];
     if (state_->PieceSize(old_world, p) == 0) continue;
     for (int m = 0; m < world_; ++m) {
       if (std::find(hs.begin(), hs.end(), m) == hs.end() && !live.Has(m, p) &&
           state_->NeedsPiece(world_, m, old_world, p)) {
-        todo.emplace_back(p, m);
+        t.todo.emplace_back(p, m);
       }
     }
-    auto l = local.find(p);
-    if (l != local.end() && state_->NeedsPiece(world_, slot_, old_world, p) &&
+    auto l = src.local.find(p);
+    if (l != src.local.end() &&
+        state_->NeedsPiece(world_, slot_, old_world, p) &&
         !live.Has(slot_, p)) {
       state_->ApplyPiece(l->second->bytes.get(), old_world, p, world_, slot_);
     }
   }
-  // A received copy is kept (it covers a second fault before the next
-  // commit) where the piece has fewer holders than a commit leaves it
-  // (replicas + 1): by its first receivers, as many as are missing. A
-  // piece read in place and not kept goes straight into the live state.
-  std::set<int> keep;
-  {
-    std::vector<int> missing(static_cast<size_t>(old_world));
-    for (int p = 0; p < old_world; ++p) {
-      missing[static_cast<size_t>(p)] =
-          options_.replicas + 1 -
-          static_cast<int>(use.by_slot[static_cast<size_t>(p)].size());
-    }
-    for (const auto& [p, m] : todo) {
-      if (missing[static_cast<size_t>(p)]-- > 0 && m == slot_) {
-        keep.insert(p);
-      }
-    }
+  t.keep = Keep(src, t.todo);
+  for (size_t round = 0; !t.todo.empty(); ++round) {
+    HOLDFAST_RETURN_IF_ERROR(TransferRound(round, src, &t));
   }
-  size_t round = 0;
-  std::set<int> arrived;  // received pieces that passed their check
-  absl::Status lost;
-  while (!todo.empty()) {
-    HOLDFAST_RETURN_IF_ERROR(TransferRound(round++, target, use_gen, old_world,
-                                           use, local, in_place, keep, &todo,
-                                           received, &arrived, &lost, out));
-  }
-  if (!lost.ok()) return lost;
+  if (!t.lost.ok()) return t.lost;
   for (int p = 0; p < old_world; ++p) {
     if (state_->PieceSize(old_world, p) > 0 &&
         state_->NeedsPiece(world_, slot_, old_world, p) &&
-        !live.Has(slot_, p) && local.count(p) == 0 && arrived.count(p) == 0) {
+        !live.Has(slot_, p) && src.local.count(p) == 0 &&
+        t.arrived.count(p) == 0) {
       return absl::InternalError(
           absl::StrCat("restore: the piece of slot ", p, " never arrived"));
     }
@@ -151,130 +132,154 @@ uint64_t Restore::ApplyReceived(const Piece& piece, int old_world) {
   return h.Digest();
 }
 
-absl::Status Restore::TransferRound(
-    size_t round, int64_t target, int64_t use_gen, int old_world,
-    const Holders& use, const std::map<int, const Piece*>& local,
-    const InPlace& in_place, const std::set<int>& keep,
-    std::vector<std::pair<int, int>>* todo,
-    std::map<int, std::unique_ptr<Piece>>* received, std::set<int>* arrived,
-    absl::Status* lost, Restored* out) {
+std::set<int> Restore::Keep(
+    const Source& src, const std::vector<std::pair<int, int>>& todo) const {
+  // A received copy is kept (it covers a second fault before the next
+  // commit) where the piece has fewer holders than a commit leaves it
+  // (replicas + 1): by its first receivers, as many as are missing. A
+  // piece read in place and not kept goes straight into the live state.
+  std::set<int> keep;
+  std::vector<int> missing(static_cast<size_t>(src.old_world));
+  for (int p = 0; p < src.old_world; ++p) {
+    missing[static_cast<size_t>(p)] =
+        options_.replicas + 1 -
+        static_cast<int>(src.use.by_slot[static_cast<size_t>(p)].size());
+  }
+  for (const auto& [p, m] : todo) {
+    if (missing[static_cast<size_t>(p)]-- > 0 && m == slot_) keep.insert(p);
+  }
+  return keep;
+}
+
+Restore::RoundPlan Restore::PlanRound(size_t round, const Source& src,
+                                      Transfers* t) {
   OpOptions oo;
   oo.tag = kRestoreTag;
-  // Whether piece p has a holder after the one of `round`.
-  auto has_next = [&use](int p, size_t r) {
-    return use.by_slot[static_cast<size_t>(p)].size() > r + 1;
-  };
-  std::vector<std::shared_ptr<Work>> works;
-  std::map<int, int> sender;  // piece -> who sends it to this member
-  std::vector<int> reads;     // pieces this member reads in place
-  // Where each piece this member takes lands: its live buffers (the
-  // pieces in `into_live`, read in place) or a piece buffer in
-  // `received`.
-  std::map<int, Segments> lands;
-  std::set<int> into_live;
-  // Kept pieces read in place whose bytes all go into the live state:
-  // where, each chunk copied there from the cache as it lands.
-  std::map<int, Segments> also_live;
-  for (const auto& [p, m] : *todo) {
-    const int from = use.by_slot[static_cast<size_t>(p)][round];
-    const size_t size = state_->PieceSize(old_world, p);
-    const uint64_t checksum = use.checksum[static_cast<size_t>(p)];
-    const bool direct = in_place.reach.Has(m, from);
+  RoundPlan plan;
+  for (const auto& [p, m] : t->todo) {
+    const int from = src.use.by_slot[static_cast<size_t>(p)][round];
+    const size_t size = state_->PieceSize(src.old_world, p);
+    const bool direct = src.in_place.reach.Has(m, from);
     if (slot_ == from && !direct) {
-      PostSends(comm_, local.at(p)->bytes.get(), size, m, oo, &works);
-    } else if (slot_ == m) {
-      sender[p] = from;
-      if (direct) reads.push_back(p);
-      Segments live_at =
-          direct ? state_->Landing(old_world, p, world_, slot_) : Segments{};
-      if (!live_at.empty() && keep.count(p) == 0) {
-        into_live.insert(p);
-        lands[p] = std::move(live_at);
-        received->erase(p);  // a copy that failed in an earlier round
-        continue;
-      }
-      std::unique_ptr<Piece>& piece = (*received)[p];
-      piece = snapshots_->NewPiece(target, use_gen, old_world, p, checksum);
-      piece->ledger = use.ledger[static_cast<size_t>(p)];
-      if (!direct) PostRecvs(comm_, piece.get(), from, oo, &works);
-      lands[p] = {{piece->bytes.get(), piece->size}};
-      if (!live_at.empty()) also_live[p] = std::move(live_at);
+      PostSends(comm_, src.local.at(p)->bytes.get(), size, m, oo, &plan.works);
+      continue;
+    }
+    if (slot_ != m) continue;
+    plan.sender[p] = from;
+    if (direct) plan.reads.push_back(p);
+    Segments live_at =
+        direct ? state_->Landing(src.old_world, p, world_, slot_) : Segments{};
+    if (!live_at.empty() && t->keep.count(p) == 0) {
+      plan.into_live.insert(p);
+      plan.lands[p] = std::move(live_at);
+      t->received->erase(p);  // a copy that failed in an earlier round
+      continue;
+    }
+    std::unique_ptr<Piece>& piece = (*t->received)[p];
+    piece = snapshots_->NewPiece(src.target, src.use_gen, src.old_world, p,
+                                 src.use.checksum[static_cast<size_t>(p)]);
+    piece->ledger = src.use.ledger[static_cast<size_t>(p)];
+    if (!direct) PostRecvs(comm_, piece.get(), from, oo, &plan.works);
+    plan.lands[p] = {{piece->bytes.get(), piece->size}};
+    if (!live_at.empty()) plan.also_live[p] = std::move(live_at);
+  }
+  for (int p : plan.reads) {
+    if (plan.into_live.count(p) > 0 || plan.also_live.count(p) > 0) {
+      plan.live_hashes[p];
     }
   }
-  std::vector<PieceIo::Take> takes;
-  for (const auto& [p, from] : sender)
-    takes.push_back({p, into_live.count(p) > 0});
-  io()->Taking(target, takes);
-  // The holders stay in this round (its all-gather below) until every
-  // reader is done, so the pieces read are there; their checksums are
-  // checked below all the same: a piece read into the live state, or
-  // copied there as it lands, chunk by chunk, each hashed while it is
-  // in the cache (`live_hashes`).
-  // The works of the communicator go on meanwhile, and are waited for
-  // before any error is returned (their buffers are `received`'s).
-  std::map<int, pieces::CopyHasher> live_hashes;
-  for (int p : reads) {
-    if (into_live.count(p) > 0 || also_live.count(p) > 0) live_hashes[p];
-  }
+  return plan;
+}
+
+absl::Status Restore::ReadRound(size_t round, const Source& src,
+                                RoundPlan& plan, Restored* out) {
   auto read_piece = [&](int p) -> absl::Status {
-    const int from = sender.at(p);
-    auto hashed = live_hashes.find(p);
-    auto copied = also_live.find(p);
-    return ReadInPlace(p, from, in_place.pids[static_cast<size_t>(from)],
-                       use.address_by_slot[static_cast<size_t>(p)][round],
-                       lands.at(p),
-                       hashed != live_hashes.end() ? &hashed->second : nullptr,
-                       copied != also_live.end() ? &copied->second : nullptr);
+    const int from = plan.sender.at(p);
+    auto hashed = plan.live_hashes.find(p);
+    auto copied = plan.also_live.find(p);
+    return ReadInPlace(
+        p, from, src.in_place.pids[static_cast<size_t>(from)],
+        src.use.address_by_slot[static_cast<size_t>(p)][round],
+        plan.lands.at(p),
+        hashed != plan.live_hashes.end() ? &hashed->second : nullptr,
+        copied != plan.also_live.end() ? &copied->second : nullptr);
   };
-  std::vector<absl::Status> read_out(reads.size());
-  ForEachOnThreads(reads.size(), kRestoreThreads,
-                   [&](size_t i) { read_out[i] = read_piece(reads[i]); });
-  absl::Status read_status;
-  for (size_t i = 0; i < reads.size(); ++i) {
-    if (!read_out[i].ok()) {
-      read_status = read_out[i];
-      break;
-    }
+  std::vector<absl::Status> read_out(plan.reads.size());
+  ForEachOnThreads(plan.reads.size(), kRestoreThreads,
+                   [&](size_t i) { read_out[i] = read_piece(plan.reads[i]); });
+  for (size_t i = 0; i < plan.reads.size(); ++i) {
+    if (!read_out[i].ok()) return read_out[i];
     out->bytes_read_in_place +=
-        static_cast<int64_t>(state_->PieceSize(old_world, reads[i]));
+        static_cast<int64_t>(state_->PieceSize(src.old_world, plan.reads[i]));
   }
-  for (auto& w : works) HOLDFAST_RETURN_IF_ERROR(w->Wait());
-  HOLDFAST_RETURN_IF_ERROR(read_status);
-  for (const auto& [p, from] : sender) {
-    if (std::find(reads.begin(), reads.end(), p) != reads.end()) continue;
-    Piece& piece = *received->at(p);
-    io()->Received(p, piece.bytes.get(), piece.size);
-  }
+  return absl::OkStatus();
+}
+
+absl::Status Restore::CheckRound(size_t round, const Source& src,
+                                 RoundPlan& plan, Transfers* t) {
+  // Whether piece p has a holder after the one of `round`.
+  auto has_next = [&](int p) {
+    return src.use.by_slot[static_cast<size_t>(p)].size() > round + 1;
+  };
+  const int old_world = src.old_world;
   std::vector<int64_t> bad = PieceSets::Mine(old_world);
-  for (const auto& [p, from] : sender) {
-    out->bytes_received +=
+  for (const auto& [p, from] : plan.sender) {
+    t->out->bytes_received +=
         static_cast<int64_t>(state_->PieceSize(old_world, p));
-    auto hashed = live_hashes.find(p);
-    const uint64_t digest = hashed != live_hashes.end()
+    auto hashed = plan.live_hashes.find(p);
+    const uint64_t digest = hashed != plan.live_hashes.end()
                                 ? hashed->second.Digest()
-                                : ApplyReceived(*received->at(p), old_world);
-    if (digest == use.checksum[static_cast<size_t>(p)]) {
-      arrived->insert(p);
+                                : ApplyReceived(*t->received->at(p), old_world);
+    if (digest == src.use.checksum[static_cast<size_t>(p)]) {
+      t->arrived.insert(p);
       continue;
     }
     PieceSets::Add(&bad, p);
-    const bool more = has_next(p, round);
+    const bool more = has_next(p);
     const std::string why = absl::StrCat(
-        "the piece of slot ", p, " (world ", old_world, ", step ", target,
+        "the piece of slot ", p, " (world ", old_world, ", step ", src.target,
         ") received from slot ", from, " failed its checksum");
     HOLDFAST_LOG_ERROR("restore: slot {}: {}{}", slot_, why,
                        more ? "; receiving it from its next holder"
                             : "; no other member holds a good copy");
-    if (!more && lost->ok()) *lost = absl::DataLossError(why);
+    if (!more && t->lost.ok()) t->lost = absl::DataLossError(why);
   }
   HOLDFAST_ASSIGN_OR_RETURN(PieceSets failed,
                             PieceSets::Exchange(comm_, world_, std::move(bad)));
   std::vector<std::pair<int, int>> again;
-  for (const auto& [p, m] : *todo) {
-    if (failed.Has(m, p) && has_next(p, round)) again.emplace_back(p, m);
+  for (const auto& [p, m] : t->todo) {
+    if (failed.Has(m, p) && has_next(p)) again.emplace_back(p, m);
   }
-  *todo = std::move(again);
+  t->todo = std::move(again);
   return absl::OkStatus();
+}
+
+absl::Status Restore::TransferRound(size_t round, const Source& src,
+                                    Transfers* t) {
+  RoundPlan plan = PlanRound(round, src, t);
+  std::vector<PieceIo::Take> takes;
+  for (const auto& [p, from] : plan.sender) {
+    takes.push_back({p, plan.into_live.count(p) > 0});
+  }
+  io()->Taking(src.target, takes);
+  // The holders stay in this round (its all-gather in CheckRound) until
+  // every reader is done, so the pieces read are there; their checksums
+  // are checked all the same: a piece read into the live state, or copied
+  // there as it lands, chunk by chunk, each hashed while it is in the
+  // cache. The works of the communicator go on meanwhile, and are waited
+  // for before any error is returned (their buffers are `received`'s).
+  const absl::Status read_status = ReadRound(round, src, plan, t->out);
+  for (auto& w : plan.works) HOLDFAST_RETURN_IF_ERROR(w->Wait());
+  HOLDFAST_RETURN_IF_ERROR(read_status);
+  for (const auto& [p, from] : plan.sender) {
+    if (std::find(plan.reads.begin(), plan.reads.end(), p) !=
+        plan.reads.end()) {
+      continue;
+    }
+    Piece& piece = *t->received->at(p);
+    io()->Received(p, piece.bytes.get(), piece.size);
+  }
+  return CheckRound(round, src, plan, t);
 }
 
 }  // namespace holdfast::checkpoint
