@@ -69,6 +69,23 @@ class Round {
   absl::StatusOr<bool> Agree(bool verify, bool* verdicts);
   // Moves the bytes. `good`: every copy this member keeps arrived intact.
   absl::Status Transfer(const BackupPlacement& placement, bool* good);
+  // The buddies of this member's own piece; makes room in got_ for the
+  // copies it keeps for others.
+  std::vector<int> Allocate(const BackupPlacement& placement);
+  // The sends of the own piece to `buddies`, a job per link: the first
+  // link hashes the piece as it sends (with `hash`), the others wait for
+  // its digest before they send the checksum.
+  struct OwnDigest {
+    pieces::CopyHasher hasher;
+    absl::Notification done;
+    bool ok = false;  // written before `done` is notified
+  };
+  void AddSends(const std::vector<int>& buddies, bool hash, OwnDigest* digest,
+                std::vector<std::function<absl::Status()>>* jobs);
+  // The receives of the copies in got_, a job per link; each hashes its
+  // chunks as they land with `verify`.
+  void AddReceives(bool verify,
+                   std::vector<std::function<absl::Status()>>* jobs);
   // After the ack: the verdicts, the commit, and what follows it.
   absl::StatusOr<bool> Settle(bool good, bool verdicts);
 
@@ -155,18 +172,9 @@ absl::StatusOr<bool> Round::Agree(bool verify, bool* verdicts) {
   return false;
 }
 
-absl::Status Round::Transfer(const BackupPlacement& placement, bool* good) {
-  // The bytes go on the backup links, a thread per link (this one takes
-  // the last). The owner hashes each chunk of its piece just before
-  // writing it (a deferred piece was hashed as it was copied) and sends
-  // the checksum right after them, on the same thread; each receiver
-  // hashes the chunks as they land and, on its thread, reads the checksum
-  // and compares (with checks on arrival; else a restore does). So a
-  // link's check does not wait for the others' bytes.
-  const bool verify = placement.verify;
+std::vector<int> Round::Allocate(const BackupPlacement& placement) {
   const int world = own_->world;
   std::vector<int> own_buddies;
-  const absl::Time transfer_start = absl::Now();
   for (int o = 0; o < world; ++o) {
     for (int b : placement.buddies[static_cast<size_t>(o)]) {
       const size_t size = state_.PieceSize(world, o);
@@ -183,41 +191,45 @@ absl::Status Round::Transfer(const BackupPlacement& placement, bool* good) {
       moved_ += static_cast<int64_t>(size);
     }
   }
-  pieces::CopyHasher own_hasher;
-  const bool hash_own = !own_->deferred && !own_buddies.empty();
-  std::vector<std::function<absl::Status()>> jobs;
-  // The first link hashes the piece; the others wait for its digest.
-  absl::Notification digested;
-  bool digest_ok = false;  // written before `digested` is notified
-  for (size_t i = 0; i < own_buddies.size(); ++i) {
-    jobs.push_back([&, i]() -> absl::Status {
+  return own_buddies;
+}
+
+void Round::AddSends(const std::vector<int>& buddies, bool hash,
+                     OwnDigest* digest,
+                     std::vector<std::function<absl::Status()>>* jobs) {
+  for (size_t i = 0; i < buddies.size(); ++i) {
+    jobs->push_back([this, &buddies, hash, digest, i]() -> absl::Status {
       Piece* own = own_;
-      if (i == 0 && hash_own) {
-        absl::Cleanup notify = [&digested] { digested.Notify(); };
+      if (i == 0 && hash) {
+        absl::Cleanup notify = [digest] { digest->done.Notify(); };
         HOLDFAST_RETURN_IF_ERROR(links_->SendPiece(
-            own_buddies[i], s_, own->bytes.get(), own->size, &own_hasher));
-        own->checksum = own_hasher.Digest();
-        digest_ok = true;
+            buddies[i], s_, own->bytes.get(), own->size, &digest->hasher));
+        own->checksum = digest->hasher.Digest();
+        digest->ok = true;
       } else {
         HOLDFAST_RETURN_IF_ERROR(links_->SendPiece(
-            own_buddies[i], s_, own->bytes.get(), own->size, nullptr));
-        if (hash_own) {
-          digested.WaitForNotification();
-          if (!digest_ok) {
+            buddies[i], s_, own->bytes.get(), own->size, nullptr));
+        if (hash) {
+          digest->done.WaitForNotification();
+          if (!digest->ok) {
             return absl::AbortedError(absl::StrCat(
                 "the checksum of slot ", me_, "'s piece of step ", s_,
                 " was not computed: its first backup link failed"));
           }
         }
       }
-      return links_->SendTrailer(own_buddies[i], {own->checksum, own->ledger});
+      return links_->SendTrailer(buddies[i], {own->checksum, own->ledger});
     });
   }
+}
+
+void Round::AddReceives(bool verify,
+                        std::vector<std::function<absl::Status()>>* jobs) {
   std::vector<int> owners;  // ascending, as got_
   for (const auto& in : got_) owners.push_back(in->piece->slot);
   hooks_.io->Receiving(s_, owners);
   for (auto& in : got_) {
-    jobs.push_back([&, p = in.get()]() -> absl::Status {
+    jobs->push_back([this, verify, p = in.get()]() -> absl::Status {
       Piece& piece = *p->piece;
       HOLDFAST_RETURN_IF_ERROR(links_->RecvPiece(
           piece.slot, s_, piece.bytes.get(), piece.size,
@@ -233,6 +245,23 @@ absl::Status Round::Transfer(const BackupPlacement& placement, bool* good) {
       return absl::OkStatus();
     });
   }
+}
+
+absl::Status Round::Transfer(const BackupPlacement& placement, bool* good) {
+  // The bytes go on the backup links, a thread per link (this one takes
+  // the last). The owner hashes each chunk of its piece just before
+  // writing it (a deferred piece was hashed as it was copied) and sends
+  // the checksum right after them, on the same thread; each receiver
+  // hashes the chunks as they land and, on its thread, reads the checksum
+  // and compares (with checks on arrival; else a restore does). So a
+  // link's check does not wait for the others' bytes.
+  const absl::Time transfer_start = absl::Now();
+  const std::vector<int> own_buddies = Allocate(placement);
+  const bool hash_own = !own_->deferred && !own_buddies.empty();
+  OwnDigest digest;
+  std::vector<std::function<absl::Status()>> jobs;
+  AddSends(own_buddies, hash_own, &digest, &jobs);
+  AddReceives(placement.verify, &jobs);
   bulk::Links* links = links_;
   const absl::Status st =
       RunJobs("the backup round", jobs,

@@ -112,6 +112,74 @@ absl::StatusOr<RuntimeImpl::SideChannel> RuntimeImpl::Side(int64_t gen) {
   return SideChannel{side_, links_};
 }
 
+absl::Status RuntimeImpl::AwaitArrivals(Store& store, int64_t gen, int world,
+                                        int slot,
+                                        const bulk::Cancelled& cancelled) {
+  // Everyone arrives first. The training communicator of this
+  // generation is being built at the same time, so every member is in
+  // the same protocol step: one that does not come within the connect
+  // timeout is stuck, and is named as absent (reported like a rendezvous
+  // no-show). A new generation, leaving, or the failure of the training
+  // communicator cancels the wait.
+  const std::string arrived = absl::StrCat("g", gen, "/arrived/");
+  std::vector<std::string> keys;
+  for (int r = 0; r < world; ++r) keys.push_back(absl::StrCat(arrived, r));
+  absl::Status here = store.Set(absl::StrCat(arrived, slot), "1");
+  if (here.ok()) here = store.Wait(keys, options_.comm.connect_timeout);
+  if (!here.ok()) {
+    if (auto why = cancelled()) return absl::AbortedError(*why);
+    std::vector<size_t> missing;
+    if (here.code() == absl::StatusCode::kDeadlineExceeded) {
+      missing = MissingKeys(store, keys);  // not this slot's: set above
+    }
+    if (!missing.empty()) {
+      const int r = static_cast<int>(missing.front());
+      here = absl::DeadlineExceededError(
+          absl::StrCat("side communicator of generation ", gen, ": slot ", r,
+                       " did not arrive within ",
+                       absl::FormatDuration(options_.comm.connect_timeout),
+                       " (", here.message(), ")"));
+      SetAbsent(&here, r);
+    }
+    return here;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RuntimeImpl::PlacementLabels> RuntimeImpl::ExchangeLabels(
+    Communicator& side, int world, int slot) {
+  // Failure domains: each member's own labels, exchanged here, and
+  // whether it checks backups on arrival (every member must run the same
+  // round: if their settings differ, the stricter one is used).
+  const int64_t labels[3] = {
+      static_cast<int64_t>(
+          XXH3_64bits(options_.host.data(), options_.host.size())),
+      options_.topology_block.empty()
+          ? 0
+          : static_cast<int64_t>(XXH3_64bits(options_.topology_block.data(),
+                                             options_.topology_block.size())),
+      options_.verify_backups == VerifyBackups::kArrival ? 1 : 0};
+  std::vector<int64_t> all(static_cast<size_t>(world) * 3);
+  HOLDFAST_RETURN_IF_ERROR(
+      side.AllGather(labels, all.data(), 3, DataType::kInt64)->Wait());
+  PlacementLabels out;
+  pieces::PlacementInput& in = out.input;
+  int& arrival = out.arrival;
+  for (int r = 0; r < world; ++r) {
+    const size_t at = static_cast<size_t>(r) * 3;
+    in.domain.push_back(static_cast<uint64_t>(all[at]));
+    in.block.push_back(static_cast<uint64_t>(all[at + 1]));
+    arrival += all[at + 2] != 0 ? 1 : 0;
+  }
+  if (arrival > 0 && arrival < world && slot == 0) {
+    HOLDFAST_LOG_WARN(
+        "runtime: verify_backups differs between members ({} of {} check "
+        "on arrival); all of them check on arrival",
+        arrival, world);
+  }
+  return out;
+}
+
 absl::Status RuntimeImpl::BuildSide(int64_t gen, int world, int slot,
                                     const bulk::Cancelled& cancelled) {
   std::shared_ptr<Communicator> old;
@@ -134,34 +202,7 @@ absl::Status RuntimeImpl::BuildSide(int64_t gen, int world, int slot,
   const std::string bulk_key = absl::StrCat("g", gen, "/bulk/");
   HOLDFAST_RETURN_IF_ERROR(
       store->Set(absl::StrCat(bulk_key, slot), listener->address()));
-  // Everyone arrives first. The training communicator of this
-  // generation is being built at the same time, so every member is in
-  // the same protocol step: one that does not come within the connect
-  // timeout is stuck, and is named as absent (reported like a rendezvous
-  // no-show). A new generation, leaving, or the failure of the training
-  // communicator cancels the wait.
-  const std::string arrived = absl::StrCat("g", gen, "/arrived/");
-  std::vector<std::string> keys;
-  for (int r = 0; r < world; ++r) keys.push_back(absl::StrCat(arrived, r));
-  absl::Status here = store->Set(absl::StrCat(arrived, slot), "1");
-  if (here.ok()) here = store->Wait(keys, options_.comm.connect_timeout);
-  if (!here.ok()) {
-    if (auto why = cancelled()) return absl::AbortedError(*why);
-    std::vector<size_t> missing;
-    if (here.code() == absl::StatusCode::kDeadlineExceeded) {
-      missing = MissingKeys(*store, keys);  // not this slot's: set above
-    }
-    if (!missing.empty()) {
-      const int r = static_cast<int>(missing.front());
-      here = absl::DeadlineExceededError(
-          absl::StrCat("side communicator of generation ", gen, ": slot ", r,
-                       " did not arrive within ",
-                       absl::FormatDuration(options_.comm.connect_timeout),
-                       " (", here.message(), ")"));
-      SetAbsent(&here, r);
-    }
-    return here;
-  }
+  HOLDFAST_RETURN_IF_ERROR(AwaitArrivals(*store, gen, world, slot, cancelled));
   HOLDFAST_ASSIGN_OR_RETURN(
       std::shared_ptr<Communicator> side,
       CreateComm(store, gen, world, slot, kSideConnectTimeout,
@@ -171,34 +212,10 @@ absl::Status RuntimeImpl::BuildSide(int64_t gen, int world, int slot,
     side_ = side;
     if (view_.generation > gen) side_->Abort("a newer generation opened");
   }
-  // Failure domains: each member's own labels, exchanged here, and
-  // whether it checks backups on arrival (every member must run the same
-  // round: if their settings differ, the stricter one is used).
-  const int64_t labels[3] = {
-      static_cast<int64_t>(
-          XXH3_64bits(options_.host.data(), options_.host.size())),
-      options_.topology_block.empty()
-          ? 0
-          : static_cast<int64_t>(XXH3_64bits(options_.topology_block.data(),
-                                             options_.topology_block.size())),
-      options_.verify_backups == VerifyBackups::kArrival ? 1 : 0};
-  std::vector<int64_t> all(static_cast<size_t>(world) * 3);
-  HOLDFAST_RETURN_IF_ERROR(
-      side->AllGather(labels, all.data(), 3, DataType::kInt64)->Wait());
-  pieces::PlacementInput in;
-  int arrival = 0;
-  for (int r = 0; r < world; ++r) {
-    const size_t at = static_cast<size_t>(r) * 3;
-    in.domain.push_back(static_cast<uint64_t>(all[at]));
-    in.block.push_back(static_cast<uint64_t>(all[at + 1]));
-    arrival += all[at + 2] != 0 ? 1 : 0;
-  }
-  if (arrival > 0 && arrival < world && slot == 0) {
-    HOLDFAST_LOG_WARN(
-        "runtime: verify_backups differs between members ({} of {} check "
-        "on arrival); all of them check on arrival",
-        arrival, world);
-  }
+  HOLDFAST_ASSIGN_OR_RETURN(PlacementLabels labels,
+                            ExchangeLabels(*side, world, slot));
+  pieces::PlacementInput in = std::move(labels.input);
+  const int arrival = labels.arrival;
   in.replicas = options_.replicas;
   in.tp = options_.tp_size;
   in.pp = options_.pp_size;

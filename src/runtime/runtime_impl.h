@@ -159,6 +159,23 @@ class RuntimeImpl final : public Runtime {
   // Recover(cause), unless the same failure keeps coming back
   // (RuntimeOptions::max_step_retries), then resumes after the restored
   // step.
+  // One try at recovering in generation `v`: its communicator, then the
+  // restore. The step restored; else the error, with `fatal` set when
+  // retrying in the next generation cannot help.
+  absl::StatusOr<int64_t> RecoverIn(const View& v, RecoveryRecord* rec,
+                                    bool* fatal);
+  // Run's options, refused by name (before anything starts).
+  absl::Status CheckRunOptions(const RunOptions& options,
+                               bool has_step_fn) const;
+  // Waits for a slot, then resumes the job where it is (recovering if the
+  // start fails).
+  absl::Status Begin(Loop* loop, const RunOptions& options);
+  // The steps from loop->step to options.steps, recovering from each
+  // failure that can be recovered.
+  absl::Status RunSteps(
+      Loop* loop,
+      const std::function<absl::Status(const StepContext&)>& step_fn,
+      const RunOptions& options);
   absl::Status RecoverInLoop(Loop* loop, const RunOptions& options,
                              const absl::Status& cause);
   // Runs step `step` of the step function; its status, or why the step
@@ -321,6 +338,19 @@ class RuntimeImpl final : public Runtime {
   absl::StatusOr<SideChannel> Side(int64_t gen);
   // Builds the side communicator of generation `gen` and places the
   // buddies of every slot in it.
+  // Every member of generation `gen` arrives at the side rendezvous;
+  // one that does not within the connect timeout is named as absent.
+  absl::Status AwaitArrivals(Store& store, int64_t gen, int world, int slot,
+                             const bulk::Cancelled& cancelled);
+  // The failure domains of every member (its host label and topology
+  // block), exchanged on the side communicator, and how many check backups
+  // on arrival.
+  struct PlacementLabels {
+    pieces::PlacementInput input;
+    int arrival = 0;
+  };
+  absl::StatusOr<PlacementLabels> ExchangeLabels(Communicator& side, int world,
+                                                 int slot);
   absl::Status BuildSide(int64_t gen, int world, int slot,
                          const bulk::Cancelled& cancelled);
   // Opens this member's backup links of generation `gen`: to each of its

@@ -51,6 +51,38 @@ std::string Received(const RecoveryRecord& rec) {
                           : "");
 }
 
+absl::StatusOr<int64_t> RuntimeImpl::RecoverIn(const View& v,
+                                               RecoveryRecord* rec,
+                                               bool* fatal) {
+  absl::Status s = BuildComm();
+  // A communicator that cannot be built by this program at all (an
+  // unknown backend, NCCL not linked, no GPU) will not be built by the
+  // next generation either: stop instead of cycling.
+  if (s.code() == absl::StatusCode::kInvalidArgument ||
+      s.code() == absl::StatusCode::kFailedPrecondition) {
+    *fatal = true;
+    return s;
+  }
+  if (!s.ok()) return s;
+  rec->rebuilt_ms = NowMs();
+  absl::StatusOr<int64_t> restored = Restore(rec);
+  if (!restored.ok()) {
+    *fatal = !IsRecoverable(restored.status()) && CommHealthy();
+    return restored.status();
+  }
+  rec->restored_ms = NowMs();
+  rec->generation = v.generation;
+  rec->restored_step = *restored;
+  rec->lost_steps = progress_.lost_steps;
+  pending_record_ = *rec;
+  HOLDFAST_LOG_INFO(
+      "runtime: slot {} of {} recovered at generation {}: step {} "
+      "restored ({}) in {} ms",
+      v.slot, v.world, v.generation, *restored, Received(*rec),
+      rec->restored_ms - rec->seen_ms);
+  return *restored;
+}
+
 absl::StatusOr<int64_t> RuntimeImpl::Recover(const absl::Status& cause) {
   RecoveryRecord rec;
   rec.cause = std::string(cause.message());
@@ -108,33 +140,10 @@ absl::StatusOr<int64_t> RuntimeImpl::Recover(const absl::Status& cause) {
       fault_point = false;
       faults_->AtRecovery(v.slot, recoveries_);
     }
-    absl::Status s = BuildComm();
-    // A communicator that cannot be built by this program at all (an
-    // unknown backend, NCCL not linked, no GPU) will not be built by
-    // the next generation either: stop instead of cycling.
-    if (s.code() == absl::StatusCode::kInvalidArgument ||
-        s.code() == absl::StatusCode::kFailedPrecondition) {
-      return s;
-    }
-    if (s.ok()) {
-      rec.rebuilt_ms = NowMs();
-      absl::StatusOr<int64_t> restored = Restore(&rec);
-      if (restored.ok()) {
-        rec.restored_ms = NowMs();
-        rec.generation = v.generation;
-        rec.restored_step = *restored;
-        rec.lost_steps = progress_.lost_steps;
-        pending_record_ = rec;
-        HOLDFAST_LOG_INFO(
-            "runtime: slot {} of {} recovered at generation {}: step {} "
-            "restored ({}) in {} ms",
-            v.slot, v.world, v.generation, *restored, Received(rec),
-            rec.restored_ms - rec.seen_ms);
-        return *restored;
-      }
-      s = restored.status();
-      if (!IsRecoverable(s) && CommHealthy()) return s;
-    }
+    bool fatal = false;
+    absl::StatusOr<int64_t> restored = RecoverIn(v, &rec, &fatal);
+    if (restored.ok() || fatal) return restored;
+    const absl::Status s = restored.status();
     last_error = std::string(s.message());
     absent = AbsentPeer(s);
     unreachable = UnreachablePeers(s);
@@ -224,18 +233,14 @@ absl::StatusOr<RunResult> RuntimeImpl::Run(
   return r;
 }
 
-absl::StatusOr<RunResult> RuntimeImpl::RunLoop(
-    std::function<absl::Status(const StepContext&)> step_fn,
-    const RunOptions& options) {
-  if (started_) {
-    return absl::FailedPreconditionError("Run: called twice");
-  }
+absl::Status RuntimeImpl::CheckRunOptions(const RunOptions& options,
+                                          bool has_step_fn) const {
   if (options.start_step < 0 || options.start_step > options.steps) {
     return absl::InvalidArgumentError(
         absl::StrCat("Run: start_step is ", options.start_step,
                      "; it is 0 to steps (", options.steps, ")"));
   }
-  if (options.steps < 0 || options.snapshot_every < 1 || !step_fn) {
+  if (options.steps < 0 || options.snapshot_every < 1 || !has_step_fn) {
     return absl::InvalidArgumentError(
         "Run: steps must be >= 0, snapshot_every >= 1 and step_fn set");
   }
@@ -257,47 +262,63 @@ absl::StatusOr<RunResult> RuntimeImpl::RunLoop(
         "Run: numerics.spike_factor must be >= 0 (0: off), spike_window and "
         "spike_warmup >= 1");
   }
+  return absl::OkStatus();
+}
+
+absl::Status RuntimeImpl::Begin(Loop* loop, const RunOptions& options) {
+  HOLDFAST_RETURN_IF_ERROR(AwaitSlot());
+  absl::StatusOr<int64_t> started = Start(options.start_step);
+  if (started.ok()) return ResumeAt(loop, options, *started);
+  if (!IsRecoverable(started.status()) && CommHealthy()) {
+    return started.status();
+  }
+  return RecoverInLoop(loop, options, started.status());
+}
+
+absl::Status RuntimeImpl::RunSteps(
+    Loop* loop, const std::function<absl::Status(const StepContext&)>& step_fn,
+    const RunOptions& options) {
+  while (loop->step <= options.steps) {
+    const absl::Time t0 = absl::Now();
+    bool fenced = false;  // the step called BeginStateUpdate()
+    absl::Status fatal;
+    absl::Status s = CallStep(step_fn, options, loop->step, &fenced, &fatal);
+    HOLDFAST_RETURN_IF_ERROR(fatal);
+    if (!s.ok()) {
+      if (!IsRecoverable(s) && CommHealthy() &&
+          s.code() != absl::StatusCode::kFailedPrecondition) {
+        return s;
+      }
+      // A trainer that fences its writes and failed before this
+      // step's fence left its state as the last step did.
+      if (fenced || !fences_) progress_.live_step = -1;
+      HOLDFAST_RETURN_IF_ERROR(RecoverInLoop(loop, options, s));
+      continue;
+    }
+    s = CompleteStep(options, loop->step, t0, fenced);
+    if (!s.ok()) {
+      if (!IsRecoverable(s)) return s;
+      HOLDFAST_RETURN_IF_ERROR(RecoverInLoop(loop, options, s));
+      continue;
+    }
+    ++loop->step;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RunResult> RuntimeImpl::RunLoop(
+    std::function<absl::Status(const StepContext&)> step_fn,
+    const RunOptions& options) {
+  if (started_) {
+    return absl::FailedPreconditionError("Run: called twice");
+  }
+  HOLDFAST_RETURN_IF_ERROR(CheckRunOptions(options, step_fn != nullptr));
   run_skip_ = options.skip_data;
   started_ = true;
-  HOLDFAST_RETURN_IF_ERROR(AwaitSlot());
   Loop loop;
-  {
-    absl::StatusOr<int64_t> started = Start(options.start_step);
-    if (started.ok()) {
-      HOLDFAST_RETURN_IF_ERROR(ResumeAt(&loop, options, *started));
-    } else {
-      if (!IsRecoverable(started.status()) && CommHealthy()) {
-        return started.status();
-      }
-      HOLDFAST_RETURN_IF_ERROR(RecoverInLoop(&loop, options, started.status()));
-    }
-  }
+  HOLDFAST_RETURN_IF_ERROR(Begin(&loop, options));
   for (;;) {
-    while (loop.step <= options.steps) {
-      const absl::Time t0 = absl::Now();
-      bool fenced = false;  // the step called BeginStateUpdate()
-      absl::Status fatal;
-      absl::Status s = CallStep(step_fn, options, loop.step, &fenced, &fatal);
-      HOLDFAST_RETURN_IF_ERROR(fatal);
-      if (!s.ok()) {
-        if (!IsRecoverable(s) && CommHealthy() &&
-            s.code() != absl::StatusCode::kFailedPrecondition) {
-          return s;
-        }
-        // A trainer that fences its writes and failed before this
-        // step's fence left its state as the last step did.
-        if (fenced || !fences_) progress_.live_step = -1;
-        HOLDFAST_RETURN_IF_ERROR(RecoverInLoop(&loop, options, s));
-        continue;
-      }
-      s = CompleteStep(options, loop.step, t0, fenced);
-      if (!s.ok()) {
-        if (!IsRecoverable(s)) return s;
-        HOLDFAST_RETURN_IF_ERROR(RecoverInLoop(&loop, options, s));
-        continue;
-      }
-      ++loop.step;
-    }
+    HOLDFAST_RETURN_IF_ERROR(RunSteps(&loop, step_fn, options));
     // Let the last backup round finish (its peers are in it too) before
     // leaving, so nobody sees this member vanish from under a transfer.
     finishing_ = true;
