@@ -406,7 +406,12 @@ absl::Status Membership::Heartbeat(const HeartbeatRequest& req,
   if (observer_ != nullptr) observer_->OnHeartbeat();
   mem.last_seen = now;
   mem.seen_generation = std::max(mem.seen_generation, req.generation());
-  const StepReport& r = req.report();
+  NoteReportLocked(mem, req.report(), now);
+  return absl::OkStatus();
+}
+
+void Membership::NoteReportLocked(Member& mem, const StepReport& r,
+                                  absl::Time now) {
   if (r.has_rendezvous_generation() &&
       r.rendezvous_generation() > mem.rendezvous_generation) {
     mem.rendezvous_generation = r.rendezvous_generation();
@@ -419,11 +424,18 @@ absl::Status Membership::Heartbeat(const HeartbeatRequest& req,
   mem.phase = r.phase();
   mem.collective_seq = r.collective_seq();
   if (r.last_step_us() > 0) mem.last_step_us = r.last_step_us();
-  if (r.step_end() && r.last_step_us() > 0 && mem.role == ROLE_WORKER) {
-    NotePaceLocked(r.step(), r.last_step_us(), r.collective_us());
+  if (!r.metrics().empty()) {
+    mem.metrics.clear();
+    for (const auto& [k, v] : r.metrics()) mem.metrics.emplace(k, v);
   }
-  if (r.step_end() && r.last_step_us() > 0 && mem.role == ROLE_WORKER &&
-      detection_.straggler_window > 0) {
+  if (r.step_end() && r.last_step_us() > 0 && mem.role == ROLE_WORKER) {
+    NoteStepEndLocked(mem, r);
+  }
+}
+
+void Membership::NoteStepEndLocked(Member& mem, const StepReport& r) {
+  NotePaceLocked(r.step(), r.last_step_us(), r.collective_us());
+  if (detection_.straggler_window > 0) {
     if (mem.work_generation != generation_ ||
         (!mem.work_us.empty() && mem.work_us.back().first >= r.step())) {
       // A new generation, or steps redone after a rollback.
@@ -439,14 +451,9 @@ absl::Status Membership::Heartbeat(const HeartbeatRequest& req,
       mem.work_us.pop_front();
     }
   }
-  if (!r.metrics().empty()) {
-    mem.metrics.clear();
-    for (const auto& [k, v] : r.metrics()) mem.metrics.emplace(k, v);
-  }
   // One sample per step number, whoever reports it first: the history does
   // not grow with the world size.
-  if (r.step_end() && r.last_step_us() > 0 && r.step() > last_history_step_ &&
-      mem.role == ROLE_WORKER) {
+  if (r.step() > last_history_step_) {
     last_history_step_ = r.step();
     step_history_us_.push_back(r.last_step_us());
     while (step_history_us_.size() >
@@ -454,7 +461,6 @@ absl::Status Membership::Heartbeat(const HeartbeatRequest& req,
       step_history_us_.pop_front();
     }
   }
-  return absl::OkStatus();
 }
 
 void Membership::Unbind(uint64_t member_id, MemberSink* sink) {
@@ -511,6 +517,43 @@ void Membership::Detach(uint64_t member_id, MemberSink* sink, bool clean,
                 0, now);
 }
 
+absl::StatusOr<bool> Membership::CommFailedLocked(
+    Member& r, const ReportFailureRequest& req, absl::Time now) {
+  if (r.role != ROLE_WORKER) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("member ", r.id, " is a standby; it has no communicator"));
+  }
+  if (job_state_ != JOB_RUNNING || finished_workers_ > 0) return false;
+  if (policy_.max_unexplained_rebuilds > 0 &&
+      unexplained_rebuilds_ >= policy_.max_unexplained_rebuilds) {
+    // Never loop: act on the best evidence, or stop.
+    if (NoteUnreachableLocked(r, req, /*force=*/true, now)) return true;
+    EndJobLocked(
+        JOB_STOPPED,
+        absl::StrCat(
+            "the group was rebuilt ", unexplained_rebuilds_,
+            " times in a row without committing a step or naming a "
+            "culprit; the job stops rather than rebuild forever (last: "
+            "slot ",
+            r.slot, ": ", req.reason(),
+            "). Resume it from its disk tier (holdfast-run prints the "
+            "checkpoint directory) once the fault is found"));
+    return false;
+  }
+  ++unexplained_rebuilds_;
+  RecordIncidentLocked(MakeIncidentLocked(
+      r, INCIDENT_COMM_FAILED,
+      absl::StrCat("slot ", r.slot,
+                   " reported its communicator failed: ", req.reason()),
+      now, r.id, now));
+  AbortOrder abort;
+  abort.set_reason(
+      absl::StrCat("slot ", r.slot, "'s communicator failed: ", req.reason()));
+  abort.set_failed_slot(-1);
+  OpenGenerationLocked(-1, "", std::move(abort), now);
+  return true;
+}
+
 absl::StatusOr<bool> Membership::ReportFailure(const ReportFailureRequest& req,
                                                absl::Time now) {
   if (absl::Status s =
@@ -549,42 +592,7 @@ absl::StatusOr<bool> Membership::ReportFailure(const ReportFailureRequest& req,
         absl::StrCat("peer slot ", req.peer_slot(), " is out of range [0, ",
                      world_size_, ") (-1: the communicator failed)"));
   }
-  if (req.peer_slot() == -1) {
-    Member& r = **reporter;
-    if (r.role != ROLE_WORKER) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "member ", r.id, " is a standby; it has no communicator"));
-    }
-    if (job_state_ != JOB_RUNNING || finished_workers_ > 0) return false;
-    if (policy_.max_unexplained_rebuilds > 0 &&
-        unexplained_rebuilds_ >= policy_.max_unexplained_rebuilds) {
-      // Never loop: act on the best evidence, or stop.
-      if (NoteUnreachableLocked(r, req, /*force=*/true, now)) return true;
-      EndJobLocked(
-          JOB_STOPPED,
-          absl::StrCat(
-              "the group was rebuilt ", unexplained_rebuilds_,
-              " times in a row without committing a step or naming a "
-              "culprit; the job stops rather than rebuild forever (last: "
-              "slot ",
-              r.slot, ": ", req.reason(),
-              "). Resume it from its disk tier (holdfast-run prints the "
-              "checkpoint directory) once the fault is found"));
-      return false;
-    }
-    ++unexplained_rebuilds_;
-    RecordIncidentLocked(MakeIncidentLocked(
-        r, INCIDENT_COMM_FAILED,
-        absl::StrCat("slot ", r.slot,
-                     " reported its communicator failed: ", req.reason()),
-        now, r.id, now));
-    AbortOrder abort;
-    abort.set_reason(absl::StrCat("slot ", r.slot,
-                                  "'s communicator failed: ", req.reason()));
-    abort.set_failed_slot(-1);
-    OpenGenerationLocked(-1, "", std::move(abort), now);
-    return true;
-  }
+  if (req.peer_slot() == -1) return CommFailedLocked(**reporter, req, now);
   const uint64_t peer_id = slots_[req.peer_slot()];
   if (peer_id == 0 || peer_id == req.member_id()) return false;
   Member& peer = members_.at(peer_id);

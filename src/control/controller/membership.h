@@ -378,6 +378,25 @@ class Membership {
   // Leaves out the members absent from a recovery's rendezvous
   // (DetectionOptions::rendezvous_grace).
   void ScanRendezvousLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A worker reported that its communicator failed, naming nobody: the
+  // group is rebuilt (a new generation), up to the loop bound; past it the
+  // best evidence of the data network is acted on, or the job stops.
+  absl::StatusOr<bool> CommFailedLocked(Member& r,
+                                        const ReportFailureRequest& req,
+                                        absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Worker `m` was slow on the newest `run` steps (its work summed over
+  // them, `mine`, against its peers' median, `peers`): an incident, or a
+  // standby replaces it where the policy says so. Whether it was replaced.
+  bool StragglerLocked(Member& m, int run, double mine, double peers,
+                       absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What a heartbeat's step report says of `mem`: its step, phase and
+  // metrics; at a worker's step end, its pace, its work time (for the
+  // straggler scan) and the job's step history.
+  void NoteReportLocked(Member& mem, const StepReport& r, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void NoteStepEndLocked(Member& mem, const StepReport& r)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeCommitLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Numeric anomalies (membership_numeric.cc). A report joins the
   // generation's case; the case is decided when every worker has reported

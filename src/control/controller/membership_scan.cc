@@ -278,6 +278,102 @@ StatusResponse Membership::Status(const StatusRequest& req,
   return r;
 }
 
+namespace {
+
+// The steps every worker reported, newest first: each one's work by
+// worker, and the same values sorted (for the median of a worker's peers
+// in O(log n): the median of the others is the sorted list's, one place
+// further when the worker's own value sits at or below it).
+struct CompleteSteps {
+  std::vector<std::vector<int64_t>> work;
+  std::vector<std::vector<int64_t>> sorted;
+};
+
+CompleteSteps Complete(
+    const std::vector<const std::deque<std::pair<int64_t, int64_t>>*>& work) {
+  const size_t n = work.size();
+  std::map<int64_t, std::vector<int64_t>> by_step;
+  for (size_t i = 0; i < n; ++i) {
+    for (const auto& [step, us] : *work[i]) {
+      std::vector<int64_t>& v = by_step[step];
+      v.resize(n, -1);
+      v[i] = us;
+    }
+  }
+  CompleteSteps out;
+  for (auto it = by_step.rbegin(); it != by_step.rend(); ++it) {
+    if (std::find(it->second.begin(), it->second.end(), -1) ==
+        it->second.end()) {
+      out.work.push_back(it->second);
+      out.sorted.push_back(it->second);
+      std::sort(out.sorted.back().begin(), out.sorted.back().end());
+    }
+  }
+  return out;
+}
+
+// The newest steps in a row on which worker i was slow (its work at least
+// `factor` times its peers' median, and `floor_us` more), and its own
+// work and its peers' median summed over them.
+struct SlowRun {
+  int run = 0;
+  double mine = 0, peers = 0;
+};
+
+SlowRun SlowRunOf(const CompleteSteps& steps, size_t i, double factor,
+                  int64_t floor_us) {
+  const size_t mid = (steps.work[0].size() - 1) / 2;  // among n - 1 others
+  SlowRun r;
+  for (size_t k = 0; k < steps.work.size(); ++k) {
+    const std::vector<int64_t>& all = steps.sorted[k];
+    const int64_t own = steps.work[k][i];
+    const size_t at = static_cast<size_t>(
+        std::lower_bound(all.begin(), all.end(), own) - all.begin());
+    const int64_t median = at <= mid ? all[mid + 1] : all[mid];
+    if (static_cast<double>(own) < factor * static_cast<double>(median) ||
+        own - median < floor_us) {
+      break;
+    }
+    ++r.run;
+    r.mine += static_cast<double>(own);
+    r.peers += static_cast<double>(median);
+  }
+  return r;
+}
+
+}  // namespace
+
+bool Membership::StragglerLocked(Member& m, int run, double mine, double peers,
+                                 absl::Time now) {
+  const std::string evidence = absl::StrFormat(
+      "its own work took %.1f ms a step against its peers' %.1f ms "
+      "(%.2fx) over the last %d steps every worker reported (step time "
+      "less time inside collectives; threshold %.2fx): the others wait "
+      "for it in each collective",
+      mine / run / 1000.0, peers / run / 1000.0, peers > 0 ? mine / peers : 0.0,
+      run, detection_.straggler_factor);
+  // The share of each step its peers spend waiting for it.
+  const double cost = mine > 0 ? 1.0 - peers / mine : 0.0;
+  if (policy_.replace_stragglers && run >= policy_.straggler_replace_after &&
+      cost >= policy_.straggler_min_cost && !standbys_.empty() &&
+      stragglers_replaced_ < policy_.straggler_budget) {
+    ++stragglers_replaced_;
+    DeclareLocked(m, INCIDENT_STRAGGLER,
+                  absl::StrFormat("%s; it costs the job %.0f%% of each "
+                                  "step, so a standby replaces it (%d of "
+                                  "the job's budget of %d)",
+                                  evidence, 100 * cost, stragglers_replaced_,
+                                  policy_.straggler_budget),
+                  now, 0, now);
+    return true;
+  }
+  if (m.straggler_generation == generation_) return false;
+  m.straggler_generation = generation_;
+  RecordIncidentLocked(
+      MakeIncidentLocked(m, INCIDENT_STRAGGLER, evidence, now, 0, now));
+  return false;
+}
+
 void Membership::ScanStragglersLocked(absl::Time now) {
   const int window = detection_.straggler_window;
   // Only new step ends can change the answer.
@@ -288,89 +384,25 @@ void Membership::ScanStragglersLocked(absl::Time now) {
     return;
   }
   std::vector<Member*> workers;
+  std::vector<const std::deque<std::pair<int64_t, int64_t>>*> work;
   for (uint64_t id : slots_) {
     if (id == 0) return;
     Member& m = members_.at(id);
     if (m.state != STATE_ALIVE) return;
+    if (m.work_generation != generation_) return;  // none yet
     workers.push_back(&m);
+    work.push_back(&m.work_us);
   }
-  // The steps every worker reported, with each one's work, newest first.
-  const size_t n = workers.size();
-  std::map<int64_t, std::vector<int64_t>> by_step;
-  for (size_t i = 0; i < n; ++i) {
-    if (workers[i]->work_generation != generation_) return;  // none yet
-    for (const auto& [step, us] : workers[i]->work_us) {
-      std::vector<int64_t>& v = by_step[step];
-      v.resize(n, -1);
-      v[i] = us;
-    }
-  }
-  // Each complete step's values, and the same sorted (for the median of
-  // a worker's peers in O(log n): the median of the others is the sorted
-  // list's, one place further when the worker's own value sits at or
-  // below it).
-  std::vector<const std::vector<int64_t>*> steps;
-  std::vector<std::vector<int64_t>> sorted;
-  for (auto it = by_step.rbegin(); it != by_step.rend(); ++it) {
-    if (std::find(it->second.begin(), it->second.end(), -1) ==
-        it->second.end()) {
-      steps.push_back(&it->second);
-      sorted.push_back(it->second);
-      std::sort(sorted.back().begin(), sorted.back().end());
-    }
-  }
-  if (steps.size() < static_cast<size_t>(window)) return;
-  const size_t mid = (n - 1) / 2;  // the median's index among n - 1 others
+  const CompleteSteps steps = Complete(work);
+  if (steps.work.size() < static_cast<size_t>(window)) return;
   const int64_t floor_us =
       absl::ToInt64Microseconds(detection_.straggler_floor);
-  for (size_t i = 0; i < n; ++i) {
-    // The newest steps in a row on which it was slow, and its own work
-    // and its peers' median over them.
-    int run = 0;
-    double mine = 0, peers = 0;
-    for (size_t k = 0; k < steps.size(); ++k) {
-      const std::vector<int64_t>& all = sorted[k];
-      const int64_t own = (*steps[k])[i];
-      const size_t at = static_cast<size_t>(
-          std::lower_bound(all.begin(), all.end(), own) - all.begin());
-      const int64_t median = at <= mid ? all[mid + 1] : all[mid];
-      if (static_cast<double>(own) <
-              detection_.straggler_factor * static_cast<double>(median) ||
-          own - median < floor_us) {
-        break;
-      }
-      ++run;
-      mine += static_cast<double>(own);
-      peers += static_cast<double>(median);
-    }
-    if (run < window) continue;
-    Member& m = *workers[i];
-    const std::string evidence = absl::StrFormat(
-        "its own work took %.1f ms a step against its peers' %.1f ms "
-        "(%.2fx) over the last %d steps every worker reported (step time "
-        "less time inside collectives; threshold %.2fx): the others wait "
-        "for it in each collective",
-        mine / run / 1000.0, peers / run / 1000.0,
-        peers > 0 ? mine / peers : 0.0, run, detection_.straggler_factor);
-    // The share of each step its peers spend waiting for it.
-    const double cost = mine > 0 ? 1.0 - peers / mine : 0.0;
-    if (policy_.replace_stragglers && run >= policy_.straggler_replace_after &&
-        cost >= policy_.straggler_min_cost && !standbys_.empty() &&
-        stragglers_replaced_ < policy_.straggler_budget) {
-      ++stragglers_replaced_;
-      DeclareLocked(m, INCIDENT_STRAGGLER,
-                    absl::StrFormat("%s; it costs the job %.0f%% of each "
-                                    "step, so a standby replaces it (%d of "
-                                    "the job's budget of %d)",
-                                    evidence, 100 * cost, stragglers_replaced_,
-                                    policy_.straggler_budget),
-                    now, 0, now);
-      return;  // a new generation: the steps start over
-    }
-    if (m.straggler_generation == generation_) continue;
-    m.straggler_generation = generation_;
-    RecordIncidentLocked(
-        MakeIncidentLocked(m, INCIDENT_STRAGGLER, evidence, now, 0, now));
+  for (size_t i = 0; i < workers.size(); ++i) {
+    const SlowRun r =
+        SlowRunOf(steps, i, detection_.straggler_factor, floor_us);
+    if (r.run < window) continue;
+    // A replacement opens a new generation: the steps start over.
+    if (StragglerLocked(*workers[i], r.run, r.mine, r.peers, now)) return;
   }
 }
 
