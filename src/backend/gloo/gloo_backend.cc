@@ -99,6 +99,104 @@ constexpr size_t kExchangeAllReduceBytes = size_t{64} << 10;
 // failed to connect.
 constexpr absl::string_view kOtherPairFailed = "another pair failed to connect";
 
+// The watcher of a full-mesh connect: it fails every pair once the
+// rendezvous is cancelled or its deadline passes (then why() says which),
+// and once one pair's connect failed (Broken), so the connects still
+// waiting on other peers end too; when it failed for the network,
+// kNetworkFailureGrace later, so that the other connects that fail of
+// themselves (no route) say so: the controller triangulates who lost whom
+// from them. Thread-safe.
+class ConnectWatcher {
+ public:
+  ConnectWatcher(int rank, int size, absl::Time deadline,
+                 absl::Duration timeout,
+                 std::function<std::optional<std::string>()> cancelled)
+      : rank_(rank),
+        size_(size),
+        deadline_(deadline),
+        timeout_(timeout),
+        cancelled_(std::move(cancelled)) {}
+
+  // The watcher thread's body: returns once it failed the pairs of `tc`,
+  // or at Stop().
+  void Run(::gloo::transport::Context& tc) {
+    absl::MutexLock lock(&mu_);
+    for (;;) {
+      auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return done_ || (broken_ && !broken_at_.has_value());
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&stop), absl::Milliseconds(50));
+      if (done_) return;
+      if (!DueLocked()) continue;
+      FailPairs(tc, why_.has_value() ? why_->ToString()
+                                     : std::string(kOtherPairFailed));
+      return;
+    }
+  }
+  // A pair's connect failed (for the network, or not).
+  void Broken(bool network_failure) {
+    absl::MutexLock lock(&mu_);
+    broken_ = true;
+    network_ = network_ || network_failure;
+  }
+  // The connect ended: the watcher returns.
+  void Stop() {
+    absl::MutexLock lock(&mu_);
+    done_ = true;
+  }
+  // Why it failed the pairs (cancelled, or the deadline), if it did.
+  std::optional<absl::Status> why() {
+    absl::MutexLock lock(&mu_);
+    return why_;
+  }
+
+ private:
+  // Whether the pairs are to be failed now (setting why_ when the reason
+  // is the watcher's own).
+  bool DueLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::optional<std::string> c = cancelled_ ? cancelled_() : std::nullopt;
+    if (broken_) {
+      // The pair's own error is the reason; the rest just end.
+      if (!broken_at_.has_value()) broken_at_ = absl::Now();
+      return !(network_ && !c.has_value() && absl::Now() < deadline_ &&
+               absl::Now() - *broken_at_ < kNetworkFailureGrace);
+    }
+    if (c.has_value()) {
+      why_ = absl::AbortedError(*c);
+    } else if (absl::Now() > deadline_) {
+      why_ = absl::DeadlineExceededError(absl::StrCat(
+          "not connected within ", absl::FormatDuration(timeout_)));
+    } else {
+      return false;
+    }
+    return true;
+  }
+
+  void FailPairs(::gloo::transport::Context& tc, const std::string& msg) {
+    for (int j = 0; j < size_; ++j) {
+      if (j == rank_) continue;
+      auto* pair = dynamic_cast<tcp::Pair*>(tc.getPair(j).get());
+      try {
+        if (pair != nullptr) PairAccess::Fail(pair, msg);
+      } catch (const std::exception&) {
+        // Already failed.
+      }
+    }
+  }
+
+  const int rank_;
+  const int size_;
+  const absl::Time deadline_;
+  const absl::Duration timeout_;
+  const std::function<std::optional<std::string>()> cancelled_;
+  absl::Mutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;
+  bool network_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<absl::Time> broken_at_ ABSL_GUARDED_BY(mu_);
+  std::optional<absl::Status> why_ ABSL_GUARDED_BY(mu_);
+};
+
 // A Gloo context connected by holdfast's own full-mesh rendezvous. The
 // exchange is Gloo's connectFullMesh: every rank creates one pair per
 // peer, publishes their addresses under its rank number, and connects
@@ -129,65 +227,14 @@ class MeshContext final : public ::gloo::rendezvous::Context {
     }
     HOLDFAST_RETURN_IF_ERROR(store.Set(std::to_string(rank), mine));
 
-    // The watcher: `why` is set once it failed the pairs. It also fails
-    // them once one pair's connect failed (`broken`), so the connects
-    // still waiting on other peers end too; when it failed for the network,
-    // kNetworkFailureGrace later, so that the other connects that fail of
-    // themselves (no route) say so: the controller triangulates who lost
-    // whom from them.
-    absl::Mutex mu;
-    bool done = false, broken = false, network = false;
-    std::optional<absl::Time> broken_at;
-    std::optional<absl::Status> why;
-    std::thread watcher([&] {
-      absl::MutexLock lock(&mu);
-      for (;;) {
-        auto stop = [&]() {
-          return done || (broken && !broken_at.has_value());
-        };
-        mu.AwaitWithTimeout(absl::Condition(&stop), absl::Milliseconds(50));
-        if (done) return;
-        std::optional<std::string> c = cancelled ? cancelled() : std::nullopt;
-        if (broken) {
-          // The pair's own error is the reason; the rest just end.
-          if (!broken_at.has_value()) broken_at = absl::Now();
-          if (network && !c.has_value() && absl::Now() < deadline &&
-              absl::Now() - *broken_at < kNetworkFailureGrace) {
-            continue;
-          }
-        } else if (c.has_value()) {
-          why = absl::AbortedError(*c);
-        } else if (absl::Now() > deadline) {
-          why = absl::DeadlineExceededError(absl::StrCat(
-              "not connected within ", absl::FormatDuration(timeout)));
-        } else {
-          continue;
-        }
-        const std::string msg =
-            why.has_value() ? why->ToString() : std::string(kOtherPairFailed);
-        for (int j = 0; j < size; ++j) {
-          if (j == rank) continue;
-          auto* pair = dynamic_cast<tcp::Pair*>(tc->getPair(j).get());
-          try {
-            if (pair != nullptr) PairAccess::Fail(pair, msg);
-          } catch (const std::exception&) {
-            // Already failed.
-          }
-        }
-        return;
-      }
-    });
-    absl::Status s = ConnectPairs(store, *tc, deadline, max_threads,
-                                  [&](bool network_failure) {
-                                    absl::MutexLock lock(&mu);
-                                    broken = true;
-                                    network = network || network_failure;
-                                  });
-    {
-      absl::MutexLock lock(&mu);
-      done = true;
-    }
+    ConnectWatcher watch(rank, size, deadline, timeout, cancelled);
+    std::thread watcher([&] { watch.Run(*tc); });
+    absl::Status s = ConnectPairs(
+        store, *tc, deadline, max_threads,
+        [&](bool network_failure) { watch.Broken(network_failure); });
+    watch.Stop();
     watcher.join();
+    const std::optional<absl::Status> why = watch.why();
     if (!s.ok() && why.has_value() &&
         !absl::StrContains(s.message(), why->message())) {
       // A connect the watcher ended: its reason first, then the transport's.

@@ -348,12 +348,62 @@ class NcclBackend final : public Backend {
     return absl::AbortedError(absl::StrCat("nccl: aborted: ", reason_));
   }
 
+  // The NCCL call (or group) of `op` on `stream`.
+  ncclResult_t IssueLocked(const OpSpec& op, ncclDataType_t dt,
+                           cudaStream_t stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    switch (op.type) {
+      case OpType::kAllReduce:
+        return ncclAllReduce(op.recv, op.recv, op.count, dt,
+                             ToNccl(op.reduce, op.dtype), comm_, stream);
+      case OpType::kBroadcast:
+        return ncclBroadcast(op.recv, op.recv, op.count, dt, op.peer, comm_,
+                             stream);
+      case OpType::kAllGather:
+        return ncclAllGather(op.send, op.recv, op.count, dt, comm_, stream);
+      case OpType::kReduceScatter:
+        return ncclReduceScatter(op.send, op.recv, op.count, dt,
+                                 ToNccl(op.reduce, op.dtype), comm_, stream);
+      case OpType::kAllToAll:
+        return AllToAllLocked(op, dt, stream);
+      case OpType::kBarrier:
+        return ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_,
+                             stream);
+      case OpType::kSend:
+        return ncclSend(op.send, op.count, dt, op.peer, comm_, stream);
+      case OpType::kRecv:
+        return ncclRecv(op.recv, op.count, dt, op.peer, comm_, stream);
+    }
+    return ncclInvalidArgument;
+  }
+
+  // An all-to-all: a send and a receive per peer, in one group.
+  ncclResult_t AllToAllLocked(const OpSpec& op, ncclDataType_t dt,
+                              cudaStream_t stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const size_t block = op.count * DataTypeSize(op.dtype);
+    ncclResult_t r = ncclGroupStart();
+    // Inside a group a non-blocking call may answer ncclInProgress; the
+    // group's end (polled by Enqueue) tells when all are taken.
+    for (int peer = 0;
+         peer < options_.size && (r == ncclSuccess || r == ncclInProgress);
+         ++peer) {
+      r = ncclSend(static_cast<const char*>(op.send) + peer * block, op.count,
+                   dt, peer, comm_, stream);
+      if (r == ncclSuccess || r == ncclInProgress) {
+        r = ncclRecv(static_cast<char*>(op.recv) + peer * block, op.count, dt,
+                     peer, comm_, stream);
+      }
+    }
+    const ncclResult_t end = ncclGroupEnd();
+    return r == ncclSuccess || r == ncclInProgress ? end : r;
+  }
+
   // Issues `op` on `stream` and waits until NCCL has taken it (the call of
   // a non-blocking communicator may still be in progress when it returns).
   absl::Status Enqueue(const OpSpec& op, cudaStream_t stream,
                        absl::Time deadline) {
     HOLDFAST_ASSIGN_OR_RETURN(ncclDataType_t dt, ToNccl(op.dtype));
-    const size_t esize = DataTypeSize(op.dtype);
     ncclResult_t r = ncclSuccess;
     {
       absl::MutexLock lock(&mu_);
@@ -369,52 +419,7 @@ class NcclBackend final : public Backend {
               ": cannot wait for the caller's event: ", CudaError(e)));
         }
       }
-      switch (op.type) {
-        case OpType::kAllReduce:
-          r = ncclAllReduce(op.recv, op.recv, op.count, dt,
-                            ToNccl(op.reduce, op.dtype), comm_, stream);
-          break;
-        case OpType::kBroadcast:
-          r = ncclBroadcast(op.recv, op.recv, op.count, dt, op.peer, comm_,
-                            stream);
-          break;
-        case OpType::kAllGather:
-          r = ncclAllGather(op.send, op.recv, op.count, dt, comm_, stream);
-          break;
-        case OpType::kReduceScatter:
-          r = ncclReduceScatter(op.send, op.recv, op.count, dt,
-                                ToNccl(op.reduce, op.dtype), comm_, stream);
-          break;
-        case OpType::kAllToAll: {
-          r = ncclGroupStart();
-          const size_t block = op.count * esize;
-          // Inside a group a non-blocking call may answer ncclInProgress;
-          // the group's end (polled below) tells when all are taken.
-          for (int peer = 0; peer < options_.size &&
-                             (r == ncclSuccess || r == ncclInProgress);
-               ++peer) {
-            r = ncclSend(static_cast<const char*>(op.send) + peer * block,
-                         op.count, dt, peer, comm_, stream);
-            if (r == ncclSuccess || r == ncclInProgress) {
-              r = ncclRecv(static_cast<char*>(op.recv) + peer * block, op.count,
-                           dt, peer, comm_, stream);
-            }
-          }
-          ncclResult_t end = ncclGroupEnd();
-          if (r == ncclSuccess || r == ncclInProgress) r = end;
-          break;
-        }
-        case OpType::kBarrier:
-          r = ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_,
-                            stream);
-          break;
-        case OpType::kSend:
-          r = ncclSend(op.send, op.count, dt, op.peer, comm_, stream);
-          break;
-        case OpType::kRecv:
-          r = ncclRecv(op.recv, op.count, dt, op.peer, comm_, stream);
-          break;
-      }
+      r = IssueLocked(op, dt, stream);
       if (r != ncclSuccess && r != ncclInProgress) {
         return absl::UnavailableError(absl::StrCat(
             "nccl: ", OpTypeName(op.type), ": ", NcclError(r, comm_)));

@@ -704,9 +704,10 @@ class ServerImpl final : public ControllerServer {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
-    const ControllerOptions& options) {
-  config::ApplyMutexMode();
+namespace {
+
+// The controller's options, refused by name.
+absl::Status CheckOptions(const ControllerOptions& options) {
   if (options.token.empty()) {
     return absl::InvalidArgumentError(
         "controller: a job token is required (--token-file or "
@@ -743,6 +744,15 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
         "), so that a cut-off member stops acting before it is declared "
         "lost; 0 turns the lease off"));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
+    const ControllerOptions& options) {
+  config::ApplyMutexMode();
+  HOLDFAST_RETURN_IF_ERROR(CheckOptions(options));
   auto service = std::make_unique<Service>(options);
   std::unique_ptr<Metrics> metrics;
   std::unique_ptr<prometheus::Exposer> exposer;

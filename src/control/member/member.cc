@@ -371,6 +371,56 @@ class MemberClientImpl final : public MemberClient {
     return s;
   }
 
+  // Waits until `next`, or until there is something to send, and fills
+  // `req`: the report, a lease renewal when one is due, a checkpoint ack,
+  // and the collective the trainer is in. False when the stream broke
+  // meanwhile.
+  bool NextRequest(absl::Time next, HeartbeatRequest* req) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stop_ || broken_ || step_end_ || report_now_ || ack_.has_value();
+      };
+      mu_.AwaitWithDeadline(absl::Condition(&ready), next);
+      if (broken_) return false;
+      const bool leaving = stop_;
+      req->set_member_id(assignment_.member_id);
+      req->set_generation(assignment_.generation);
+      *req->mutable_report() = report_;
+      req->mutable_report()->set_step_end(step_end_);
+      if (!step_end_) req->mutable_report()->clear_metrics();
+      step_end_ = false;
+      report_now_ = false;
+      req->set_leaving(leaving);
+      req->set_finished(leaving && finished_);
+      const absl::Time now = absl::Now();
+      if (lease_ > absl::ZeroDuration() && !leaving &&
+          now - last_ask_ >= RenewEvery() * 0.9) {
+        // The ack renews the lease from this send time.
+        req->set_seq(++seq_);
+        req->set_want_ack(true);
+        asked_[seq_] = now;
+        if (asked_.size() > 64) asked_.erase(asked_.begin());
+        last_ask_ = now;
+      }
+      if (ack_.has_value()) {
+        if (ack_->step() > assignment_.committed_step) {
+          *req->mutable_checkpoint_ack() = *ack_;
+        }
+        ack_.reset();
+      }
+    }
+    if (req->report().phase() == PHASE_COMPUTING &&
+        callbacks_.collective_in_progress) {
+      const int64_t c = callbacks_.collective_in_progress();
+      if (c >= 0) {
+        req->mutable_report()->set_phase(PHASE_COLLECTIVE);
+        req->mutable_report()->set_collective_seq(c);
+      }
+    }
+    return true;
+  }
+
   // One heartbeat stream, until it breaks (returns why) or we leave.
   absl::Status RunStream() {
     auto ctx = TokenContext(options_.client.token, absl::InfiniteFuture());
@@ -403,53 +453,11 @@ class MemberClientImpl final : public MemberClient {
         health_ = absl::OkStatus();
       }
     }
-    bool leaving = false;
     absl::Time next = absl::Now();
     for (;;) {
       HeartbeatRequest req;
-      {
-        absl::MutexLock lock(&mu_);
-        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-          return stop_ || broken_ || step_end_ || report_now_ ||
-                 ack_.has_value();
-        };
-        mu_.AwaitWithDeadline(absl::Condition(&ready), next);
-        if (broken_) break;
-        leaving = stop_;
-        req.set_member_id(assignment_.member_id);
-        req.set_generation(assignment_.generation);
-        *req.mutable_report() = report_;
-        req.mutable_report()->set_step_end(step_end_);
-        if (!step_end_) req.mutable_report()->clear_metrics();
-        step_end_ = false;
-        report_now_ = false;
-        req.set_leaving(leaving);
-        req.set_finished(leaving && finished_);
-        const absl::Time now = absl::Now();
-        if (lease_ > absl::ZeroDuration() && !leaving &&
-            now - last_ask_ >= RenewEvery() * 0.9) {
-          // The ack renews the lease from this send time.
-          req.set_seq(++seq_);
-          req.set_want_ack(true);
-          asked_[seq_] = now;
-          if (asked_.size() > 64) asked_.erase(asked_.begin());
-          last_ask_ = now;
-        }
-        if (ack_.has_value()) {
-          if (ack_->step() > assignment_.committed_step) {
-            *req.mutable_checkpoint_ack() = *ack_;
-          }
-          ack_.reset();
-        }
-      }
-      if (req.report().phase() == PHASE_COMPUTING &&
-          callbacks_.collective_in_progress) {
-        const int64_t c = callbacks_.collective_in_progress();
-        if (c >= 0) {
-          req.mutable_report()->set_phase(PHASE_COLLECTIVE);
-          req.mutable_report()->set_collective_seq(c);
-        }
-      }
+      if (!NextRequest(next, &req)) break;
+      const bool leaving = req.leaving();
       if (!stream->Write(req)) {
         // The ack goes with the next stream (unless a newer one waits).
         absl::MutexLock lock(&mu_);
