@@ -1,6 +1,7 @@
-// The runtime's numeric checks: NaN, Inf and loss spikes in a step, the
-// report that makes the controller roll the job back, and the data
-// position that moves past the data the job skips (docs/gray-failures.md).
+// The runtime's side of numeric anomalies: the values a trainer hands over
+// (the checks themselves are NumericGuard's), the report that makes the
+// controller roll the job back, and the data position that moves past the
+// data the job skips (docs/gray-failures.md).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -19,12 +20,6 @@ namespace {
 // rollback (it decides within DetectionOptions::anomaly_settle) before it
 // recovers the ordinary way.
 constexpr absl::Duration kRollbackWait = absl::Seconds(10);
-
-double Median(std::vector<double> v) {
-  const size_t mid = v.size() / 2;
-  std::nth_element(v.begin(), v.begin() + static_cast<ptrdiff_t>(mid), v.end());
-  return v[mid];
-}
 
 }  // namespace
 
@@ -66,8 +61,7 @@ bool RuntimeImpl::CheckFinite(absl::string_view what, float* data,
 }
 
 void RuntimeImpl::ReportNonFinite(absl::string_view what) {
-  absl::MutexLock lock(&local_mu_);
-  if (!local_nonfinite_.has_value()) local_nonfinite_ = std::string(what);
+  numerics_.ReportNonFinite(what);
 }
 
 bool RuntimeImpl::InjectNanNow() {
@@ -82,60 +76,6 @@ bool NanFaultFiresNow(Runtime& rt) {
 }
 
 }  // namespace runtime_internal
-
-std::optional<control::Anomaly> RuntimeImpl::CheckNumbers(
-    const NumericChecks& checks, int64_t step,
-    const std::map<std::string, double>& metrics) {
-  control::Anomaly a;
-  a.set_step(step);
-  a.set_keep_snapshots(options_.keep_snapshots);
-  if (data_position_ != nullptr) {
-    a.mutable_data()->set_begin(step_data_begin_);
-    a.mutable_data()->set_end(std::max(step_data_begin_, *data_position_));
-  }
-  {
-    absl::MutexLock lock(&local_mu_);
-    if (local_nonfinite_.has_value()) {
-      a.set_kind("nan");
-      a.set_what(*local_nonfinite_);
-      a.set_value(std::numeric_limits<double>::quiet_NaN());
-      a.set_local(true);
-      local_nonfinite_.reset();
-      return a;
-    }
-  }
-  if (checks.check_finite) {
-    for (const std::string& name : checks.metrics) {
-      auto it = metrics.find(name);
-      if (it == metrics.end() || std::isfinite(it->second)) continue;
-      a.set_kind("nan");
-      a.set_what(name);
-      a.set_value(it->second);
-      return a;
-    }
-  }
-  auto loss = metrics.find("loss");
-  if (checks.spike_factor <= 0 || loss == metrics.end() ||
-      !std::isfinite(loss->second)) {
-    return std::nullopt;
-  }
-  if (static_cast<int>(losses_.size()) >= checks.spike_warmup) {
-    const double median =
-        Median(std::vector<double>(losses_.begin(), losses_.end()));
-    if (median > 0 && loss->second > checks.spike_factor * median) {
-      a.set_kind("spike");
-      a.set_what(absl::StrCat("loss (", checks.spike_factor,
-                              " x the running median ", median, ")"));
-      a.set_value(loss->second);
-      return a;
-    }
-  }
-  losses_.push_back(loss->second);
-  while (static_cast<int>(losses_.size()) > std::max(1, checks.spike_window)) {
-    losses_.pop_front();
-  }
-  return std::nullopt;
-}
 
 absl::Status RuntimeImpl::ReportAnomaly(const control::Anomaly& anomaly) {
   // The live state is past the anomaly; only a committed step is good.

@@ -49,6 +49,7 @@
 #include "src/fault/fault.h"
 #include "src/fault/hooks.h"
 #include "src/runtime/fault_io.h"
+#include "src/runtime/numeric_guard.h"
 
 namespace holdfast {
 
@@ -207,12 +208,8 @@ class RuntimeImpl final : public Runtime {
   // error that every recovery would run into again (the same steps are
   // redone), so Run ends with it (InvalidArgument) instead of recovering.
   absl::Status FoundMismatch(int64_t gen);
-  // Numeric checks (numerics.cc). The anomaly of step `step`, if its
-  // numbers fail a check (and else records its loss for spikes).
-  std::optional<control::Anomaly> CheckNumbers(
-      const NumericChecks& checks, int64_t step,
-      const std::map<std::string, double>& metrics);
-  // Reports it and waits for the controller's rollback (the next
+  // Numeric anomalies (numerics.cc; NumericGuard checks the numbers).
+  // Reports one and waits for the controller's rollback (the next
   // generation); Aborted, naming it, for the recovery that follows.
   absl::Status ReportAnomaly(const control::Anomaly& anomaly);
   // Moves the data position past the skipped data.
@@ -438,18 +435,13 @@ class RuntimeImpl final : public Runtime {
   int64_t snapshots_skipped_ = 0;
   int64_t snapshots_unfenced_ = 0;  // copied during a step: no fence
   std::optional<RecoveryRecord> pending_record_;
-  // Numeric checks: the data position, the data skipped from the start
-  // (RunOptions::skip_data) and by the controller, the step under way,
-  // its first position and what the step found not finite in its own
-  // values; the recent losses.
+  // Numeric checks, the data position, the data skipped from the start
+  // (RunOptions::skip_data) and by the controller, and the step under way.
+  NumericGuard numerics_;
   int64_t* data_position_ = nullptr;
   DataRanges run_skip_;
   DataRanges job_skip_ ABSL_GUARDED_BY(mu_);
   std::atomic<int64_t> step_now_{0};
-  int64_t step_data_begin_ = 0;
-  absl::Mutex local_mu_;
-  std::optional<std::string> local_nonfinite_ ABSL_GUARDED_BY(local_mu_);
-  std::deque<double> losses_;
   std::vector<RecoveryRecord> recovery_records_;
 
   // The pieces this member holds and the hand-over of its snapshots to

@@ -385,11 +385,7 @@ absl::Status RuntimeImpl::CallStep(
     absl::Status* fatal) {
   const View v = CurrentView();
   step_now_ = step;
-  step_data_begin_ = data_position_ != nullptr ? *data_position_ : 0;
-  {
-    absl::MutexLock lock(&local_mu_);
-    local_nonfinite_.reset();
-  }
+  numerics_.BeginStep(data_position_ != nullptr ? *data_position_ : 0);
   faults_->AtStep(v.slot, step);
   member_->SetPhase(control::PHASE_COMPUTING, 0);
   Communicator* comm = CurrentComm();
@@ -471,8 +467,9 @@ absl::Status RuntimeImpl::CompleteStep(const RunOptions& options, int64_t step,
   }
   // A step whose numbers are not sane is not snapshotted: the job rolls
   // back past it.
-  if (std::optional<control::Anomaly> a =
-          CheckNumbers(options.numerics, step, metrics)) {
+  if (std::optional<control::Anomaly> a = numerics_.Check(
+          options.numerics, step, options_.keep_snapshots,
+          data_position_ != nullptr ? *data_position_ : -1, metrics)) {
     return ReportAnomaly(*a);
   }
   SkipData();
