@@ -100,8 +100,12 @@ absl::Status RuntimeImpl::Init() {
   // An injected stall ends once this member has no job to go on with.
   injector_->SetRelease([this] { return !Stopped().ok(); });
   injector_->SetCommitted([this] { return committed_step(); });
-  backup_hooks_ = NewBackupHooks();
-  backup_thread_ = std::thread([this] { BackupLoop(); });
+  backups_ = std::make_unique<BackupPipeline>(
+      static_cast<BackupPipeline::Member*>(this), &snapshots_, &state_,
+      &piece_io_, faults_,
+      BackupPipeline::Options{options_.checkpoint_dir,
+                              options_.checkpoint_every});
+  backups_->Start();
   return absl::OkStatus();
 }
 
@@ -196,7 +200,7 @@ void RuntimeImpl::Leave(bool finished) {
     absl::MutexLock lock(&mu_);
   }
   if (busy) AbortComm(INT64_MAX, "this member left the job");
-  if (backup_thread_.joinable()) backup_thread_.join();
+  if (backups_ != nullptr) backups_->Join();
   std::shared_ptr<Communicator> comm, side;
   {
     absl::MutexLock lock(&mu_);

@@ -6,12 +6,12 @@
 //   communicators.cc  the training and side communicators of a generation
 //                     and the backup links
 //   step_loop.cc      Run: the start, the steps, recovery
-//   checkpoints.cc    the checkpoint layer's restore and backup rounds, as
-//                     this member runs them
+//   checkpoints.cc    the checkpoint layer's restore, as this member runs
+//                     it (its backup rounds: BackupPipeline)
 //   report.cc         what a member publishes in the controller's store
 //
 // Threads: the training thread (Run and the API), the backup thread
-// (BackupLoop), the abort thread (AbortLoop), and the member client's
+// (BackupPipeline), the abort thread (AbortLoop), and the member client's
 // thread (the membership callbacks). Which fields each may touch is said
 // where they are declared.
 #ifndef HOLDFAST_SRC_RUNTIME_RUNTIME_IMPL_H_
@@ -48,6 +48,7 @@
 #include "src/control/member/member.h"
 #include "src/fault/fault.h"
 #include "src/fault/hooks.h"
+#include "src/runtime/backup_pipeline.h"
 #include "src/runtime/fault_io.h"
 #include "src/runtime/numeric_guard.h"
 
@@ -69,7 +70,7 @@ inline uint64_t ProbeWord() {
   return (uint64_t{rd()} << 32 | rd()) | uint64_t{1} << 63;
 }
 
-class RuntimeImpl final : public Runtime {
+class RuntimeImpl final : public Runtime, private BackupPipeline::Member {
  public:
   explicit RuntimeImpl(RuntimeOptions o) : options_(std::move(o)) {}
   ~RuntimeImpl() override;
@@ -310,7 +311,7 @@ class RuntimeImpl final : public Runtime {
   // Waits until step `s` of generation `gen` is committed, or cannot be
   // (a newer generation, this member fenced, the job ended, the backup
   // pipeline stopping), or until `deadline`; whether either came first.
-  bool AwaitRoundEnd(int64_t s, int64_t gen, absl::Time deadline);
+  bool AwaitRoundEnd(int64_t s, int64_t gen, absl::Time deadline) override;
 
   // ---- communicators.cc ----------------------------------------------------
 
@@ -328,11 +329,8 @@ class RuntimeImpl final : public Runtime {
   // The side communicator of generation `gen` and its backup links, for
   // the backup thread. It holds references for its round, so a rebuild on
   // the training thread never destroys them under a transfer.
-  struct SideChannel {
-    std::shared_ptr<Communicator> comm;
-    std::shared_ptr<bulk::Links> links;
-  };
-  absl::StatusOr<SideChannel> Side(int64_t gen);
+  using SideChannel = BackupPipeline::SideChannel;
+  absl::StatusOr<SideChannel> Side(int64_t gen) override;
   // Builds the side communicator of generation `gen` and places the
   // buddies of every slot in it.
   // Every member of generation `gen` arrives at the side rendezvous;
@@ -360,7 +358,9 @@ class RuntimeImpl final : public Runtime {
   // A side communicator failed while the training one did not: the group
   // is broken all the same (backups can no longer commit), so it is
   // rebuilt unless something else already explains it.
-  void SideFailed(const absl::Status& why, int64_t gen);
+  void SideFailed(const absl::Status& why, int64_t gen) override;
+  // Acks `step` of `gen` to the controller (for the backup pipeline).
+  void AckStep(int64_t step, int64_t gen) override;
 
   // ---- checkpoints.cc: the checkpoint layer, as this member runs it --------
 
@@ -371,16 +371,6 @@ class RuntimeImpl final : public Runtime {
   // received.
   absl::StatusOr<int64_t> Restore(RecoveryRecord* rec);
   void NoteRestored(const checkpoint::Restored& r, RecoveryRecord* rec);
-  // The backup thread: one round per snapshot queued.
-  void BackupLoop();
-  // The hooks of this member's backup rounds (on the backup thread).
-  checkpoint::BackupHooks NewBackupHooks();
-  // This member's piece of a step that committed: a test's damage to it,
-  // and the disk tier, which takes the first committed step of every
-  // window of checkpoint_every steps (the multiple itself unless its
-  // snapshot was skipped).
-  void AfterCommit(Piece* own);
-  void WriteToDisk(const Piece& own);
 
   // ---- report.cc: what this member leaves in the controller's store -------
 
@@ -447,7 +437,6 @@ class RuntimeImpl final : public Runtime {
   // The pieces this member holds and the hand-over of its snapshots to
   // the backup thread.
   checkpoint::Snapshots snapshots_{&state_};
-  checkpoint::BackupHooks backup_hooks_;  // set before the backup thread
   // This member's test faults (RuntimeOptions::faults); its callbacks
   // reach this runtime until the destructor clears them. Only runtime.cc
   // configures it: everything else, the training communicators included,
@@ -459,8 +448,8 @@ class RuntimeImpl final : public Runtime {
   // corrupt-backup and corrupt-restore faults damage them.
   FaultyPieceIo piece_io_{faults_, [this] { return slot(); }};
   std::atomic<bool> finishing_{false};
-  std::atomic<int64_t> last_disk_step_{0};
-  std::thread backup_thread_;
+  // The backup thread and the disk tier (Init starts it; Leave stops it).
+  std::unique_ptr<BackupPipeline> backups_;
 };
 
 }  // namespace holdfast
