@@ -707,20 +707,7 @@ void Membership::RecordIncidentLocked(Incident incident) {
                     incident.id(), IncidentKindName(incident.kind()),
                     incident.member_id(), incident.slot(), incident.host(),
                     incident.evidence(), incident.time_to_detect_ms());
-  const int64_t g = incident.generation();
-  if (auto v = verdicts_.find(g); v != verdicts_.end()) {
-    if (!incident.has_diagnosis()) *incident.mutable_diagnosis() = v->second;
-  } else if (incident.slot() >= 0 && incident.member_id() != 0 &&
-             incident.kind() != INCIDENT_DIAGNOSED &&
-             incident.kind() != INCIDENT_STRAGGLER &&
-             incident.kind() != INCIDENT_NUMERIC &&
-             incident.kind() != INCIDENT_CORRUPTION &&
-             incident.kind() != INCIDENT_UNREACHABLE && cases_.count(g) == 0) {
-    PendingCase& c = cases_[g];
-    c.since = absl::FromUnixMillis(incident.detected_unix_ms());
-    c.roster = slots_;
-    while (cases_.size() > limits_.max_incidents) cases_.erase(cases_.begin());
-  }
+  cases_.NoteIncident(&incident, slots_);
   if (observer_ != nullptr) observer_->OnIncident(incident);
   incidents_.push_back(std::move(incident));
   while (incidents_.size() > limits_.max_incidents) incidents_.pop_front();

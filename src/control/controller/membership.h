@@ -27,6 +27,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "src/control/controller/anomaly_ledger.h"
+#include "src/control/controller/diagnosis_cases.h"
 #include "src/control/controller/verdict.h"
 #include "src/control/wire/controller.pb.h"
 #include "src/control/wire/member_sink.h"
@@ -297,11 +298,6 @@ class Membership {
   };
   // A generation's roster when its first incident came: the member of
   // each slot (0: vacant).
-  struct PendingCase {
-    absl::Time since;
-    std::vector<uint64_t> roster;
-  };
-
   absl::Status CheckRegister(const RegisterRequest& req) const;
   absl::Status CheckReport(const StepReport& report) const;
   // The live member `id`, or InvalidArgument (unknown) / FailedPrecondition
@@ -350,7 +346,7 @@ class Membership {
                                                    absl::Time now) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What SetDiagnosis does about `v` (sets its action).
-  void ActOnVerdictLocked(int64_t generation, const PendingCase& c,
+  void ActOnVerdictLocked(int64_t generation, const DiagnosisCases::Case& c,
                           const diagnosis::Diagnosis& d, Verdict* v,
                           absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Pushes the new generation to every live member (personalized), with an
@@ -512,8 +508,7 @@ class Membership {
   std::deque<Incident> incidents_ ABSL_GUARDED_BY(mu_);
   // Diagnosis cases by generation, and the verdicts reached (the newest
   // limits_.max_incidents of each).
-  std::map<int64_t, PendingCase> cases_ ABSL_GUARDED_BY(mu_);
-  std::map<int64_t, Verdict> verdicts_ ABSL_GUARDED_BY(mu_);
+  DiagnosisCases cases_ ABSL_GUARDED_BY(mu_){limits_.max_incidents};
   // The committed step when a mismatch verdict last replaced its culprits
   // (-2: never).
   int64_t mismatch_replaced_at_ ABSL_GUARDED_BY(mu_) = -2;

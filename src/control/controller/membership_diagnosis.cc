@@ -29,15 +29,14 @@ diagnosis::SlotEvidence::Liveness Membership::LivenessLocked(
 std::vector<DiagnosisCase> Membership::PendingDiagnoses(absl::Time now) const {
   absl::MutexLock lock(&mu_);
   std::vector<DiagnosisCase> out;
-  for (const auto& [g, c] : cases_) {
-    if (verdicts_.count(g) > 0) continue;
+  for (const auto& [g, c] : cases_.Pending()) {
     DiagnosisCase& d = out.emplace_back();
     d.generation = g;
-    d.since = c.since;
-    for (size_t slot = 0; slot < c.roster.size(); ++slot) {
+    d.since = c->since;
+    for (size_t slot = 0; slot < c->roster.size(); ++slot) {
       diagnosis::SlotEvidence& s = d.slots.emplace_back();
       s.slot = static_cast<int>(slot);
-      auto m = members_.find(c.roster[slot]);
+      auto m = members_.find(c->roster[slot]);
       if (m == members_.end()) {
         // Vacant, or its record was dropped: nothing is known of it.
         s.liveness = diagnosis::SlotEvidence::Liveness::kSilent;
@@ -62,13 +61,13 @@ Verdict Membership::SetDiagnosis(int64_t generation,
                                  absl::Time now) {
   absl::MutexLock lock(&mu_);
   Verdict v = ToProto(d, absl::ToUnixMillis(now));
-  auto c = cases_.find(generation);
-  if (c == cases_.end() || verdicts_.count(generation) > 0) {
+  const DiagnosisCases::Case* c = cases_.Awaiting(generation);
+  if (c == nullptr) {
     v.set_action("none");
     v.set_action_reason("no incident of that generation awaits a verdict");
     return v;
   }
-  const PendingCase pending = c->second;
+  const DiagnosisCases::Case pending = *c;
   ActOnVerdictLocked(generation, pending, d, &v, now);
   HOLDFAST_LOG_WARN(
       "diagnosis of generation {}: {}; culprit{} {}; {} (confidence {:.2f}); "
@@ -77,10 +76,7 @@ Verdict Membership::SetDiagnosis(int64_t generation,
       v.culprits().empty() ? std::string("none")
                            : absl::StrJoin(v.culprits(), ", "),
       v.evidence(), v.confidence(), v.action(), v.action_reason());
-  verdicts_[generation] = v;
-  while (verdicts_.size() > limits_.max_incidents) {
-    verdicts_.erase(verdicts_.begin());
-  }
+  cases_.Decide(generation, v);
   for (Incident& i : incidents_) {
     if (i.generation() == generation && !i.has_diagnosis()) {
       *i.mutable_diagnosis() = v;
@@ -89,7 +85,8 @@ Verdict Membership::SetDiagnosis(int64_t generation,
   return v;
 }
 
-void Membership::ActOnVerdictLocked(int64_t generation, const PendingCase& c,
+void Membership::ActOnVerdictLocked(int64_t generation,
+                                    const DiagnosisCases::Case& c,
                                     const diagnosis::Diagnosis& d, Verdict* v,
                                     absl::Time now) {
   v->set_action("none");
