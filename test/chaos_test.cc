@@ -17,7 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
-#include "test/job_run.h"
+#include "test/support/job_run.h"
 #include "test/support/process_group.h"
 #include "tools/chaos.h"
 

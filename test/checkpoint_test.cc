@@ -23,7 +23,7 @@
 #include "src/checkpoint/pieces.h"
 #include "src/checkpoint/xxh3_variants.h"
 #include "src/fault/fault.h"
-#include "test/job_run.h"
+#include "test/support/job_run.h"
 #include "test/support/process_group.h"
 
 namespace {

@@ -16,7 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/time/clock.h"
-#include "test/job_run.h"
+#include "test/support/job_run.h"
 #include "test/support/members_json.h"
 
 namespace {

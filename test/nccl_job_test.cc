@@ -43,7 +43,7 @@ std::string Trainer() {
 }  // namespace
 
 #define HOLDFAST_DP_TRAINER_BIN Trainer()
-#include "test/job_run.h"
+#include "test/support/job_run.h"
 
 namespace {
 

@@ -21,7 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "src/fault/fault.h"
-#include "test/job_run.h"
+#include "test/support/job_run.h"
 #include "test/support/process_group.h"
 
 namespace {

@@ -20,7 +20,7 @@ import time
 import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "support"))
-from launched import LaunchedProcesses  # noqa: E402
+from jobs import LaunchedProcesses  # noqa: E402
 
 BUILD = pathlib.Path(os.environ.get(
     "HOLDFAST_BUILD_DIR",

@@ -26,7 +26,7 @@ import pytest
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "support"))
 import netns  # noqa: E402
-from launched import LaunchedProcesses  # noqa: E402
+from jobs import LaunchedProcesses  # noqa: E402
 
 BUILD = pathlib.Path(os.environ.get(
     "HOLDFAST_BUILD_DIR",

@@ -8,13 +8,17 @@ from the build."""
 
 import os
 import pathlib
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 
 import pytest
+
+# The job harness every Python test shares (test/support/jobs.py).
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] /
+                       "support"))
+from jobs import final_lines, launch  # noqa: E402,F401
 
 BUILD = pathlib.Path(
     os.environ.get("HOLDFAST_BUILD_DIR",
@@ -74,77 +78,8 @@ def run_job(args, cmd, timeout=None, extra_env=None):
     # A disk tier of the job's own: no run resumes another's checkpoint.
     if "--checkpoint-dir" not in args and "--no-disk-tier" not in args:
         env.setdefault("HOLDFAST_CHECKPOINT_DIR", tempfile.mkdtemp())
-    p = subprocess.Popen(
-        [str(_tool("holdfast-run"))] + args + ["--"] + cmd,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-    )
-    try:
-        out, _ = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        # Every process of the job prints its threads' stacks (the examples
-        # register faulthandler for SIGUSR1), then all of them end.
-        tree = _descendants(p.pid)
-        _signal_all(tree, signal.SIGUSR1)
-        time.sleep(3)
-        _signal_all([p.pid] + tree, signal.SIGKILL)
-        out, _ = p.communicate()
-        _keep_log(out)
-        lines = out.splitlines()
-        raise AssertionError(
-            f"the job did not end within {timeout} s; its last lines:\n" +
-            "\n".join(lines[-400:])) from None
-    _keep_log(out)
-    return p.returncode, out.splitlines()
-
-
-_job_logs = 0
-
-
-def _keep_log(out):
-    """With HOLDFAST_TEST_JOB_LOG_DIR set, keeps each job's whole output
-    there (job-N.log): a failure's message shows only its last lines."""
-    global _job_logs
-    folder = os.environ.get("HOLDFAST_TEST_JOB_LOG_DIR")
-    if not folder:
-        return
-    os.makedirs(folder, exist_ok=True)
-    _job_logs += 1
-    with open(os.path.join(folder, f"job-{os.getpid()}-{_job_logs}.log"),
-              "w") as f:
-        f.write(out)
-
-
-def _descendants(pid):
-    """The pids of every process below `pid` (from /proc)."""
-    children = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def _signal_all(pids, sig):
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except OSError:
-            pass
-
-
-def final_lines(lines):
-    return [line.split("] ", 1)[1] for line in lines
-            if "] final step=" in line]
+    return launch([str(_tool("holdfast-run"))] + args + ["--"] + cmd, env,
+                  timeout)
 
 
 HERE = pathlib.Path(__file__).resolve().parent

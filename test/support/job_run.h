@@ -2,8 +2,8 @@
 // what the processes and the launcher leave behind: the `final step=`
 // lines, the trainers' final losses, summary.json. Shared by the
 // end-to-end tests (recovery_test, checkpoint_test).
-#ifndef HOLDFAST_TEST_JOB_RUN_H_
-#define HOLDFAST_TEST_JOB_RUN_H_
+#ifndef HOLDFAST_TEST_SUPPORT_JOB_RUN_H_
+#define HOLDFAST_TEST_SUPPORT_JOB_RUN_H_
 
 #include <algorithm>
 #include <catch2/catch.hpp>
@@ -147,4 +147,4 @@ inline int CountExits(const JobRun& r, const std::string& how) {
 
 }  // namespace holdfast::test
 
-#endif  // HOLDFAST_TEST_JOB_RUN_H_
+#endif  // HOLDFAST_TEST_SUPPORT_JOB_RUN_H_
