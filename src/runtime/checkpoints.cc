@@ -27,8 +27,8 @@ checkpoint::Restore RuntimeImpl::NewRestore(Communicator* comm, const View& v) {
 }
 
 absl::StatusOr<int64_t> RuntimeImpl::Restore(RecoveryRecord* rec) {
-  HOLDFAST_ASSIGN_OR_RETURN(Communicator * comm, HostComm());
-  const View v = CurrentView();
+  HOLDFAST_ASSIGN_OR_RETURN(Communicator * comm, gens_.HostComm());
+  const View v = gens_.Current();
   snapshots_.Quiesce();
   ++restores_;
   // A rollback restores its step, whatever newer commit this member heard
@@ -38,10 +38,7 @@ absl::StatusOr<int64_t> RuntimeImpl::Restore(RecoveryRecord* rec) {
   HOLDFAST_ASSIGN_OR_RETURN(const checkpoint::Restored r,
                             NewRestore(comm, v).FromMemory(committed));
   if (v.rollback_to >= 0) {
-    {
-      absl::MutexLock lock(&mu_);
-      committed_ = r.step;
-    }
+    gens_.SetCommitted(r.step);
     // The disk tier's steps after it belong to the abandoned timeline: a
     // resume must not read them, and the steps redone are written anew.
     backups_->CapDiskStep(r.step);

@@ -23,7 +23,7 @@ absl::StatusOr<std::shared_ptr<Communicator>> RuntimeImpl::CreateComm(
     std::shared_ptr<Store> store, int64_t gen, int world, int slot,
     absl::Duration connect_timeout, bool side, bulk::Cancelled cancelled) {
   if (cancelled == nullptr) {
-    cancelled = [this, gen] { return RendezvousAbandoned(gen); };
+    cancelled = [this, gen] { return gens_.RendezvousAbandoned(gen); };
   }
   CommunicatorOptions o = options_.comm;
   // The side communicator moves host snapshots: always Gloo. A fault spec
@@ -57,17 +57,12 @@ absl::StatusOr<std::shared_ptr<Communicator>> RuntimeImpl::CreateComm(
 }
 
 absl::Status RuntimeImpl::BuildComm() {
-  const View v = CurrentView();
+  const View v = gens_.Current();
   if (v.standby || v.slot < 0) {
     return absl::FailedPreconditionError("runtime: this member has no slot");
   }
-  std::shared_ptr<Communicator> old;
-  {
-    absl::MutexLock lock(&mu_);
-    old = std::move(comm_);
-    comm_generation_ = v.generation;
-  }
-  old.reset();  // joins its threads; never blocks on a peer
+  gens_.BeginComm(v.generation)
+      .reset();  // joins its threads; never blocks on a peer
   const int64_t gen = v.generation;
   member_->AtRendezvous(gen);
   // The side communicator for backups is built here too, at the same
@@ -81,7 +76,7 @@ absl::Status RuntimeImpl::BuildComm() {
     if (comm_failed.load()) {
       return std::string("the training communicator failed");
     }
-    return RendezvousAbandoned(gen);
+    return gens_.RendezvousAbandoned(gen);
   };
   absl::Status side_status;
   std::thread side(
@@ -91,25 +86,13 @@ absl::Status RuntimeImpl::BuildComm() {
   if (!built.ok()) comm_failed = true;
   side.join();
   if (!built.ok()) return built.status();
-  std::shared_ptr<Communicator> comm = *std::move(built);
-  {
-    absl::MutexLock lock(&mu_);
-    comm_ = comm;
-    comm_generation_ = gen;
-    // An order that arrived while building applies now.
-    if (view_.generation > gen) comm_->Abort("a newer generation opened");
-  }
+  gens_.SetComm(gen, *std::move(built));
   return side_status;
 }
 
 absl::StatusOr<RuntimeImpl::SideChannel> RuntimeImpl::Side(int64_t gen) {
-  absl::MutexLock lock(&mu_);
-  if (side_generation_ != gen || side_ == nullptr || links_ == nullptr) {
-    return absl::AbortedError(
-        absl::StrCat("no side communicator of generation ", gen));
-  }
-  HOLDFAST_RETURN_IF_ERROR(side_->health());
-  return SideChannel{side_, links_};
+  HOLDFAST_ASSIGN_OR_RETURN(auto side, gens_.Side(gen));
+  return SideChannel{std::move(side.first), std::move(side.second)};
 }
 
 absl::Status RuntimeImpl::AwaitArrivals(Store& store, int64_t gen, int world,
@@ -182,16 +165,7 @@ absl::StatusOr<RuntimeImpl::PlacementLabels> RuntimeImpl::ExchangeLabels(
 
 absl::Status RuntimeImpl::BuildSide(int64_t gen, int world, int slot,
                                     const bulk::Cancelled& cancelled) {
-  std::shared_ptr<Communicator> old;
-  std::shared_ptr<bulk::Links> old_links;
-  {
-    absl::MutexLock lock(&mu_);
-    old = std::move(side_);
-    old_links = std::move(links_);
-    side_generation_ = gen;
-  }
-  old.reset();
-  old_links.reset();
+  gens_.BeginSide(gen);  // the old side communicator and links go
   std::shared_ptr<Store> store =
       NewPrefixStore(keys::kSidePrefix, NewCancellableStore(store_, cancelled));
   // The backup links' listener; its address is published before this
@@ -207,11 +181,7 @@ absl::Status RuntimeImpl::BuildSide(int64_t gen, int world, int slot,
       std::shared_ptr<Communicator> side,
       CreateComm(store, gen, world, slot, kSideConnectTimeout,
                  /*side=*/true, cancelled));
-  {
-    absl::MutexLock lock(&mu_);
-    side_ = side;
-    if (view_.generation > gen) side_->Abort("a newer generation opened");
-  }
+  gens_.SetSide(gen, side);
   HOLDFAST_ASSIGN_OR_RETURN(PlacementLabels labels,
                             ExchangeLabels(*side, world, slot));
   pieces::PlacementInput in = std::move(labels.input);
@@ -242,13 +212,7 @@ absl::Status RuntimeImpl::ConnectLinks(
   auto links = std::make_shared<bulk::Links>(
       gen, slot, XXH3_64bits(options_.token.data(), options_.token.size()),
       options_.comm.timeout);
-  {
-    absl::MutexLock lock(&mu_);
-    if (view_.generation > gen) {
-      return absl::AbortedError("a newer generation opened");
-    }
-    links_ = links;  // AbortComm() reaches it from here on
-  }
+  HOLDFAST_RETURN_IF_ERROR(gens_.SetLinks(gen, links));
   const absl::Time deadline = absl::Now() + kSideConnectTimeout;
   for (int b : buddies[static_cast<size_t>(slot)]) {
     HOLDFAST_ASSIGN_OR_RETURN(
@@ -268,9 +232,9 @@ absl::Status RuntimeImpl::ConnectLinks(
 
 void RuntimeImpl::SideFailed(const absl::Status& why, int64_t gen) {
   // At the end of the run peers leave as they finish: no failure.
-  if (snapshots_.stopping() || finishing_ || !CommHealthy()) return;
-  if (AwaitGeneration(gen, absl::Now() + options_.report_grace)) return;
-  if (snapshots_.stopping() || finishing_ || !CommHealthy()) return;
+  if (snapshots_.stopping() || finishing_ || !gens_.CommHealth().ok()) return;
+  if (gens_.AwaitGeneration(gen, absl::Now() + options_.report_grace)) return;
+  if (snapshots_.stopping() || finishing_ || !gens_.CommHealth().ok()) return;
   HOLDFAST_LOG_WARN(
       "runtime: the side communicator of generation {} "
       "failed: {}",

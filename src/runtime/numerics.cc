@@ -80,7 +80,7 @@ bool NanFaultFiresNow(Runtime& rt) {
 absl::Status RuntimeImpl::ReportAnomaly(const control::Anomaly& anomaly) {
   // The live state is past the anomaly; only a committed step is good.
   progress_.live_step = -1;
-  const int64_t gen = CommGeneration();
+  const int64_t gen = gens_.CommGeneration();
   const std::string what = absl::StrCat(
       "numeric anomaly at step ", anomaly.step(), ": ", anomaly.kind(), " in ",
       anomaly.what(), anomaly.local() ? " (this slot's own values)" : "",
@@ -92,7 +92,7 @@ absl::Status RuntimeImpl::ReportAnomaly(const control::Anomaly& anomaly) {
                     slot(), what);
   absl::StatusOr<bool> taken = member_->ReportAnomaly(anomaly, gen);
   if (taken.ok() && *taken) {
-    AwaitGeneration(gen, absl::Now() + kRollbackWait);
+    gens_.AwaitGeneration(gen, absl::Now() + kRollbackWait);
   } else {
     HOLDFAST_LOG_WARN(
         "runtime: slot {}: the controller did not take up the anomaly ({}); "
@@ -117,10 +117,8 @@ void RuntimeImpl::SkipData() {
 
 DataRanges RuntimeImpl::SkippedData() const {
   DataRanges all = run_skip_;
-  {
-    absl::MutexLock lock(&mu_);
-    all.insert(all.end(), job_skip_.begin(), job_skip_.end());
-  }
+  const DataRanges job = gens_.JobSkip();
+  all.insert(all.end(), job.begin(), job.end());
   std::sort(all.begin(), all.end());
   all.erase(std::unique(all.begin(), all.end()), all.end());
   return all;

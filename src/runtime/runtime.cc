@@ -49,40 +49,24 @@ absl::Status RuntimeImpl::Init() {
   cb.on_abort = [this](const control::AbortOrder& a) {
     QueueAbort(a.generation(), absl::StrCat("controller: ", a.reason()));
   };
-  cb.on_committed = [this](int64_t c) { NoteCommitted(c); };
+  cb.on_committed = [this](int64_t c) { gens_.NoteCommitted(c); };
   cb.on_fenced = [this](const absl::Status& s) {
-    {
-      absl::MutexLock lock(&mu_);
-      fenced_ = s;
-    }
+    gens_.Fence(s);
     snapshots_.EndGeneration(INT64_MAX);
-    AbortComm(INT64_MAX, absl::StrCat("fenced: ", s.message()));
+    gens_.Abort(INT64_MAX, absl::StrCat("fenced: ", s.message()));
   };
   cb.on_job_end = [this](const JobEnd& e) {
-    {
-      absl::MutexLock lock(&mu_);
-      job_end_ = e;
-    }
+    gens_.EndJob(e);
     snapshots_.EndGeneration(INT64_MAX);
     if (e.state() != control::JOB_FINISHED) {
-      AbortComm(INT64_MAX, absl::StrCat("the job stopped: ", e.reason()));
+      gens_.Abort(INT64_MAX, absl::StrCat("the job stopped: ", e.reason()));
     }
   };
   cb.collective_in_progress = [this] { return CollectiveInProgress(); };
   HOLDFAST_ASSIGN_OR_RETURN(member_,
                             control::MemberClient::Join(mo, std::move(cb)));
   const control::Assignment a = member_->assignment();
-  {
-    absl::MutexLock lock(&mu_);
-    view_.generation = std::max(view_.generation, a.generation);
-    if (view_.generation == a.generation) {
-      view_.slot = a.slot;
-      view_.world = a.world_size;
-      view_.standby = a.standby;
-    }
-    committed_ = std::max(committed_, a.committed_step);
-    job_skip_ = a.skip_data;
-  }
+  gens_.Join(a);
   HOLDFAST_LOG_INFO(
       "runtime: member {} ({}) joined as {} (generation {}, world {})",
       a.member_id, options_.host,
@@ -98,7 +82,7 @@ absl::Status RuntimeImpl::Init() {
     return r.ok() && r->first;
   });
   // An injected stall ends once this member has no job to go on with.
-  injector_->SetRelease([this] { return !Stopped().ok(); });
+  injector_->SetRelease([this] { return !gens_.Stopped().ok(); });
   injector_->SetCommitted([this] { return committed_step(); });
   backups_ = std::make_unique<BackupPipeline>(
       static_cast<BackupPipeline::Member*>(this), &snapshots_, &state_,
@@ -118,7 +102,7 @@ absl::Status RuntimeImpl::RegisterState(const std::string& name, void* data,
 absl::StatusOr<ShardView> RuntimeImpl::RegisterShardedState(
     const std::string& name, size_t global_bytes, size_t unit_bytes) {
   HOLDFAST_RETURN_IF_ERROR(RegistrationOpen(name));
-  const View v = CurrentView();
+  const View v = gens_.Current();
   return state_.AddSharded(name, global_bytes, unit_bytes,
                            v.standby ? 0 : v.world, v.slot);
 }
@@ -127,36 +111,22 @@ absl::StatusOr<ShardView> RuntimeImpl::Shard(const std::string& name) {
   return state_.Shard(name);
 }
 
-bool RuntimeImpl::standby() const {
-  absl::MutexLock lock(&mu_);
-  return view_.standby;
-}
+bool RuntimeImpl::standby() const { return gens_.Current().standby; }
 
-int RuntimeImpl::slot() const {
-  absl::MutexLock lock(&mu_);
-  return view_.slot;
-}
+int RuntimeImpl::slot() const { return gens_.Current().slot; }
 
-int RuntimeImpl::world_size() const {
-  absl::MutexLock lock(&mu_);
-  return view_.world;
-}
+int RuntimeImpl::world_size() const { return gens_.Current().world; }
 
-int64_t RuntimeImpl::generation() const {
-  absl::MutexLock lock(&mu_);
-  return view_.generation;
-}
+int64_t RuntimeImpl::generation() const { return gens_.Current().generation; }
 
-int64_t RuntimeImpl::committed_step() const {
-  absl::MutexLock lock(&mu_);
-  return committed_;
-}
+int64_t RuntimeImpl::committed_step() const { return gens_.committed(); }
 
 absl::Status RuntimeImpl::AwaitCommit(int64_t step, absl::Duration timeout) {
-  if (AwaitCommitted(step, absl::Now() + timeout)) return absl::OkStatus();
-  HOLDFAST_RETURN_IF_ERROR(Stopped());
-  const bool moved = GenerationMoved();
-  const absl::Status health = CommHealth();
+  if (gens_.AwaitCommitted(step, absl::Now() + timeout))
+    return absl::OkStatus();
+  HOLDFAST_RETURN_IF_ERROR(gens_.Stopped());
+  const bool moved = gens_.Moved();
+  const absl::Status health = gens_.CommHealth();
   if (moved || !health.ok()) {
     return absl::AbortedError(absl::StrCat(
         "AwaitCommit: step ", step, " cannot commit in this generation (",
@@ -169,16 +139,9 @@ absl::Status RuntimeImpl::AwaitCommit(int64_t step, absl::Duration timeout) {
 }
 
 absl::StatusOr<Communicator*> RuntimeImpl::communicator() {
-  {
-    absl::MutexLock lock(&mu_);
-    if (comm_ != nullptr && comm_generation_ == view_.generation &&
-        comm_->health().ok()) {
-      return comm_.get();
-    }
-  }
+  if (Communicator* c = gens_.CurrentHealthyComm()) return c;
   HOLDFAST_RETURN_IF_ERROR(BuildComm());
-  absl::MutexLock lock(&mu_);
-  return comm_.get();
+  return gens_.Comm();
 }
 
 void RuntimeImpl::ReportStep(int64_t step, absl::Duration step_time,
@@ -194,21 +157,14 @@ void RuntimeImpl::Leave(bool finished) {
   // round (peers that stopped snapshotting leave it waiting) is freed by
   // aborting the side communicator.
   const bool busy = snapshots_.Stop();
-  {
-    // The waits on mu_ that end when the pipeline stops (AwaitRoundEnd,
-    // Abandoned) look again when mu_ is released.
-    absl::MutexLock lock(&mu_);
-  }
-  if (busy) AbortComm(INT64_MAX, "this member left the job");
+  // The waits that end when the pipeline stops (AwaitRoundEnd, a
+  // rendezvous abandoned) look again.
+  gens_.Wake();
+  if (busy) gens_.Abort(INT64_MAX, "this member left the job");
   if (backups_ != nullptr) backups_->Join();
-  std::shared_ptr<Communicator> comm, side;
-  {
-    absl::MutexLock lock(&mu_);
-    comm = std::move(comm_);
-    side = std::move(side_);
-  }
-  comm.reset();  // quietly: leaving is no failure
-  side.reset();
+  GenerationView::Comms comms = gens_.TakeAll();
+  comms.comm.reset();  // quietly: leaving is no failure
+  comms.side.reset();
   if (member_ != nullptr) member_->Leave(finished);
 }
 
@@ -221,12 +177,12 @@ absl::StatusOr<bool> RuntimeImpl::TakeSnapshot(int64_t step, bool defer) {
     return absl::InvalidArgumentError(
         absl::StrCat("Snapshot: step ", step, " is negative"));
   }
-  const View v = CurrentView();
+  const View v = gens_.Current();
   if (v.standby || v.slot < 0) {
     return absl::FailedPreconditionError(
         "Snapshot: a standby has no state to snapshot");
   }
-  const int64_t comm_gen = CommGeneration();
+  const int64_t comm_gen = gens_.CommGeneration();
   if (comm_gen < 0) {
     return absl::FailedPreconditionError(
         "Snapshot: no communicator yet (call communicator() first)");

@@ -1,19 +1,25 @@
-// The runtime's one class, RuntimeImpl (include/holdfast/runtime.h's
-// Runtime), declared for the files that define it:
-//   runtime.cc        the facade: options, registration, views, snapshots
-//   generation.cc     the generation view: membership events, aborts, and
-//                     the waits on them (one mutex, mu_)
-//   communicators.cc  the training and side communicators of a generation
-//                     and the backup links
+// RuntimeImpl (include/holdfast/runtime.h's Runtime): the step loop and
+// recovery, composed of objects that own their state and their locks:
+//   GenerationView   (generation_view.h) the generations, the committed
+//                    step, the job's state, the communicators, and the
+//                    waits on them
+//   BackupPipeline   (backup_pipeline.h) the backup thread and the disk tier
+//   NumericGuard     (numeric_guard.h) the numeric checks of a step
+//   checkpoint::Snapshots, StateRegistry, Restore (src/checkpoint)
+// and RuntimeImpl's own files:
+//   runtime.cc        the facade: options, registration, snapshots
+//   generation.cc     membership events, the abort thread, reports of
+//                     failures to the controller, the lease
+//   communicators.cc  building the training and side communicators of a
+//                     generation and the backup links
 //   step_loop.cc      Run: the start, the steps, recovery
-//   checkpoints.cc    the checkpoint layer's restore, as this member runs
-//                     it (its backup rounds: BackupPipeline)
+//   checkpoints.cc    the restore, as this member runs it
+//   numerics.cc       anomaly reports and the data position
 //   report.cc         what a member publishes in the controller's store
 //
 // Threads: the training thread (Run and the API), the backup thread
 // (BackupPipeline), the abort thread (AbortLoop), and the member client's
-// thread (the membership callbacks). Which fields each may touch is said
-// where they are declared.
+// thread (the membership callbacks).
 #ifndef HOLDFAST_SRC_RUNTIME_RUNTIME_IMPL_H_
 #define HOLDFAST_SRC_RUNTIME_RUNTIME_IMPL_H_
 
@@ -50,6 +56,7 @@
 #include "src/fault/hooks.h"
 #include "src/runtime/backup_pipeline.h"
 #include "src/runtime/fault_io.h"
+#include "src/runtime/generation_view.h"
 #include "src/runtime/numeric_guard.h"
 
 namespace holdfast {
@@ -119,15 +126,7 @@ class RuntimeImpl final : public Runtime, private BackupPipeline::Member {
       const RunOptions& options) override;
 
  private:
-  struct View {
-    int64_t generation = 0;
-    int slot = -1;
-    int world = 0;
-    bool standby = true;
-    // This generation rolls back to this committed step (a numeric
-    // anomaly), whatever newer commit a member heard of; -1: none.
-    int64_t rollback_to = -1;
-  };
+  using View = GenerationView::View;
 
   // ---- runtime.cc ----------------------------------------------------------
 
@@ -222,19 +221,8 @@ class RuntimeImpl final : public Runtime, private BackupPipeline::Member {
   // same committed round and nobody leaves a peer waiting in one.
   void FinishBackups(int64_t last, absl::Time deadline);
 
-  // ---- generation.cc: the generation view (mu_) ----------------------------
+  // ---- generation.cc: the member's side of the generation view --------------
 
-  View CurrentView() const;
-  int64_t CommGeneration() const;
-  bool GenerationMoved() const;
-  absl::Status CommHealth() const;
-  bool CommHealthy() const { return CommHealth().ok(); }
-  // The training communicator of the current generation (null before the
-  // first one is built).
-  Communicator* CurrentComm();
-  // The same, shared: it stays valid while the caller holds it, also
-  // across a generation change (for the heartbeat thread).
-  std::shared_ptr<Communicator> SharedComm() const;
   // The coll_seq of the collective the training communicator is inside
   // (started, not ended), or -1: what heartbeats report as
   // PHASE_COLLECTIVE.
@@ -243,20 +231,9 @@ class RuntimeImpl final : public Runtime, private BackupPipeline::Member {
   // completed since the last call (at a step's end): StepReport's
   // collective_us. Training thread only.
   absl::Duration CollectiveTimeSinceLastStep();
-  // The communicator for the runtime's own exchanges (the restore's
-  // agreements and transfers, the check of replicated state), whose
-  // buffers are in host memory: the training communicator, unless its
-  // backend takes device memory only (NCCL). Then it is the side
-  // communicator that BuildComm built with it for the same generation, on
-  // the same ranks; the backups that also use it are quiesced or not yet
-  // started while these run. Aborted when there is none.
-  absl::StatusOr<Communicator*> HostComm();
 
   // The member client's callbacks.
   void OnMembership(const MembershipUpdate& u);
-  void NoteCommitted(int64_t c);
-  // Aborts the training and side communicators of generations <= `upto`.
-  void AbortComm(int64_t upto, absl::string_view reason);
   // An abort ordered by the controller runs on a thread of its own (the
   // abort thread, AbortLoop), not the member client's: the client delivers
   // the next generation right after the order, and the abort (a notice to
@@ -282,8 +259,6 @@ class RuntimeImpl final : public Runtime, private BackupPipeline::Member {
   // as evidence only, at once; nothing if none.
   void ReportUnreachable(const std::vector<int>& peers, const std::string& why,
                          int64_t gen);
-  // OK, or why the job cannot go on for this member.
-  absl::Status Stopped() const;
   // The end of step `step`: while the member has had no word from the
   // controller for longer than its lease (MemberClient::lease()), waits
   // until it hears again, so that a member cut off from the controller
@@ -292,20 +267,7 @@ class RuntimeImpl final : public Runtime, private BackupPipeline::Member {
   // stopped meanwhile, or when its generation moved or its communicator
   // failed (the step is then redone after a recovery).
   absl::Status AwaitLease(int64_t step);
-  // Why a rendezvous of generation `gen` is pointless now, if it is.
-  std::optional<std::string> RendezvousAbandoned(int64_t gen) const;
-  // The one question every wait on the controller asks: may this member
-  // still take part in the job (not fenced, the job not over)?
-  bool MayGoOnLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // ... and in generation `gen` (no newer one opened).
-  bool GoesOnLocked(int64_t gen) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // Waits until `step` is committed; false on timeout or when the
-  // communicator fails or the generation moves meanwhile.
-  bool AwaitCommitted(int64_t step, absl::Time deadline);
-  // Waits until a generation newer than `failed` is known, or a terminal
-  // event; false on timeout.
-  bool AwaitGeneration(int64_t failed, absl::Time deadline);
   // A standby parks here until it is given a slot.
   absl::Status AwaitSlot();
   // Waits until step `s` of generation `gen` is committed, or cannot be
@@ -382,21 +344,13 @@ class RuntimeImpl final : public Runtime, private BackupPipeline::Member {
   std::shared_ptr<control::ControllerStore> store_;
   std::unique_ptr<control::MemberClient> member_;
 
-  mutable absl::Mutex mu_;
-  View view_ ABSL_GUARDED_BY(mu_);
-  int64_t committed_ ABSL_GUARDED_BY(mu_) = -1;
-  absl::Status fenced_ ABSL_GUARDED_BY(mu_);
-  std::optional<JobEnd> job_end_ ABSL_GUARDED_BY(mu_);
-  std::shared_ptr<Communicator> comm_ ABSL_GUARDED_BY(mu_);
+  // The generations, the committed step, the job's state and the
+  // communicators of this member (generation_view.h).
+  GenerationView gens_{[this] { return snapshots_.stopping(); }};
   // CollectiveTimeSinceLastStep's place: the generation and the newest
   // op seq it counted (the training thread's alone).
   int64_t timed_generation_ = -1;
   uint64_t timed_seq_ = 0;
-  int64_t comm_generation_ ABSL_GUARDED_BY(mu_) = -1;
-  std::shared_ptr<Communicator> side_ ABSL_GUARDED_BY(mu_);
-  // The backup links of the side communicator's generation (bulk.h).
-  std::shared_ptr<bulk::Links> links_ ABSL_GUARDED_BY(mu_);
-  int64_t side_generation_ ABSL_GUARDED_BY(mu_) = -1;
 
   // Aborts ordered by the controller (QueueAbort).
   absl::Mutex abort_mu_;
@@ -430,7 +384,6 @@ class RuntimeImpl final : public Runtime, private BackupPipeline::Member {
   NumericGuard numerics_;
   int64_t* data_position_ = nullptr;
   DataRanges run_skip_;
-  DataRanges job_skip_ ABSL_GUARDED_BY(mu_);
   std::atomic<int64_t> step_now_{0};
   std::vector<RecoveryRecord> recovery_records_;
 

@@ -67,7 +67,7 @@ absl::StatusOr<int64_t> RuntimeImpl::RecoverIn(const View& v,
   rec->rebuilt_ms = NowMs();
   absl::StatusOr<int64_t> restored = Restore(rec);
   if (!restored.ok()) {
-    *fatal = !IsRecoverable(restored.status()) && CommHealthy();
+    *fatal = !IsRecoverable(restored.status()) && gens_.CommHealth().ok();
     return restored.status();
   }
   rec->restored_ms = NowMs();
@@ -87,9 +87,9 @@ absl::StatusOr<int64_t> RuntimeImpl::Recover(const absl::Status& cause) {
   RecoveryRecord rec;
   rec.cause = std::string(cause.message());
   rec.seen_ms = NowMs();
-  int64_t failed = CommGeneration();
+  int64_t failed = gens_.CommGeneration();
   rec.failed_generation = failed;
-  AbortComm(INT64_MAX, absl::StrCat("recovering: ", cause.message()));
+  gens_.Abort(INT64_MAX, absl::StrCat("recovering: ", cause.message()));
   HOLDFAST_RETURN_IF_ERROR(FoundMismatch(failed));
   rec.aborted_ms = NowMs();
   member_->SetPhase(control::PHASE_RECOVERING, 0);
@@ -109,7 +109,7 @@ absl::StatusOr<int64_t> RuntimeImpl::Recover(const absl::Status& cause) {
   // when another member's report or a crash opens the next generation.
   ReportUnreachable(unreachable, last_error, failed);
   for (;;) {
-    HOLDFAST_RETURN_IF_ERROR(Stopped());
+    HOLDFAST_RETURN_IF_ERROR(gens_.Stopped());
     if (absl::Now() > deadline) {
       return absl::DeadlineExceededError(
           absl::StrCat("recovery from generation ", rec.failed_generation,
@@ -120,19 +120,19 @@ absl::StatusOr<int64_t> RuntimeImpl::Recover(const absl::Status& cause) {
     // The controller usually opens the next generation by itself (a
     // crash is seen at once). If it does not, nobody it knows of failed:
     // report the broken communicator, which rebuilds the group.
-    if (!AwaitGeneration(failed, absl::Now() + options_.report_grace)) {
+    if (!gens_.AwaitGeneration(failed, absl::Now() + options_.report_grace)) {
       ReportBroken(last_error, absent, failed, unreachable);
-      AwaitGeneration(failed, deadline);
+      gens_.AwaitGeneration(failed, deadline);
       continue;
     }
-    HOLDFAST_RETURN_IF_ERROR(Stopped());
+    HOLDFAST_RETURN_IF_ERROR(gens_.Stopped());
     // A peer may have found it after this member began to recover.
     HOLDFAST_RETURN_IF_ERROR(FoundMismatch(rec.failed_generation));
     if (failed != rec.failed_generation) {
       HOLDFAST_RETURN_IF_ERROR(FoundMismatch(failed));
     }
     rec.agreed_ms = NowMs();
-    const View v = CurrentView();
+    const View v = gens_.Current();
     if (v.standby) {
       return absl::InternalError("runtime: a worker was made a standby");
     }
@@ -150,7 +150,7 @@ absl::StatusOr<int64_t> RuntimeImpl::Recover(const absl::Status& cause) {
     ReportUnreachable(unreachable, last_error, v.generation);
     HOLDFAST_LOG_WARN("runtime: generation {} failed during recovery: {}",
                       v.generation, last_error);
-    AbortComm(INT64_MAX, last_error);
+    gens_.Abort(INT64_MAX, last_error);
     failed = v.generation;
   }
 }
@@ -184,15 +184,8 @@ absl::Status RuntimeImpl::FoundMismatch(int64_t gen) {
       }
       // Its fence is on its way: end as fenced, not with an error of the
       // job's.
-      {
-        absl::MutexLock lock(&mu_);
-        auto stopped = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-          return !MayGoOnLocked();
-        };
-        mu_.AwaitWithDeadline(absl::Condition(&stopped),
-                              absl::Now() + kMismatchVerdictWait);
-      }
-      HOLDFAST_RETURN_IF_ERROR(Stopped());
+      gens_.AwaitStopped(absl::Now() + kMismatchVerdictWait);
+      HOLDFAST_RETURN_IF_ERROR(gens_.Stopped());
       why = "this slot was named its culprit and is replaced";
     } else if (v.is_object()) {
       why = absl::StrCat("the controller's verdict: ", v.value("kind", "?"),
@@ -269,7 +262,7 @@ absl::Status RuntimeImpl::Begin(Loop* loop, const RunOptions& options) {
   HOLDFAST_RETURN_IF_ERROR(AwaitSlot());
   absl::StatusOr<int64_t> started = Start(options.start_step);
   if (started.ok()) return ResumeAt(loop, options, *started);
-  if (!IsRecoverable(started.status()) && CommHealthy()) {
+  if (!IsRecoverable(started.status()) && gens_.CommHealth().ok()) {
     return started.status();
   }
   return RecoverInLoop(loop, options, started.status());
@@ -285,7 +278,7 @@ absl::Status RuntimeImpl::RunSteps(
     absl::Status s = CallStep(step_fn, options, loop->step, &fenced, &fatal);
     HOLDFAST_RETURN_IF_ERROR(fatal);
     if (!s.ok()) {
-      if (!IsRecoverable(s) && CommHealthy() &&
+      if (!IsRecoverable(s) && gens_.CommHealth().ok() &&
           s.code() != absl::StatusCode::kFailedPrecondition) {
         return s;
       }
@@ -328,7 +321,7 @@ absl::StatusOr<RunResult> RuntimeImpl::RunLoop(
     // during the last steps) includes this member: leaving now would leave
     // the others waiting for it in the rendezvous. Take part, redo what
     // was not committed, and finish with them.
-    if (!GenerationMoved() || !Stopped().ok()) break;
+    if (!gens_.Moved() || !gens_.Stopped().ok()) break;
     finishing_ = false;
     HOLDFAST_RETURN_IF_ERROR(RecoverInLoop(
         &loop, options,
@@ -383,12 +376,12 @@ absl::Status RuntimeImpl::CallStep(
     const std::function<absl::Status(const StepContext&)>& step_fn,
     const RunOptions& options, int64_t step, bool* fenced,
     absl::Status* fatal) {
-  const View v = CurrentView();
+  const View v = gens_.Current();
   step_now_ = step;
   numerics_.BeginStep(data_position_ != nullptr ? *data_position_ : 0);
   faults_->AtStep(v.slot, step);
   member_->SetPhase(control::PHASE_COMPUTING, 0);
-  Communicator* comm = CurrentComm();
+  Communicator* comm = gens_.Comm();
   if (comm == nullptr) return absl::AbortedError("no communicator");
   StepContext ctx;
   ctx.step = step;
@@ -431,10 +424,10 @@ absl::Status RuntimeImpl::CallStep(
   }
   // A step that finished while its generation was being replaced may not
   // have finished everywhere: it is redone after the rollback.
-  if (s.ok()) s = Stopped();
+  if (s.ok()) s = gens_.Stopped();
   if (s.ok()) s = AwaitLease(step);
-  if (s.ok() && (!CommHealthy() || GenerationMoved())) {
-    s = CommHealth();
+  if (s.ok() && (!gens_.CommHealth().ok() || gens_.Moved())) {
+    s = gens_.CommHealth();
     if (s.ok()) s = absl::AbortedError("a new generation was opened");
   }
   return s;
@@ -497,7 +490,7 @@ absl::Status RuntimeImpl::CompleteStep(const RunOptions& options, int64_t step,
 }
 
 RunResult RuntimeImpl::Result(const RunOptions& options) {
-  const View v = CurrentView();
+  const View v = gens_.Current();
   RunResult result;
   result.final_step = options.steps;
   result.world_size = v.world;
@@ -522,7 +515,7 @@ RunResult RuntimeImpl::Result(const RunOptions& options) {
 }
 
 absl::StatusOr<int64_t> RuntimeImpl::Start(int64_t fresh_step) {
-  const View v = CurrentView();
+  const View v = gens_.Current();
   if (v.generation > 0) {
     // Joining a running job is a recovery: the controller does not hold
     // this member's step 0 against it while the state comes in, and it
@@ -549,7 +542,7 @@ absl::StatusOr<int64_t> RuntimeImpl::Start(int64_t fresh_step) {
     return at;
   }
   if (!options_.checkpoint_dir.empty()) {
-    HOLDFAST_ASSIGN_OR_RETURN(Communicator * host, HostComm());
+    HOLDFAST_ASSIGN_OR_RETURN(Communicator * host, gens_.HostComm());
     HOLDFAST_ASSIGN_OR_RETURN(const std::optional<checkpoint::Restored> d,
                               NewRestore(host, v).FromDisk(/*required=*/false));
     if (d.has_value()) {
@@ -568,7 +561,7 @@ absl::StatusOr<int64_t> RuntimeImpl::Start(int64_t fresh_step) {
   }
   state_.RepartitionAll(v.world, v.slot);  // a no-op after a disk restore
   if (!resumed) {
-    HOLDFAST_ASSIGN_OR_RETURN(Communicator * host, HostComm());
+    HOLDFAST_ASSIGN_OR_RETURN(Communicator * host, gens_.HostComm());
     HOLDFAST_RETURN_IF_ERROR(SameStartStep(host, v.world, v.slot, fresh_step));
     at = fresh_step;
     HOLDFAST_RETURN_IF_ERROR(
@@ -577,9 +570,10 @@ absl::StatusOr<int64_t> RuntimeImpl::Start(int64_t fresh_step) {
   progress_.high_step = std::max(progress_.high_step, at);
   progress_.live_step = at;
   HOLDFAST_ASSIGN_OR_RETURN(bool taken, Snapshot(at));
-  if (!taken || !AwaitCommitted(at, absl::Now() + options_.recovery_timeout)) {
-    HOLDFAST_RETURN_IF_ERROR(Stopped());
-    absl::Status s = CommHealth();
+  if (!taken ||
+      !gens_.AwaitCommitted(at, absl::Now() + options_.recovery_timeout)) {
+    HOLDFAST_RETURN_IF_ERROR(gens_.Stopped());
+    absl::Status s = gens_.CommHealth();
     return s.ok() ? absl::AbortedError(absl::StrCat("the starting state (step ",
                                                     at, ") was not committed"))
                   : s;
@@ -588,8 +582,8 @@ absl::StatusOr<int64_t> RuntimeImpl::Start(int64_t fresh_step) {
 }
 
 void RuntimeImpl::FinishBackups(int64_t last, absl::Time deadline) {
-  while (absl::Now() < deadline && committed_step() < last && Stopped().ok() &&
-         !GenerationMoved()) {
+  while (absl::Now() < deadline && committed_step() < last &&
+         gens_.Stopped().ok() && !gens_.Moved()) {
     const bool idle = snapshots_.AwaitIdle(
         std::min(deadline, absl::Now() + absl::Milliseconds(50)));
     if (committed_step() >= last) return;
