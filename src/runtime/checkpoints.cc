@@ -4,6 +4,7 @@
 #include "holdfast/status.h"
 #include "src/checkpoint/pieces.h"
 #include "src/common/logging.h"
+#include "src/common/status_util.h"
 #include "src/fault/hooks.h"
 
 namespace holdfast {
@@ -62,6 +63,23 @@ void RuntimeImpl::NoteRestored(const checkpoint::Restored& r,
 
 void RuntimeImpl::AckStep(int64_t step, int64_t gen) {
   member_->SendCheckpointAck(step, gen);
+}
+
+absl::StatusOr<RuntimeImpl::SideChannel> RuntimeImpl::Side(int64_t gen) {
+  HOLDFAST_ASSIGN_OR_RETURN(auto side, gens_.Side(gen));
+  return SideChannel{std::move(side.first), std::move(side.second)};
+}
+
+void RuntimeImpl::SideFailed(const absl::Status& why, int64_t gen) {
+  // At the end of the run peers leave as they finish: no failure.
+  if (snapshots_.stopping() || finishing_ || !gens_.CommHealth().ok()) return;
+  if (gens_.AwaitGeneration(gen, absl::Now() + options_.report_grace)) return;
+  if (snapshots_.stopping() || finishing_ || !gens_.CommHealth().ok()) return;
+  HOLDFAST_LOG_WARN(
+      "runtime: the side communicator of generation {} "
+      "failed: {}",
+      gen, std::string(why.message()));
+  ReportBroken(absl::StrCat("side communicator: ", why.message()), -1, gen);
 }
 
 }  // namespace holdfast

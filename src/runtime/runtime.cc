@@ -67,6 +67,9 @@ absl::Status RuntimeImpl::Init() {
                             control::MemberClient::Join(mo, std::move(cb)));
   const control::Assignment a = member_->assignment();
   gens_.Join(a);
+  comms_ = std::make_unique<CommSet>(
+      options_, store_, &gens_, &snapshots_, faults_,
+      [member = member_.get()](int64_t gen) { member->AtRendezvous(gen); });
   HOLDFAST_LOG_INFO(
       "runtime: member {} ({}) joined as {} (generation {}, world {})",
       a.member_id, options_.host,
@@ -140,7 +143,7 @@ absl::Status RuntimeImpl::AwaitCommit(int64_t step, absl::Duration timeout) {
 
 absl::StatusOr<Communicator*> RuntimeImpl::communicator() {
   if (Communicator* c = gens_.CurrentHealthyComm()) return c;
-  HOLDFAST_RETURN_IF_ERROR(BuildComm());
+  HOLDFAST_RETURN_IF_ERROR(comms_->Build());
   return gens_.Comm();
 }
 

@@ -10,8 +10,7 @@
 //   runtime.cc        the facade: options, registration, snapshots
 //   generation.cc     membership events, the abort thread, reports of
 //                     failures to the controller, the lease
-//   communicators.cc  building the training and side communicators of a
-//                     generation and the backup links
+//   CommSet          (comm_set.h) building a generation's communicators
 //   step_loop.cc      Run: the start, the steps, recovery
 //   checkpoints.cc    the restore, as this member runs it
 //   numerics.cc       anomaly reports and the data position
@@ -55,6 +54,7 @@
 #include "src/fault/fault.h"
 #include "src/fault/hooks.h"
 #include "src/runtime/backup_pipeline.h"
+#include "src/runtime/comm_set.h"
 #include "src/runtime/fault_io.h"
 #include "src/runtime/generation_view.h"
 #include "src/runtime/numeric_guard.h"
@@ -275,48 +275,13 @@ class RuntimeImpl final : public Runtime, private BackupPipeline::Member {
   // pipeline stopping), or until `deadline`; whether either came first.
   bool AwaitRoundEnd(int64_t s, int64_t gen, absl::Time deadline) override;
 
-  // ---- communicators.cc ----------------------------------------------------
+  // ---- checkpoints.cc: the backup pipeline's side channel
+  // --------------------
 
-  // A communicator of generation `gen` on `store` (rendezvous keys are
-  // namespaced by generation); Aborted naming why when the rendezvous was
-  // abandoned (a newer generation, fencing, the job's end).
-  // `cancelled`, if given, replaces RendezvousAbandoned(gen).
-  absl::StatusOr<std::shared_ptr<Communicator>> CreateComm(
-      std::shared_ptr<Store> store, int64_t gen, int world, int slot,
-      absl::Duration connect_timeout, bool side = false,
-      bulk::Cancelled cancelled = nullptr);
-  // Builds the communicators of the current generation (the training one,
-  // and the side one with its backup links, BuildSide).
-  absl::Status BuildComm();
   // The side communicator of generation `gen` and its backup links, for
-  // the backup thread. It holds references for its round, so a rebuild on
-  // the training thread never destroys them under a transfer.
+  // the backup thread.
   using SideChannel = BackupPipeline::SideChannel;
   absl::StatusOr<SideChannel> Side(int64_t gen) override;
-  // Builds the side communicator of generation `gen` and places the
-  // buddies of every slot in it.
-  // Every member of generation `gen` arrives at the side rendezvous;
-  // one that does not within the connect timeout is named as absent.
-  absl::Status AwaitArrivals(Store& store, int64_t gen, int world, int slot,
-                             const bulk::Cancelled& cancelled);
-  // The failure domains of every member (its host label and topology
-  // block), exchanged on the side communicator, and how many check backups
-  // on arrival.
-  struct PlacementLabels {
-    pieces::PlacementInput input;
-    int arrival = 0;
-  };
-  absl::StatusOr<PlacementLabels> ExchangeLabels(Communicator& side, int world,
-                                                 int slot);
-  absl::Status BuildSide(int64_t gen, int world, int slot,
-                         const bulk::Cancelled& cancelled);
-  // Opens this member's backup links of generation `gen`: to each of its
-  // buddies (at the address each published under `key`) and from each
-  // owner it is a buddy of.
-  absl::Status ConnectLinks(Store& store, const bulk::Listener& listener,
-                            const std::string& key, int64_t gen, int slot,
-                            const std::vector<std::vector<int>>& buddies,
-                            const bulk::Cancelled& cancelled);
   // A side communicator failed while the training one did not: the group
   // is broken all the same (backups can no longer commit), so it is
   // rebuilt unless something else already explains it.
@@ -401,6 +366,8 @@ class RuntimeImpl final : public Runtime, private BackupPipeline::Member {
   // corrupt-backup and corrupt-restore faults damage them.
   FaultyPieceIo piece_io_{faults_, [this] { return slot(); }};
   std::atomic<bool> finishing_{false};
+  // Builds the communicators of each generation (Init makes it).
+  std::unique_ptr<CommSet> comms_;
   // The backup thread and the disk tier (Init starts it; Leave stops it).
   std::unique_ptr<BackupPipeline> backups_;
 };

@@ -54,7 +54,7 @@ std::string Received(const RecoveryRecord& rec) {
 absl::StatusOr<int64_t> RuntimeImpl::RecoverIn(const View& v,
                                                RecoveryRecord* rec,
                                                bool* fatal) {
-  absl::Status s = BuildComm();
+  absl::Status s = comms_->Build();
   // A communicator that cannot be built by this program at all (an
   // unknown backend, NCCL not linked, no GPU) will not be built by the
   // next generation either: stop instead of cycling.

@@ -1,8 +1,10 @@
-#include "src/runtime/runtime_impl.h"
+#include "src/runtime/comm_set.h"
 
 #include <xxhash.h>
 
 #include <algorithm>
+#include <atomic>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "holdfast/status.h"
@@ -19,11 +21,11 @@ namespace {
 constexpr absl::Duration kSideConnectTimeout = absl::Seconds(15);
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<Communicator>> RuntimeImpl::CreateComm(
+absl::StatusOr<std::shared_ptr<Communicator>> CommSet::CreateComm(
     std::shared_ptr<Store> store, int64_t gen, int world, int slot,
     absl::Duration connect_timeout, bool side, bulk::Cancelled cancelled) {
   if (cancelled == nullptr) {
-    cancelled = [this, gen] { return gens_.RendezvousAbandoned(gen); };
+    cancelled = [this, gen] { return gens_->RendezvousAbandoned(gen); };
   }
   CommunicatorOptions o = options_.comm;
   // The side communicator moves host snapshots: always Gloo. A fault spec
@@ -56,15 +58,15 @@ absl::StatusOr<std::shared_ptr<Communicator>> RuntimeImpl::CreateComm(
   return std::shared_ptr<Communicator>(std::move(*c));
 }
 
-absl::Status RuntimeImpl::BuildComm() {
-  const View v = gens_.Current();
+absl::Status CommSet::Build() {
+  const GenerationView::View v = gens_->Current();
   if (v.standby || v.slot < 0) {
     return absl::FailedPreconditionError("runtime: this member has no slot");
   }
-  gens_.BeginComm(v.generation)
+  gens_->BeginComm(v.generation)
       .reset();  // joins its threads; never blocks on a peer
   const int64_t gen = v.generation;
-  member_->AtRendezvous(gen);
+  at_rendezvous_(gen);
   // The side communicator for backups is built here too, at the same
   // time on a thread of its own, while every member is in the same
   // protocol step: Gloo's connect phase cannot be cancelled, so building
@@ -76,7 +78,7 @@ absl::Status RuntimeImpl::BuildComm() {
     if (comm_failed.load()) {
       return std::string("the training communicator failed");
     }
-    return gens_.RendezvousAbandoned(gen);
+    return gens_->RendezvousAbandoned(gen);
   };
   absl::Status side_status;
   std::thread side(
@@ -86,18 +88,13 @@ absl::Status RuntimeImpl::BuildComm() {
   if (!built.ok()) comm_failed = true;
   side.join();
   if (!built.ok()) return built.status();
-  gens_.SetComm(gen, *std::move(built));
+  gens_->SetComm(gen, *std::move(built));
   return side_status;
 }
 
-absl::StatusOr<RuntimeImpl::SideChannel> RuntimeImpl::Side(int64_t gen) {
-  HOLDFAST_ASSIGN_OR_RETURN(auto side, gens_.Side(gen));
-  return SideChannel{std::move(side.first), std::move(side.second)};
-}
-
-absl::Status RuntimeImpl::AwaitArrivals(Store& store, int64_t gen, int world,
-                                        int slot,
-                                        const bulk::Cancelled& cancelled) {
+absl::Status CommSet::AwaitArrivals(Store& store, int64_t gen, int world,
+                                    int slot,
+                                    const bulk::Cancelled& cancelled) {
   // Everyone arrives first. The training communicator of this
   // generation is being built at the same time, so every member is in
   // the same protocol step: one that does not come within the connect
@@ -129,7 +126,7 @@ absl::Status RuntimeImpl::AwaitArrivals(Store& store, int64_t gen, int world,
   return absl::OkStatus();
 }
 
-absl::StatusOr<RuntimeImpl::PlacementLabels> RuntimeImpl::ExchangeLabels(
+absl::StatusOr<CommSet::PlacementLabels> CommSet::ExchangeLabels(
     Communicator& side, int world, int slot) {
   // Failure domains: each member's own labels, exchanged here, and
   // whether it checks backups on arrival (every member must run the same
@@ -163,9 +160,9 @@ absl::StatusOr<RuntimeImpl::PlacementLabels> RuntimeImpl::ExchangeLabels(
   return out;
 }
 
-absl::Status RuntimeImpl::BuildSide(int64_t gen, int world, int slot,
-                                    const bulk::Cancelled& cancelled) {
-  gens_.BeginSide(gen);  // the old side communicator and links go
+absl::Status CommSet::BuildSide(int64_t gen, int world, int slot,
+                                const bulk::Cancelled& cancelled) {
+  gens_->BeginSide(gen);  // the old side communicator and links go
   std::shared_ptr<Store> store =
       NewPrefixStore(keys::kSidePrefix, NewCancellableStore(store_, cancelled));
   // The backup links' listener; its address is published before this
@@ -181,7 +178,7 @@ absl::Status RuntimeImpl::BuildSide(int64_t gen, int world, int slot,
       std::shared_ptr<Communicator> side,
       CreateComm(store, gen, world, slot, kSideConnectTimeout,
                  /*side=*/true, cancelled));
-  gens_.SetSide(gen, side);
+  gens_->SetSide(gen, side);
   HOLDFAST_ASSIGN_OR_RETURN(PlacementLabels labels,
                             ExchangeLabels(*side, world, slot));
   pieces::PlacementInput in = std::move(labels.input);
@@ -193,7 +190,7 @@ absl::Status RuntimeImpl::BuildSide(int64_t gen, int world, int slot,
   HOLDFAST_RETURN_IF_ERROR(ConnectLinks(*store, *listener, bulk_key, gen, slot,
                                         pl.buddies, cancelled));
   // The backup thread reads it between rounds.
-  snapshots_.SetPlacement({gen, std::move(pl.buddies), arrival > 0});
+  snapshots_->SetPlacement({gen, std::move(pl.buddies), arrival > 0});
   if (slot == 0 && !pl.warnings.empty()) {
     HOLDFAST_LOG_WARN(
         "runtime: placement of generation {}: {} of {} piece copies could "
@@ -205,14 +202,15 @@ absl::Status RuntimeImpl::BuildSide(int64_t gen, int world, int slot,
   return absl::OkStatus();
 }
 
-absl::Status RuntimeImpl::ConnectLinks(
-    Store& store, const bulk::Listener& listener, const std::string& key,
-    int64_t gen, int slot, const std::vector<std::vector<int>>& buddies,
-    const bulk::Cancelled& cancelled) {
+absl::Status CommSet::ConnectLinks(Store& store, const bulk::Listener& listener,
+                                   const std::string& key, int64_t gen,
+                                   int slot,
+                                   const std::vector<std::vector<int>>& buddies,
+                                   const bulk::Cancelled& cancelled) {
   auto links = std::make_shared<bulk::Links>(
       gen, slot, XXH3_64bits(options_.token.data(), options_.token.size()),
       options_.comm.timeout);
-  HOLDFAST_RETURN_IF_ERROR(gens_.SetLinks(gen, links));
+  HOLDFAST_RETURN_IF_ERROR(gens_->SetLinks(gen, links));
   const absl::Time deadline = absl::Now() + kSideConnectTimeout;
   for (int b : buddies[static_cast<size_t>(slot)]) {
     HOLDFAST_ASSIGN_OR_RETURN(
@@ -228,18 +226,6 @@ absl::Status RuntimeImpl::ConnectLinks(
     }
   }
   return links->AcceptFrom(listener, owners, deadline, cancelled);
-}
-
-void RuntimeImpl::SideFailed(const absl::Status& why, int64_t gen) {
-  // At the end of the run peers leave as they finish: no failure.
-  if (snapshots_.stopping() || finishing_ || !gens_.CommHealth().ok()) return;
-  if (gens_.AwaitGeneration(gen, absl::Now() + options_.report_grace)) return;
-  if (snapshots_.stopping() || finishing_ || !gens_.CommHealth().ok()) return;
-  HOLDFAST_LOG_WARN(
-      "runtime: the side communicator of generation {} "
-      "failed: {}",
-      gen, std::string(why.message()));
-  ReportBroken(absl::StrCat("side communicator: ", why.message()), -1, gen);
 }
 
 }  // namespace holdfast
