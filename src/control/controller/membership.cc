@@ -238,10 +238,6 @@ uint64_t Membership::NewIdLocked() {
   }
 }
 
-absl::Duration Lease(const DetectionOptions& d) {
-  return d.lease.has_value() ? *d.lease : d.silent_after * 2 / 3;
-}
-
 RegisterResponse Membership::AssignmentLocked(const Member& m) const {
   RegisterResponse r;
   r.set_member_id(m.id);
@@ -451,16 +447,7 @@ void Membership::NoteStepEndLocked(Member& mem, const StepReport& r) {
       mem.work_us.pop_front();
     }
   }
-  // One sample per step number, whoever reports it first: the history does
-  // not grow with the world size.
-  if (r.step() > last_history_step_) {
-    last_history_step_ = r.step();
-    step_history_us_.push_back(r.last_step_us());
-    while (step_history_us_.size() >
-           static_cast<size_t>(std::max(1, detection_.step_history))) {
-      step_history_us_.pop_front();
-    }
-  }
+  pace_.Note(r.step(), r.last_step_us());
 }
 
 void Membership::Unbind(uint64_t member_id, MemberSink* sink) {

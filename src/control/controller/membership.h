@@ -27,6 +27,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "src/control/controller/anomaly_ledger.h"
+#include "src/control/controller/detection.h"
 #include "src/control/controller/diagnosis_cases.h"
 #include "src/control/controller/verdict.h"
 #include "src/control/wire/controller.pb.h"
@@ -34,85 +35,6 @@
 #include "src/diagnosis/diagnosis.h"
 
 namespace holdfast::control {
-
-struct DetectionOptions;
-// The lease that `d` gives members: d.lease, or two thirds of
-// d.silent_after when unset.
-absl::Duration Lease(const DetectionOptions& d);
-
-struct DetectionOptions {
-  // How often members send a periodic report (told to them at Register).
-  absl::Duration heartbeat_interval = absl::Milliseconds(500);
-  // silent: no heartbeat for this long. This is the grace of a link blip
-  // too: a member whose link is down for less costs no fence. A blip of
-  // b silences a member for up to b + heartbeat_interval + TCP's
-  // retransmission back-off (0.2, 0.4, 0.8 s: about 1.9 s for b = 1 s),
-  // so 3 s keeps blips of a second or so, and finds a frozen process or
-  // a lost host in 3 s (docs/network.md).
-  absl::Duration silent_after = absl::Seconds(3);
-  // A member that has not heard from the controller for this long stops
-  // acting: no step completes and no snapshot is acked until it hears
-  // again (told to members at Register). Shorter than silent_after, so a
-  // cut-off member has stopped before the controller declares it lost and
-  // gives its slot to another: no split brain. Unset: two thirds of
-  // silent_after (2 s with its default); zero: no lease. See Lease().
-  std::optional<absl::Duration> lease;
-  // Silence verdicts pause while more than half of the live members are
-  // unheard for max(2 heartbeat intervals, silent_after / 2): the
-  // controller's own link is then the likelier fault (its host cut off).
-  // Reported failures are still acted on. When a majority is heard again, no
-  // member is declared silent for as long as the isolation lasted plus
-  // silent_after (TCP backs its retransmissions off during an outage, so queued
-  // heartbeats may take about that long to arrive), and every stall clock
-  // restarts.
-  //
-  // stalled: the step has not advanced for
-  //   max(stall_floor, stall_factor x median, stall_max_factor x longest)
-  // over the job's last `step_history` steps. Needs stall_min_history steps
-  // of history first: a long first step (compilation, loading) is never a
-  // stall, and a job with periodic long steps (an RL rollout every few
-  // steps) has shown one before the rule applies.
-  double stall_factor = 10.0;
-  double stall_max_factor = 3.0;
-  absl::Duration stall_floor = absl::Seconds(30);
-  int stall_min_history = 16;
-  int step_history = 128;
-  // A recovery's rendezvous (generations after the first): once every
-  // other slot's member has come to it, a member that has not is left out
-  // (kind absent) after rendezvous_grace when it does not answer either
-  // (no heartbeat of the new generation, or none for the longer of the
-  // grace and two heartbeat intervals: frozen, or dead without a broken
-  // stream), and after rendezvous_timeout when it still heartbeats (its
-  // training thread is stuck or slow). Faults come in clusters: a frozen
-  // member must not hold a recovery while more members fail.
-  absl::Duration rendezvous_grace = absl::Seconds(1);
-  absl::Duration rendezvous_timeout = absl::Seconds(30);
-  // The culprit analysis of an incident's generation runs once every
-  // member of it that still heartbeats has left its abort notice, or
-  // this long after the incident (src/diagnosis/diagnosis.h).
-  absl::Duration diagnosis_settle = absl::Seconds(2);
-  // straggler: for the last straggler_window steps that every worker
-  // reported, a worker's own work (its step time less its time inside
-  // collectives) was at least straggler_factor times the median of its
-  // peers' and straggler_floor more (Minder's continuity rule: one slow
-  // step is noise). Needs 3 workers or more. Each step is compared across
-  // the workers, so steps that are long on every rank (an RL rollout)
-  // raise nothing. 0 turns it off.
-  int straggler_window = 8;
-  double straggler_factor = 1.3;
-  absl::Duration straggler_floor = absl::Milliseconds(5);
-  // A numeric anomaly (ReportFailureRequest::anomaly) is decided once
-  // every worker has reported one for the generation, or this long after
-  // the first report (a loss spike seen by one slot only).
-  absl::Duration anomaly_settle = absl::Seconds(1);
-  // A generation opened within this of the last push of one waits, and
-  // goes with those that follow it in one push of the newest: faults come
-  // in clusters (a host's eight ranks, a rack), and a thousand deaths at
-  // once cost a few pushes to every member, not a thousand. The first
-  // generation after a quiet spell goes at once. Zero: every generation
-  // is pushed at once.
-  absl::Duration push_merge = absl::Milliseconds(50);
-};
 
 // A generation whose incidents await the culprit analysis, with what the
 // controller knows of each of its slots (liveness, phase, step); the
@@ -363,11 +285,6 @@ class Membership {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void VacateLocked(Member& m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RetireLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The stall threshold from the job's step history, or nullopt while the
-  // history is too short.
-  std::optional<absl::Duration> StallThresholdLocked() const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Duration MedianStepLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ScanStallsLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reports the workers slower than their peers (straggler_*).
   void ScanStragglersLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -456,9 +373,7 @@ class Membership {
   std::set<std::string> cut_hosts_ ABSL_GUARDED_BY(mu_);
   // Since when more than half of the live members are unheard (silence
   // verdicts pause meanwhile; see DetectionOptions::lease).
-  std::optional<absl::Time> isolated_since_ ABSL_GUARDED_BY(mu_);
   // No silence verdicts before this (after an isolation).
-  absl::Time quiet_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 
   // The healthy pace (StatusResponse::pace_healthy_us): steps still
   // awaiting a member's report, by step number; each keeps up to
@@ -478,8 +393,6 @@ class Membership {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // One duration per step number (the first report of it), newest last.
-  std::deque<int64_t> step_history_us_ ABSL_GUARDED_BY(mu_);
-  int64_t last_history_step_ ABSL_GUARDED_BY(mu_) = -1;
   // Steps already reported as a job-wide stall (no culprit), per generation.
   int64_t job_stall_step_ ABSL_GUARDED_BY(mu_) = -1;
   int64_t job_stall_generation_ ABSL_GUARDED_BY(mu_) = -1;
@@ -515,6 +428,10 @@ class Membership {
   int stragglers_replaced_ ABSL_GUARDED_BY(mu_) = 0;
   // A step end was reported since the last straggler scan.
   bool stragglers_dirty_ ABSL_GUARDED_BY(mu_) = false;
+  // Failure detection's own state (detection.h): the job's step pace and
+  // the watch on the controller's link.
+  StepPace pace_ ABSL_GUARDED_BY(mu_){detection_};
+  LinkWatch link_ ABSL_GUARDED_BY(mu_){detection_};
   uint64_t incidents_total_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t heartbeats_total_ ABSL_GUARDED_BY(mu_) = 0;
   const absl::Time started_;

@@ -14,35 +14,10 @@
 
 namespace holdfast::control {
 
-absl::Duration Membership::MedianStepLocked() const {
-  if (step_history_us_.empty()) return absl::ZeroDuration();
-  std::vector<int64_t> v(step_history_us_.begin(), step_history_us_.end());
-  auto mid = v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2);
-  std::nth_element(v.begin(), mid, v.end());
-  return absl::Microseconds(*mid);
-}
-
-std::optional<absl::Duration> Membership::StallThresholdLocked() const {
-  if (static_cast<int>(step_history_us_.size()) <
-      std::max(1, detection_.stall_min_history)) {
-    return std::nullopt;
-  }
-  const int64_t longest =
-      *std::max_element(step_history_us_.begin(), step_history_us_.end());
-  return std::max({detection_.stall_floor,
-                   detection_.stall_factor * MedianStepLocked(),
-                   detection_.stall_max_factor * absl::Microseconds(longest)});
-}
-
 void Membership::Scan(absl::Time now) {
   absl::MutexLock lock(&mu_);
   std::vector<Member*> silent;
-  // Members that report at every step end are heard more often than the
-  // others: those unheard for half the threshold count against the
-  // controller's own link, so that it is suspected before the first
-  // member is due.
-  const absl::Duration suspect =
-      std::max(2 * detection_.heartbeat_interval, detection_.silent_after / 2);
+  const absl::Duration suspect = link_.Suspect();
   int alive = 0, unheard = 0;
   for (auto& [id, m] : members_) {
     if (m.state != STATE_ALIVE) continue;
@@ -50,37 +25,15 @@ void Membership::Scan(absl::Time now) {
     if (now - m.last_seen > suspect) ++unheard;
     if (now - m.last_seen > detection_.silent_after) silent.push_back(&m);
   }
-  // One member alone has no majority to be compared with.
-  if (alive > 1 && 2 * unheard > alive) {
-    if (!isolated_since_.has_value()) {
-      isolated_since_ = now;
-      HOLDFAST_LOG_WARN(
-          "controller: {} of {} live members unheard for {}: more likely this "
-          "controller's own link; silence verdicts pause until most are "
-          "heard again (reported failures are still acted on)",
-          unheard, alive, Seconds(suspect));
-    }
-    silent.clear();
-  } else if (isolated_since_.has_value()) {
-    // TCP backs its retransmissions off while a link is down: after an
-    // outage of d, a member's queued heartbeats may take up to about d
-    // more to arrive. No member is declared silent for that long (the
-    // isolation and the threshold before it was noticed).
-    const absl::Duration away = std::min(
-        now - *isolated_since_ + detection_.silent_after, absl::Minutes(1));
-    HOLDFAST_LOG_WARN(
-        "controller: most members heard again after {}; no member is "
-        "declared silent for {}, and every stall clock restarts",
-        Seconds(now - *isolated_since_), Seconds(away));
-    isolated_since_.reset();
-    quiet_until_ = now + away;
+  const LinkWatch::Seen seen = link_.Observe(alive, unheard, now);
+  if (seen.restart_clocks) {
     for (auto& [id, m] : members_) {
       if (m.state == STATE_ALIVE) {
         m.step_changed_at = std::max(m.step_changed_at, now);
       }
     }
   }
-  if (now < quiet_until_) silent.clear();
+  if (seen.hold_silence) silent.clear();
   for (Member* m : silent) {
     DeclareLocked(
         *m, INCIDENT_SILENT,
@@ -143,7 +96,7 @@ void Membership::ScanRendezvousLocked(absl::Time now) {
 }
 
 void Membership::ScanStallsLocked(absl::Time now) {
-  const std::optional<absl::Duration> threshold = StallThresholdLocked();
+  const std::optional<absl::Duration> threshold = pace_.StallThreshold();
   if (!threshold.has_value()) return;
   // Progress is (step, last collective entered). When one rank hangs in its
   // step, the others soon wait for it inside the next collective: they stop
@@ -172,7 +125,7 @@ void Membership::ScanStallsLocked(absl::Time now) {
       all_equal = false;
     }
   }
-  const absl::Duration median = MedianStepLocked();
+  const absl::Duration median = pace_.Median();
   auto evidence = [&](const Member* m) {
     return absl::StrCat(
         "step ", m->step, " has not advanced for ",
@@ -228,8 +181,8 @@ StatusResponse Membership::Status(const StatusRequest& req,
   r.set_uptime_ms(ToMs(now - started_));
   r.set_vacant_slots(static_cast<int32_t>(vacant_.size()));
   r.set_standbys(static_cast<int32_t>(standbys_.size()));
-  r.set_median_step_us(absl::ToInt64Microseconds(MedianStepLocked()));
-  auto threshold = StallThresholdLocked();
+  r.set_median_step_us(absl::ToInt64Microseconds(pace_.Median()));
+  auto threshold = pace_.StallThreshold();
   r.set_stall_threshold_ms(threshold.has_value() ? ToMs(*threshold) : -1);
   r.set_heartbeats_total(heartbeats_total_);
   r.set_incidents_total(incidents_total_);

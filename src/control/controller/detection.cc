@@ -1,0 +1,80 @@
+#include "src/control/controller/detection.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "src/common/logging.h"
+#include "src/control/controller/duration_text.h"
+
+namespace holdfast::control {
+
+absl::Duration Lease(const DetectionOptions& d) {
+  return d.lease.has_value() ? *d.lease : d.silent_after * 2 / 3;
+}
+
+void StepPace::Note(int64_t step, int64_t step_us) {
+  if (step <= last_step_) return;
+  last_step_ = step;
+  history_us_.push_back(step_us);
+  while (history_us_.size() >
+         static_cast<size_t>(std::max(1, d_.step_history))) {
+    history_us_.pop_front();
+  }
+}
+
+absl::Duration StepPace::Median() const {
+  if (history_us_.empty()) return absl::ZeroDuration();
+  std::vector<int64_t> v(history_us_.begin(), history_us_.end());
+  auto mid = v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2);
+  std::nth_element(v.begin(), mid, v.end());
+  return absl::Microseconds(*mid);
+}
+
+std::optional<absl::Duration> StepPace::StallThreshold() const {
+  if (static_cast<int>(history_us_.size()) <
+      std::max(1, d_.stall_min_history)) {
+    return std::nullopt;
+  }
+  const int64_t longest =
+      *std::max_element(history_us_.begin(), history_us_.end());
+  return std::max({d_.stall_floor, d_.stall_factor * Median(),
+                   d_.stall_max_factor * absl::Microseconds(longest)});
+}
+
+absl::Duration LinkWatch::Suspect() const {
+  return std::max(2 * d_.heartbeat_interval, d_.silent_after / 2);
+}
+
+LinkWatch::Seen LinkWatch::Observe(int alive, int unheard, absl::Time now) {
+  Seen seen;
+  // One member alone has no majority to be compared with.
+  if (alive > 1 && 2 * unheard > alive) {
+    if (!isolated_since_.has_value()) {
+      isolated_since_ = now;
+      HOLDFAST_LOG_WARN(
+          "controller: {} of {} live members unheard for {}: more likely this "
+          "controller's own link; silence verdicts pause until most are "
+          "heard again (reported failures are still acted on)",
+          unheard, alive, Seconds(Suspect()));
+    }
+    seen.hold_silence = true;
+  } else if (isolated_since_.has_value()) {
+    // TCP backs its retransmissions off while a link is down: after an
+    // outage of d, a member's queued heartbeats may take up to about d
+    // more to arrive. No member is declared silent for that long (the
+    // isolation and the threshold before it was noticed).
+    const absl::Duration away =
+        std::min(now - *isolated_since_ + d_.silent_after, absl::Minutes(1));
+    HOLDFAST_LOG_WARN(
+        "controller: most members heard again after {}; no member is "
+        "declared silent for {}, and every stall clock restarts",
+        Seconds(now - *isolated_since_), Seconds(away));
+    isolated_since_.reset();
+    quiet_until_ = now + away;
+    seen.restart_clocks = true;
+  }
+  if (now < quiet_until_) seen.hold_silence = true;
+  return seen;
+}
+
+}  // namespace holdfast::control
