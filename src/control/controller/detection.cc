@@ -41,6 +41,34 @@ std::optional<absl::Duration> StepPace::StallThreshold() const {
                    d_.stall_max_factor * absl::Microseconds(longest)});
 }
 
+void HealthyPace::Note(int64_t generation, int world, int64_t step,
+                       int64_t step_us, int64_t collective_us) {
+  if (generation_ != generation) {
+    open_.clear();
+    generation_ = generation;
+  }
+  Open& p = open_[step];
+  if (p.work_us.size() < kSamples) {
+    p.work_us.push_back(std::max<int64_t>(0, step_us - collective_us));
+  }
+  p.min_collective_us = std::min(p.min_collective_us, collective_us);
+  p.step_us = std::max(p.step_us, step_us);
+  if (++p.reports >= world) {
+    std::nth_element(p.work_us.begin(),
+                     p.work_us.begin() + p.work_us.size() / 2, p.work_us.end());
+    const int64_t healthy = p.work_us[p.work_us.size() / 2] +
+                            std::max<int64_t>(0, p.min_collective_us);
+    const bool slow = static_cast<double>(p.step_us) >
+                      d_.straggler_factor * static_cast<double>(healthy);
+    step_us_ += p.step_us;
+    healthy_us_ += slow ? healthy : p.step_us;
+    open_.erase(step);
+  }
+  while (!open_.empty() && open_.begin()->first < step - kOpenSteps) {
+    open_.erase(open_.begin());
+  }
+}
+
 absl::Duration LinkWatch::Suspect() const {
   return std::max(2 * d_.heartbeat_interval, d_.silent_after / 2);
 }

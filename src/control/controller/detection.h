@@ -12,7 +12,9 @@
 
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <optional>
+#include <vector>
 
 #include "absl/time/time.h"
 
@@ -114,6 +116,43 @@ class StepPace {
   const DetectionOptions& d_;
   std::deque<int64_t> history_us_;
   int64_t last_step_ = -1;
+};
+
+// The job's pace against the pace it would have without its slowest
+// members (StatusResponse::pace_step_us and pace_healthy_us): for every
+// step every slot reported, its step time, and the healthy step time (the
+// median member's own work plus the least collective wait). Within the
+// straggler factor of the healthy pace a step counts whole (the jitter
+// every job has); slower, it counts at the healthy pace. A bounded sample
+// of the members' work per step keeps a report O(1) at any world size;
+// steps that never complete (a failure, a rollback) are dropped.
+class HealthyPace {
+ public:
+  explicit HealthyPace(const DetectionOptions& d) : d_(d) {}
+  // A worker of `generation` (of `world` slots) ended `step` after
+  // `step_us`, `collective_us` of them inside collectives.
+  void Note(int64_t generation, int world, int64_t step, int64_t step_us,
+            int64_t collective_us);
+  int64_t step_us() const { return step_us_; }
+  int64_t healthy_us() const { return healthy_us_; }
+
+ private:
+  // A step still awaiting a member's report: up to kSamples members' own
+  // work, the least collective wait and the longest step time.
+  struct Open {
+    std::vector<int64_t> work_us;
+    int64_t min_collective_us = INT64_MAX;
+    int64_t step_us = 0;
+    int reports = 0;
+  };
+  static constexpr size_t kSamples = 63;
+  static constexpr int64_t kOpenSteps = 16;
+
+  const DetectionOptions& d_;
+  std::map<int64_t, Open> open_;
+  int64_t generation_ = -1;
+  int64_t step_us_ = 0;
+  int64_t healthy_us_ = 0;
 };
 
 // The watch on the controller's own link. Members that report at every

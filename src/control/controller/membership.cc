@@ -119,43 +119,6 @@ void Membership::set_observer(MembershipObserver* observer) {
   observer_ = observer;
 }
 
-void Membership::NotePaceLocked(int64_t step, int64_t step_us,
-                                int64_t collective_us) {
-  // A bounded sample of the members' work per step keeps this O(1) per
-  // report at any world size; steps that never complete (a failure, a
-  // rollback) are dropped, not counted.
-  constexpr size_t kPaceSamples = 63;
-  constexpr int64_t kPaceOpenSteps = 16;
-  if (pace_generation_ != generation_) {
-    pace_open_.clear();
-    pace_generation_ = generation_;
-  }
-  PaceStep& p = pace_open_[step];
-  if (p.work_us.size() < kPaceSamples) {
-    p.work_us.push_back(std::max<int64_t>(0, step_us - collective_us));
-  }
-  p.min_collective_us = std::min(p.min_collective_us, collective_us);
-  p.step_us = std::max(p.step_us, step_us);
-  if (++p.reports >= world_size_) {
-    std::nth_element(p.work_us.begin(),
-                     p.work_us.begin() + p.work_us.size() / 2, p.work_us.end());
-    const int64_t healthy = p.work_us[p.work_us.size() / 2] +
-                            std::max<int64_t>(0, p.min_collective_us);
-    // Within the straggler factor of the healthy pace a step counts whole
-    // (the jitter every job has); slower, it counts at the healthy pace.
-    const bool slow =
-        static_cast<double>(p.step_us) >
-        detection_.straggler_factor * static_cast<double>(healthy);
-    pace_step_us_ += p.step_us;
-    pace_healthy_us_ += slow ? healthy : p.step_us;
-    pace_open_.erase(step);
-  }
-  while (!pace_open_.empty() &&
-         pace_open_.begin()->first < step - kPaceOpenSteps) {
-    pace_open_.erase(pace_open_.begin());
-  }
-}
-
 absl::Status Membership::CheckRegister(const RegisterRequest& req) const {
   absl::Status s = CheckLength("host", req.host(), limits_.max_label_bytes);
   if (s.ok()) {
@@ -430,7 +393,8 @@ void Membership::NoteReportLocked(Member& mem, const StepReport& r,
 }
 
 void Membership::NoteStepEndLocked(Member& mem, const StepReport& r) {
-  NotePaceLocked(r.step(), r.last_step_us(), r.collective_us());
+  healthy_pace_.Note(generation_, world_size_, r.step(), r.last_step_us(),
+                     r.collective_us());
   if (detection_.straggler_window > 0) {
     if (mem.work_generation != generation_ ||
         (!mem.work_us.empty() && mem.work_us.back().first >= r.step())) {

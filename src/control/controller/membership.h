@@ -375,24 +375,9 @@ class Membership {
   // verdicts pause meanwhile; see DetectionOptions::lease).
   // No silence verdicts before this (after an isolation).
 
-  // The healthy pace (StatusResponse::pace_healthy_us): steps still
-  // awaiting a member's report, by step number; each keeps up to
-  // kPaceSamples members' own work, the least collective wait and the
-  // longest step time. A step every slot reported adds to the totals.
-  struct PaceStep {
-    std::vector<int64_t> work_us;
-    int64_t min_collective_us = INT64_MAX;
-    int64_t step_us = 0;
-    int reports = 0;
-  };
-  std::map<int64_t, PaceStep> pace_open_ ABSL_GUARDED_BY(mu_);
-  int64_t pace_generation_ ABSL_GUARDED_BY(mu_) = -1;
-  int64_t pace_step_us_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t pace_healthy_us_ ABSL_GUARDED_BY(mu_) = 0;
-  void NotePaceLocked(int64_t step, int64_t step_us, int64_t collective_us)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job's pace against its healthy pace (detection.h).
+  HealthyPace healthy_pace_ ABSL_GUARDED_BY(mu_){detection_};
 
-  // One duration per step number (the first report of it), newest last.
   // Steps already reported as a job-wide stall (no culprit), per generation.
   int64_t job_stall_step_ ABSL_GUARDED_BY(mu_) = -1;
   int64_t job_stall_generation_ ABSL_GUARDED_BY(mu_) = -1;

@@ -176,8 +176,8 @@ StatusResponse Membership::Status(const StatusRequest& req,
   r.set_committed_step(committed_step_);
   anomalies_.FillSkipData(r.mutable_skip_data());
   r.set_rollbacks(anomalies_.rollbacks());
-  r.set_pace_step_us(pace_step_us_);
-  r.set_pace_healthy_us(pace_healthy_us_);
+  r.set_pace_step_us(healthy_pace_.step_us());
+  r.set_pace_healthy_us(healthy_pace_.healthy_us());
   r.set_uptime_ms(ToMs(now - started_));
   r.set_vacant_slots(static_cast<int32_t>(vacant_.size()));
   r.set_standbys(static_cast<int32_t>(standbys_.size()));
