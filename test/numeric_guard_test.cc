@@ -34,7 +34,7 @@ TEST_CASE("numeric guard: a value the trainer reported wins and names itself") {
   CHECK_FALSE(g.Check(checks, 6, 2, 60, {{"loss", 1.0}}).has_value());
 }
 
-TEST_CASE("numeric guard: a metric that is not finite, with no data position") {
+TEST_CASE("numeric guard: a metric that is not finite with no data position") {
   holdfast::NumericGuard g;
   holdfast::NumericChecks checks;
   g.BeginStep(0);
