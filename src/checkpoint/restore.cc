@@ -169,15 +169,15 @@ absl::StatusOr<Restore::Gathered> Restore::Gather(int64_t committed) {
             : 0;
   mine[kProbeValue] = static_cast<int64_t>(*options_.probe_word);
   Gathered g;
-  g.all.resize(static_cast<size_t>(world_) * kRestoreWords);
+  std::vector<int64_t> all(static_cast<size_t>(world_) * kRestoreWords);
   HOLDFAST_RETURN_IF_ERROR(
-      comm_->AllGather(mine, g.all.data(), kRestoreWords, DataType::kInt64)
+      comm_->AllGather(mine, all.data(), kRestoreWords, DataType::kInt64)
           ->Wait());
-  HOLDFAST_ASSIGN_OR_RETURN(g.in_place, InPlaceReach(g.all));
+  HOLDFAST_ASSIGN_OR_RETURN(g.in_place, InPlaceReach(all));
   g.highs.resize(static_cast<size_t>(world_));
   g.states.resize(static_cast<size_t>(world_));
   for (int r = 0; r < world_; ++r) {
-    const int64_t* e = &g.all[static_cast<size_t>(r) * kRestoreWords];
+    const int64_t* e = &all[static_cast<size_t>(r) * kRestoreWords];
     g.highs[static_cast<size_t>(r)] = e[kHigh];
     if (e[kLayout] != mine[kLayout]) {
       return LayoutMismatch(r, static_cast<uint64_t>(e[kLayout]), slot_,

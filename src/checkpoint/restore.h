@@ -138,7 +138,6 @@ class Restore {
   // The exchange a restore from memory starts with: every member's
   // committed and highest step, layout, copies held and same-host words.
   struct Gathered {
-    std::vector<int64_t> all;
     InPlace in_place;
     int64_t kmax = 1;
     std::vector<int64_t> highs;

@@ -27,17 +27,15 @@
 #include "src/checkpoint/snapshots.h"
 #include "src/checkpoint/state.h"
 #include "src/fault/hooks.h"
+#include "src/runtime/generation_view.h"
 
 namespace holdfast {
 
 class BackupPipeline {
  public:
-  // The side communicator of a generation and its backup links; a round
-  // holds them, so a rebuild never destroys them under a transfer.
-  struct SideChannel {
-    std::shared_ptr<Communicator> comm;
-    std::shared_ptr<bulk::Links> links;
-  };
+  // A round holds its side channel, so a rebuild never destroys it under
+  // a transfer.
+  using SideChannel = GenerationView::SideChannel;
 
   // What the pipeline needs of its member. Called on the backup thread.
   class Member {

@@ -4,7 +4,6 @@
 #include "holdfast/status.h"
 #include "src/checkpoint/pieces.h"
 #include "src/common/logging.h"
-#include "src/common/status_util.h"
 #include "src/fault/hooks.h"
 
 namespace holdfast {
@@ -66,8 +65,7 @@ void RuntimeImpl::AckStep(int64_t step, int64_t gen) {
 }
 
 absl::StatusOr<RuntimeImpl::SideChannel> RuntimeImpl::Side(int64_t gen) {
-  HOLDFAST_ASSIGN_OR_RETURN(auto side, gens_.Side(gen));
-  return SideChannel{std::move(side.first), std::move(side.second)};
+  return gens_.Side(gen);
 }
 
 void RuntimeImpl::SideFailed(const absl::Status& why, int64_t gen) {

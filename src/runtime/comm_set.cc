@@ -143,19 +143,17 @@ absl::StatusOr<CommSet::PlacementLabels> CommSet::ExchangeLabels(
   HOLDFAST_RETURN_IF_ERROR(
       side.AllGather(labels, all.data(), 3, DataType::kInt64)->Wait());
   PlacementLabels out;
-  pieces::PlacementInput& in = out.input;
-  int& arrival = out.arrival;
   for (int r = 0; r < world; ++r) {
     const size_t at = static_cast<size_t>(r) * 3;
-    in.domain.push_back(static_cast<uint64_t>(all[at]));
-    in.block.push_back(static_cast<uint64_t>(all[at + 1]));
-    arrival += all[at + 2] != 0 ? 1 : 0;
+    out.input.domain.push_back(static_cast<uint64_t>(all[at]));
+    out.input.block.push_back(static_cast<uint64_t>(all[at + 1]));
+    out.arrival += all[at + 2] != 0 ? 1 : 0;
   }
-  if (arrival > 0 && arrival < world && slot == 0) {
+  if (out.arrival > 0 && out.arrival < world && slot == 0) {
     HOLDFAST_LOG_WARN(
         "runtime: verify_backups differs between members ({} of {} check "
         "on arrival); all of them check on arrival",
-        arrival, world);
+        out.arrival, world);
   }
   return out;
 }
@@ -181,8 +179,7 @@ absl::Status CommSet::BuildSide(int64_t gen, int world, int slot,
   gens_->SetSide(gen, side);
   HOLDFAST_ASSIGN_OR_RETURN(PlacementLabels labels,
                             ExchangeLabels(*side, world, slot));
-  pieces::PlacementInput in = std::move(labels.input);
-  const int arrival = labels.arrival;
+  pieces::PlacementInput& in = labels.input;
   in.replicas = options_.replicas;
   in.tp = options_.tp_size;
   in.pp = options_.pp_size;
@@ -190,7 +187,7 @@ absl::Status CommSet::BuildSide(int64_t gen, int world, int slot,
   HOLDFAST_RETURN_IF_ERROR(ConnectLinks(*store, *listener, bulk_key, gen, slot,
                                         pl.buddies, cancelled));
   // The backup thread reads it between rounds.
-  snapshots_->SetPlacement({gen, std::move(pl.buddies), arrival > 0});
+  snapshots_->SetPlacement({gen, std::move(pl.buddies), labels.arrival > 0});
   if (slot == 0 && !pl.warnings.empty()) {
     HOLDFAST_LOG_WARN(
         "runtime: placement of generation {}: {} of {} piece copies could "

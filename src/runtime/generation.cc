@@ -135,7 +135,7 @@ absl::Status RuntimeImpl::AwaitLease(int64_t step) {
     if (gens_.Moved()) {
       return absl::AbortedError("a new generation was opened");
     }
-    if (!gens_.CommHealth().ok()) return gens_.CommHealth();
+    if (absl::Status health = gens_.CommHealth(); !health.ok()) return health;
     if (member_->Unheard(absl::Now()) < lease) break;
     absl::SleepFor(absl::Milliseconds(10));
   }

@@ -188,9 +188,8 @@ void GenerationView::SetSide(int64_t gen, std::shared_ptr<Communicator> side) {
   if (view_.generation > gen) side_->Abort("a newer generation opened");
 }
 
-absl::StatusOr<
-    std::pair<std::shared_ptr<Communicator>, std::shared_ptr<bulk::Links>>>
-GenerationView::Side(int64_t gen) const {
+absl::StatusOr<GenerationView::SideChannel> GenerationView::Side(
+    int64_t gen) const {
   absl::MutexLock lock(&mu_);
   if (side_generation_ != gen || side_ == nullptr || links_ == nullptr) {
     return absl::AbortedError(
@@ -198,7 +197,7 @@ GenerationView::Side(int64_t gen) const {
   }
   absl::Status health = side_->health();
   if (!health.ok()) return health;
-  return std::make_pair(side_, links_);
+  return SideChannel{side_, links_};
 }
 
 void GenerationView::Abort(int64_t upto, absl::string_view reason) {

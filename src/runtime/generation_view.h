@@ -50,6 +50,12 @@ class GenerationView {
     // anomaly), whatever newer commit a member heard of; -1: none.
     int64_t rollback_to = -1;
   };
+  // The side communicator of a generation and its backup links; a holder
+  // keeps them alive, so a rebuild never destroys them under a transfer.
+  struct SideChannel {
+    std::shared_ptr<Communicator> comm;
+    std::shared_ptr<bulk::Links> links;
+  };
   // The training or side communicator, and the backup links, of the side
   // communicator's generation.
   struct Comms {
@@ -114,9 +120,7 @@ class GenerationView {
   void SetSide(int64_t gen, std::shared_ptr<Communicator> side);
   // The side communicator of generation `gen` and its links; Aborted when
   // there is none, or its error when it failed.
-  absl::StatusOr<
-      std::pair<std::shared_ptr<Communicator>, std::shared_ptr<bulk::Links>>>
-  Side(int64_t gen) const;
+  absl::StatusOr<SideChannel> Side(int64_t gen) const;
   // Aborts the communicators (and links) of generations <= `upto`.
   void Abort(int64_t upto, absl::string_view reason);
   // Takes every communicator out (the member leaves).

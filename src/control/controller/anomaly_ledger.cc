@@ -107,10 +107,10 @@ int64_t AnomalyLedger::CleanTarget(int64_t step, int keep) const {
   return -1;
 }
 
-std::vector<uint64_t> AnomalyLedger::Suspects(
-    const std::vector<int>& sources, const DataRange& data,
-    const std::vector<uint64_t>& slots) {
-  std::vector<uint64_t> suspects;
+std::vector<int> AnomalyLedger::Suspects(const std::vector<int>& sources,
+                                         const DataRange& data,
+                                         const std::vector<uint64_t>& slots) {
+  std::vector<int> suspects;
   for (int slot : sources) {
     const uint64_t id = slots[static_cast<size_t>(slot)];
     if (id == 0) continue;
@@ -119,7 +119,7 @@ std::vector<uint64_t> AnomalyLedger::Suspects(
         std::any_of(seen.begin(), seen.end(),
                     [&](const auto& r) { return !SameRange(data, r); });
     if (elsewhere) {
-      suspects.push_back(id);
+      suspects.push_back(slot);
     } else {
       seen.emplace_back(data.begin(), data.end());
     }
@@ -172,7 +172,7 @@ AnomalyLedger::Decision AnomalyLedger::Decide(
         ")");
     return d;
   }
-  const std::vector<uint64_t> suspects = Suspects(sources, d.data, slots);
+  const std::vector<int> suspects = Suspects(sources, d.data, slots);
   d.skip =
       suspects.empty() && !Empty(d.data) && skip_data_.size() < kMaxSkipRanges;
   if (d.skip) {
@@ -189,11 +189,8 @@ AnomalyLedger::Decision AnomalyLedger::Decide(
              : std::string(suspects.empty() ? ", no data skipped"
                                             : ", data not skipped"));
   d.named_slot = sources.empty() ? c.reports.begin()->first : sources.front();
-  for (int slot : sources) {
+  for (int slot : suspects) {
     const uint64_t id = slots[static_cast<size_t>(slot)];
-    if (std::find(suspects.begin(), suspects.end(), id) == suspects.end()) {
-      continue;
-    }
     d.suspects.emplace_back(
         id, absl::StrCat(
                 "slot ", slot, " was the source of non-finite values at data ",

@@ -99,11 +99,11 @@ class AnomalyLedger {
  private:
   // The newest kept commit before `step` that is clean, or -1.
   int64_t CleanTarget(int64_t step, int keep) const;
-  // The members among `sources` that were the source before at data other
-  // than `data`; records `data` for the others.
-  std::vector<uint64_t> Suspects(const std::vector<int>& sources,
-                                 const DataRange& data,
-                                 const std::vector<uint64_t>& slots);
+  // The slots among `sources` whose member was the source before at data
+  // other than `data`; records `data` for the others.
+  std::vector<int> Suspects(const std::vector<int>& sources,
+                            const DataRange& data,
+                            const std::vector<uint64_t>& slots);
   // Keeps the commits the members hold after restoring `target`.
   void TrimCommits(int64_t target, int keep);
 
