@@ -144,6 +144,14 @@ class ProcessGroup(dist.ProcessGroup):
             return self._work(fut, in_step)
         if device is not None:
             return self._run_device(fn, result, comm_c, device, p2p)
+        if tensors and comm_c.device_memory:
+            # CPU tensors on an NCCL communicator (torch's object
+            # collectives, a CPU model's call in a GPU job): staged through
+            # the current device, in the one order of the communicator.
+            return self._run_device(fn, result, comm_c,
+                                    torch.device("cuda",
+                                                 torch.cuda.current_device()),
+                                    p2p, host=True)
         fut = torch.futures.Future()
         self._rt._ops.submit(self._task(fn, fut, result, comm_c, in_step))
         return _P2PWork(fut) if p2p else self._work(fut, in_step)
@@ -229,7 +237,7 @@ class ProcessGroup(dist.ProcessGroup):
         self._error = self._error or error
         return True
 
-    def _run_device(self, fn, result, comm_c, device, p2p=False):
+    def _run_device(self, fn, result, comm_c, device, p2p=False, host=False):
         """_run for CUDA tensors on an NCCL communicator, with
         ProcessGroupNCCL's stream semantics: the operation starts on the
         device after the work queued so far on the caller's current
@@ -245,8 +253,12 @@ class ProcessGroup(dist.ProcessGroup):
         A point-to-point call (`p2p`) is waited for on the runtime's
         second thread, which completes its Work once it is done on the
         device, inside a step or not: the operation thread goes on, so a
-        ring of them meets. (Not yet run on a GPU.)"""
-        fut = torch.futures.Future(devices=[device])
+        ring of them meets.
+
+        `host`: the call's tensors are CPU tensors, staged through `device`
+        (runtime._HostStaging); its Work completes once they hold the
+        result, as a CPU tensor's would."""
+        fut = torch.futures.Future(devices=[] if host else [device])
         in_step = self._rt.in_step
         ready = torch.cuda.Event()
         ready.record(torch.cuda.current_stream(device))
@@ -260,7 +272,10 @@ class ProcessGroup(dist.ProcessGroup):
         def task():
             with torch.cuda.device(device):
                 try:
-                    issuer = _runtime._DeviceIssuer(comm_c, device, ready)
+                    issuer = _runtime._DeviceIssuer(
+                        comm_c, device, ready,
+                        _runtime._HostStaging(device, defer=p2p)
+                        if host else None)
                     comm = self._group_comm(
                         _runtime.Communicator(comm_c, issuer=issuer))
                     with torch.cuda.stream(issuer.main):
@@ -269,12 +284,12 @@ class ProcessGroup(dist.ProcessGroup):
                         if p2p:
                             finish_later(issuer)
                             return
-                        if not in_step:
+                        if not in_step or host:
                             issuer.finish()
                         # The future records its events on the current
                         # stream: the communicator's, after the operation.
                         fut.set_result(result)
-                    if in_step:
+                    if in_step and not host:
                         issuer.finish()
                 except Exception as e:  # noqa: BLE001 -- see _defer
                     if not self._defer(e, in_step):
@@ -664,7 +679,8 @@ def _flat(lists):
 def _device_of(tensors, comm):
     """The CUDA device of `tensors` (None for CPU tensors), checked against
     the memory `comm` takes. InvalidArgumentError for a mix of devices, or
-    for tensors the communicator cannot take."""
+    for tensors the communicator cannot take (CPU tensors it takes through
+    the device: see _run)."""
     for t in tensors:
         check_dtype(t, "holdfast process group")
     kinds = {(t.device.type, t.device.index) for t in tensors}
@@ -688,12 +704,6 @@ def _device_of(tensors, comm):
             "holdfast process group: CUDA tensors need the NCCL backend; this "
             f"job's communicator is {comm.backend!r} (run it with "
             "HOLDFAST_BACKEND=nccl, or Runtime(backend='nccl'))"
-        )
-    if device is None and kinds and comm.device_memory:
-        raise InvalidArgumentError(
-            "holdfast process group: CPU tensors on a job whose communicator "
-            "is NCCL's are not supported yet; move them to the GPU, or run "
-            "the job with HOLDFAST_BACKEND=gloo"
         )
     return device
 

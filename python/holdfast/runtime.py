@@ -88,11 +88,12 @@ class _DeviceIssuer:
     runs on `main` too, in order. Each call returns once its op is queued
     on the device, not once it completed; finish() waits for that."""
 
-    def __init__(self, comm, device, ready):
+    def __init__(self, comm, device, ready, host=None):
         self.device = device
         self.main = torch.cuda.ExternalStream(comm.cuda_stream, device=device)
         self.main.wait_event(ready)
         self._pending = []  # (PendingOp, its after_event): kept until done
+        self.host = host  # a _HostStaging when the call's tensors are CPU's
 
     def __call__(self, method, *args):
         after = torch.cuda.Event()
@@ -120,8 +121,58 @@ class _DeviceIssuer:
         done = torch.cuda.Event()
         done.record(self.main)
         done.synchronize()
+        if self.host is not None:
+            self.host.finish()
         if error is not None:
             raise error
+
+
+class _HostStaging:
+    """CPU tensors of a call on an NCCL communicator, staged through the
+    device: each one an op takes is copied to `device` (on the current
+    stream, so after the work queued before the op), the op runs on the
+    copy, and the copy is written back into the CPU tensor once the op is
+    done. One communicator keeps one order of operations, whatever the
+    tensors' device. A collective's outputs are written back as soon as
+    the op is issued (the copy waits for it), since the call may read
+    them next; a point-to-point call's (`defer`) when it is waited for,
+    so the operation thread goes on while its peer takes it.
+    `to_device(t)`: the device copy of t (a parameter for tests)."""
+
+    def __init__(self, device, defer=False, to_device=None):
+        self._to_device = to_device or (
+            lambda t: t.to(device, copy=True))
+        self._defer = defer
+        self._issued = []  # (cpu, device copy) of the op being issued
+        self._later = []  # (cpu, device copy): written back by finish()
+        self._keep = []  # device copies an op may still be using
+
+    def stage(self, tensor):
+        """The tensor an op takes in place of `tensor`: a device copy of a
+        CPU tensor, or `tensor` itself."""
+        if tensor.device.type != "cpu":
+            return tensor
+        copy = self._to_device(tensor)
+        self._issued.append((tensor, copy))
+        return copy
+
+    def issued(self, output):
+        """The op that took the tensors staged since the last call is
+        issued; it writes `output` (None: nothing, as a send)."""
+        staged, self._issued = self._issued, []
+        self._keep.extend(copy for _, copy in staged)
+        written = [(cpu, copy) for cpu, copy in staged if cpu is output]
+        if self._defer:
+            self._later.extend(written)
+            return
+        for cpu, copy in written:
+            cpu.copy_(copy)
+
+    def finish(self):
+        """Every op is done: write back what waited for it."""
+        later, self._later, self._keep = self._later, [], []
+        for cpu, copy in later:
+            cpu.copy_(copy)
 
 
 class _DeviceState:
@@ -200,14 +251,19 @@ class Communicator:
             self._ops.drain()
 
     def _buf(self, tensor, what):
+        if self._issuer is not None and self._issuer.host is not None:
+            tensor = self._issuer.host.stage(tensor)
         return buffer(tensor, what, self.device_memory)
 
-    def _issue(self, tensor, method, *args, wait=True):
+    def _issue(self, tensor, method, *args, wait=True, writes=True):
         """method(*args): blocking, or with `wait` False returning an
         object whose wait() blocks until the op is done (an issuer's
-        finish() waits for its ops instead)."""
+        finish() waits for its ops instead). `tensor`: the one the op
+        writes, unless `writes` is False (a send)."""
         if self._issuer is not None:
             self._issuer(method, *args)
+            if self._issuer.host is not None:
+                self._issuer.host.issued(tensor if writes else None)
             return _Done()
         if self.device_memory:
             ready = torch.cuda.Event()
@@ -289,7 +345,7 @@ class Communicator:
         self._in_order()
         ptr, n, dt = self._buf(tensor, "send")
         self._issue(tensor, self._comm.send, ptr, n, dt, int(peer), int(tag),
-                    timeout)
+                    timeout, writes=False)
 
     def recv(self, tensor, peer, tag=0, timeout=0.0):
         self._in_order()
@@ -304,7 +360,7 @@ class Communicator:
         tensor must stay alive and unchanged until then."""
         ptr, n, dt = self._buf(tensor, "send")
         return self._issue(tensor, self._comm.send, ptr, n, dt, int(peer),
-                           int(tag), timeout, wait=False)
+                           int(tag), timeout, wait=False, writes=False)
 
     def post_recv(self, tensor, peer, tag=0, timeout=0.0):
         """recv() without the wait (see post_send)."""

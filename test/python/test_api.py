@@ -60,13 +60,42 @@ def test_tensors_on_the_wrong_side_of_the_communicator_are_named():
             self.device_memory, self.backend = device_memory, backend
 
     assert _device_of([torch.zeros(2)], Comm(False, "gloo")) is None
-    with pytest.raises(holdfast.InvalidArgumentError, match="CPU tensors on a job"):
-        _device_of([torch.zeros(2)], Comm(True, "nccl"))
+    # CPU tensors on NCCL are staged through the device (_HostStaging).
+    assert _device_of([torch.zeros(2)], Comm(True, "nccl")) is None
     with pytest.raises(holdfast.InvalidArgumentError, match="meta tensors"):
         _device_of([torch.zeros(2, device="meta")], Comm(False, "gloo"))
     with pytest.raises(holdfast.InvalidArgumentError, match="several devices"):
         _device_of([torch.zeros(2), torch.zeros(2, device="meta")],
                    Comm(False, "gloo"))
+
+
+def test_cpu_tensors_of_an_nccl_call_are_staged_and_written_back():
+    """A call's CPU tensors on an NCCL communicator: the op takes device
+    copies (here CPU clones stand in for them), and only the tensor it
+    writes is written back: at once for a collective, at finish() for a
+    point-to-point call."""
+    from holdfast.runtime import _HostStaging
+
+    meta = torch.zeros(2, device="meta")
+    s = _HostStaging("cpu", to_device=lambda t: t.clone())
+    assert s.stage(meta) is meta  # a device tensor is taken as it is
+    inp, out = torch.ones(3), torch.zeros(3)
+    i, o = s.stage(inp), s.stage(out)
+    assert i is not inp and o is not out and torch.equal(i, inp)
+    o.fill_(5)
+    i.fill_(9)  # the op's input copy is never written back
+    s.issued(out)
+    assert out.tolist() == [5, 5, 5] and inp.tolist() == [1, 1, 1]
+
+    s = _HostStaging("cpu", defer=True, to_device=lambda t: t.clone())
+    sent, got = torch.ones(2), torch.zeros(2)
+    s.stage(sent).fill_(4)
+    s.issued(None)  # a send writes nothing
+    s.stage(got).fill_(3)
+    s.issued(got)
+    assert got.tolist() == [0, 0]  # not yet: the receive may not be done
+    s.finish()
+    assert got.tolist() == [3, 3] and sent.tolist() == [1, 1]
 
 
 def test_wrong_token_is_refused(controller):
