@@ -12,11 +12,24 @@ std::atomic<BackendFactory>& Nccl() {
   return factory;
 }
 
+std::atomic<BackendWarmer>& NcclWarmer() {
+  static std::atomic<BackendWarmer> warmer{nullptr};
+  return warmer;
+}
+
 }  // namespace
 
 void SetNcclFactory(BackendFactory factory) { Nccl().store(factory); }
 
 BackendFactory NcclFactory() { return Nccl().load(); }
+
+void SetNcclWarmer(BackendWarmer warmer) { NcclWarmer().store(warmer); }
+
+absl::Status Warm(absl::string_view name, int device) {
+  BackendWarmer warmer = NcclWarmer().load();
+  if (name != "nccl" || warmer == nullptr) return absl::OkStatus();
+  return warmer(device);
+}
 
 absl::Status CheckLinked(absl::string_view name) {
   if (name == "nccl" && NcclFactory() == nullptr) {

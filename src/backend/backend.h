@@ -122,6 +122,13 @@ using BackendFactory = absl::StatusOr<std::unique_ptr<Backend>> (*)(
     std::shared_ptr<Store> store, const BackendOptions& options);
 void SetNcclFactory(BackendFactory factory);
 BackendFactory NcclFactory();
+// What a process does ahead of its first communicator of a backend, so
+// that building one later is quick: for NCCL, loading its device code onto
+// `device` (about half a second, once per process), which a standby does
+// while it waits for a slot. OK, and nothing done, for the other backends.
+using BackendWarmer = absl::Status (*)(int device);
+void SetNcclWarmer(BackendWarmer warmer);
+absl::Status Warm(absl::string_view name, int device);
 // Whether backend `name` can be built in this program: FailedPrecondition
 // naming the library to link when it is known but not linked ("nccl");
 // OK otherwise (an unknown name is refused when a communicator is built).

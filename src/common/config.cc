@@ -123,6 +123,13 @@ const std::vector<Entry>& Registry() {
       {{"HOLDFAST_DEVICE", "",
         "CUDA device of the NCCL backend (default: LOCAL_RANK, else 0)"},
        Kind::kString},
+      {{"HOLDFAST_NCCL_STOP", "abort",
+        "how an NCCL communicator stops when its generation ends in a "
+        "fault: abort (ncclCommAbort at once) or revoke (ncclCommRevoke, "
+        "where the NCCL has it: the kernels stop, the teardown waits until "
+        "the next communicator works; experimental, see docs/gpu.md)"},
+       Kind::kString,
+       {"revoke", "abort"}},
       {{"HOLDFAST_MUTEX_DEADLOCK_CHECK", "off",
         "Abseil's mutex deadlock detector: off or on. Debian builds libabsl "
         "with it on, which takes one process-wide lock on every mutex "

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "holdfast/status.h"
+#include "src/backend/backend.h"
 #include "src/common/logging.h"
 #include "src/common/status_util.h"
 #include "src/common/thread_util.h"
@@ -148,6 +149,20 @@ absl::Status RuntimeImpl::AwaitLease(int64_t step) {
 
 absl::Status RuntimeImpl::AwaitSlot() {
   if (gens_.Current().standby) {
+    // The first communicator of a backend can cost a process more than
+    // the next ones (NCCL loads its device code); a standby's would be on
+    // the critical path of the recovery it joins, so it pays now.
+    const absl::Time t0 = absl::Now();
+    const absl::Status warm =
+        backend::Warm(options_.comm.backend, options_.comm.device);
+    if (!warm.ok()) {
+      HOLDFAST_LOG_WARN("runtime: standby: warming up backend {}: {}",
+                        options_.comm.backend, warm.ToString());
+    } else if (options_.comm.backend == "nccl") {
+      HOLDFAST_LOG_INFO("runtime: standby: NCCL warmed up on device {} in {}",
+                        options_.comm.device,
+                        absl::FormatDuration(absl::Now() - t0));
+    }
     HOLDFAST_LOG_INFO("runtime: standby, waiting for a slot");
   }
   return gens_.AwaitSlot();

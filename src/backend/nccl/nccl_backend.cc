@@ -4,13 +4,25 @@
 // concurrent calls) and returns at once (non-blocking communicator); the
 // waiting happens outside the mutex, polling the call's state, the
 // operation's CUDA event, the abort flag and the deadline. Abort takes the
-// mutex, marks the backend aborted and calls ncclCommAbort; after that no
-// thread touches the communicator handle again.
+// mutex, marks the backend aborted and stops the communicator; after that
+// no operation touches the communicator handle again.
+//
+// Stopping (HOLDFAST_NCCL_STOP): "abort" (the default) calls ncclCommAbort
+// at once (about half a second). "revoke", where the linked NCCL has
+// ncclCommRevoke (2.28.7), stops the communicator's kernels, waits until
+// it is quiescent, and leaves its teardown to the Reaper below, once a
+// newer communicator of the process has done an operation, so that
+// neither the member's sight of the failure nor the next communicator's
+// init waits for it (see docs/gpu.md for what it measured, and why it is
+// not the default).
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
@@ -27,6 +39,8 @@
 #include "src/backend/backend.h"
 #include "src/backend/nccl/nccl_backend.h"
 #include "src/backend/nccl/util.h"
+#include "src/common/config.h"
+#include "src/common/thread_util.h"
 #include "src/store/keys.h"
 
 namespace holdfast::backend {
@@ -164,6 +178,105 @@ StreamPool& Streams() {
   return *pool;
 }
 
+// Operations completed by any communicator of the process (the Reaper's
+// sign that a newer communicator works).
+std::atomic<int64_t> g_ops_done{0};
+
+// Whether Abort revokes (HOLDFAST_NCCL_STOP, and the NCCL loaded has
+// ncclCommRevoke) rather than aborting at once.
+bool RevokeOnAbort() {
+  static const bool revoke = [] {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 7)
+    int loaded = 0;
+    return config::StringParam("HOLDFAST_NCCL_STOP") == "revoke" &&
+           ncclGetVersion(&loaded) == ncclSuccess &&
+           loaded >= NCCL_VERSION(2, 28, 7);
+#else
+    return false;
+#endif
+  }();
+  return revoke;
+}
+
+// Tears revoked communicators down (ncclCommAbort, then the scratch word's
+// cudaFree) on a thread of its own, each once an operation of the process
+// completed after it was handed over (a newer communicator is up and
+// connected), or 30 s after; at process exit, those left at once, before
+// CUDA's own teardown (atexit runs in reverse order of registration, and
+// CUDA registered first).
+class Reaper {
+ public:
+  static Reaper& Get() {
+    static Reaper* const reaper = new Reaper;  // never destroyed
+    return *reaper;
+  }
+
+  void Add(ncclComm_t comm, void* scratch, int device) {
+    absl::MutexLock lock(&mu_);
+    if (!started_) Start();
+    dead_.push_back(
+        Dead{comm, scratch, device, g_ops_done.load(), absl::Now()});
+  }
+
+ private:
+  struct Dead {
+    ncclComm_t comm;
+    void* scratch;
+    int device;
+    int64_t ops_at;  // g_ops_done when handed over
+    absl::Time at;
+  };
+
+  void Start() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    started_ = true;
+    std::atexit([] { Get().ReapAll(); });
+    absl::StatusOr<std::thread> t =
+        StartThread("the NCCL reaper", [this] { Loop(); });
+    if (t.ok()) t->detach();  // else they are reaped at exit
+  }
+
+  void Loop() {
+    for (;;) {
+      absl::SleepFor(absl::Milliseconds(20));
+      absl::MutexLock reaping(&reap_mu_);
+      std::optional<Dead> d = Next(/*all=*/false);
+      if (d.has_value()) Reap(*d);
+    }
+  }
+
+  void ReapAll() {
+    absl::MutexLock reaping(&reap_mu_);
+    for (std::optional<Dead> d; (d = Next(/*all=*/true)).has_value();) {
+      Reap(*d);
+    }
+  }
+
+  // The oldest one due (any, with `all`).
+  std::optional<Dead> Next(bool all) {
+    absl::MutexLock lock(&mu_);
+    if (dead_.empty()) return std::nullopt;
+    const Dead& d = dead_.front();
+    if (!all && g_ops_done.load() <= d.ops_at &&
+        absl::Now() - d.at < absl::Seconds(30)) {
+      return std::nullopt;
+    }
+    Dead out = d;
+    dead_.pop_front();
+    return out;
+  }
+
+  static void Reap(const Dead& d) {
+    cudaSetDevice(d.device);
+    ncclCommAbort(d.comm);
+    if (d.scratch != nullptr) cudaFree(d.scratch);
+  }
+
+  absl::Mutex reap_mu_;  // held while one is torn down
+  absl::Mutex mu_;
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
+  std::deque<Dead> dead_ ABSL_GUARDED_BY(mu_);
+};
+
 class NcclPending final : public PendingP2P {
  public:
   explicit NcclPending(cudaEvent_t done, absl::Time deadline)
@@ -202,7 +315,16 @@ class NcclBackend final : public Backend {
 
   ~NcclBackend() override {
     Abort("communicator destroyed");
-    if (scratch_ != nullptr) cudaFree(scratch_);
+    bool revoked = false;
+    {
+      absl::MutexLock lock(&mu_);
+      revoked = revoked_;
+    }
+    if (revoked) {
+      Reaper::Get().Add(comm_, scratch_, options_.device);
+    } else if (scratch_ != nullptr) {
+      cudaFree(scratch_);
+    }
     if (done_ != nullptr) cudaEventDestroy(done_);
     Streams().GiveBack(options_.device, p2p_stream_);
     Streams().GiveBack(options_.device, stream_);
@@ -227,7 +349,9 @@ class NcclBackend final : public Backend {
             absl::StrCat("nccl: cudaEventRecord: ", CudaError(e)));
       }
     }
-    return AwaitEvent(done_, deadline);
+    HOLDFAST_RETURN_IF_ERROR(AwaitEvent(done_, deadline));
+    g_ops_done.fetch_add(1);
+    return absl::OkStatus();
   }
 
   absl::StatusOr<std::unique_ptr<PendingP2P>> Post(const OpSpec& op) override {
@@ -306,8 +430,27 @@ class NcclBackend final : public Backend {
     if (aborted_) return;
     aborted_ = true;
     reason_ = std::string(reason);
-    // Non-blocking: returns at once and tears the communicator down,
-    // killing its kernels; nobody touches comm_ after this.
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 7)
+    // Stops the kernels and returns; the teardown is the Reaper's (see
+    // the top of this file).
+    // Until the communicator is quiescent its kernels may still write the
+    // buffers of the ops they ran, which the caller owns again once Abort
+    // returns: wait for it (ncclSuccess), up to kQuiesce, and abort if it
+    // does not come.
+    if (RevokeOnAbort()) {
+      constexpr absl::Duration kQuiesce = absl::Seconds(2);
+      ncclResult_t r = ncclCommRevoke(comm_, NCCL_REVOKE_DEFAULT);
+      const absl::Time deadline = absl::Now() + kQuiesce;
+      while (r == ncclInProgress && absl::Now() < deadline) {
+        absl::SleepFor(absl::Microseconds(100));
+        r = CommState(comm_);
+      }
+      revoked_ = r == ncclSuccess;
+      if (revoked_) return;
+    }
+#endif
+    // Kills the kernels and tears the communicator down (about half a
+    // second); nobody touches comm_ after this.
     ncclCommAbort(comm_);
   }
 
@@ -475,6 +618,8 @@ class NcclBackend final : public Backend {
   void* scratch_ = nullptr;
   absl::Mutex mu_;
   bool aborted_ ABSL_GUARDED_BY(mu_) = false;
+  // Aborted by ncclCommRevoke: comm_ still to be torn down (the Reaper).
+  bool revoked_ ABSL_GUARDED_BY(mu_) = false;
   std::string reason_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -555,6 +700,23 @@ absl::StatusOr<ncclComm_t> InitComm(Store& store,
   return comm;
 }
 
+// A one-rank communicator built and destroyed: NCCL loads its device code
+// for `device` at a process's first init (the "kernels" part of NCCL's init
+// timings, about 0.5 s on an H100), once.
+absl::Status WarmNccl(int device) {
+  HOLDFAST_RETURN_IF_ERROR(CheckDevice(device));
+  HOLDFAST_RETURN_IF_ERROR(BrokenContext());
+  ncclComm_t comm = nullptr;
+  const ncclResult_t r = ncclCommInitAll(&comm, 1, &device);
+  if (r != ncclSuccess) {
+    if (comm != nullptr) ncclCommAbort(comm);
+    return absl::UnavailableError(absl::StrCat(
+        "nccl: warming up device ", device, ": ", ncclGetErrorString(r)));
+  }
+  ncclCommDestroy(comm);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<Backend>> Wrap(ncclComm_t comm,
                                               const BackendOptions& options) {
   auto backend = std::make_unique<NcclBackend>(comm, options);
@@ -610,6 +772,7 @@ namespace {
 // object in with --undefined=holdfast_nccl_anchor).
 const bool kRegistered = [] {
   SetNcclFactory(&CreateNcclBackend);
+  SetNcclWarmer(&WarmNccl);
   return true;
 }();
 }  // namespace
@@ -617,6 +780,7 @@ const bool kRegistered = [] {
 void RegisterNccl() {
   (void)kRegistered;
   SetNcclFactory(&CreateNcclBackend);
+  SetNcclWarmer(&WarmNccl);
 }
 
 }  // namespace holdfast::backend
