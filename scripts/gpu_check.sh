@@ -4,7 +4,8 @@
 # (SUMMARY, default $OUT/gpu_summary.json or .gpu/out/gpu_summary.json)
 # and the logs beside it. Exit code 0 when every check passed.
 #
-#   bash scripts/gpu_check.sh [python] [cpp] [bench]   (default: all three)
+#   bash scripts/gpu_check.sh [python] [cpp] [bench]   (default: all three,
+#                                                       in the order given)
 #
 # PYTEST_TARGETS: the tests to run (default test/python/test_gpu.py);
 # HOLDFAST_TEST_JOB_TIMEOUT: seconds a test's job may take (default 90);
@@ -14,8 +15,11 @@
 #         NCCL, then test/python/test_gpu.py (collectives on CUDA tensors,
 #         DDP and FSDP2 on CUDA with a SIGKILL and a SIGSTOP, a shrink);
 # cpp:    nccl_test [gpu] and [gpu-sticky], nccl_job_test [gpu];
-# bench:  nccl_bench and recovery_bench (4 ranks x 256 MiB, NCCL, with its
-#         restart baseline).
+# bench:  nccl_bench; recovery_bench (4 ranks x 256 MiB, NCCL, with its
+#         restart baseline) with HOLDFAST_NCCL_STOP=revoke, =abort and
+#         revoke again (an A/B in one run); and one such recovery with
+#         info logs and NCCL's init timings (recovery-trace.log), for
+#         where the time goes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -25,7 +29,6 @@ summary="${SUMMARY:-$out/gpu_summary.json}"
 py="${PYTHON:-python3}"
 parts=("$@")
 [ ${#parts[@]} -eq 0 ] && parts=(python cpp bench)
-want() { [[ " ${parts[*]} " == *" $1 "* ]]; }
 [ -x .gpu/bin/holdfast-run ] || { echo "gpu_check: no bundle: run scripts/gpu_bundle.sh first" >&2; exit 2; }
 
 results=()
@@ -84,7 +87,7 @@ done
 
 failed=0
 export HOLDFAST_TEST_JOB_LOG_DIR="$out/jobs"
-if want python; then
+part_python() {
   check python-module 120 bash "$0" --build-module || failed=1
   HOLDFAST_BUILD_DIR="$root/.gpu/build" PYTHONPATH="$root/.gpu/build/python" \
     HOLDFAST_TEST_JOB_TIMEOUT="${HOLDFAST_TEST_JOB_TIMEOUT:-90}" \
@@ -100,21 +103,40 @@ if want python; then
            PYTHONPATH="$root/.gpu/build/python" HOLDFAST_TEST_JOB_TIMEOUT=120 \
            PYTHONUNBUFFERED=1 check python-gdb 150 \
            $py -m pytest -q -rA -s -x -p no:cacheprovider "$GDB_TARGET"; }
-fi
-if want cpp; then
+}
+part_cpp() {
   LD_LIBRARY_PATH="$LD_LIBRARY_PATH_CPP" check nccl-test 60 .gpu/bin/nccl_test "[gpu]" || failed=1
   LD_LIBRARY_PATH="$LD_LIBRARY_PATH_CPP" check nccl-sticky 30 .gpu/bin/nccl_test "[gpu-sticky]" || failed=1
   LD_LIBRARY_PATH="$LD_LIBRARY_PATH_CPP" check nccl-job-test 240 .gpu/bin/nccl_job_test "[gpu]" || failed=1
-fi
-if want bench; then
+}
+part_bench() {
   LD_LIBRARY_PATH="$LD_LIBRARY_PATH_CPP" check nccl-bench 60 .gpu/bin/nccl_bench --json || failed=1
   printf '#!/bin/sh\nNCCL_HOSTID=holdfast-$$ exec %s "$@"\n' "$root/build/holdfast-dp-trainer-nccl" > /tmp/holdfast-trainer-nccl.sh
   chmod +x /tmp/holdfast-trainer-nccl.sh
+  local stop i=0
+  for stop in revoke abort revoke; do
+    i=$((i + 1))
+    LD_LIBRARY_PATH="$LD_LIBRARY_PATH_CPP" HOLDFAST_BACKEND=nccl HOLDFAST_DEVICE=0 \
+      HOLDFAST_NCCL_STOP=$stop NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 \
+      check "recovery-bench-$i-$stop" 120 \
+      .gpu/bin/recovery_bench --ranks 4 --state-mb 256 --json \
+      --trainer /tmp/holdfast-trainer-nccl.sh || failed=1
+  done
+  # One such recovery with every member's info log and NCCL's init timings.
   LD_LIBRARY_PATH="$LD_LIBRARY_PATH_CPP" HOLDFAST_BACKEND=nccl HOLDFAST_DEVICE=0 \
-    NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 check recovery-bench 120 \
-    .gpu/bin/recovery_bench --ranks 4 --state-mb 256 --json \
-    --trainer /tmp/holdfast-trainer-nccl.sh || failed=1
-fi
+    NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 NCCL_DEBUG=INFO \
+    NCCL_DEBUG_SUBSYS=INIT HOLDFAST_LOG_LEVEL=info \
+    check recovery-trace 60 .gpu/bin/holdfast-run -n 4 --standby 1 \
+    --no-disk-tier --log-dir "$out/recovery-trace" \
+    --inject kill:slot=1:step=5:committed=1 -- /tmp/holdfast-trainer-nccl.sh \
+    --state-mb 256 --step-ms 20 --steps 8 || failed=1
+}
+for part in "${parts[@]}"; do
+  case "$part" in
+    python|cpp|bench) "part_$part" ;;
+    *) echo "gpu_check: unknown part '$part' (python, cpp, bench)" >&2; failed=1 ;;
+  esac
+done
 
 {
   echo "{\"date\": \"$(date -u +%FT%TZ)\","
@@ -125,6 +147,6 @@ fi
 cat "$summary"
 # The logs as one archive beside the summary (a device call brings back
 # few files).
-(cd "$out" && tar czf logs.tar.gz ./*.log ./*.xml machine.txt $(ls -d jobs 2>/dev/null) 2>/dev/null &&
-  rm -rf ./*.log ./*.xml jobs)
+(cd "$out" && tar czf logs.tar.gz ./*.log ./*.xml machine.txt $(ls -d jobs recovery-trace 2>/dev/null) 2>/dev/null &&
+  rm -rf ./*.log ./*.xml jobs recovery-trace)
 exit $failed

@@ -1,14 +1,15 @@
 """PyTorch on CUDA over NCCL, 3 ranks on one GPU (test/python/gpu_rank.sh
 gives each its own NCCL host id): the "holdfast" group's collectives on
 CUDA tensors with ProcessGroupNCCL's stream semantics, and DDP and FSDP2
-on CUDA ending with the fault-free hash after a SIGKILL and a SIGSTOP.
+on CUDA ending with the fault-free hash after a SIGKILL and a SIGSTOP,
+and the GPT example on CUDA through a SIGKILL.
 Skipped (exit 77 under CTest) without a CUDA device."""
 
 import pytest
 import torch
 
-from conftest import (DDP, FSDP, HERE, PYTHON, assert_survives, final_lines,
-                      run_job)
+from conftest import (DDP, FSDP, GPT, HERE, PYTHON, assert_survives,
+                      final_lines, run_job)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="no CUDA device")
@@ -17,6 +18,7 @@ RANK = [str(HERE / "gpu_rank.sh")]
 GPU_ENV = {"HOLDFAST_BACKEND": "nccl", "HOLDFAST_DEVICE": "0"}
 DDP_CUDA = RANK + DDP + ["--device", "cuda"]
 FSDP_CUDA = RANK + FSDP + ["--device", "cuda"]
+GPT_CUDA = RANK + GPT[:GPT.index("--device")] + ["--device", "cuda"]
 
 
 def test_collectives_on_cuda_tensors():
@@ -53,6 +55,12 @@ def test_ddp_on_cuda_survives_a_fault_with_the_fault_free_hash(fault):
 @pytest.mark.parametrize("fault", ["kill:slot=1:step=9", "hang:slot=0:step=14"])
 def test_fsdp2_on_cuda_survives_a_fault_with_the_fault_free_hash(fault):
     assert_survives(3, fault, FSDP_CUDA, extra_env=GPU_ENV)
+
+
+def test_gpt_on_cuda_survives_a_kill_with_the_fault_free_hash():
+    """examples/python/gpt_train.py (DDP, AdamW) on CUDA: the README's
+    example."""
+    assert_survives(3, "kill:slot=1:step=12", GPT_CUDA, extra_env=GPU_ENV)
 
 
 def test_ddp_on_cuda_shrinks_from_3_to_2():
