@@ -1,10 +1,11 @@
 // Gray failures on real jobs: four ranks of the data-parallel trainer. A
-// rank slowed by the slow: fault is reported a straggler and nobody is
-// fenced; uneven steps (an RL job's, the same draw on every rank) raise
-// no alarm. Both end with the fault-free model. A NaN or a loss spike
-// rolls the job back and skips the step's data: the model is then that of
-// a fault-free run told to skip the same data; a rank that is the source
-// of NaNs twice, at different data, is replaced.
+// rank slowed by the slow: fault, or stopped part of the time from
+// outside, is reported a straggler and nobody is fenced; uneven steps (an RL
+// job's, the same draw on every rank) raise no alarm. Both end with the
+// fault-free model. A NaN or a loss spike rolls the job back and skips the
+// step's data: the model is then that of a fault-free run told to skip the same
+// data; a rank that is the source of NaNs twice, at different data, is
+// replaced.
 #include <signal.h>
 
 #include <atomic>
@@ -53,18 +54,20 @@ std::string ReferenceHash(const std::string& skip) {
 }
 
 // Throttles slot `slot`'s process from outside, as an OS would: once it
-// appears in the job of `dir`, it is stopped 40 ms of every 60 (SIGSTOP
-// and SIGCONT by pid) until Stop(). pid() is -1 if it never appeared.
+// appears in the job of `dir`, it is stopped `stop_ms` of every
+// `period_ms` (SIGSTOP and SIGCONT by pid) until Stop(). pid() is -1 if
+// it never appeared.
 class DutyCycle {
  public:
-  DutyCycle(const std::string& dir, int slot)
-      : thread_([this, dir, slot] {
+  DutyCycle(const std::string& dir, int slot, int stop_ms = 40,
+            int period_ms = 60)
+      : thread_([this, dir, slot, stop_ms, period_ms] {
           pid_ = AwaitWorker(dir, slot, 3);
           while (pid_ > 0 && !done_) {
             if (::kill(pid_, SIGSTOP) != 0) break;  // gone
-            absl::SleepFor(absl::Milliseconds(40));
+            absl::SleepFor(absl::Milliseconds(stop_ms));
             ::kill(pid_, SIGCONT);
-            absl::SleepFor(absl::Milliseconds(20));
+            absl::SleepFor(absl::Milliseconds(period_ms - stop_ms));
           }
           if (pid_ > 0) ::kill(pid_, SIGCONT);
         }) {}
@@ -108,6 +111,30 @@ TEST_CASE(
   }
   CHECK(evicted == 1);
   CHECK(r.summary["generation"] == 1);
+}
+
+TEST_CASE(
+    "gray: a rank stopped 60 ms of every 100 from outside is reported a "
+    "straggler and nobody is fenced") {
+  // Slow on some steps and not the next: its step after a stop is long,
+  // the one between two stops is not (the duty cycle of issue 56, which
+  // raised no incident while the rule wanted 8 slow steps in a row).
+  const std::string dir = holdfast::proc::MakeTempDir();
+  DutyCycle throttle(dir, 1, 60, 100);
+  JobRun r = Launch({"-n", "4", "--silent-after-ms", "5000"},
+                    {"--steps", "80", "--step-ms", "20"}, "", dir);
+  throttle.Stop();
+  INFO("summary: " << r.summary.dump(1));
+  REQUIRE(throttle.pid() > 0);
+  REQUIRE(r.rc == 0);
+  CheckFinished(r, 4, 80);
+  CHECK(r.hashes.at(0) == FaultFreeHash(80));
+  const json& incidents = r.summary["incidents"];
+  REQUIRE(incidents.size() == 1);
+  CHECK(incidents[0]["kind"] == "straggler");
+  CHECK(incidents[0]["slot"] == 1);
+  CHECK(incidents[0]["evicted"] == false);
+  CHECK(r.summary["generation"] == 0);
 }
 
 TEST_CASE(

@@ -798,6 +798,41 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "membership: a worker stopped from outside part of the time (slow on "
+    "every other step) is reported a straggler") {
+  // A SIGSTOP/SIGCONT duty cycle of 60 ms in 100 (measured on the dp
+  // trainer with 20 ms steps): the stopped worker's step after each stop
+  // takes 80 ms, the one between them 20 ms; never two slow steps in a row.
+  Job job(4);
+  for (const char* h : {"a", "b", "c", "d"}) job.Join(h, kT0);
+  absl::Time t = kT0;
+  RunSteps(
+      job, 40,
+      [](int step, int i) { return i == 3 && step % 2 == 1 ? 80.0 : 20.0; },
+      &t);
+  const std::vector<Incident> inc = job.Incidents(t);
+  REQUIRE(Stragglers(inc) == 1);
+  CHECK(inc[0].slot() == 3);
+  CHECK(inc[0].evidence().find("(2.50x)") != std::string::npos);
+  CHECK(inc[0].evidence().find("slow on 4 of them") != std::string::npos);
+}
+
+TEST_CASE(
+    "membership: a worker's single long steps far apart (a pause, a "
+    "checkpoint write) raise no straggler") {
+  Job job(4);
+  for (const char* h : {"a", "b", "c", "d"}) job.Join(h, kT0);
+  absl::Time t = kT0;
+  RunSteps(
+      job, 60,
+      [](int step, int i) {
+        return i == 1 && (step == 20 || step == 45) ? 400.0 : 30.0;
+      },
+      &t);
+  CHECK(Stragglers(job.Incidents(t)) == 0);
+}
+
+TEST_CASE(
     "membership: uneven steps that are long on every worker and a 1.2x "
     "slowdown raise no straggler") {
   Job job(4);

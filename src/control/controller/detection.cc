@@ -105,4 +105,10 @@ LinkWatch::Seen LinkWatch::Observe(int alive, int unheard, absl::Time now) {
   return seen;
 }
 
+bool Slow(const SlowWindow& w, double factor, int64_t floor_us) {
+  return w.steps > 0 && w.slow >= std::max(2, w.steps / 4) &&
+         w.mine >= factor * w.peers &&
+         w.mine - w.peers >= static_cast<double>(floor_us) * w.steps;
+}
+
 }  // namespace holdfast::control

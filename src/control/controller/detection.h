@@ -2,9 +2,9 @@
 // options of every detector, the job's step pace (from which the stall
 // threshold comes), and the watch on the controller's own link, which
 // holds silence verdicts back while most members are unheard at once
-// (more likely the controller is cut off than all of them). Membership
-// runs the scans over its members with them (membership_scan.cc); the
-// straggler rule is there too, as pure functions.
+// (more likely the controller is cut off than all of them), and the
+// straggler rule. Membership runs the scans over its members with them
+// (membership_scan.cc).
 //
 // Not thread-safe: Membership's mutex guards them.
 #ifndef HOLDFAST_SRC_CONTROL_CONTROLLER_DETECTION_H_
@@ -76,13 +76,13 @@ struct DetectionOptions {
   // member of it that still heartbeats has left its abort notice, or
   // this long after the incident (src/diagnosis/diagnosis.h).
   absl::Duration diagnosis_settle = absl::Seconds(2);
-  // straggler: for the last straggler_window steps that every worker
+  // straggler: over the last straggler_window steps that every worker
   // reported, a worker's own work (its step time less its time inside
-  // collectives) was at least straggler_factor times the median of its
-  // peers' and straggler_floor more (Minder's continuity rule: one slow
-  // step is noise). Needs 3 workers or more. Each step is compared across
-  // the workers, so steps that are long on every rank (an RL rollout)
-  // raise nothing. 0 turns it off.
+  // collectives) summed was at least straggler_factor times its peers'
+  // medians summed and straggler_floor a step more, and it was slow so on
+  // two steps or more (Slow(), below). Needs 3 workers or more. Each step
+  // is compared across the workers, so steps that are long on every rank
+  // (an RL rollout) raise nothing. 0 turns it off.
   int straggler_window = 8;
   double straggler_factor = 1.3;
   absl::Duration straggler_floor = absl::Milliseconds(5);
@@ -154,6 +154,22 @@ class HealthyPace {
   int64_t step_us_ = 0;
   int64_t healthy_us_ = 0;
 };
+
+// A worker's own work over a window of the newest steps every worker
+// reported, against its peers' (the straggler rule).
+struct SlowWindow {
+  int steps = 0;     // in the window
+  int slow = 0;      // steps on which it alone was slow
+  double mine = 0;   // its own work, summed (us)
+  double peers = 0;  // its peers' median work, summed (us)
+};
+// The straggler rule on window `w`: its work summed is at least `factor`
+// times its peers' and `floor_us` a step more, and it was slow on at
+// least two steps and a quarter of them. A sum, not a run of slow steps
+// in a row: a process stopped part of the time from outside (a duty
+// cycle, a CPU quota) is slow on some steps and not the next. One long
+// step (a pause, a write) is not enough.
+bool Slow(const SlowWindow& w, double factor, int64_t floor_us);
 
 // The watch on the controller's own link. Members that report at every
 // step end are heard more often than the others: when most live members

@@ -64,9 +64,9 @@ struct RecoveryPolicy {
   // Below this many workers the job stops (JobEnd STOPPED), >= 1.
   int min_world = 1;
   // Stragglers (DetectionOptions::straggler_*): false, report them only;
-  // true, also replace one with a standby once it has been slow on each
-  // of the last straggler_replace_after steps every worker reported and
-  // its peers spend at least straggler_min_cost of each step waiting for
+  // true, also replace one with a standby once the straggler rule holds
+  // over the last straggler_replace_after steps every worker reported too
+  // and its peers spend at least straggler_min_cost of each step waiting for
   // it. Never without a standby, and at most straggler_budget times per
   // job: a slowdown of every rank shows no straggler, and one that moves
   // from rank to rank does not evict them all.
@@ -298,10 +298,11 @@ class Membership {
                                         const ReportFailureRequest& req,
                                         absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Worker `m` was slow on the newest `run` steps (its work summed over
-  // them, `mine`, against its peers' median, `peers`): an incident, or a
-  // standby replaces it where the policy says so. Whether it was replaced.
-  bool StragglerLocked(Member& m, int run, double mine, double peers,
+  // Worker `m` was slow over the window `w` (detection.h's Slow): an
+  // incident, or a standby replaces it where the policy says so and the
+  // longer window of straggler_replace_after steps was slow too
+  // (`replace_due`). Whether it was replaced.
+  bool StragglerLocked(Member& m, const SlowWindow& w, bool replace_due,
                        absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What a heartbeat's step report says of `mem`: its step, phase and
   // metrics; at a worker's step end, its pace, its work time (for the

@@ -265,49 +265,44 @@ CompleteSteps Complete(
   return out;
 }
 
-// The newest steps in a row on which worker i was slow (its work at least
-// `factor` times its peers' median, and `floor_us` more), and its own
-// work and its peers' median summed over them.
-struct SlowRun {
-  int run = 0;
-  double mine = 0, peers = 0;
-};
-
-SlowRun SlowRunOf(const CompleteSteps& steps, size_t i, double factor,
-                  int64_t floor_us) {
+// Worker i over the newest `window` complete steps: its own work and its
+// peers' median summed over them, and the steps on which it alone was
+// slow (at least `factor` times its peers' median, and `floor_us` more).
+SlowWindow SlowWindowOf(const CompleteSteps& steps, size_t i, size_t window,
+                        double factor, int64_t floor_us) {
   const size_t mid = (steps.work[0].size() - 1) / 2;  // among n - 1 others
-  SlowRun r;
-  for (size_t k = 0; k < steps.work.size(); ++k) {
+  SlowWindow r;
+  r.steps = static_cast<int>(std::min(window, steps.work.size()));
+  for (size_t k = 0; k < static_cast<size_t>(r.steps); ++k) {
     const std::vector<int64_t>& all = steps.sorted[k];
     const int64_t own = steps.work[k][i];
     const size_t at = static_cast<size_t>(
         std::lower_bound(all.begin(), all.end(), own) - all.begin());
     const int64_t median = at <= mid ? all[mid + 1] : all[mid];
-    if (static_cast<double>(own) < factor * static_cast<double>(median) ||
-        own - median < floor_us) {
-      break;
-    }
-    ++r.run;
     r.mine += static_cast<double>(own);
     r.peers += static_cast<double>(median);
+    r.slow +=
+        static_cast<double>(own) >= factor * static_cast<double>(median) &&
+        own - median >= floor_us;
   }
   return r;
 }
 
 }  // namespace
 
-bool Membership::StragglerLocked(Member& m, int run, double mine, double peers,
-                                 absl::Time now) {
+bool Membership::StragglerLocked(Member& m, const SlowWindow& w,
+                                 bool replace_due, absl::Time now) {
   const std::string evidence = absl::StrFormat(
       "its own work took %.1f ms a step against its peers' %.1f ms "
-      "(%.2fx) over the last %d steps every worker reported (step time "
-      "less time inside collectives; threshold %.2fx): the others wait "
-      "for it in each collective",
-      mine / run / 1000.0, peers / run / 1000.0, peers > 0 ? mine / peers : 0.0,
-      run, detection_.straggler_factor);
+      "(%.2fx) over the last %d steps every worker reported, and it was "
+      "slow on %d of them (step time less time inside collectives; "
+      "threshold %.2fx): the others wait for it in each collective",
+      w.mine / w.steps / 1000.0, w.peers / w.steps / 1000.0,
+      w.peers > 0 ? w.mine / w.peers : 0.0, w.steps, w.slow,
+      detection_.straggler_factor);
   // The share of each step its peers spend waiting for it.
-  const double cost = mine > 0 ? 1.0 - peers / mine : 0.0;
-  if (policy_.replace_stragglers && run >= policy_.straggler_replace_after &&
+  const double cost = w.mine > 0 ? 1.0 - w.peers / w.mine : 0.0;
+  if (policy_.replace_stragglers && replace_due &&
       cost >= policy_.straggler_min_cost && !standbys_.empty() &&
       stragglers_replaced_ < policy_.straggler_budget) {
     ++stragglers_replaced_;
@@ -350,12 +345,20 @@ void Membership::ScanStragglersLocked(absl::Time now) {
   if (steps.work.size() < static_cast<size_t>(window)) return;
   const int64_t floor_us =
       absl::ToInt64Microseconds(detection_.straggler_floor);
+  const size_t replace_window =
+      static_cast<size_t>(std::max(window, policy_.straggler_replace_after));
   for (size_t i = 0; i < workers.size(); ++i) {
-    const SlowRun r =
-        SlowRunOf(steps, i, detection_.straggler_factor, floor_us);
-    if (r.run < window) continue;
+    const SlowWindow w =
+        SlowWindowOf(steps, i, window, detection_.straggler_factor, floor_us);
+    if (!Slow(w, detection_.straggler_factor, floor_us)) continue;
+    // Replaced only once the longer window says so too.
+    const bool replace_due =
+        steps.work.size() >= replace_window &&
+        Slow(SlowWindowOf(steps, i, replace_window, detection_.straggler_factor,
+                          floor_us),
+             detection_.straggler_factor, floor_us);
     // A replacement opens a new generation: the steps start over.
-    if (StragglerLocked(*workers[i], r.run, r.mine, r.peers, now)) return;
+    if (StragglerLocked(*workers[i], w, replace_due, now)) return;
   }
 }
 
