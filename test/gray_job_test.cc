@@ -7,8 +7,13 @@
 // data; a rank that is the source of NaNs twice, at different data, is
 // replaced.
 #include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -16,6 +21,7 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "test/support/job_run.h"
 #include "test/support/members_json.h"
@@ -111,6 +117,78 @@ TEST_CASE(
   }
   CHECK(evicted == 1);
   CHECK(r.summary["generation"] == 1);
+}
+
+// Caps slot `slot`'s process at `percent` % of a core with the cgroup v1
+// cpu controller (cpu.cfs_quota_us), once it appears in the job of `dir`,
+// until Stop() moves it back. Exits the test program with 77 (CTest: skipped)
+// where the controller is not there to write (not root, cgroup v2 only).
+class CpuQuota {
+ public:
+  static constexpr const char* kRoot = "/sys/fs/cgroup/cpu";
+
+  CpuQuota(const std::string& dir, int slot, int percent)
+      : group_(absl::StrCat(kRoot, "/holdfast-test-", ::getpid())) {
+    if (::mkdir(group_.c_str(), 0755) != 0 ||
+        !Write(group_ + "/cpu.cfs_period_us", "100000") ||
+        !Write(group_ + "/cpu.cfs_quota_us", std::to_string(percent * 1000))) {
+      std::fprintf(stderr,
+                   "skipped: cannot set up a cgroup under %s (root and the "
+                   "cgroup v1 cpu controller are needed)\n",
+                   kRoot);
+      std::exit(77);
+    }
+    thread_ = std::thread([this, dir, slot] {
+      pid_ = AwaitWorker(dir, slot, 3);
+      if (pid_ > 0)
+        moved_ = Write(group_ + "/cgroup.procs", std::to_string(pid_));
+    });
+  }
+  ~CpuQuota() { Stop(); }
+  void Stop() {
+    if (thread_.joinable()) thread_.join();
+    if (pid_ > 0)
+      Write(absl::StrCat(kRoot, "/cgroup.procs"), std::to_string(pid_));
+    ::rmdir(group_.c_str());
+  }
+  pid_t pid() const { return pid_; }
+  bool moved() const { return moved_; }
+
+ private:
+  static bool Write(const std::string& path, const std::string& text) {
+    std::ofstream out(path);
+    out << text;
+    out.flush();
+    return static_cast<bool>(out);
+  }
+
+  const std::string group_;
+  std::atomic<pid_t> pid_{-1};
+  std::atomic<bool> moved_{false};
+  std::thread thread_;
+};
+
+TEST_CASE(
+    "gray: a rank capped at 25 % of a core by the cgroup cpu controller is "
+    "reported a straggler and nobody is fenced") {
+  // The trainer burns its compute (--burn: CPU time, not a sleep), so the
+  // quota slows it; the job took about twice as long here with it.
+  const std::string dir = holdfast::proc::MakeTempDir();
+  CpuQuota quota(dir, 1, 25);
+  JobRun r = Launch({"-n", "4", "--silent-after-ms", "5000"},
+                    {"--steps", "150", "--step-ms", "10", "--burn"}, "", dir);
+  quota.Stop();
+  INFO("summary: " << r.summary.dump(1));
+  REQUIRE(quota.pid() > 0);
+  REQUIRE(quota.moved());
+  REQUIRE(r.rc == 0);
+  CheckFinished(r, 4, 150);
+  CHECK(r.hashes.at(0) == FaultFreeHash(150));
+  const json& incidents = r.summary["incidents"];
+  REQUIRE(incidents.size() == 1);
+  CHECK(incidents[0]["kind"] == "straggler");
+  CHECK(incidents[0]["slot"] == 1);
+  CHECK(incidents[0]["evicted"] == false);
 }
 
 TEST_CASE(

@@ -813,8 +813,11 @@ TEST_CASE(
   const std::vector<Incident> inc = job.Incidents(t);
   REQUIRE(Stragglers(inc) == 1);
   CHECK(inc[0].slot() == 3);
-  CHECK(inc[0].evidence().find("(2.50x)") != std::string::npos);
-  CHECK(inc[0].evidence().find("slow on 4 of them") != std::string::npos);
+  // Steps of 22 and 82 ms: the window spans a second of the job's median
+  // step (DetectionOptions::straggler_span), 13 steps, 7 of them slow.
+  CHECK(inc[0].evidence().find("(2.62x) over the last 13 steps") !=
+        std::string::npos);
+  CHECK(inc[0].evidence().find("slow on 7 of them") != std::string::npos);
 }
 
 TEST_CASE(

@@ -28,6 +28,7 @@
 // (HOLDFAST_BACKEND=nccl): the gradients and the gathered parameters go
 // through a device buffer. The model still computes on the CPU; what runs
 // on the GPU is the communicator, with its deadlines, aborts and rebuilds.
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -204,6 +205,22 @@ double StepScale(double sigma, int64_t step, int slot) {
   return scale * noise;
 }
 
+// --burn: `d` of this thread's CPU time, spent spinning: the step's
+// compute as work, which a CPU quota or a stop from outside slows (a
+// sleep is not slowed by a quota).
+void Burn(absl::Duration d) {
+  auto cpu_now = [] {
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return absl::DurationFromTimespec(ts);
+  };
+  const absl::Duration end = cpu_now() + d;
+  volatile uint64_t x = 1;
+  while (cpu_now() < end) {
+    for (int i = 0; i < 1000; ++i) x = x * 6364136223846793005ull + 1;
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -213,6 +230,7 @@ int main(int argc, char** argv) {
   int64_t batch = 64;
   int64_t step_ms = 0;
   double uneven = 0;
+  bool burn = false;
   int64_t snapshot_every = 1;
   float lr = 0.05f;
   std::string save, load;
@@ -260,6 +278,9 @@ int main(int argc, char** argv) {
                  "on every slot (5 % of the steps 5-10x), with 5 % noise per "
                  "slot")
       ->check(CLI::Range(0.0, 3.0));
+  app.add_flag("--burn", burn,
+               "spend --step-ms as CPU time, spinning, instead of sleeping: "
+               "compute that a CPU quota or a stop from outside slows");
   app.add_option("--snapshot-every", snapshot_every, "snapshot every k steps")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   app.add_option("--lr", lr, "learning rate");
@@ -383,8 +404,14 @@ int main(int argc, char** argv) {
     // found here names this slot as its source.
     ctx.runtime->CheckFinite("local gradients", grad.data(), kParams);
     if (step_ms > 0) {
-      absl::SleepFor(absl::Milliseconds(static_cast<double>(step_ms)) *
-                     StepScale(uneven, ctx.step, ctx.slot));
+      const absl::Duration compute =
+          absl::Milliseconds(static_cast<double>(step_ms)) *
+          StepScale(uneven, ctx.step, ctx.slot);
+      if (burn) {
+        Burn(compute);
+      } else {
+        absl::SleepFor(compute);
+      }
     }
     // The last step snapshotted before this one (none before step 1, or
     // after a restore to step 0).

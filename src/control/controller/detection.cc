@@ -1,6 +1,7 @@
 #include "src/control/controller/detection.h"
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "src/common/logging.h"
@@ -109,6 +110,17 @@ bool Slow(const SlowWindow& w, double factor, int64_t floor_us) {
   return w.steps > 0 && w.slow >= std::max(2, w.steps / 4) &&
          w.mine >= factor * w.peers &&
          w.mine - w.peers >= static_cast<double>(floor_us) * w.steps;
+}
+
+int StragglerWindow(const DetectionOptions& d, absl::Duration median_step) {
+  const int least = d.straggler_window;
+  if (median_step <= absl::ZeroDuration() ||
+      d.straggler_span <= absl::ZeroDuration()) {
+    return least;
+  }
+  const auto span = static_cast<int>(
+      std::ceil(absl::FDivDuration(d.straggler_span, median_step)));
+  return std::clamp(span, least, 4 * least);
 }
 
 }  // namespace holdfast::control

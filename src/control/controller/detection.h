@@ -86,6 +86,11 @@ struct DetectionOptions {
   int straggler_window = 8;
   double straggler_factor = 1.3;
   absl::Duration straggler_floor = absl::Milliseconds(5);
+  // Short steps make a window of 8 a fraction of a second, in which one
+  // worker's share of a busy machine is noise: the window grows to cover
+  // this much of the job's time at its median step, up to 4 x
+  // straggler_window steps (StragglerWindow). Zero: straggler_window.
+  absl::Duration straggler_span = absl::Seconds(1);
   // A numeric anomaly (ReportFailureRequest::anomaly) is decided once
   // every worker has reported one for the generation, or this long after
   // the first report (a loss spike seen by one slot only).
@@ -170,6 +175,10 @@ struct SlowWindow {
 // cycle, a CPU quota) is slow on some steps and not the next. One long
 // step (a pause, a write) is not enough.
 bool Slow(const SlowWindow& w, double factor, int64_t floor_us);
+// The straggler rule's window, in steps, at the job's median step time:
+// straggler_span of it, no fewer than straggler_window steps and no more
+// than 4 x straggler_window.
+int StragglerWindow(const DetectionOptions& d, absl::Duration median_step);
 
 // The watch on the controller's own link. Members that report at every
 // step end are heard more often than the others: when most live members

@@ -406,7 +406,7 @@ void Membership::NoteStepEndLocked(Member& mem, const StepReport& r) {
     mem.work_us.emplace_back(
         r.step(), std::max<int64_t>(0, r.last_step_us() - r.collective_us()));
     while (mem.work_us.size() >
-           static_cast<size_t>(std::max(2 * detection_.straggler_window,
+           static_cast<size_t>(std::max(4 * detection_.straggler_window,
                                         policy_.straggler_replace_after))) {
       mem.work_us.pop_front();
     }

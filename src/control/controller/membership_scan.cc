@@ -342,14 +342,15 @@ void Membership::ScanStragglersLocked(absl::Time now) {
     work.push_back(&m.work_us);
   }
   const CompleteSteps steps = Complete(work);
-  if (steps.work.size() < static_cast<size_t>(window)) return;
+  const int span = StragglerWindow(detection_, pace_.Median());
+  if (steps.work.size() < static_cast<size_t>(span)) return;
   const int64_t floor_us =
       absl::ToInt64Microseconds(detection_.straggler_floor);
   const size_t replace_window =
-      static_cast<size_t>(std::max(window, policy_.straggler_replace_after));
+      static_cast<size_t>(std::max(span, policy_.straggler_replace_after));
   for (size_t i = 0; i < workers.size(); ++i) {
-    const SlowWindow w =
-        SlowWindowOf(steps, i, window, detection_.straggler_factor, floor_us);
+    const SlowWindow w = SlowWindowOf(steps, i, static_cast<size_t>(span),
+                                      detection_.straggler_factor, floor_us);
     if (!Slow(w, detection_.straggler_factor, floor_us)) continue;
     // Replaced only once the longer window says so too.
     const bool replace_due =
