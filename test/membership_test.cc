@@ -821,6 +821,40 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "membership: a worker that issues its collectives late is reported a "
+    "straggler though its own work looks like its peers'") {
+  // Its slowness falls inside its collective time (its op thread is
+  // throttled with it): every worker's step time less collective time is
+  // 10 ms, but slot 3 issues its collectives 30 ms into the step, the
+  // others 8 ms (StepReport::arrival_us).
+  Job job(4);
+  for (const char* h : {"a", "b", "c", "d"}) job.Join(h, kT0);
+  absl::Time t = kT0;
+  for (int step = 0; step < 60; ++step) {
+    t += absl::Milliseconds(40);
+    for (size_t i = 0; i < 4; ++i) {
+      HeartbeatRequest h;
+      h.set_member_id(job.ids[i]);
+      h.set_generation(job.generation);
+      h.mutable_report()->set_step(step);
+      h.mutable_report()->set_phase(PHASE_COMPUTING);
+      h.mutable_report()->set_last_step_us(40000);
+      h.mutable_report()->set_collective_us(30000);
+      h.mutable_report()->set_arrival_us(i == 3 ? 30000 : 8000);
+      h.mutable_report()->set_step_end(true);
+      REQUIRE(job.m.Heartbeat(h, job.sinks[i].get(), t).ok());
+    }
+    job.m.Scan(t);
+  }
+  const std::vector<Incident> inc = job.Incidents(t);
+  REQUIRE(Stragglers(inc) == 1);
+  CHECK(inc[0].slot() == 3);
+  // 10 ms of work plus 22 ms later than the median worker.
+  CHECK(inc[0].evidence().find("32.0 ms a step against its peers' 10.0 ms") !=
+        std::string::npos);
+}
+
+TEST_CASE(
     "membership: a worker's single long steps far apart (a pause, a "
     "checkpoint write) raise no straggler") {
   Job job(4);
@@ -857,8 +891,8 @@ TEST_CASE(
 
 TEST_CASE(
     "membership: under the replace policy a straggler is replaced once it "
-    "has been slow for 16 steps and only while the budget and a standby "
-    "last") {
+    "has been slow for 16 steps after its report and only while the budget "
+    "and a standby last") {
   RecoveryPolicy p;
   p.replace_stragglers = true;
   p.straggler_budget = 1;
@@ -866,11 +900,16 @@ TEST_CASE(
   for (const char* h : {"a", "b", "c", "d", "spare"}) job.Join(h, kT0);
   absl::Time t = kT0;
   auto slot2_slow = [](int, int i) { return i == 2 ? 90.0 : 30.0; };
-  RunSteps(job, 15, slot2_slow, &t);
+  // Steps of 92 ms: the window is 11 steps (a second). The rule holds
+  // from step 10 on; the report comes a window later (step 21), the
+  // replacement 16 steps after that (step 37).
+  RunSteps(job, 21, slot2_slow, &t);
+  CHECK(Stragglers(job.Incidents(t)) == 0);
+  RunSteps(job, 16, slot2_slow, &t, 21);
   std::vector<Incident> inc = job.Incidents(t);
-  REQUIRE(Stragglers(inc) == 1);  // reported at 8, not replaced before 16
+  REQUIRE(Stragglers(inc) == 1);  // reported at 21, not replaced before 37
   CHECK_FALSE(inc[0].evicted());
-  RunSteps(job, 1, slot2_slow, &t, 15);
+  RunSteps(job, 1, slot2_slow, &t, 37);
   inc = job.Incidents(t);
   REQUIRE(Stragglers(inc) == 2);
   CHECK(inc[1].slot() == 2);
@@ -962,7 +1001,8 @@ TEST_CASE(
   Job job(kWorkers);
   for (int i = 0; i < kWorkers; ++i) job.Join("h" + std::to_string(i), kT0);
   absl::Time t = kT0;
-  for (int step = 0; step < 10; ++step) {
+  // Steps of 100 ms: a window of 10 steps, held for 10 more.
+  for (int step = 0; step < 20; ++step) {
     t += absl::Milliseconds(100);
     for (size_t i = 0; i < kWorkers; ++i) {
       const int64_t work = i == 1234 ? 60000 : 30000 + static_cast<int64_t>(i);

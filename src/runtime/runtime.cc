@@ -7,6 +7,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "holdfast/clock.h"
 #include "holdfast/status.h"
 #include "src/backend/backend.h"
 #include "src/common/config.h"
@@ -147,10 +148,13 @@ absl::StatusOr<Communicator*> RuntimeImpl::communicator() {
   return gens_.Comm();
 }
 
-void RuntimeImpl::ReportStep(int64_t step, absl::Duration step_time,
+void RuntimeImpl::ReportStep(int64_t step, absl::Time t0, absl::Time t1,
                              const std::map<std::string, double>& metrics) {
-  (void)member_->ReportStep(step, step_time, metrics,
-                            CollectiveTimeSinceLastStep());
+  // The step's start on the communicator's clock (CLOCK_MONOTONIC).
+  const int64_t start_ns =
+      MonotonicNanos() - absl::ToInt64Nanoseconds(absl::Now() - t0);
+  const StepCollectives c = CollectivesSinceLastStep(start_ns);
+  (void)member_->ReportStep(step, t1 - t0, metrics, c.inside, c.arrival);
 }
 
 void RuntimeImpl::Leave(bool finished) {

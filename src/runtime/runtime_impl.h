@@ -135,8 +135,9 @@ class RuntimeImpl final : public Runtime, private BackupPipeline::Member {
   absl::StatusOr<bool> TakeSnapshot(int64_t step, bool defer);
   // Registration ends when Run starts.
   absl::Status RegistrationOpen(const std::string& name) const;
-  // Sends a step report (at each step's end).
-  void ReportStep(int64_t step, absl::Duration step_time,
+  // Sends a step report (at each step's end) of the step that ran from
+  // `t0` to `t1`.
+  void ReportStep(int64_t step, absl::Time t0, absl::Time t1,
                   const std::map<std::string, double>& metrics);
 
   // ---- step_loop.cc: the start, the steps, recovery ------------------------
@@ -227,10 +228,16 @@ class RuntimeImpl final : public Runtime, private BackupPipeline::Member {
   // (started, not ended), or -1: what heartbeats report as
   // PHASE_COLLECTIVE.
   int64_t CollectiveInProgress() const;
-  // The time the training communicator spent inside the collectives that
-  // completed since the last call (at a step's end): StepReport's
-  // collective_us. Training thread only.
-  absl::Duration CollectiveTimeSinceLastStep();
+  // The collectives of the training communicator that completed since the
+  // last call (at a step's end): the time spent inside them
+  // (StepReport::collective_us), and the mean time from `step_start_ns`
+  // (monotonic) to the issue of those issued since then
+  // (StepReport::arrival_us; zero if none). Training thread only.
+  struct StepCollectives {
+    absl::Duration inside;
+    absl::Duration arrival;
+  };
+  StepCollectives CollectivesSinceLastStep(int64_t step_start_ns);
 
   // The member client's callbacks.
   void OnMembership(const MembershipUpdate& u);
@@ -312,7 +319,7 @@ class RuntimeImpl final : public Runtime, private BackupPipeline::Member {
   // The generations, the committed step, the job's state and the
   // communicators of this member (generation_view.h).
   GenerationView gens_{[this] { return snapshots_.stopping(); }};
-  // CollectiveTimeSinceLastStep's place: the generation and the newest
+  // CollectivesSinceLastStep's place: the generation and the newest
   // op seq it counted (the training thread's alone).
   int64_t timed_generation_ = -1;
   uint64_t timed_seq_ = 0;

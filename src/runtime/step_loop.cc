@@ -480,7 +480,7 @@ absl::Status RuntimeImpl::CompleteStep(const RunOptions& options, int64_t step,
          (options.snapshot_copy == SnapshotCopy::kAuto && fenced));
     HOLDFAST_RETURN_IF_ERROR(TakeSnapshot(step, defer).status());
   }
-  ReportStep(step, t1 - t0, metrics);
+  ReportStep(step, t0, t1, metrics);
   if (pending_record_.has_value()) {
     recovery_records_.push_back(*pending_record_);
     PublishRecovery(*pending_record_);

@@ -3,7 +3,11 @@ PyTorch DDP example with real faults (SIGKILL, SIGSTOP) in replace mode,
 which must end with the fault-free parameter hash, and in shrink mode."""
 
 import json
+import os
+import pathlib
 import re
+import threading
+import time
 
 import pytest
 
@@ -280,3 +284,67 @@ def test_a_failure_that_repeats_at_every_retry_ends_the_run(tmp_path):
                for line in gave_up), out
     # Two recoveries by each member, then the stop.
     assert sum("recovered at generation" in line for line in lines) == 4, out
+
+
+CGROUP_CPU = pathlib.Path("/sys/fs/cgroup/cpu")
+
+
+def _capture_slot(log_dir, slot, group, stop, moved):
+    """Once slot `slot`'s worker has done a few steps (members.json in
+    holdfast-run's `log_dir`), moves its process into cgroup `group`."""
+    while not stop.is_set():
+        try:
+            members = json.loads((log_dir / "members.json").read_text())
+        except (OSError, ValueError):
+            members = {}
+        for m in members.get("members", []):
+            if (m.get("role") == "ROLE_WORKER" and m.get("slot") == slot and
+                    m.get("state") == "STATE_ALIVE" and m.get("step", -1) >= 3):
+                (group / "cgroup.procs").write_text(str(m["pid"]))
+                moved.append(m["pid"])
+                return
+        time.sleep(0.01)
+
+
+@pytest.mark.skipif(not os.access(CGROUP_CPU / "cgroup.procs", os.W_OK),
+                    reason="needs root and the cgroup v1 cpu controller")
+def test_ddp_rank_capped_by_a_cpu_quota_is_reported_a_straggler(tmp_path):
+    """Issue 56's measurement: one rank of the 4-rank DDP example capped at
+    25 % of a core (cpu.cfs_quota_us) slowed the job about 2x and raised
+    no incident. It is reported a straggler now, nobody is fenced, and the
+    job ends with the hash of the same job without the cap."""
+    job = [PYTHON, str(HERE.parent.parent / "examples/python/ddp_train.py"),
+           "--steps", "1000"]
+    rc, lines = run_job(["-n", "4"], job)
+    assert rc == 0, "\n".join(lines[-40:])
+    reference = final_lines(lines)
+    assert len(reference) == 4 and len(set(reference)) == 1, reference
+
+    group = CGROUP_CPU / f"holdfast-pytest-{os.getpid()}"
+    group.mkdir()
+    moved, stop = [], threading.Event()
+    try:
+        (group / "cpu.cfs_period_us").write_text("100000")
+        (group / "cpu.cfs_quota_us").write_text("25000")
+        log_dir = tmp_path / "hf"
+        mover = threading.Thread(target=_capture_slot,
+                                 args=(log_dir, 1, group, stop, moved))
+        mover.start()
+        rc, lines = run_job(["-n", "4", "--log-dir", str(log_dir)], job)
+    finally:
+        stop.set()
+        mover.join()
+        for pid in moved:  # back to the root group if it still runs
+            try:
+                (CGROUP_CPU / "cgroup.procs").write_text(str(pid))
+            except OSError:
+                pass
+        group.rmdir()
+    out = "\n".join(lines[-40:])
+    assert moved, out
+    assert rc == 0, out
+    assert final_lines(lines) == reference, out
+    summary = json.loads((log_dir / "summary.json").read_text())
+    incidents = summary["incidents"]
+    assert [(i["kind"], i["slot"], i["evicted"]) for i in incidents] == [
+        ("straggler", 1, False)], out

@@ -107,9 +107,33 @@ LinkWatch::Seen LinkWatch::Observe(int alive, int unheard, absl::Time now) {
 }
 
 bool Slow(const SlowWindow& w, double factor, int64_t floor_us) {
-  return w.steps > 0 && w.slow >= std::max(2, w.steps / 4) &&
-         w.mine >= factor * w.peers &&
-         w.mine - w.peers >= static_cast<double>(floor_us) * w.steps;
+  return w.steps > 0 && w.slow >= 2 && w.mine >= factor * w.peers &&
+         w.mine - w.peers >= 2.0 * static_cast<double>(floor_us);
+}
+
+std::vector<int64_t> CountedWork(const std::vector<StepSample>& steps) {
+  std::vector<int64_t> out;
+  out.reserve(steps.size());
+  for (const StepSample& s : steps) out.push_back(s.work_us);
+  if (steps.empty() ||
+      std::any_of(steps.begin(), steps.end(),
+                  [](const StepSample& s) { return s.arrival_us <= 0; })) {
+    return out;
+  }
+  auto median = [](std::vector<int64_t> v) {
+    auto mid = v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2);
+    std::nth_element(v.begin(), mid, v.end());
+    return *mid;
+  };
+  std::vector<int64_t> arrivals;
+  arrivals.reserve(steps.size());
+  for (const StepSample& s : steps) arrivals.push_back(s.arrival_us);
+  const int64_t work = median(out);
+  const int64_t arrival = median(arrivals);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    out[i] = std::max(out[i], work + (steps[i].arrival_us - arrival));
+  }
+  return out;
 }
 
 int StragglerWindow(const DetectionOptions& d, absl::Duration median_step) {

@@ -78,11 +78,13 @@ struct DetectionOptions {
   absl::Duration diagnosis_settle = absl::Seconds(2);
   // straggler: over the last straggler_window steps that every worker
   // reported, a worker's own work (its step time less its time inside
-  // collectives) summed was at least straggler_factor times its peers'
-  // medians summed and straggler_floor a step more, and it was slow so on
-  // two steps or more (Slow(), below). Needs 3 workers or more. Each step
-  // is compared across the workers, so steps that are long on every rank
-  // (an RL rollout) raise nothing. 0 turns it off.
+  // collectives, or more when it issued its collectives late: CountedWork)
+  // summed was at least straggler_factor times its peers' medians summed,
+  // and it was slow so (and straggler_floor more) on two steps or more
+  // (Slow(), below); and that held for a window of steps more. Needs 3
+  // workers or more. Each step is compared across the workers, so steps
+  // that are long on every rank (an RL rollout) raise nothing. 0 turns it
+  // off.
   int straggler_window = 8;
   double straggler_factor = 1.3;
   absl::Duration straggler_floor = absl::Milliseconds(5);
@@ -160,6 +162,23 @@ class HealthyPace {
   int64_t healthy_us_ = 0;
 };
 
+// One worker's step, as the straggler rule sees it: its own work (step
+// time less time inside collectives) and its arrival (the mean time from
+// the step's start to the issue of its collectives; 0: none).
+struct StepSample {
+  int64_t step = 0;
+  int64_t work_us = 0;
+  int64_t arrival_us = 0;
+};
+// The work the straggler rule counts for each of the workers of one step
+// (`steps[i]`): its own work, or, when it issued its collectives later
+// than the others, the median worker's work plus how much later (its
+// arrival less the median arrival), whichever is more. Slowness that
+// falls inside a worker's own collectives (its op thread throttled with
+// it; DDP issuing buckets during a slow backward) shows only in the
+// latter. Arrivals count only where every worker has one.
+std::vector<int64_t> CountedWork(const std::vector<StepSample>& steps);
+
 // A worker's own work over a window of the newest steps every worker
 // reported, against its peers' (the straggler rule).
 struct SlowWindow {
@@ -168,12 +187,13 @@ struct SlowWindow {
   double mine = 0;   // its own work, summed (us)
   double peers = 0;  // its peers' median work, summed (us)
 };
-// The straggler rule on window `w`: its work summed is at least `factor`
-// times its peers' and `floor_us` a step more, and it was slow on at
-// least two steps and a quarter of them. A sum, not a run of slow steps
-// in a row: a process stopped part of the time from outside (a duty
-// cycle, a CPU quota) is slow on some steps and not the next. One long
-// step (a pause, a write) is not enough.
+// The straggler rule on window `w`: it was slow on at least two steps,
+// and its work summed is at least `factor` times its peers' and twice
+// `floor_us` more. A sum, not a run of slow steps in a row: a process
+// stopped part of the time from outside (a duty cycle, a CPU quota) is
+// slow on some steps and not the next. One long step (a pause, a write)
+// is not enough, and Membership wants the rule to go on holding for a
+// window more before it reports (two pauses close together pass).
 bool Slow(const SlowWindow& w, double factor, int64_t floor_us);
 // The straggler rule's window, in steps, at the job's median step time:
 // straggler_span of it, no fewer than straggler_window steps and no more

@@ -397,14 +397,15 @@ void Membership::NoteStepEndLocked(Member& mem, const StepReport& r) {
                      r.collective_us());
   if (detection_.straggler_window > 0) {
     if (mem.work_generation != generation_ ||
-        (!mem.work_us.empty() && mem.work_us.back().first >= r.step())) {
+        (!mem.work_us.empty() && mem.work_us.back().step >= r.step())) {
       // A new generation, or steps redone after a rollback.
       mem.work_us.clear();
       mem.work_generation = generation_;
     }
     stragglers_dirty_ = true;
-    mem.work_us.emplace_back(
-        r.step(), std::max<int64_t>(0, r.last_step_us() - r.collective_us()));
+    mem.work_us.push_back(StepSample{
+        r.step(), std::max<int64_t>(0, r.last_step_us() - r.collective_us()),
+        r.arrival_us()});
     while (mem.work_us.size() >
            static_cast<size_t>(std::max(4 * detection_.straggler_window,
                                         policy_.straggler_replace_after))) {

@@ -206,14 +206,18 @@ class Membership {
     int64_t seen_generation = -1;
     int64_t rendezvous_generation = -1;
     absl::Time rendezvous_at;
-    // Its own work (step time less time inside collectives) of its last
+    // Its own work and arrival (detection.h's StepSample) of its last
     // steps, by step number, oldest first; cleared at each generation.
-    std::deque<std::pair<int64_t, int64_t>> work_us;
+    std::deque<StepSample> work_us;
     // The generation work_us belongs to (older: it is empty, as if
     // cleared when the generation opened).
     int64_t work_generation = -1;
     // The generation in which it was last reported a straggler.
     int64_t straggler_generation = -1;
+    // The newest complete step when the straggler rule began to hold for
+    // it, in generation slow_generation (-1: it does not hold now).
+    int64_t slow_since = -1;
+    int64_t slow_generation = -1;
     // Why and when it was declared dead.
     IncidentKind fenced_by = INCIDENT_UNSPECIFIED;
     absl::Time fenced_at;

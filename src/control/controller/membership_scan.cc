@@ -240,25 +240,26 @@ namespace {
 struct CompleteSteps {
   std::vector<std::vector<int64_t>> work;
   std::vector<std::vector<int64_t>> sorted;
+  int64_t newest = -1;  // the newest step's number
 };
 
-CompleteSteps Complete(
-    const std::vector<const std::deque<std::pair<int64_t, int64_t>>*>& work) {
+CompleteSteps Complete(const std::vector<const std::deque<StepSample>*>& work) {
   const size_t n = work.size();
-  std::map<int64_t, std::vector<int64_t>> by_step;
+  std::map<int64_t, std::vector<StepSample>> by_step;
   for (size_t i = 0; i < n; ++i) {
-    for (const auto& [step, us] : *work[i]) {
-      std::vector<int64_t>& v = by_step[step];
-      v.resize(n, -1);
-      v[i] = us;
+    for (const StepSample& s : *work[i]) {
+      std::vector<StepSample>& v = by_step[s.step];
+      v.resize(n, StepSample{-1, -1, 0});
+      v[i] = s;
     }
   }
   CompleteSteps out;
   for (auto it = by_step.rbegin(); it != by_step.rend(); ++it) {
-    if (std::find(it->second.begin(), it->second.end(), -1) ==
-        it->second.end()) {
-      out.work.push_back(it->second);
-      out.sorted.push_back(it->second);
+    if (std::none_of(it->second.begin(), it->second.end(),
+                     [](const StepSample& s) { return s.work_us < 0; })) {
+      if (out.newest < 0) out.newest = it->first;
+      out.work.push_back(CountedWork(it->second));
+      out.sorted.push_back(out.work.back());
       std::sort(out.sorted.back().begin(), out.sorted.back().end());
     }
   }
@@ -295,8 +296,9 @@ bool Membership::StragglerLocked(Member& m, const SlowWindow& w,
   const std::string evidence = absl::StrFormat(
       "its own work took %.1f ms a step against its peers' %.1f ms "
       "(%.2fx) over the last %d steps every worker reported, and it was "
-      "slow on %d of them (step time less time inside collectives; "
-      "threshold %.2fx): the others wait for it in each collective",
+      "slow on %d of them (step time less time inside collectives, or "
+      "more where it issued its collectives late; threshold %.2fx): the "
+      "others wait for it in each collective",
       w.mine / w.steps / 1000.0, w.peers / w.steps / 1000.0,
       w.peers > 0 ? w.mine / w.peers : 0.0, w.steps, w.slow,
       detection_.straggler_factor);
@@ -332,7 +334,7 @@ void Membership::ScanStragglersLocked(absl::Time now) {
     return;
   }
   std::vector<Member*> workers;
-  std::vector<const std::deque<std::pair<int64_t, int64_t>>*> work;
+  std::vector<const std::deque<StepSample>*> work;
   for (uint64_t id : slots_) {
     if (id == 0) return;
     Member& m = members_.at(id);
@@ -349,17 +351,32 @@ void Membership::ScanStragglersLocked(absl::Time now) {
   const size_t replace_window =
       static_cast<size_t>(std::max(span, policy_.straggler_replace_after));
   for (size_t i = 0; i < workers.size(); ++i) {
+    Member& m = *workers[i];
     const SlowWindow w = SlowWindowOf(steps, i, static_cast<size_t>(span),
                                       detection_.straggler_factor, floor_us);
-    if (!Slow(w, detection_.straggler_factor, floor_us)) continue;
-    // Replaced only once the longer window says so too.
+    if (!Slow(w, detection_.straggler_factor, floor_us)) {
+      m.slow_since = -1;
+      continue;
+    }
+    if (m.slow_since < 0 || m.slow_generation != generation_) {
+      m.slow_since = steps.newest;
+      m.slow_generation = generation_;
+    }
+    // It must go on holding for a window more: a burst (two pauses close
+    // together) passes, a slowdown stays.
+    const int64_t held = steps.newest - m.slow_since;
+    if (held < span) continue;
+    // Replaced once reported, slow for straggler_replace_after steps more,
+    // and over the longer window too.
     const bool replace_due =
+        m.straggler_generation == generation_ &&
+        held >= span + policy_.straggler_replace_after &&
         steps.work.size() >= replace_window &&
         Slow(SlowWindowOf(steps, i, replace_window, detection_.straggler_factor,
                           floor_us),
              detection_.straggler_factor, floor_us);
     // A replacement opens a new generation: the steps start over.
-    if (StragglerLocked(*workers[i], w, replace_due, now)) return;
+    if (StragglerLocked(m, w, replace_due, now)) return;
   }
 }
 

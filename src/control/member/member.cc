@@ -91,7 +91,8 @@ class MemberClientImpl final : public MemberClient {
 
   absl::Status ReportStep(int64_t step, absl::Duration step_time,
                           const std::map<std::string, double>& metrics,
-                          absl::Duration collective_time) override {
+                          absl::Duration collective_time,
+                          absl::Duration arrival) override {
     if (step < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("ReportStep: step ", step, " is negative"));
@@ -102,6 +103,8 @@ class MemberClientImpl final : public MemberClient {
         std::max<int64_t>(0, absl::ToInt64Microseconds(step_time)));
     report_.set_collective_us(std::clamp<int64_t>(
         absl::ToInt64Microseconds(collective_time), 0, report_.last_step_us()));
+    report_.set_arrival_us(std::clamp<int64_t>(
+        absl::ToInt64Microseconds(arrival), 0, report_.last_step_us()));
     report_.set_phase(PHASE_COMPUTING);
     report_.mutable_metrics()->clear();
     report_.mutable_metrics()->insert(metrics.begin(), metrics.end());

@@ -99,11 +99,13 @@ class MemberClient {
   // At a step's end: sends a report now (without waiting for it).
   // InvalidArgument for a negative step.
   // `collective_time`: how much of the step the member spent inside its
-  // collectives (StepReport::collective_us).
+  // collectives (StepReport::collective_us); `arrival`: the mean time from
+  // the step's start to the issue of each of them (StepReport::arrival_us).
   virtual absl::Status ReportStep(
       int64_t step, absl::Duration step_time,
       const std::map<std::string, double>& metrics = {},
-      absl::Duration collective_time = absl::ZeroDuration()) = 0;
+      absl::Duration collective_time = absl::ZeroDuration(),
+      absl::Duration arrival = absl::ZeroDuration()) = 0;
   // Where the member is inside its step; periodic reports carry it.
   virtual void SetPhase(Phase phase, int64_t collective_seq = 0) = 0;
   // The member has come to the rendezvous of `generation`: sends a report
