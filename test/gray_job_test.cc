@@ -119,6 +119,21 @@ TEST_CASE(
   CHECK(r.summary["generation"] == 1);
 }
 
+// The job ended at generation 0 with every slot's fault-free hash after
+// `steps`, and one incident: slot `slot` reported a straggler, not
+// fenced.
+void CheckReportedStraggler(const JobRun& r, int slot, int steps) {
+  REQUIRE(r.rc == 0);
+  CheckFinished(r, 4, steps);
+  CHECK(r.hashes.at(0) == FaultFreeHash(steps));
+  const json& incidents = r.summary["incidents"];
+  REQUIRE(incidents.size() == 1);
+  CHECK(incidents[0]["kind"] == "straggler");
+  CHECK(incidents[0]["slot"] == slot);
+  CHECK(incidents[0]["evicted"] == false);
+  CHECK(r.summary["generation"] == 0);
+}
+
 // Caps slot `slot`'s process at `percent` % of a core with the cgroup v1
 // cpu controller (cpu.cfs_quota_us), once it appears in the job of `dir`,
 // until Stop() moves it back. Exits the test program with 77 (CTest: skipped)
@@ -181,14 +196,7 @@ TEST_CASE(
   INFO("summary: " << r.summary.dump(1));
   REQUIRE(quota.pid() > 0);
   REQUIRE(quota.moved());
-  REQUIRE(r.rc == 0);
-  CheckFinished(r, 4, 150);
-  CHECK(r.hashes.at(0) == FaultFreeHash(150));
-  const json& incidents = r.summary["incidents"];
-  REQUIRE(incidents.size() == 1);
-  CHECK(incidents[0]["kind"] == "straggler");
-  CHECK(incidents[0]["slot"] == 1);
-  CHECK(incidents[0]["evicted"] == false);
+  CheckReportedStraggler(r, 1, 150);
 }
 
 TEST_CASE(
@@ -204,15 +212,7 @@ TEST_CASE(
   throttle.Stop();
   INFO("summary: " << r.summary.dump(1));
   REQUIRE(throttle.pid() > 0);
-  REQUIRE(r.rc == 0);
-  CheckFinished(r, 4, 80);
-  CHECK(r.hashes.at(0) == FaultFreeHash(80));
-  const json& incidents = r.summary["incidents"];
-  REQUIRE(incidents.size() == 1);
-  CHECK(incidents[0]["kind"] == "straggler");
-  CHECK(incidents[0]["slot"] == 1);
-  CHECK(incidents[0]["evicted"] == false);
-  CHECK(r.summary["generation"] == 0);
+  CheckReportedStraggler(r, 1, 80);
 }
 
 TEST_CASE(
@@ -222,15 +222,7 @@ TEST_CASE(
       {"-n", "4", "--standby", "1", "--inject", "slow:slot=2:ms=40:step=5"},
       {"--steps", "40", "--step-ms", "20"});
   INFO("summary: " << r.summary.dump(1));
-  REQUIRE(r.rc == 0);
-  CheckFinished(r, 4, 40);
-  CHECK(r.hashes.at(0) == FaultFreeHash());
-  const json& incidents = r.summary["incidents"];
-  REQUIRE(incidents.size() == 1);
-  CHECK(incidents[0]["kind"] == "straggler");
-  CHECK(incidents[0]["slot"] == 2);
-  CHECK(incidents[0]["evicted"] == false);
-  CHECK(r.summary["generation"] == 0);
+  CheckReportedStraggler(r, 2, 40);
 }
 
 TEST_CASE(
