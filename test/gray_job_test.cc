@@ -216,6 +216,23 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "gray: 20 % step-time noise on every rank raises no straggler and a "
+    "rank 1.5x slower under it is reported") {
+  // Each rank's compute is 20 ms times 1 +- 0.2 (its own draw per step).
+  JobRun quiet = Launch(
+      {"-n", "4"}, {"--steps", "150", "--step-ms", "20", "--noise", "0.2"});
+  INFO("quiet summary: " << quiet.summary.dump(1));
+  REQUIRE(quiet.rc == 0);
+  CheckFinished(quiet, 4, 150);
+  CHECK(quiet.summary["incidents"].empty());
+  // The same, with 10 ms more on slot 2 from step 5.
+  JobRun r = Launch({"-n", "4", "--inject", "slow:slot=2:ms=10:step=5"},
+                    {"--steps", "150", "--step-ms", "20", "--noise", "0.2"});
+  INFO("summary: " << r.summary.dump(1));
+  CheckReportedStraggler(r, 2, 150);
+}
+
+TEST_CASE(
     "gray: a rank three times slower than its peers is reported a "
     "straggler and nobody is fenced") {
   JobRun r = Launch(

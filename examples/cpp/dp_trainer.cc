@@ -205,6 +205,15 @@ double StepScale(double sigma, int64_t step, int slot) {
   return scale * noise;
 }
 
+// --noise: the step's compute times 1 + noise x a uniform draw in
+// [-1, 1], the slot's own at each step (step-time jitter every rank has).
+double Noise(double noise, int64_t step, int slot) {
+  if (noise <= 0) return 1.0;
+  const double u =
+      Draw(static_cast<uint64_t>(step), 1000 + static_cast<uint64_t>(slot));
+  return 1.0 + noise * (2.0 * u - 1.0);
+}
+
 // --burn: `d` of this thread's CPU time, spent spinning: the step's
 // compute as work, which a CPU quota or a stop from outside slows (a
 // sleep is not slowed by a quota).
@@ -231,6 +240,7 @@ int main(int argc, char** argv) {
   int64_t step_ms = 0;
   double uneven = 0;
   bool burn = false;
+  double noise = 0;
   int64_t snapshot_every = 1;
   float lr = 0.05f;
   std::string save, load;
@@ -278,6 +288,11 @@ int main(int argc, char** argv) {
                  "on every slot (5 % of the steps 5-10x), with 5 % noise per "
                  "slot")
       ->check(CLI::Range(0.0, 3.0));
+  app.add_option("--noise", noise,
+                 "step-time jitter: each slot's compute at each step is "
+                 "--step-ms times 1 + a uniform draw in [-noise, noise], the "
+                 "slot's own")
+      ->check(CLI::Range(0.0, 0.9));
   app.add_flag("--burn", burn,
                "spend --step-ms as CPU time, spinning, instead of sleeping: "
                "compute that a CPU quota or a stop from outside slows");
@@ -406,7 +421,8 @@ int main(int argc, char** argv) {
     if (step_ms > 0) {
       const absl::Duration compute =
           absl::Milliseconds(static_cast<double>(step_ms)) *
-          StepScale(uneven, ctx.step, ctx.slot);
+          StepScale(uneven, ctx.step, ctx.slot) *
+          Noise(noise, ctx.step, ctx.slot);
       if (burn) {
         Burn(compute);
       } else {
