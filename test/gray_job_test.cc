@@ -184,12 +184,15 @@ class CpuQuota {
 };
 
 TEST_CASE(
-    "gray: a rank capped at 25 % of a core by the cgroup cpu controller is "
+    "gray: a rank capped at 10 % of a core by the cgroup cpu controller is "
     "reported a straggler and nobody is fenced") {
   // The trainer burns its compute (--burn: CPU time, not a sleep), so the
-  // quota slows it; the job took about twice as long here with it.
+  // quota slows it. 10 %, not the 25 % of issue 56's measurement: on a
+  // 2-core machine running this job's four ranks and another test's, each
+  // process gets about a third of a core, so a 25 % cap barely stands out
+  // (missed in 2 of 3 runs beside another job).
   const std::string dir = holdfast::proc::MakeTempDir();
-  CpuQuota quota(dir, 1, 25);
+  CpuQuota quota(dir, 1, 10);
   JobRun r = Launch({"-n", "4", "--silent-after-ms", "5000"},
                     {"--steps", "150", "--step-ms", "10", "--burn"}, "", dir);
   quota.Stop();
