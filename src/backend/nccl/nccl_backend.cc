@@ -439,13 +439,10 @@ class NcclBackend final : public Backend {
     // does not come.
     if (RevokeOnAbort()) {
       constexpr absl::Duration kQuiesce = absl::Seconds(2);
-      ncclResult_t r = ncclCommRevoke(comm_, NCCL_REVOKE_DEFAULT);
-      const absl::Time deadline = absl::Now() + kQuiesce;
-      while (r == ncclInProgress && absl::Now() < deadline) {
-        absl::SleepFor(absl::Microseconds(100));
-        r = CommState(comm_);
-      }
-      revoked_ = r == ncclSuccess;
+      const ncclResult_t r = ncclCommRevoke(comm_, NCCL_REVOKE_DEFAULT);
+      revoked_ =
+          (r == ncclSuccess || r == ncclInProgress) &&
+          AwaitReady(comm_, absl::Now() + kQuiesce, "ncclCommRevoke").ok();
       if (revoked_) return;
     }
 #endif
@@ -768,19 +765,22 @@ int NcclDeviceCount() {
 }
 
 namespace {
+void Install() {
+  SetNcclFactory(&CreateNcclBackend);
+  SetNcclWarmer(&WarmNccl);
+}
+
 // Installs the factory when holdfast_nccl is linked (CMake forces this
 // object in with --undefined=holdfast_nccl_anchor).
 const bool kRegistered = [] {
-  SetNcclFactory(&CreateNcclBackend);
-  SetNcclWarmer(&WarmNccl);
+  Install();
   return true;
 }();
 }  // namespace
 
 void RegisterNccl() {
   (void)kRegistered;
-  SetNcclFactory(&CreateNcclBackend);
-  SetNcclWarmer(&WarmNccl);
+  Install();
 }
 
 }  // namespace holdfast::backend

@@ -2,12 +2,23 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "src/common/logging.h"
 #include "src/control/controller/duration_text.h"
 
 namespace holdfast::control {
+namespace {
+
+// The median of `v` (the upper one of an even count).
+int64_t MedianOf(std::vector<int64_t> v) {
+  auto mid = v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2);
+  std::nth_element(v.begin(), mid, v.end());
+  return *mid;
+}
+
+}  // namespace
 
 absl::Duration Lease(const DetectionOptions& d) {
   return d.lease.has_value() ? *d.lease : d.silent_after * 2 / 3;
@@ -25,10 +36,8 @@ void StepPace::Note(int64_t step, int64_t step_us) {
 
 absl::Duration StepPace::Median() const {
   if (history_us_.empty()) return absl::ZeroDuration();
-  std::vector<int64_t> v(history_us_.begin(), history_us_.end());
-  auto mid = v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2);
-  std::nth_element(v.begin(), mid, v.end());
-  return absl::Microseconds(*mid);
+  return absl::Microseconds(
+      MedianOf(std::vector<int64_t>(history_us_.begin(), history_us_.end())));
 }
 
 std::optional<absl::Duration> StepPace::StallThreshold() const {
@@ -50,14 +59,12 @@ void HealthyPace::Note(int64_t generation, int world, int64_t step,
   }
   Open& p = open_[step];
   if (p.work_us.size() < kSamples) {
-    p.work_us.push_back(std::max<int64_t>(0, step_us - collective_us));
+    p.work_us.push_back(OwnWork(step_us, collective_us));
   }
   p.min_collective_us = std::min(p.min_collective_us, collective_us);
   p.step_us = std::max(p.step_us, step_us);
   if (++p.reports >= world) {
-    std::nth_element(p.work_us.begin(),
-                     p.work_us.begin() + p.work_us.size() / 2, p.work_us.end());
-    const int64_t healthy = p.work_us[p.work_us.size() / 2] +
+    const int64_t healthy = MedianOf(std::move(p.work_us)) +
                             std::max<int64_t>(0, p.min_collective_us);
     const bool slow = static_cast<double>(p.step_us) >
                       d_.straggler_factor * static_cast<double>(healthy);
@@ -120,16 +127,11 @@ std::vector<int64_t> CountedWork(const std::vector<StepSample>& steps) {
                   [](const StepSample& s) { return s.arrival_us <= 0; })) {
     return out;
   }
-  auto median = [](std::vector<int64_t> v) {
-    auto mid = v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2);
-    std::nth_element(v.begin(), mid, v.end());
-    return *mid;
-  };
   std::vector<int64_t> arrivals;
   arrivals.reserve(steps.size());
   for (const StepSample& s : steps) arrivals.push_back(s.arrival_us);
-  const int64_t work = median(out);
-  const int64_t arrival = median(arrivals);
+  const int64_t work = MedianOf(out);
+  const int64_t arrival = MedianOf(std::move(arrivals));
   for (size_t i = 0; i < steps.size(); ++i) {
     out[i] = std::max(out[i], work + (steps[i].arrival_us - arrival));
   }

@@ -10,6 +10,7 @@
 #ifndef HOLDFAST_SRC_CONTROL_CONTROLLER_DETECTION_H_
 #define HOLDFAST_SRC_CONTROL_CONTROLLER_DETECTION_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -161,6 +162,12 @@ class HealthyPace {
   int64_t step_us_ = 0;
   int64_t healthy_us_ = 0;
 };
+
+// A worker's own work in a step: its step time less its time inside
+// collectives (0 at least).
+inline int64_t OwnWork(int64_t step_us, int64_t collective_us) {
+  return std::max<int64_t>(0, step_us - collective_us);
+}
 
 // One worker's step, as the straggler rule sees it: its own work (step
 // time less time inside collectives) and its arrival (the mean time from

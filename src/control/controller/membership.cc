@@ -403,9 +403,9 @@ void Membership::NoteStepEndLocked(Member& mem, const StepReport& r) {
       mem.work_generation = generation_;
     }
     stragglers_dirty_ = true;
-    mem.work_us.push_back(StepSample{
-        r.step(), std::max<int64_t>(0, r.last_step_us() - r.collective_us()),
-        r.arrival_us()});
+    mem.work_us.push_back(
+        StepSample{r.step(), OwnWork(r.last_step_us(), r.collective_us()),
+                   r.arrival_us()});
     while (mem.work_us.size() >
            static_cast<size_t>(std::max(4 * detection_.straggler_window,
                                         policy_.straggler_replace_after))) {
