@@ -193,6 +193,10 @@ class AgentImpl final : public HostAgent, public BeatHandler {
     }
     absl::MutexLock lock(&mu_);
     if (stop_) {
+      // Not a loss: the refused stream's end is not reported (OnGone finds
+      // no entry), and the member resumes through the next agent.
+      auto it = local_.find(req.member_id());
+      if (it != local_.end() && it->second.sink == sink) local_.erase(it);
       return absl::UnavailableError(
           "the host agent is stopping; resume through the next one");
     }

@@ -356,6 +356,15 @@ absl::Status Membership::Heartbeat(const HeartbeatRequest& req,
   }
   absl::StatusOr<bool> bound = BindStream(&mem.sink, sink);
   if (!bound.ok()) return bound.status();
+  if (*bound && req.generation() < generation_ && !merge_.has_value()) {
+    // A new stream of a member that missed a generation while it was not
+    // bound (a push goes only to bound streams; a merged push pending
+    // goes to this stream when it is flushed).
+    HeartbeatResponse msg = GenerationPushLocked({}, 0, nullptr);
+    msg.mutable_membership()->set_role(mem.role);
+    msg.mutable_membership()->set_slot(mem.slot);
+    sink->Push(msg);
+  }
   if (*bound && committed_step_ >= 0) {
     // A new stream learns the committed step it may have missed while it
     // was not bound (a commit is pushed only to bound streams).
@@ -853,16 +862,8 @@ void Membership::PushGenerationLocked(const std::vector<SlotChange>& changes,
   last_broadcast_ = now;
   const absl::Time began = absl::Now();
   size_t pushed = 0;
-  HeartbeatResponse msg;
+  HeartbeatResponse msg = GenerationPushLocked(changes, removed, abort);
   MembershipUpdate* u = msg.mutable_membership();
-  u->set_generation(generation_);
-  u->set_world_size(world_size_);
-  u->set_committed_step(committed_step_);
-  u->set_rollback(anomalies_.rollback_pending());
-  anomalies_.FillSkipData(u->mutable_skip_data());
-  for (const SlotChange& c : changes) *u->add_changes() = c;
-  u->set_slots_removed(removed);
-  if (abort != nullptr) *msg.mutable_abort() = *abort;
   {
     PushBurst burst;  // one write per host agent's stream
     for (auto& [id, m] : members_) {
@@ -877,6 +878,22 @@ void Membership::PushGenerationLocked(const std::vector<SlotChange>& changes,
     HOLDFAST_LOG_INFO("generation {}: pushed to {} members in {}", generation_,
                       pushed, absl::FormatDuration(absl::Now() - began));
   }
+}
+
+HeartbeatResponse Membership::GenerationPushLocked(
+    const std::vector<SlotChange>& changes, int removed,
+    const AbortOrder* abort) const {
+  HeartbeatResponse msg;
+  MembershipUpdate* u = msg.mutable_membership();
+  u->set_generation(generation_);
+  u->set_world_size(world_size_);
+  u->set_committed_step(committed_step_);
+  u->set_rollback(anomalies_.rollback_pending());
+  anomalies_.FillSkipData(u->mutable_skip_data());
+  for (const SlotChange& c : changes) *u->add_changes() = c;
+  u->set_slots_removed(removed);
+  if (abort != nullptr) *msg.mutable_abort() = *abort;
+  return msg;
 }
 
 absl::Time Membership::PushDue() const {

@@ -287,6 +287,11 @@ class Membership {
   void PushGenerationLocked(const std::vector<SlotChange>& changes, int removed,
                             const AbortOrder* abort, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The current generation's push, without the receiver's role and slot.
+  HeartbeatResponse GenerationPushLocked(const std::vector<SlotChange>& changes,
+                                         int removed,
+                                         const AbortOrder* abort) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void VacateLocked(Member& m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RetireLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ScanStallsLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -238,10 +238,18 @@ class MemberClientImpl final : public MemberClient {
   }
 
   // `asked_at`: when the Register call that `r` answers was made.
+  // Takes a Register answer. A resume's answer newer than the generation
+  // this member knows leaves its place alone: the member learns that
+  // generation as the others did, from the push its next stream gets
+  // (its first beat names the older generation), so that on_membership
+  // sees it.
   void Adopt(const RegisterResponse& r, absl::Time asked_at) {
     absl::MutexLock lock(&mu_);
     lease_ = absl::Milliseconds(std::max<int64_t>(0, r.lease_ms()));
     heard_from_ = std::max(heard_from_, asked_at);
+    if (assignment_.member_id != 0 && r.generation() > assignment_.generation) {
+      return;
+    }
     assignment_.member_id = r.member_id();
     assignment_.standby = r.role() == ROLE_STANDBY;
     assignment_.slot = r.slot();
