@@ -226,12 +226,18 @@ TEST_CASE(
   CHECK(snaps.count() == 2);
 }
 
-TEST_CASE("checkpoint: the nan and spike faults parse and need their step") {
-  auto n = holdfast::fault::Parse("nan:slot=1:step=20,spike:slot=2:step=7");
+TEST_CASE(
+    "checkpoint: the nan and spike and bitflip faults parse and need their "
+    "step") {
+  auto n = holdfast::fault::Parse(
+      "nan:slot=1:step=20,spike:slot=2:step=7,bitflip:slot=0:step=4");
   REQUIRE(n.ok());
   CHECK(n->at(0).kind == holdfast::fault::Kind::kNan);
   CHECK(n->at(0).step == 20);
   CHECK(n->at(1).kind == holdfast::fault::Kind::kSpike);
+  CHECK(n->at(2).kind == holdfast::fault::Kind::kBitflip);
+  CHECK(n->at(2).step == 4);
+  CHECK(!holdfast::fault::Parse("bitflip:slot=1").ok());
   CHECK(!holdfast::fault::Parse("nan:slot=1").ok());
   CHECK(!holdfast::fault::Parse("spike:slot=1:recovery=1").ok());
   CHECK(!holdfast::fault::Parse("nan:step=3").ok());

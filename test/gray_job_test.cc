@@ -6,6 +6,7 @@
 // step's data: the model is then that of a fault-free run told to skip the same
 // data; a rank that is the source of NaNs twice, at different data, is
 // replaced.
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -89,6 +90,30 @@ class DutyCycle {
   std::atomic<pid_t> pid_{-1};
   std::thread thread_;
 };
+
+// Flips the lowest bit of the middle byte of slot `slot`'s parameters from
+// outside its process (/proc/PID/mem, as a bad DIMM or a stray DMA would),
+// once the worker has done `step` steps in the job of `dir` (the trainer
+// runs with --progress-dir DIR, where it says where its parameters are).
+// Whether it was written.
+bool FlipFromOutside(const std::string& dir, int slot, int64_t step) {
+  const pid_t pid = AwaitWorker(dir, slot, step);
+  if (pid <= 0) return false;
+  std::ifstream where(absl::StrCat(dir, "/progress/state-", pid));
+  std::string name;
+  uint64_t addr = 0;
+  size_t bytes = 0;
+  if (!(where >> name >> addr >> bytes) || bytes == 0) return false;
+  const int fd = ::open(absl::StrCat("/proc/", pid, "/mem").c_str(), O_RDWR);
+  if (fd < 0) return false;
+  const off_t at = static_cast<off_t>(addr + bytes / 2);
+  uint8_t b = 0;
+  bool ok = ::pread(fd, &b, 1, at) == 1;
+  b ^= 1;
+  ok = ok && ::pwrite(fd, &b, 1, at) == 1;
+  ::close(fd);
+  return ok;
+}
 
 }  // namespace
 
@@ -349,4 +374,87 @@ TEST_CASE(
   CHECK(r.summary.value("ettr_step_time", 0.0) > 0.8);
   CHECK(r.summary.value("healthy_pace", 1.0) < 0.7);
   CHECK(r.summary.value("ettr", 1.0) < 0.7);
+}
+
+TEST_CASE(
+    "gray: a bit flipped at rest in one rank's parameters is named by the "
+    "replica check and rolled back and the model is the fault-free one") {
+  JobRun r = Launch(
+      {"-n", "4", "--standby", "1", "--inject", "bitflip:slot=1:step=15"},
+      {"--steps", "40", "--step-ms", "10", "--replica-check-every", "1"});
+  INFO("summary: " << r.summary.dump(1));
+  REQUIRE(r.rc == 0);
+  CheckFinished(r, 4, 40);
+  REQUIRE(r.summary["incidents"].size() == 1);
+  const json& i = r.summary["incidents"][0];
+  CHECK(i["kind"] == "numeric");
+  CHECK(i["slot"] == 1);
+  CHECK_FALSE(i["evicted"].get<bool>());
+  CHECK(r.summary["rollbacks"] == 1);
+  CHECK(r.summary["skipped_data"].empty());
+  CHECK(r.hashes.at(0) == FaultFreeHash());
+}
+
+TEST_CASE(
+    "gray: with the replica check off a bit flipped at rest goes unseen and "
+    "the ranks end with different models") {
+  JobRun r = Launch(
+      {"-n", "4", "--inject", "bitflip:slot=1:step=15"},
+      {"--steps", "40", "--step-ms", "10", "--replica-check-every", "0"});
+  INFO("summary: " << r.summary.dump(1));
+  // Only the launcher's check of the final state sees it (exit code 5).
+  CHECK(r.rc == 5);
+  CHECK(r.summary.dump().find("replicated state differs at the end") !=
+        std::string::npos);
+  CHECK(r.summary["incidents"].empty());
+  REQUIRE(r.hashes.size() == 4);
+  CHECK(r.hashes.at(1) != r.hashes.at(0));
+}
+
+TEST_CASE(
+    "gray: a rank whose replicated state is corrupted twice is replaced by "
+    "the standby and the model is the fault-free one") {
+  JobRun r = Launch(
+      {"-n", "4", "--standby", "1", "--inject",
+       "bitflip:slot=1:step=10,bitflip:slot=1:step=25"},
+      {"--steps", "40", "--step-ms", "10", "--replica-check-every", "1"});
+  INFO("summary: " << r.summary.dump(1));
+  REQUIRE(r.rc == 0);
+  CheckFinished(r, 4, 40);
+  CHECK_KINDS(r, {"numeric", "numeric", "corruption"});
+  for (const json& i : r.summary["incidents"]) CHECK(i["slot"] == 1);
+  CHECK(r.summary["skipped_data"].empty());
+  CHECK(r.hashes.at(0) == FaultFreeHash());
+  CHECK(holdfast::test::CountExits(r, "exited with code 3") == 1);  // fenced
+}
+
+TEST_CASE(
+    "gray: a bit written into one rank's parameters from outside its "
+    "process is named and rolled back and the model is the fault-free "
+    "one") {
+  if (::geteuid() != 0) {
+    WARN("skipped: writing another process's memory needs root");
+    std::exit(77);  // CTest: skipped
+  }
+  const std::string dir = holdfast::proc::MakeTempDir();
+  ::mkdir((dir + "/progress").c_str(), 0755);
+  std::atomic<bool> flipped{false};
+  std::thread writer([&] { flipped = FlipFromOutside(dir, 2, 60); });
+  JobRun r =
+      Launch({"-n", "3"},
+             {"--steps", "150", "--step-ms", "10", "--replica-check-every", "1",
+              "--progress-dir", dir + "/progress"},
+             "", dir);
+  writer.join();
+  INFO("summary: " << r.summary.dump(1));
+  REQUIRE(flipped);
+  REQUIRE(r.rc == 0);
+  CheckFinished(r, 3, 150);
+  REQUIRE(r.summary["incidents"].size() == 1);
+  const json& i = r.summary["incidents"][0];
+  CHECK(i["kind"] == "numeric");
+  CHECK(i["slot"] == 2);
+  CHECK(r.summary["skipped_data"].empty());
+  CHECK(r.hashes.at(0) == holdfast::test::FaultFreeHash(
+                              3, {"--steps", "150", "--step-ms", "10"}, 150));
 }

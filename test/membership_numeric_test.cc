@@ -183,3 +183,86 @@ TEST_CASE("numeric: malformed anomaly reports are refused by name") {
   // None of them rolled anything back.
   CHECK(job.sinks[0]->LastUpdate() == nullptr);
 }
+
+namespace {
+
+// Slot i's replica check of `step`: a hash of its replicated state.
+void Check(Job& job, size_t i, int64_t step, uint64_t hash) {
+  HeartbeatRequest h;
+  h.set_member_id(job.ids[i]);
+  h.set_generation(job.generation);
+  h.mutable_report()->set_step(step);
+  h.mutable_report()->set_step_end(true);
+  h.mutable_report()->set_last_step_us(1000);
+  ReplicaCheck* c = h.mutable_report()->add_replica_checks();
+  c->set_generation(job.generation);
+  c->set_step(step);
+  c->set_hash(hash);
+  c->set_keep_snapshots(2);
+  REQUIRE(job.m.Heartbeat(h, job.sinks[i].get(), kT0).ok());
+}
+
+}  // namespace
+
+TEST_CASE(
+    "numeric: a slot whose replicated state differs from the majority's is "
+    "named and the job rolls back to where all agreed, skipping no data, "
+    "and the slot is fenced the second time") {
+  Job job(4);
+  for (int i = 0; i < 5; ++i) job.Join("h" + std::to_string(i), kT0);
+  for (int64_t s = 0; s <= 5; ++s) Commit(job, {0, 1, 2, 3}, s);
+  for (size_t i = 0; i < 4; ++i) Check(job, i, 4, 0xaaaa);
+  for (size_t i = 0; i < 3; ++i) Check(job, i, 5, i == 1 ? 0xbad : 0xbbbb);
+  CHECK(job.sinks[0]->LastUpdate() == nullptr);  // slot 3 still to come
+  Check(job, 3, 5, 0xbbbb);
+  const MembershipUpdate* u = job.sinks[0]->LastUpdate();
+  REQUIRE(u != nullptr);
+  CHECK(u->generation() == 1);
+  CHECK(u->committed_step() == 4);  // step 4 was checked; 5 was not clean
+  CHECK(u->rollback());
+  CHECK(u->skip_data_size() == 0);
+  std::vector<Incident> inc = job.Incidents(kT0);
+  REQUIRE(inc.size() == 1);
+  CHECK(inc[0].kind() == INCIDENT_NUMERIC);
+  CHECK(inc[0].slot() == 1);
+  CHECK_FALSE(inc[0].evicted());
+  CHECK_THAT(inc[0].evidence(), Catch::Contains("slot(s) 1 differ from the "
+                                                "majority"));
+  // Checks of the old generation count for nothing.
+  Check(job, 0, 6, 0x1);
+  // Step 5 again, all agreed; then slot 1 differs once more: fenced, and
+  // the standby takes its slot.
+  job.generation = 1;
+  Commit(job, {0, 1, 2, 3}, 5);
+  for (size_t i = 0; i < 4; ++i) Check(job, i, 5, 0xbbbb);
+  for (size_t i = 0; i < 4; ++i) Check(job, i, 6, i == 1 ? 0xbad : 0xcccc);
+  inc = job.Incidents(kT0);
+  REQUIRE(inc.size() == 3);
+  CHECK(inc[1].kind() == INCIDENT_NUMERIC);
+  CHECK(inc[2].kind() == INCIDENT_CORRUPTION);
+  CHECK(inc[2].slot() == 1);
+  CHECK(inc[2].evicted());
+  u = job.sinks[4]->LastUpdate();
+  REQUIRE(u != nullptr);
+  CHECK(u->slot() == 1);
+  CHECK(u->committed_step() == 5);
+  CHECK(u->skip_data_size() == 0);
+}
+
+TEST_CASE(
+    "numeric: replicated state split with no majority rolls the job back "
+    "and names nobody") {
+  Job job(4);
+  for (int i = 0; i < 4; ++i) job.Join("h" + std::to_string(i), kT0);
+  for (int64_t s = 0; s <= 3; ++s) Commit(job, {0, 1, 2, 3}, s);
+  for (size_t i = 0; i < 4; ++i) Check(job, i, 2, 0xaaaa);
+  for (size_t i = 0; i < 4; ++i) Check(job, i, 3, i < 2 ? 0x1 : 0x2);
+  const MembershipUpdate* u = job.sinks[0]->LastUpdate();
+  REQUIRE(u != nullptr);
+  CHECK(u->committed_step() == 2);
+  const std::vector<Incident> inc = job.Incidents(kT0);
+  REQUIRE(inc.size() == 1);
+  CHECK(inc[0].kind() == INCIDENT_NUMERIC);
+  CHECK_FALSE(inc[0].evicted());
+  CHECK_THAT(inc[0].evidence(), Catch::Contains("no majority"));
+}

@@ -300,6 +300,11 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   app.add_option("--lr", lr, "learning rate");
   std::string skip_data;
+  int replica_check_every = holdfast::NumericChecks().replica_check_every;
+  app.add_option("--replica-check-every", replica_check_every,
+                 "compare the slots' replicated state every N snapshots "
+                 "(0: off)")
+      ->check(CLI::NonNegativeNumber);
   double spike_factor = 0;
   app.add_option("--spike-factor", spike_factor,
                  "roll back a step whose loss is above this multiple of its "
@@ -398,6 +403,19 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "dp-trainer: --progress-dir: cannot open %s\n",
                    path.c_str());
       return 2;
+    }
+    // Where the parameters live, for a test that writes into this
+    // process's memory from outside (/proc/PID/mem).
+    std::FILE* where = std::fopen(
+        absl::StrCat(progress_dir, "/state-", static_cast<int>(getpid()))
+            .c_str(),
+        "w");
+    if (where != nullptr) {
+      std::fprintf(where, "params %llu %zu\n",
+                   static_cast<unsigned long long>(
+                       reinterpret_cast<uintptr_t>(params.data())),
+                   params.size() * sizeof(float));
+      std::fclose(where);
     }
   }
   auto step_fn = [&](const holdfast::StepContext& ctx) -> absl::Status {
@@ -529,6 +547,7 @@ int main(int argc, char** argv) {
                                          {"grad_norm", last_grad_norm}};
   };
   ro.numerics.spike_factor = spike_factor;
+  ro.numerics.replica_check_every = replica_check_every;
   for (absl::string_view r :
        absl::StrSplit(skip_data, ',', absl::SkipEmpty())) {
     std::pair<absl::string_view, absl::string_view> be =

@@ -99,6 +99,7 @@ std::string CheckpointDir();        // HOLDFAST_CHECKPOINT_DIR ("")
 int64_t CheckpointEvery();          // HOLDFAST_CHECKPOINT_EVERY (100)
 int MaxStepRetries();               // HOLDFAST_MAX_STEP_RETRIES (10)
 int KeepSnapshots();                // HOLDFAST_KEEP_SNAPSHOTS (2)
+int ReplicaCheckEvery();            // HOLDFAST_REPLICA_CHECK_EVERY (0)
 }  // namespace defaults
 
 // Every field starts at its default, read from the environment when the
@@ -203,6 +204,18 @@ struct NumericChecks {
   double spike_factor = 0.0;
   int spike_window = 64;
   int spike_warmup = 16;
+  // Silent data corruption at rest: at every k-th snapshot every slot
+  // reports a hash of its replicated registered state to the controller,
+  // which compares the slots'. Where they differ, the slots outside the
+  // majority are named and the job rolls back to the newest commit at or
+  // before the last step where every slot agreed, skipping no data; a
+  // member named a second time is replaced. The hash reads all of the
+  // replicated state on the training thread (xxHash3; with 64 MiB per
+  // slot, 3 slots on 2 cores and 10 ms steps, it doubled the step time),
+  // and that commit must still be kept (keep_snapshots): hence off by
+  // default. 0: off. Off for a run whose replicated state already differed
+  // between slots at its start (a warning names the buffer).
+  int replica_check_every = defaults::ReplicaCheckEvery();
 };
 
 // Data positions [begin, end) to skip.

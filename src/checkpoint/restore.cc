@@ -86,7 +86,7 @@ absl::Status LayoutMismatch(int r, uint64_t theirs, int me, uint64_t mine) {
 }
 
 absl::Status CheckReplicatedEqual(Communicator* comm, int world, int slot,
-                                  const StateRegistry& state) {
+                                  const StateRegistry& state, bool* all_equal) {
   std::vector<int64_t> hashes;
   for (const StateBuffer& b : state.buffers()) {
     if (b.sharded) {
@@ -110,6 +110,7 @@ absl::Status CheckReplicatedEqual(Communicator* comm, int world, int slot,
     }
     equal = equal && e[1] == mine[1];
   }
+  if (all_equal != nullptr) *all_equal = equal;
   if (equal) return absl::OkStatus();
   // Same layout, so the same count everywhere: which buffer, which slots.
   std::vector<int64_t> every(hashes.size() * static_cast<size_t>(world));

@@ -246,8 +246,10 @@ class Restore {
 // slot, since a restore assembles each slot's copy from pieces of all
 // slots. Warns, naming the first buffer that differs; a layout that
 // differs is InvalidArgument. Collective over `comm` (host buffers).
+// `equal`, if set: whether every replicated buffer held the same bytes.
 absl::Status CheckReplicatedEqual(Communicator* comm, int world, int slot,
-                                  const StateRegistry& state);
+                                  const StateRegistry& state,
+                                  bool* equal = nullptr);
 
 // InvalidArgument: slot `r`'s state layout hash `theirs` differs from
 // slot `me`'s `mine`.

@@ -108,6 +108,10 @@ const std::vector<Entry>& Registry() {
         "recoveries in a row with no new step done in between after which "
         "Runtime::Run gives up (0: no limit)"},
        Kind::kCount},
+      {{"HOLDFAST_REPLICA_CHECK_EVERY", "0",
+        "compare the slots' replicated state (a hash of all of it) at every "
+        "N-th snapshot, to find a bit flipped at rest; 0: off"},
+       Kind::kCount},
       {{"HOLDFAST_KEEP_SNAPSHOTS", "2",
         "committed snapshots kept in memory (2 to 64): a rollback past a "
         "numeric anomaly restores the newest clean one"},

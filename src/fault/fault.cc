@@ -42,6 +42,7 @@ constexpr Kind kKinds[] = {
     Kind::kExit,           Kind::kSlow,         Kind::kFailOp,
     Kind::kMismatch,       Kind::kCorruptPiece, Kind::kCorruptBackup,
     Kind::kCorruptRestore, Kind::kNan,          Kind::kSpike,
+    Kind::kBitflip,
 };
 
 // Sets the field of `f` that `key` names to `v`; an error for a key that
@@ -107,6 +108,7 @@ absl::Status CheckRequired(absl::string_view text, const FaultSpec& f) {
     case Kind::kCorruptBackup:
     case Kind::kNan:
     case Kind::kSpike:
+    case Kind::kBitflip:
       if (f.step < 0) return Bad(text, "step=N is required");
       break;
     case Kind::kCorruptRestore:
@@ -128,7 +130,7 @@ absl::StatusOr<FaultSpec> ParseOne(absl::string_view text, int index) {
                          "unknown kind '", kind,
                          "' (kill, hang, stall, exit, slow, fail-op, mismatch, "
                          "corrupt-piece, corrupt-backup, corrupt-restore, "
-                         "nan or spike)"));
+                         "nan, spike or bitflip)"));
   }
   f.kind = *found;
   for (size_t i = 1; i < parts.size(); ++i) {
@@ -175,6 +177,8 @@ const char* KindName(Kind kind) {
       return "nan";
     case Kind::kSpike:
       return "spike";
+    case Kind::kBitflip:
+      return "bitflip";
   }
   return "?";
 }
@@ -293,6 +297,7 @@ void Injector::Fire(const FaultSpec& f, absl::string_view where) {
     case Kind::kCorruptRestore:
     case Kind::kNan:
     case Kind::kSpike:
+    case Kind::kBitflip:
       return;
   }
   for (;;) pause();  // SIGKILL is on its way

@@ -49,6 +49,11 @@
 //                            at step 20 (its local gradients) become NaN
 //   spike:slot=1:step=20     the loss slot 1 reports at step 20 is 1000
 //                            times what it was (a loss spike)
+//   bitflip:slot=1:step=20   after step 20 (a snapshot step), before its
+//                            snapshot, one bit of slot 1's replicated
+//                            registered state flips (the lowest bit of the
+//                            middle byte of its first replicated buffer):
+//                            silent corruption at rest
 //
 // `slot` is the rank at the time the point is reached, so a fault on a slot
 // also hits a standby that took it over. Each fault fires once per job: the

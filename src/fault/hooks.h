@@ -24,7 +24,8 @@ enum class Kind {
   kCorruptBackup,
   kCorruptRestore,
   kNan,
-  kSpike
+  kSpike,
+  kBitflip
 };
 
 class Hooks {

@@ -69,5 +69,6 @@ int64_t CheckpointEvery() {
 }
 int KeepSnapshots() { return IntOf("HOLDFAST_KEEP_SNAPSHOTS"); }
 int MaxStepRetries() { return IntOf("HOLDFAST_MAX_STEP_RETRIES"); }
+int ReplicaCheckEvery() { return IntOf("HOLDFAST_REPLICA_CHECK_EVERY"); }
 
 }  // namespace holdfast::defaults

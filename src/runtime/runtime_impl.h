@@ -192,6 +192,11 @@ class RuntimeImpl final : public Runtime, private BackupPipeline::Member {
   // ledger, its snapshot, its report. An error is the snapshot's.
   absl::Status CompleteStep(const RunOptions& options, int64_t step,
                             absl::Time t0, bool fenced);
+  // At a snapshot step, before its copy: the bitflip fault.
+  void InjectBitflip(int64_t step);
+  // After it: the replica check (NumericChecks::replica_check_every) that
+  // the step's report carries.
+  void CheckReplicas(const RunOptions& options, int64_t step);
   RunResult Result(const RunOptions& options);
   // The start of Run for a member with a slot: a worker of a fresh job
   // starts from its registered state, or from the disk tier when it holds
@@ -353,6 +358,9 @@ class RuntimeImpl final : public Runtime, private BackupPipeline::Member {
   std::optional<RecoveryRecord> pending_record_;
   // Numeric checks, the data position, the data skipped from the start
   // (RunOptions::skip_data) and by the controller, and the step under way.
+  // Whether the replicated state held the same bytes on every slot at
+  // the start (replica checks compare it only then).
+  bool replicas_comparable_ = true;
   NumericGuard numerics_;
   int64_t* data_position_ = nullptr;
   DataRanges run_skip_;

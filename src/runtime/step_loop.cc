@@ -255,6 +255,11 @@ absl::Status RuntimeImpl::CheckRunOptions(const RunOptions& options,
         "Run: numerics.spike_factor must be >= 0 (0: off), spike_window and "
         "spike_warmup >= 1");
   }
+  if (options.numerics.replica_check_every < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Run: numerics.replica_check_every is ",
+        options.numerics.replica_check_every, "; it must be >= 0 (0: off)"));
+  }
   return absl::OkStatus();
 }
 
@@ -468,6 +473,7 @@ absl::Status RuntimeImpl::CompleteStep(const RunOptions& options, int64_t step,
   SkipData();
   if (step % options.snapshot_every == 0 || step == options.steps) {
     member_->SetPhase(control::PHASE_CHECKPOINTING, 0);
+    InjectBitflip(step);
     if (step == options.steps) {
       // Every slot snapshots the last step, waiting for its previous
       // backup if need be, so the last round is the same everywhere and
@@ -479,6 +485,9 @@ absl::Status RuntimeImpl::CompleteStep(const RunOptions& options, int64_t step,
         (options.snapshot_copy == SnapshotCopy::kDuringNextStep ||
          (options.snapshot_copy == SnapshotCopy::kAuto && fenced));
     HOLDFAST_RETURN_IF_ERROR(TakeSnapshot(step, defer).status());
+    // After the copy: a snapshot copied between the steps holds nothing
+    // this hash did not see.
+    CheckReplicas(options, step);
   }
   ReportStep(step, t0, t1, metrics);
   if (pending_record_.has_value()) {
@@ -487,6 +496,28 @@ absl::Status RuntimeImpl::CompleteStep(const RunOptions& options, int64_t step,
     pending_record_.reset();
   }
   return absl::OkStatus();
+}
+
+void RuntimeImpl::InjectBitflip(int64_t step) {
+  if (!faults_->FiresAt(fault::Kind::kBitflip, slot(), step)) return;
+  for (const checkpoint::StateBuffer& b : state_.buffers()) {
+    if (b.sharded || b.global == 0) continue;
+    b.data[b.global / 2] ^= 1;
+    HOLDFAST_LOG_WARN(
+        "runtime: slot {}: a bit of '{}' flipped after step {} (injected)",
+        slot(), b.name, step);
+    return;
+  }
+}
+
+void RuntimeImpl::CheckReplicas(const RunOptions& options, int64_t step) {
+  const int every = options.numerics.replica_check_every;
+  if (every <= 0 || !replicas_comparable_ ||
+      (step / options.snapshot_every) % every != 0) {
+    return;
+  }
+  member_->NoteReplicaCheck(gens_.CommGeneration(), step, state_.LiveHash(),
+                            options_.keep_snapshots);
 }
 
 RunResult RuntimeImpl::Result(const RunOptions& options) {
@@ -564,8 +595,8 @@ absl::StatusOr<int64_t> RuntimeImpl::Start(int64_t fresh_step) {
     HOLDFAST_ASSIGN_OR_RETURN(Communicator * host, gens_.HostComm());
     HOLDFAST_RETURN_IF_ERROR(SameStartStep(host, v.world, v.slot, fresh_step));
     at = fresh_step;
-    HOLDFAST_RETURN_IF_ERROR(
-        checkpoint::CheckReplicatedEqual(host, v.world, v.slot, state_));
+    HOLDFAST_RETURN_IF_ERROR(checkpoint::CheckReplicatedEqual(
+        host, v.world, v.slot, state_, &replicas_comparable_));
   }
   progress_.high_step = std::max(progress_.high_step, at);
   progress_.live_step = at;

@@ -29,6 +29,7 @@ bool SameRange(const DataRange& a, const std::pair<int64_t, int64_t>& b) {
 std::string What(const Anomaly& first, int64_t step,
                  const std::map<int, Anomaly>& reports,
                  const std::vector<int>& sources, const DataRange& data) {
+  if (first.kind() == "replica") return first.what();
   return absl::StrCat(
       first.kind() == "nan" ? "a value that is not finite" : "a loss spike",
       " in ", first.what(), " (", first.value(), ") at step ", step, " on ",
@@ -127,6 +128,17 @@ std::vector<int> AnomalyLedger::Suspects(const std::vector<int>& sources,
   return suspects;
 }
 
+std::vector<int> AnomalyLedger::ReplicaSuspects(
+    const std::vector<int>& sources, const std::vector<uint64_t>& slots) {
+  std::vector<int> suspects;
+  for (int slot : sources) {
+    const uint64_t id = slots[static_cast<size_t>(slot)];
+    if (id == 0) continue;
+    if (!replica_sources_.insert(id).second) suspects.push_back(slot);
+  }
+  return suspects;
+}
+
 void AnomalyLedger::TrimCommits(int64_t target, int keep) {
   size_t dropped = 0;
   while (!commits_.empty() && commits_.front() > target) {
@@ -156,7 +168,11 @@ AnomalyLedger::Decision AnomalyLedger::Decide(
     if (Empty(d.data) && !Empty(a.data())) d.data = a.data();
     if (a.local()) sources.push_back(slot);
   }
-  if (rollback_generation_ == generation && d.step == rollback_target_ + 1) {
+  const bool replica = first->kind() == "replica";
+  if (!replica && rollback_generation_ == generation &&
+      d.step == rollback_target_ + 1) {
+    // (A replica check's step came after a step where every slot held
+    // the same state: the commit it rolls back to was checked.)
     poisoned_.insert(rollback_target_);
   }
   d.target = CleanTarget(d.step, keep);
@@ -172,7 +188,8 @@ AnomalyLedger::Decision AnomalyLedger::Decide(
         ")");
     return d;
   }
-  const std::vector<int> suspects = Suspects(sources, d.data, slots);
+  const std::vector<int> suspects = replica ? ReplicaSuspects(sources, slots)
+                                            : Suspects(sources, d.data, slots);
   d.skip =
       suspects.empty() && !Empty(d.data) && skip_data_.size() < kMaxSkipRanges;
   if (d.skip) {
@@ -188,14 +205,23 @@ AnomalyLedger::Decision AnomalyLedger::Decide(
       d.skip ? absl::StrCat(", data ", RangeText(d.data), " skipped")
              : std::string(suspects.empty() ? ", no data skipped"
                                             : ", data not skipped"));
-  d.named_slot = sources.empty() ? c.reports.begin()->first : sources.front();
+  d.named_slot = !sources.empty() ? sources.front()
+                 : replica        ? -1
+                                  : c.reports.begin()->first;
   for (int slot : suspects) {
     const uint64_t id = slots[static_cast<size_t>(slot)];
     d.suspects.emplace_back(
-        id, absl::StrCat(
-                "slot ", slot, " was the source of non-finite values at data ",
-                RangeText(d.data), " after it was at other data before (",
-                SourcesText(id), "): suspected of silent data corruption"));
+        id, replica
+                ? absl::StrCat("slot ", slot,
+                               "'s replicated state differed from the "
+                               "majority's a second time: suspected of "
+                               "silent data corruption")
+                : absl::StrCat("slot ", slot,
+                               " was the source of non-finite values at data ",
+                               RangeText(d.data),
+                               " after it was at other data before (",
+                               SourcesText(id),
+                               "): suspected of silent data corruption"));
   }
   return d;
 }

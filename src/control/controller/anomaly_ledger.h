@@ -16,6 +16,11 @@
 //     the source before at other data: then its hardware, not the data, is
 //     suspected of silent data corruption; it is fenced, and the data is
 //     not skipped;
+//   - a replica check's case (kind "replica", made by the controller:
+//     slots whose replicated state differs from the majority's) begins
+//     after the newest step where every slot agreed, skips no data, and
+//     does not make the restored step unclean; a member outside the
+//     majority a second time is fenced;
 //   - with no clean step kept, the job stops.
 //
 // Not thread-safe: Membership's mutex guards it.
@@ -54,7 +59,7 @@ class AnomalyLedger {
     bool skip = false;  // whether the step's data is skipped from now on
     DataRange data;     // that data (empty when no report named any)
     // The slot the incident names: a source of non-finite values, else a
-    // reporter.
+    // reporter (-1: none, a replica check without a majority).
     int named_slot = -1;
     // Members suspected of silent data corruption, with the evidence of
     // each.
@@ -104,6 +109,10 @@ class AnomalyLedger {
   std::vector<int> Suspects(const std::vector<int>& sources,
                             const DataRange& data,
                             const std::vector<uint64_t>& slots);
+  // The slots among `sources` (outside a replica check's majority) whose
+  // member was outside it before; records the others.
+  std::vector<int> ReplicaSuspects(const std::vector<int>& sources,
+                                   const std::vector<uint64_t>& slots);
   // Keeps the commits the members hold after restoring `target`.
   void TrimCommits(int64_t target, int keep);
 
@@ -122,6 +131,8 @@ class AnomalyLedger {
   std::vector<std::pair<int64_t, int64_t>> skip_data_;
   // Per member: the data at which it was the source of non-finite values.
   std::map<uint64_t, std::vector<std::pair<int64_t, int64_t>>> nan_sources_;
+  // The members that were outside a replica check's majority.
+  std::set<uint64_t> replica_sources_;
 };
 
 }  // namespace holdfast::control

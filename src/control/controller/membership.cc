@@ -375,6 +375,9 @@ absl::Status Membership::Heartbeat(const HeartbeatRequest& req,
   mem.last_seen = now;
   mem.seen_generation = std::max(mem.seen_generation, req.generation());
   NoteReportLocked(mem, req.report(), now);
+  if (req.generation() == generation_) {
+    NoteReplicaChecksLocked(mem, req.report(), now);
+  }
   return absl::OkStatus();
 }
 
@@ -725,6 +728,7 @@ void Membership::OpenGenerationLocked(int lost_slot,
   abort.set_generation(generation_);
   ++generation_;
   acks_.clear();
+  replicas_.Restart(committed_step_);
   // Every member's work_us is stale now (Member::work_generation).
   std::vector<SlotChange> changes;
   int removed = 0;  // slots a shrink took away

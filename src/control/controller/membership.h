@@ -29,6 +29,7 @@
 #include "src/control/controller/anomaly_ledger.h"
 #include "src/control/controller/detection.h"
 #include "src/control/controller/diagnosis_cases.h"
+#include "src/control/controller/replica_ledger.h"
 #include "src/control/controller/verdict.h"
 #include "src/control/wire/controller.pb.h"
 #include "src/control/wire/member_sink.h"
@@ -335,6 +336,12 @@ class Membership {
   void ScanAnomaliesLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DecideAnomalyLocked(const AnomalyLedger::Case& c, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A worker's replica checks (StepReport::replica_checks) of the current
+  // generation: a step where slots hold different replicated state rolls
+  // the job back as a numeric anomaly of kind "replica" (anomaly_ledger.h).
+  void NoteReplicaChecksLocked(const Member& m, const StepReport& r,
+                               absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NoteCommitLocked(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Data-network evidence (ReportFailureRequest::unreachable_slots): keeps
   // `req`'s edges when its generation's slots are still the current ones,
@@ -402,6 +409,7 @@ class Membership {
   // Numeric anomalies: the open case, the commits the members keep, the
   // data skipped.
   AnomalyLedger anomalies_ ABSL_GUARDED_BY(mu_);
+  ReplicaLedger replicas_ ABSL_GUARDED_BY(mu_);
 
   // Generations waiting to be pushed as one (BroadcastGenerationLocked).
   struct Merge {

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "holdfast/status.h"
+#include "src/common/config.h"
 #include "src/control/controller/membership.h"
 
 namespace holdfast::control {
@@ -44,7 +45,8 @@ void Membership::DecideAnomalyLocked(const AnomalyLedger::Case& c,
     return;
   }
   committed_step_ = d.target;
-  const uint64_t named = slots_[static_cast<size_t>(d.named_slot)];
+  const uint64_t named =
+      d.named_slot >= 0 ? slots_[static_cast<size_t>(d.named_slot)] : 0;
   Incident inc;
   if (named != 0) {
     inc = MakeIncidentLocked(members_.at(named), INCIDENT_NUMERIC, d.evidence,
@@ -69,6 +71,39 @@ void Membership::DecideAnomalyLocked(const AnomalyLedger::Case& c,
     DeclareLocked(m->second, INCIDENT_CORRUPTION, why, c.since, id, now);
   }
   anomalies_.NoteRollbackGeneration(generation_);
+}
+
+void Membership::NoteReplicaChecksLocked(const Member& m, const StepReport& r,
+                                         absl::Time now) {
+  if (m.role != ROLE_WORKER || m.slot < 0 || job_state_ != JOB_RUNNING ||
+      finished_workers_ > 0) {
+    return;
+  }
+  for (const ReplicaCheck& check : r.replica_checks()) {
+    if (check.generation() != generation_ || check.step() < 1) continue;
+    std::optional<ReplicaLedger::Mismatch> mm = replicas_.Note(
+        m.slot, check.step(), check.hash(),
+        std::clamp(check.keep_snapshots(), config::kMinKeepSnapshots,
+                   config::kMaxKeepSnapshots),
+        world_size_);
+    if (!mm.has_value()) continue;
+    // A case of its own: the slots outside the majority are its sources;
+    // with no majority every slot reports, and none is named.
+    AnomalyLedger::Case c{generation_, now, {}};
+    Anomaly a;
+    a.set_step(std::max<int64_t>(mm->agreed + 1, 1));
+    a.set_kind("replica");
+    a.set_what(mm->evidence);
+    a.set_keep_snapshots(mm->keep_snapshots);
+    a.set_local(true);
+    for (int slot : mm->minority) c.reports[slot] = a;
+    if (c.reports.empty()) {
+      a.set_local(false);
+      for (int slot = 0; slot < world_size_; ++slot) c.reports[slot] = a;
+    }
+    DecideAnomalyLocked(c, now);
+    return;  // the rollback opened the next generation
+  }
 }
 
 void Membership::NoteCommitLocked(int64_t step) {

@@ -112,6 +112,25 @@ class MemberClientImpl final : public MemberClient {
     return absl::OkStatus();
   }
 
+  void NoteReplicaCheck(int64_t generation, int64_t step, uint64_t hash,
+                        int keep_snapshots) override {
+    constexpr int kKept = 4;
+    absl::MutexLock lock(&mu_);
+    // Those of another generation go, and so does what was said of a step
+    // redone after a rollback.
+    google::protobuf::RepeatedPtrField<ReplicaCheck> kept;
+    for (ReplicaCheck& c : *report_.mutable_replica_checks()) {
+      if (c.generation() == generation && c.step() < step) kept.Add()->Swap(&c);
+    }
+    if (kept.size() >= kKept) kept.DeleteSubrange(0, kept.size() - kKept + 1);
+    report_.mutable_replica_checks()->Swap(&kept);
+    ReplicaCheck* c = report_.add_replica_checks();
+    c->set_generation(generation);
+    c->set_step(step);
+    c->set_hash(hash);
+    c->set_keep_snapshots(keep_snapshots);
+  }
+
   void SetPhase(Phase phase, int64_t collective_seq) override {
     absl::MutexLock lock(&mu_);
     report_.set_phase(phase);

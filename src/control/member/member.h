@@ -106,6 +106,11 @@ class MemberClient {
       const std::map<std::string, double>& metrics = {},
       absl::Duration collective_time = absl::ZeroDuration(),
       absl::Duration arrival = absl::ZeroDuration()) = 0;
+  // A hash of the member's replicated state after `step` of `generation`
+  // (StepReport::replica_checks): reports carry the newest few until a
+  // newer generation drops them.
+  virtual void NoteReplicaCheck(int64_t generation, int64_t step, uint64_t hash,
+                                int keep_snapshots) = 0;
   // Where the member is inside its step; periodic reports carry it.
   virtual void SetPhase(Phase phase, int64_t collective_seq = 0) = 0;
   // The member has come to the rendezvous of `generation`: sends a report
