@@ -67,6 +67,27 @@ def test_ddp_nan_rolls_back_and_skips_its_data_with_the_reference_hash(
     assert set(finals) != {fault_free_hash(3)}, out
 
 
+def test_ddp_bit_flipped_at_rest_is_rolled_back_to_the_fault_free_hash(
+        tmp_path):
+    """A bit of slot 1's registered parameters flips after step 12 (the
+    bitflip fault), and replica checks are on: the controller finds slot
+    1's state unlike the others', the job rolls back skipping nothing, and
+    ends with the fault-free model."""
+    rc, lines = run_job(["-n", "3", "--standby", "1", "--log-dir",
+                         str(tmp_path), "--inject", "bitflip:slot=1:step=12"],
+                        DDP, extra_env={"HOLDFAST_REPLICA_CHECK_EVERY": "1"})
+    out = "\n".join(lines[-60:])
+    assert rc == 0, out
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["rollbacks"] == 1, out
+    assert summary["skipped_data"] == [], out
+    [incident] = summary["incidents"]
+    assert incident["kind"] == "numeric" and incident["slot"] == 1, incident
+    assert "replicated state differs" in incident["evidence"], incident
+    finals = final_lines(lines)
+    assert len(finals) == 3 and set(finals) == {fault_free_hash(3)}, out
+
+
 def test_ddp_uneven_steps_raise_no_alarm(tmp_path):
     """An RL-shaped workload (--uneven: lognormal step times, some steps
     5-10x, the same draw on every rank) on 3 ranks: no straggler, no
