@@ -11,20 +11,30 @@
 //               false alarm. The time to detect runs from the
 //               injector's first slowed step (its log line) to the
 //               incident.
-//   uniform     no fault: any incident is a false alarm.
+//   uniform     no fault, replica checks on: any incident is a false
+//               alarm.
 //   uneven      no fault, --uneven 0.8 (lognormal step times, the same draw
 //               on every rank, some steps 5-10x the median): the same.
-//   nan         nan:slot=S:step=T: the job must roll back, and its final
-//               hash must equal that of a fault-free run told to skip the
-//               data the job skipped (summary.json's skipped_data).
+//   nan         nan:slot=S:step=T: the job must roll back, name slot S in
+//               one incident of kind numeric, and its final hash must equal
+//               that of a fault-free run told to skip the data the job
+//               skipped (summary.json's skipped_data).
+//   bitflip     bitflip:slot=S:step=T with replica checks at every snapshot
+//               (--replica-check-every 1): right when the job's one
+//               incident is a numeric rollback naming slot S for its
+//               replicated state, no data is skipped, nobody is fenced and
+//               the final hash is the fault-free run's. The time to detect
+//               runs from the injector's flip to the incident.
 //
 // It prints, per kind, the runs, recall, false alarms, precision and the
 // time to detect (p50, p90); the healthy members fenced; and the share of
-// NaNs rolled back to the reference model. Minder's published figures
+// NaNs and bit flips rolled back to the reference model with the right
+// culprit and kind. Minder's published figures
 // (precision 0.904, F1 0.893 on ByteDance's fleet) are quoted beside ours
 // for reference; they are not measured here.
 //
-//   gray_bench [--ranks 4] [--runs 10] [--nan 5] [--seed 1] [--json]
+//   gray_bench [--ranks 4] [--runs 10] [--nan 5] [--bitflip 5] [--seed 1]
+//              [--json]
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
@@ -51,7 +61,7 @@ struct Paths {
 
 struct Config {
   int ranks = 4;
-  int steps = 60;
+  int steps = 150;
   int step_ms = 20;
   bool keep = false;
 };
@@ -116,8 +126,14 @@ void StragglerRun(const Paths& p, const Config& c, const std::string& kind,
   if (factor > 1) {
     const int ms = static_cast<int>((factor - 1) * c.step_ms + 0.5);
     inject = absl::StrCat("slow:slot=", slot, ":ms=", ms, ":step=", from);
-  } else if (kind == "uneven") {
-    extra = {"--uneven", "0.8"};
+  } else {
+    // Fault-free: every check is on, the replica check's too, so any
+    // alarm of any of them counts against it.
+    extra = {"--replica-check-every", "1"};
+    if (kind == "uneven") {
+      extra.push_back("--uneven");
+      extra.push_back("0.8");
+    }
   }
   const Job j = RunJob(p, c, inject, extra);
   ++row->runs;
@@ -150,6 +166,52 @@ void StragglerRun(const Paths& p, const Config& c, const std::string& kind,
                      {"incidents", Incidents(j).size()}});
 }
 
+// Whether the job's one incident is a numeric rollback naming `slot` that
+// fenced nobody, with `evidence` in its words.
+bool NamedOnce(const Job& j, int slot, const std::string& evidence) {
+  const json inc = Incidents(j);
+  return inc.size() == 1 && inc[0].value("kind", "") == "numeric" &&
+         inc[0].value("slot", -1) == slot && !inc[0].value("evicted", false) &&
+         inc[0].value("evidence", "").find(evidence) != std::string::npos;
+}
+
+// One bit flip at rest, with replica checks on; whether it was named,
+// rolled back without skipping and ended with `fault_free`.
+bool BitflipRun(const Paths& p, const Config& c, const std::string& fault_free,
+                std::mt19937_64* rng, Row* row, json* trials) {
+  const int slot = static_cast<int>((*rng)() % c.ranks);
+  const int step = 10 + static_cast<int>((*rng)() % (c.steps - 20));
+  const Job j =
+      RunJob(p, c, absl::StrCat("bitflip:slot=", slot, ":step=", step),
+             {"--replica-check-every", "1"});
+  ++row->runs;
+  row->failed += !j.finished;
+  const bool named = NamedOnce(j, slot, "replicated state differs");
+  const bool skipped = !j.summary.is_object() ||
+                       !j.summary.value("skipped_data", json::array()).empty();
+  for (const json& i : Incidents(j)) {
+    row->healthy_evicted += i.value("evicted", false);
+  }
+  const bool ok = named && !skipped && !j.hash.empty() && j.hash == fault_free;
+  row->detected += ok;
+  const int64_t onset = InjectedAt(j.err, "bitflip");
+  int64_t detect_ms = -1;
+  if (named && onset > 0) {
+    detect_ms = Incidents(j)[0].value("detected_unix_ms", int64_t{0}) - onset;
+    row->detect_ms.push_back(detect_ms);
+  }
+  trials->push_back(
+      {{"kind", "bitflip"},
+       {"slot", slot},
+       {"step", step},
+       {"named", named},
+       {"data_skipped", skipped},
+       {"fault_free_model", !j.hash.empty() && j.hash == fault_free},
+       {"detect_ms", detect_ms},
+       {"finished", j.finished}});
+  return ok;
+}
+
 // One NaN run and its reference run; whether the model matched.
 bool NanRun(const Paths& p, const Config& c, std::mt19937_64* rng, Row* row,
             json* trials) {
@@ -168,6 +230,7 @@ bool NanRun(const Paths& p, const Config& c, std::mt19937_64* rng, Row* row,
   }
   const bool rolled = j.summary.is_object() &&
                       j.summary.value("rollbacks", 0) >= 1 && !ranges.empty();
+  const bool named = NamedOnce(j, slot, "");
   for (const json& i : Incidents(j)) {
     row->healthy_evicted += i.value("evicted", false);
   }
@@ -176,12 +239,13 @@ bool NanRun(const Paths& p, const Config& c, std::mt19937_64* rng, Row* row,
     reference =
         RunJob(p, c, "", {"--skip-data", absl::StrJoin(ranges, ",")}).hash;
   }
-  const bool ok = rolled && !j.hash.empty() && j.hash == reference;
+  const bool ok = rolled && named && !j.hash.empty() && j.hash == reference;
   row->detected += ok;
   trials->push_back({{"kind", "nan"},
                      {"slot", slot},
                      {"step", step},
                      {"rolled_back", rolled},
+                     {"named", named},
                      {"skipped", absl::StrJoin(ranges, ",")},
                      {"reference_model", ok},
                      {"finished", j.finished}});
@@ -210,15 +274,19 @@ int main(int argc, char** argv) {
       "gray_bench: stragglers found, false alarms, NaNs rolled back to the "
       "reference model"};
   Config c;
-  int runs = 10, nans = 5;
+  int runs = 10, nans = 5, bitflips = 5;
   uint64_t seed = 1;
   bool as_json = false;
   Paths paths;
   app.add_option("--ranks", c.ranks, "workers per job")
       ->check(CLI::Range(3, 32));
   app.add_option("--runs", runs, "runs per slowdown and per fault-free kind")
-      ->check(CLI::Range(1, 10000));
+      ->check(CLI::Range(0, 10000));
   app.add_option("--nan", nans, "NaN runs (each with its reference run)")
+      ->check(CLI::Range(0, 10000));
+  app.add_option("--bitflip", bitflips,
+                 "bit-flip runs (replica checks on; one fault-free run to "
+                 "compare with)")
       ->check(CLI::Range(0, 10000));
   app.add_option("--steps", c.steps, "steps per job")
       ->check(CLI::Range(40, 100000));
@@ -259,6 +327,18 @@ int main(int argc, char** argv) {
     }
   }
 
+  Row flip;
+  flip.kind = "bitflip";
+  const std::string fault_free =
+      bitflips > 0 ? RunJob(paths, c, "", {}).hash : std::string();
+  for (int r = 0; r < bitflips; ++r) {
+    const bool ok = BitflipRun(paths, c, fault_free, &rng, &flip, &trials);
+    if (!as_json) {
+      std::fprintf(stderr, "  bitflip run %d: %s\n", r + 1,
+                   ok ? "named, rolled back, fault-free model" : "NOT right");
+    }
+  }
+
   // Precision and recall over the slowdowns of 1.5x and more, with the
   // fault-free runs' false alarms counted against them.
   int tp = 0, fp = 0, n = 0, evicted = 0;
@@ -276,7 +356,9 @@ int main(int argc, char** argv) {
       detect.insert(detect.end(), r.detect_ms.begin(), r.detect_ms.end());
     }
   }
-  evicted += nan.healthy_evicted;
+  evicted += nan.healthy_evicted + flip.healthy_evicted;
+  const double flip_ok =
+      flip.runs > 0 ? double(flip.detected) / flip.runs : 0.0;
   const double precision = tp + fp > 0 ? double(tp) / (tp + fp) : 0.0;
   const double recall = n > 0 ? double(tp) / n : 0.0;
   const double f1 = precision + recall > 0
@@ -302,6 +384,12 @@ int main(int argc, char** argv) {
                      {{"runs", nan.runs},
                       {"rolled_back_to_reference", nan_ok},
                       {"failed_jobs", nan.failed}}},
+                    {"bitflip",
+                     {{"runs", flip.runs},
+                      {"right", flip_ok},
+                      {"detect_ms_p50", Percentile(flip.detect_ms, 0.5)},
+                      {"detect_ms_p90", Percentile(flip.detect_ms, 0.9)},
+                      {"failed_jobs", flip.failed}}},
                     {"trials", trials}};
   if (as_json) {
     std::printf("%s\n", doc.dump(1).c_str());
@@ -331,9 +419,15 @@ int main(int argc, char** argv) {
       "  against Minder's published precision 0.904 and F1 0.893 (quoted, "
       "not measured here): %.2fx and %.2fx\n"
       "healthy members fenced: %d\n"
-      "NaNs rolled back to the reference model: %d of %d (%.0f%%)\n",
+      "NaNs named and rolled back to the reference model: %d of %d "
+      "(%.0f%%)\n"
+      "bit flips at rest named, rolled back, fault-free model: %d of %d "
+      "(%.0f%%), detection p50 %lld ms, p90 %lld ms\n",
       precision, recall, f1, static_cast<long long>(Percentile(detect, 0.5)),
       static_cast<long long>(Percentile(detect, 0.9)), precision / 0.904,
-      f1 / 0.893, evicted, nan.detected, nan.runs, 100 * nan_ok);
+      f1 / 0.893, evicted, nan.detected, nan.runs, 100 * nan_ok, flip.detected,
+      flip.runs, 100 * flip_ok,
+      static_cast<long long>(Percentile(flip.detect_ms, 0.5)),
+      static_cast<long long>(Percentile(flip.detect_ms, 0.9)));
   return 0;
 }
