@@ -741,6 +741,43 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "runtime: a snapshot with a replica check is copied between the steps "
+    "even when the step fences its writes") {
+  // Copied during the next step, it could take in a bit flipped after the
+  // check; a rollback to it would then restore the flip everywhere.
+  for (const int every : {1, 2}) {
+    Controller c(1);
+    auto rt = holdfast::Runtime::Create(c.Options());
+    REQUIRE(rt.ok());
+    std::vector<int64_t> counter(1024, 0);
+    REQUIRE((*rt)
+                ->RegisterState("counter", counter.data(), counter.size() * 8)
+                .ok());
+    holdfast::RunOptions ro;
+    ro.steps = 20;  // kAuto
+    ro.numerics.replica_check_every = every;
+    auto result = (*rt)->Run(
+        [&](const holdfast::StepContext& ctx) -> absl::Status {
+          absl::SleepFor(absl::Milliseconds(2));
+          ctx.runtime->BeginStateUpdate();
+          for (int64_t& v : counter) v = ctx.step;
+          return absl::OkStatus();
+        },
+        ro);
+    REQUIRE(result.ok());
+    INFO("every " << every);
+    CHECK(result->snapshots_unfenced == 0);
+    if (every == 1) {
+      CHECK(result->snapshots_overlapped == 0);
+    } else {
+      // The odd steps' snapshots have no check and overlap the next step.
+      CHECK(result->snapshots_overlapped > 2);
+      CHECK(result->snapshots_overlapped <= 10);
+    }
+  }
+}
+
+TEST_CASE(
     "runtime: a step that reports an early write counts as unfenced, and "
     "the error of kDuringNextStep names what it wrote") {
   std::vector<int64_t> counter(1024, 0);

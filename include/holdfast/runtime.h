@@ -212,6 +212,7 @@ struct NumericChecks {
   // member named a second time is replaced. The hash reads all of the
   // replicated state on the training thread (xxHash3; with 64 MiB per
   // slot, 3 slots on 2 cores and 10 ms steps, it doubled the step time),
+  // after the snapshot's copy, which a check keeps between the steps,
   // and that commit must still be kept (keep_snapshots): hence off by
   // default. 0: off. Off for a run whose replicated state already differed
   // between slots at its start (a warning names the buffer).

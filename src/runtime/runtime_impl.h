@@ -194,9 +194,9 @@ class RuntimeImpl final : public Runtime, private BackupPipeline::Member {
                             absl::Time t0, bool fenced);
   // At a snapshot step, before its copy: the bitflip fault.
   void InjectBitflip(int64_t step);
-  // After it: the replica check (NumericChecks::replica_check_every) that
-  // the step's report carries.
-  void CheckReplicas(const RunOptions& options, int64_t step);
+  // Whether the snapshot of `step` gets a replica check
+  // (NumericChecks::replica_check_every), which the step's report carries.
+  bool ReplicaCheckDue(const RunOptions& options, int64_t step) const;
   RunResult Result(const RunOptions& options);
   // The start of Run for a member with a slot: a worker of a fresh job
   // starts from its registered state, or from the disk tier when it holds

@@ -480,14 +480,20 @@ absl::Status RuntimeImpl::CompleteStep(const RunOptions& options, int64_t step,
       // commits: nobody leaves while a peer waits for it in one.
       snapshots_.AwaitIdle(absl::Now() + options_.commit_wait);
     }
+    // A snapshot with a replica check is copied between the steps, and
+    // hashed after its copy: it holds nothing the hash did not see (one
+    // copied during the next step could take in a bit flipped after the
+    // check, and a rollback to it would restore the flip everywhere).
+    const bool check = ReplicaCheckDue(options, step);
     const bool defer =
-        step < options.steps &&
+        step < options.steps && !check &&
         (options.snapshot_copy == SnapshotCopy::kDuringNextStep ||
          (options.snapshot_copy == SnapshotCopy::kAuto && fenced));
     HOLDFAST_RETURN_IF_ERROR(TakeSnapshot(step, defer).status());
-    // After the copy: a snapshot copied between the steps holds nothing
-    // this hash did not see.
-    CheckReplicas(options, step);
+    if (check) {
+      member_->NoteReplicaCheck(gens_.CommGeneration(), step, state_.LiveHash(),
+                                options_.keep_snapshots);
+    }
   }
   ReportStep(step, t0, t1, metrics);
   if (pending_record_.has_value()) {
@@ -510,14 +516,11 @@ void RuntimeImpl::InjectBitflip(int64_t step) {
   }
 }
 
-void RuntimeImpl::CheckReplicas(const RunOptions& options, int64_t step) {
+bool RuntimeImpl::ReplicaCheckDue(const RunOptions& options,
+                                  int64_t step) const {
   const int every = options.numerics.replica_check_every;
-  if (every <= 0 || !replicas_comparable_ ||
-      (step / options.snapshot_every) % every != 0) {
-    return;
-  }
-  member_->NoteReplicaCheck(gens_.CommGeneration(), step, state_.LiveHash(),
-                            options_.keep_snapshots);
+  return every > 0 && replicas_comparable_ &&
+         (step / options.snapshot_every) % every == 0;
 }
 
 RunResult RuntimeImpl::Result(const RunOptions& options) {
