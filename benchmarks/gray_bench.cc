@@ -192,7 +192,8 @@ bool BitflipRun(const Paths& p, const Config& c, const std::string& fault_free,
   for (const json& i : Incidents(j)) {
     row->healthy_evicted += i.value("evicted", false);
   }
-  const bool ok = named && !skipped && !j.hash.empty() && j.hash == fault_free;
+  const bool model = !j.hash.empty() && j.hash == fault_free;
+  const bool ok = named && !skipped && model;
   row->detected += ok;
   const int64_t onset = InjectedAt(j.err, "bitflip");
   int64_t detect_ms = -1;
@@ -200,15 +201,14 @@ bool BitflipRun(const Paths& p, const Config& c, const std::string& fault_free,
     detect_ms = Incidents(j)[0].value("detected_unix_ms", int64_t{0}) - onset;
     row->detect_ms.push_back(detect_ms);
   }
-  trials->push_back(
-      {{"kind", "bitflip"},
-       {"slot", slot},
-       {"step", step},
-       {"named", named},
-       {"data_skipped", skipped},
-       {"fault_free_model", !j.hash.empty() && j.hash == fault_free},
-       {"detect_ms", detect_ms},
-       {"finished", j.finished}});
+  trials->push_back({{"kind", "bitflip"},
+                     {"slot", slot},
+                     {"step", step},
+                     {"named", named},
+                     {"data_skipped", skipped},
+                     {"fault_free_model", model},
+                     {"detect_ms", detect_ms},
+                     {"finished", j.finished}});
   return ok;
 }
 

@@ -375,9 +375,7 @@ absl::Status Membership::Heartbeat(const HeartbeatRequest& req,
   mem.last_seen = now;
   mem.seen_generation = std::max(mem.seen_generation, req.generation());
   NoteReportLocked(mem, req.report(), now);
-  if (req.generation() == generation_) {
-    NoteReplicaChecksLocked(mem, req.report(), now);
-  }
+  NoteReplicaChecksLocked(mem, req.report(), now);
   return absl::OkStatus();
 }
 

@@ -336,9 +336,10 @@ class Membership {
   void ScanAnomaliesLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DecideAnomalyLocked(const AnomalyLedger::Case& c, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A worker's replica checks (StepReport::replica_checks) of the current
-  // generation: a step where slots hold different replicated state rolls
-  // the job back as a numeric anomaly of kind "replica" (anomaly_ledger.h).
+  // A worker's replica checks (StepReport::replica_checks); those of
+  // another generation than the current one count for nothing. A step
+  // where slots hold different replicated state rolls the job back as a
+  // numeric anomaly of kind "replica" (anomaly_ledger.h).
   void NoteReplicaChecksLocked(const Member& m, const StepReport& r,
                                absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -37,7 +37,6 @@ class ReplicaLedger {
   // A new generation restored step `committed`: the steps after it are
   // redone, and the hashes held for them are dropped.
   void Restart(int64_t committed);
-  int64_t agreed() const { return agreed_; }
 
  private:
   struct Step {
