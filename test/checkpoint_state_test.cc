@@ -3,6 +3,7 @@
 // pieces of one world put back into members of another (a shrink) with
 // every byte where it was.
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <cstdint>
 #include <numeric>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "src/checkpoint/snapshots.h"
 #include "src/checkpoint/state.h"
 #include "src/fault/fault.h"
+#include "src/runtime/fault_points.h"
 
 namespace {
 
@@ -241,4 +243,29 @@ TEST_CASE(
   CHECK(!holdfast::fault::Parse("nan:slot=1").ok());
   CHECK(!holdfast::fault::Parse("spike:slot=1:recovery=1").ok());
   CHECK(!holdfast::fault::Parse("nan:step=3").ok());
+}
+
+TEST_CASE(
+    "checkpoint: the gradflip fault parses, takes a float32's bit, and "
+    "flips the largest value whose bit is clear and stays finite") {
+  auto g = holdfast::fault::Parse(
+      "gradflip:slot=1:step=20,gradflip:slot=2:step=3:bit=31");
+  REQUIRE(g.ok());
+  CHECK(g->at(0).kind == holdfast::fault::Kind::kGradflip);
+  CHECK(g->at(0).bit == 30);
+  CHECK(g->at(1).bit == 31);
+  CHECK(!holdfast::fault::Parse("gradflip:slot=1").ok());
+  absl::Status bad =
+      holdfast::fault::Parse("gradflip:slot=1:step=2:bit=32").status();
+  CHECK_THAT(std::string(bad.message()), Catch::Contains("bit out of range"));
+  CHECK(!holdfast::fault::Parse("nan:slot=1:step=2:bit=3").ok());
+  // 1.5 would overflow (bit 30 multiplies by 2^128); 0.75 is the largest
+  // below 1, and -0.5 is smaller; 3.0 has the bit set already.
+  float v[] = {-0.5f, 1.5f, 0.75f, 3.0f};
+  CHECK(holdfast::runtime_internal::FlipLargestClearBit(v, 4, 30) == 2);
+  CHECK(v[2] == std::ldexp(0.75f, 128));
+  CHECK(v[1] == 1.5f);
+  CHECK(std::isfinite(v[2]));
+  float none[] = {3.0f, -2.5f};
+  CHECK(holdfast::runtime_internal::FlipLargestClearBit(none, 2, 30) == -1);
 }

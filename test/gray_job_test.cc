@@ -453,3 +453,71 @@ TEST_CASE(
   CHECK(r.hashes.at(0) == holdfast::test::FaultFreeHash(
                               3, {"--steps", "150", "--step-ms", "10"}, 150));
 }
+
+// ---- A bit flipped in one rank's gradients, before the all-reduce ----------
+
+TEST_CASE(
+    "gray: a bit flipped in one rank's gradients before the all-reduce is "
+    "named from the slots' norms, rolled back skipping nothing, and the "
+    "model is the fault-free one") {
+  JobRun r = Launch(
+      {"-n", "4", "--standby", "1", "--inject", "gradflip:slot=1:step=15"},
+      {"--steps", "40", "--step-ms", "10"});
+  CheckOneRollback(r, 4, 40, 1);
+  CHECK_THAT(r.summary["incidents"][0]["evidence"].get<std::string>(),
+             Catch::Contains("local gradient norms of step 15: slot 1's"));
+  CHECK(r.summary["skipped_data"].empty());
+  CHECK(r.hashes.at(0) == FaultFreeHash());
+}
+
+TEST_CASE(
+    "gray: with the gradient check off a bit flipped in one rank's "
+    "gradients is not traced to it and the model is not the fault-free "
+    "one") {
+  JobRun r = Launch({"-n", "4", "--gradient-outlier-factor", "0", "--inject",
+                     "gradflip:slot=1:step=15"},
+                    {"--steps", "40", "--step-ms", "10"});
+  INFO("summary: " << r.summary.dump(1));
+  // The all-reduce spread it: whatever the job saw afterwards (a NaN on
+  // every slot, a step's data blamed), it did not see the flip.
+  CHECK(r.summary.dump().find("gradient norms") == std::string::npos);
+  REQUIRE_FALSE(r.hashes.empty());
+  CHECK(r.hashes.at(0) != FaultFreeHash());
+}
+
+TEST_CASE(
+    "gray: a rank whose gradients are corrupted twice is replaced by the "
+    "standby and the model is the fault-free one") {
+  JobRun r = Launch({"-n", "4", "--standby", "1", "--inject",
+                     "gradflip:slot=1:step=10,gradflip:slot=1:step=25"},
+                    {"--steps", "40", "--step-ms", "10"});
+  INFO("summary: " << r.summary.dump(1));
+  REQUIRE(r.rc == 0);
+  CheckFinished(r, 4, 40);
+  CHECK_KINDS(r, {"numeric", "numeric", "corruption"});
+  for (const json& i : r.summary["incidents"]) CHECK(i["slot"] == 1);
+  CHECK(r.summary["skipped_data"].empty());
+  CHECK(r.hashes.at(0) == FaultFreeHash());
+  CHECK(holdfast::test::CountExits(r, "exited with code 3") == 1);  // fenced
+}
+
+TEST_CASE(
+    "gray: gradients far off because of a rank's own data are told from a "
+    "flip by the replay: the data is skipped, nobody is replaced, and the "
+    "model is the reference run's") {
+  // Batch 20's first sample, read by slot 0, has a label 1e5 off.
+  JobRun r = Launch({"-n", "4", "--standby", "1"},
+                    {"--steps", "40", "--step-ms", "10", "--bad-batch", "20"});
+  INFO("summary: " << r.summary.dump(1));
+  REQUIRE(r.rc == 0);
+  CheckFinished(r, 4, 40);
+  CHECK_KINDS(r, {"numeric", "numeric"});
+  for (const json& i : r.summary["incidents"]) {
+    CHECK(i["slot"] == 0);
+    CHECK_FALSE(i["evicted"].get<bool>());
+  }
+  CHECK_THAT(r.summary["incidents"][1]["evidence"].get<std::string>(),
+             Catch::Contains("the same again when the step was redone"));
+  CHECK(SkipArg(r.summary) == "19:20");
+  CHECK(r.hashes.at(0) == ReferenceHash("19:20"));
+}

@@ -266,3 +266,174 @@ TEST_CASE(
   CHECK_FALSE(inc[0].evicted());
   CHECK_THAT(inc[0].evidence(), Catch::Contains("no majority"));
 }
+
+namespace {
+
+// Slot i's norm of its local gradients in `step`, which read `data`.
+void Norm(Job& job, size_t i, int64_t step, double norm,
+          std::pair<int64_t, int64_t> data) {
+  HeartbeatRequest h;
+  h.set_member_id(job.ids[i]);
+  h.set_generation(job.generation);
+  h.mutable_report()->set_step(step);
+  h.mutable_report()->set_step_end(true);
+  h.mutable_report()->set_last_step_us(1000);
+  LocalNorm* n = h.mutable_report()->add_local_norms();
+  n->set_generation(job.generation);
+  n->set_step(step);
+  n->set_norm(norm);
+  n->set_keep_snapshots(2);
+  n->mutable_data()->set_begin(data.first);
+  n->mutable_data()->set_end(data.second);
+  REQUIRE(job.m.Heartbeat(h, job.sinks[i].get(), kT0).ok());
+}
+
+// Every slot's norm of `step` (data [step - 1, step)): `big` for slot
+// `outlier`, between 2 and 3.5 for the others.
+void Norms(Job& job, int64_t step, int outlier = -1, double big = 0) {
+  for (size_t i = 0; i < 4; ++i) {
+    Norm(job, i, step,
+         static_cast<int>(i) == outlier ? big
+                                        : 2.0 + 0.5 * static_cast<double>(i),
+         {step - 1, step});
+  }
+}
+
+}  // namespace
+
+TEST_CASE(
+    "numeric: a slot whose local gradient norm is far above the others' is "
+    "named before its step commits, the job rolls back skipping no data, "
+    "and the slot is fenced when it is far off again at another step") {
+  Job job(4);
+  for (int i = 0; i < 5; ++i) job.Join("h" + std::to_string(i), kT0);
+  for (int64_t s = 0; s <= 4; ++s) {
+    Norms(job, s);
+    Commit(job, {0, 1, 2, 3}, s);
+  }
+  // Within the factor (1000): a spread such as the data make, 300x.
+  Norms(job, 5, 2, 900.0);
+  Commit(job, {0, 1, 2, 3}, 5);
+  CHECK(job.sinks[0]->LastUpdate() == nullptr);
+  CHECK(job.Incidents(kT0).empty());
+  for (size_t i = 0; i < 3; ++i) Norm(job, i, 6, i == 1 ? 5e6 : 2.0, {5, 6});
+  CHECK(job.sinks[0]->LastUpdate() == nullptr);  // slot 3 still to come
+  Norm(job, 3, 6, 3.0, {5, 6});
+  const MembershipUpdate* u = job.sinks[0]->LastUpdate();
+  REQUIRE(u != nullptr);
+  CHECK(u->generation() == 1);
+  CHECK(u->committed_step() == 5);
+  CHECK(u->rollback());
+  CHECK(u->skip_data_size() == 0);
+  std::vector<Incident> inc = job.Incidents(kT0);
+  REQUIRE(inc.size() == 1);
+  CHECK(inc[0].kind() == INCIDENT_NUMERIC);
+  CHECK(inc[0].slot() == 1);
+  CHECK_FALSE(inc[0].evicted());
+  CHECK_THAT(inc[0].evidence(),
+             Catch::Contains("slot 1's (5e+06) is 2.5e+06 times the median"));
+  // Step 6's acks, of the old generation, commit nothing.
+  for (size_t i = 0; i < 4; ++i) {
+    AckCheckpointRequest a;
+    a.set_member_id(job.ids[i]);
+    a.set_generation(0);
+    a.set_step(6);
+    CHECK_FALSE(job.m.AckCheckpoint(a, kT0).ok());
+  }
+  // Norms of the old generation count for nothing.
+  job.generation = 0;
+  Norm(job, 1, 7, 9e9, {6, 7});
+  job.generation = 1;
+  CHECK(job.Incidents(kT0).size() == 1);
+  // Step 6 redone, clean; then slot 1 is far off at step 7: fenced, and
+  // the standby takes its slot.
+  Norms(job, 6);
+  Commit(job, {0, 1, 2, 3}, 6);
+  Norms(job, 7, 1, 4e7);
+  inc = job.Incidents(kT0);
+  REQUIRE(inc.size() == 3);
+  CHECK(inc[1].kind() == INCIDENT_NUMERIC);
+  CHECK(inc[2].kind() == INCIDENT_CORRUPTION);
+  CHECK(inc[2].slot() == 1);
+  CHECK(inc[2].evicted());
+  u = job.sinks[4]->LastUpdate();
+  REQUIRE(u != nullptr);
+  CHECK(u->slot() == 1);
+  CHECK(u->committed_step() == 6);
+  CHECK(u->skip_data_size() == 0);
+}
+
+TEST_CASE(
+    "numeric: a slot far off again when its step is redone at the same data "
+    "shows the data as the cause: the data is skipped and nobody is "
+    "fenced") {
+  Job job(4);
+  for (int i = 0; i < 5; ++i) job.Join("h" + std::to_string(i), kT0);
+  for (int64_t s = 0; s <= 4; ++s) {
+    Norms(job, s);
+    Commit(job, {0, 1, 2, 3}, s);
+  }
+  Norms(job, 5, 0, 1e6);
+  const MembershipUpdate* u = job.sinks[1]->LastUpdate();
+  REQUIRE(u != nullptr);
+  CHECK(u->committed_step() == 4);
+  CHECK(u->skip_data_size() == 0);
+  job.generation = 1;
+  Norms(job, 5, 0, 1e6);
+  u = job.sinks[1]->LastUpdate();
+  REQUIRE(u != nullptr);
+  CHECK(u->generation() == 2);
+  CHECK(u->committed_step() == 4);
+  CHECK(Skips(*u) == Ranges{{4, 5}});
+  const std::vector<Incident> inc = job.Incidents(kT0);
+  REQUIRE(inc.size() == 2);
+  CHECK(inc[1].kind() == INCIDENT_NUMERIC);
+  CHECK(inc[1].slot() == 0);
+  CHECK_FALSE(inc[1].evicted());
+  CHECK_THAT(inc[1].evidence(),
+             Catch::Contains("the same again when the step was redone"));
+}
+
+TEST_CASE("numeric: with the gradient check off no norm names a slot") {
+  DetectionOptions d = Job::Defaults();
+  d.gradient_outlier_factor = 0;
+  Job job(4, d);
+  for (int i = 0; i < 4; ++i) job.Join("h" + std::to_string(i), kT0);
+  Commit(job, {0, 1, 2, 3}, 0);
+  Norms(job, 1, 2, 1e30);
+  CHECK(job.sinks[0]->LastUpdate() == nullptr);
+  CHECK(job.Incidents(kT0).empty());
+}
+
+TEST_CASE(
+    "numeric: an Inf that every slot sees after the all-reduce is traced by "
+    "the local norms its reports carry to the slot whose gradients were far "
+    "off, and no data is skipped") {
+  Job job(4);
+  for (int i = 0; i < 4; ++i) job.Join("h" + std::to_string(i), kT0);
+  for (int64_t s = 0; s <= 4; ++s) Commit(job, {0, 1, 2, 3}, s);
+  for (size_t i = 0; i < 4; ++i) {
+    ReportFailureRequest r;
+    r.set_member_id(job.ids[i]);
+    r.set_generation(job.generation);
+    r.set_peer_slot(-1);
+    Anomaly* a = r.mutable_anomaly();
+    a->set_step(5);
+    a->set_kind("nan");
+    a->set_what("grad_norm");
+    a->mutable_data()->set_begin(4);
+    a->mutable_data()->set_end(5);
+    a->set_keep_snapshots(2);
+    a->set_local_norm(i == 2 ? 3e30 : 1.0 + static_cast<double>(i));
+    REQUIRE(job.m.ReportFailure(r, kT0).ok());
+  }
+  const MembershipUpdate* u = job.sinks[0]->LastUpdate();
+  REQUIRE(u != nullptr);
+  CHECK(u->committed_step() == 4);
+  CHECK(u->skip_data_size() == 0);
+  const std::vector<Incident> inc = job.Incidents(kT0);
+  REQUIRE(inc.size() == 1);
+  CHECK(inc[0].slot() == 2);
+  CHECK_THAT(inc[0].evidence(),
+             Catch::Contains("local gradient norms of step 5: slot 2's"));
+}

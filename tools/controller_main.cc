@@ -101,6 +101,11 @@ int main(int argc, char** argv) {
   app.add_option("--rendezvous-timeout-ms", rendezvous_timeout_ms,
                  "... and one that still heartbeats, after this long")
       ->check(CLI::Range(int64_t{10}, int64_t{86400000}));
+  app.add_option("--gradient-outlier-factor", detection.gradient_outlier_factor,
+                 "name a slot whose local gradient norm of a step is above "
+                 "this many times the median of the others' (a bit flipped "
+                 "in its gradients); 0: off")
+      ->check(holdfast::control::CheckGradientOutlierFactor);
   int64_t push_merge_ms = absl::ToInt64Milliseconds(detection.push_merge);
   app.add_option("--push-merge-ms", push_merge_ms,
                  "generations opened within this of the last push go to the "

@@ -62,6 +62,7 @@ struct Flags {
   std::vector<std::string> inject;
   int64_t heartbeat_ms = 500, silent_ms = 3000, join_timeout_s = 60;
   int64_t rendezvous_grace_ms = 1000;
+  double gradient_outlier_factor = 1000.0;
   bool no_disk_tier = false, fresh = false;
 };
 

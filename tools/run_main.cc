@@ -102,6 +102,11 @@ std::optional<int> Launcher::ParseFlags(int argc, char** argv, Flags* f) {
   app.add_option("--silent-after-ms", f->silent_ms,
                  "declare a member silent after this long")
       ->check(CLI::Range(int64_t{50}, int64_t{3600000}));
+  app.add_option("--gradient-outlier-factor", f->gradient_outlier_factor,
+                 "name a slot whose local gradient norm of a step is above "
+                 "this many times the median of the others' (a bit flipped "
+                 "in its gradients; docs/gray-failures.md); 0: off")
+      ->check(holdfast::control::CheckGradientOutlierFactor);
   app.add_option("--rendezvous-grace-ms", f->rendezvous_grace_ms,
                  "leave out a member that does not come to a recovery's "
                  "rendezvous and does not answer, this long after the others "
@@ -313,6 +318,7 @@ int Launcher::Main(int argc, char** argv) {
   co.recovery.replace_stragglers = f.stragglers == "replace";
   co.detection.heartbeat_interval = absl::Milliseconds(f.heartbeat_ms);
   co.detection.silent_after = absl::Milliseconds(f.silent_ms);
+  co.detection.gradient_outlier_factor = f.gradient_outlier_factor;
   co.detection.rendezvous_grace = absl::Milliseconds(f.rendezvous_grace_ms);
   auto server = control::ControllerServer::Start(co);
   if (!server.ok()) {

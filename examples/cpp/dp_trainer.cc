@@ -313,6 +313,12 @@ int main(int argc, char** argv) {
                  "batches to skip, as a job that rolled back past a numeric "
                  "anomaly skipped them: B:E[,B:E...] (positions [B, E); "
                  "summary.json's skipped_data), for a reference run");
+  int64_t bad_batch = 0;
+  app.add_option("--bad-batch", bad_batch,
+                 "for tests: the first sample of batch B carries a label 1e5 "
+                 "off (a bad record), so the slot that reads it computes "
+                 "gradients far above the others' whenever it is read")
+      ->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
   if (await_commit && snapshot_copy != "between-steps") {
     // A snapshot copied during the next step commits only once that step
@@ -431,7 +437,9 @@ int main(int argc, char** argv) {
     const int64_t batch_id = data_pos + 1;
     float loss = 0;
     for (int64_t i = begin; i < end; ++i) {
-      loss += Backprop(params.data(), MakeSample(batch_id, i), grad.data());
+      Sample sample = MakeSample(batch_id, i);
+      if (batch_id == bad_batch && i == 0) sample.y += 1e5f;
+      loss += Backprop(params.data(), sample, grad.data());
     }
     // This slot's own gradients, before they meet the others': a NaN
     // found here names this slot as its source.

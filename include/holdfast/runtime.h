@@ -368,14 +368,24 @@ class Runtime {
   // all-reduce) for NaN and Inf; false if any. A slot that finds one is
   // named the source of the step's anomaly, and its step is rolled back
   // at its end (its trainer goes on with the step as usual: the collective
-  // spreads the NaN, which every slot's own checks then see). The values
-  // are written only by the injected fault nan:slot=S:step=N, which makes
-  // them NaN. Call from the step function.
+  // spreads the NaN, which every slot's own checks then see). Finite
+  // values count toward the step's local norm (ReportLocalSquares). The
+  // values are written only by the injected faults nan:slot=S:step=N,
+  // which makes them NaN, and gradflip:slot=S:step=N, which flips a bit of
+  // one. Call from the step function.
   virtual bool CheckFinite(absl::string_view what, float* data,
                            size_t count) = 0;
   // The same verdict from a trainer that checked its values itself (a
   // framework's isfinite). Call from the step function.
   virtual void ReportNonFinite(absl::string_view what) = 0;
+  // The sum of the squares of finite values this slot checked itself (its
+  // local gradients before the all-reduce; CheckFinite adds its own). A
+  // step's sums make its local norm, which its report carries; the
+  // controller compares the slots' norms of each step and names a slot
+  // whose norm is far above the others' (a bit flipped in its gradients:
+  // DetectionOptions::gradient_outlier_factor). Call from the step
+  // function, from any thread.
+  virtual void ReportLocalSquares(double sum_of_squares) = 0;
 
   // ---- The step loop ------------------------------------------------------
   // Runs steps committed+1 .. options.steps with automatic recovery. A

@@ -2,6 +2,7 @@
 optimizers, a communicator on torch tensors, and the step loop."""
 
 import atexit
+import math
 import os
 import queue
 import threading
@@ -416,6 +417,28 @@ def _close_at_exit(ref):
         del rt  # leaves the job and joins the runtime's threads
 
 
+def _flip_largest_clear_bit(t, bit):
+    """The fault gradflip: flips bit `bit` of the float32 of largest
+    magnitude in `t` whose bit is clear and whose flip leaves it finite
+    (bit 30 of a value below 1 multiplies it by 2^128)."""
+    if t.dtype != torch.float32 or not t.is_contiguous():
+        raise InvalidArgumentError(
+            f"fault gradflip: it flips a bit of contiguous float32 values, "
+            f"not {t.dtype} (contiguous: {t.is_contiguous()})")
+    with torch.no_grad():
+        flat = t.view(-1)
+        ints = flat.view(torch.int32)
+        mask = (1 << bit) - (1 << 32 if bit == 31 else 0)
+        flipped = (ints ^ mask).view(torch.float32)
+        clear = ((ints & mask) == 0) & torch.isfinite(flipped)
+        size = torch.where(clear, flat.abs(), torch.full_like(flat, -1.0))
+        if size.numel() == 0:
+            return
+        at = int(torch.argmax(size))
+        if float(size[at]) >= 0:
+            ints[at] = ints[at] ^ mask
+
+
 def current_runtime():
     """The most recently created Runtime of this process (or None)."""
     return _current
@@ -600,19 +623,33 @@ class Runtime:
         all-reduce) for NaN and Inf; False if any. The slot that finds one
         is named the source of the step's anomaly, and the job rolls back
         to a clean committed step at the step's end and skips its data. The
-        step goes on as usual (the all-reduce spreads the NaN). `tensors`:
-        a tensor or an iterable of them, of any floating dtype and device.
-        The injected fault nan:slot=S:step=N makes the first one NaN."""
+        step goes on as usual (the all-reduce spreads the NaN). Finite
+        values count toward the step's local norm, which the controller
+        compares across the slots (a bit flipped in one slot's gradients).
+        `tensors`: a tensor or an iterable of them, of any floating dtype
+        and device. The injected fault nan:slot=S:step=N makes the first
+        one NaN; gradflip:slot=S:step=N flips a bit of its largest value."""
         if isinstance(tensors, torch.Tensor):
             tensors = [tensors]
         tensors = [t for t in tensors if t is not None]
         if tensors and self._rt.inject_nan_now():
             with torch.no_grad():
                 tensors[0].view(-1)[0] = float("nan")
+        if tensors:
+            bit = self._rt.gradient_flip_bit_now()
+            if bit >= 0:
+                _flip_largest_clear_bit(tensors[0], bit)
+        squares = 0.0
         for t in tensors:
-            if not bool(torch.isfinite(t).all()):
+            # In float64 the norm is finite exactly when every value is
+            # (a float32's square cannot overflow it): one pass, one sync.
+            norm = float(torch.linalg.vector_norm(t, dtype=torch.float64))
+            if not math.isfinite(norm):
                 self._rt.report_non_finite(name)
                 return False
+            squares += norm * norm
+        if tensors:
+            self._rt.report_local_squares(squares)
         return True
 
     # ---- the step loop -----------------------------------------------------

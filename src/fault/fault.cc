@@ -33,7 +33,8 @@ absl::Status Bad(absl::string_view spec, absl::string_view why) {
                    "fail-op:slot=2:seq=120, mismatch:slot=2:seq=120, "
                    "corrupt-piece:slot=1:step=20, "
                    "corrupt-backup:slot=1:step=10, corrupt-restore:slot=1, "
-                   "nan:slot=1:step=20 or spike:slot=1:step=20)"));
+                   "nan:slot=1:step=20, spike:slot=1:step=20, "
+                   "bitflip:slot=1:step=20 or gradflip:slot=1:step=20)"));
 }
 
 // Every kind, in the order KindName and the error messages list them.
@@ -42,7 +43,7 @@ constexpr Kind kKinds[] = {
     Kind::kExit,           Kind::kSlow,         Kind::kFailOp,
     Kind::kMismatch,       Kind::kCorruptPiece, Kind::kCorruptBackup,
     Kind::kCorruptRestore, Kind::kNan,          Kind::kSpike,
-    Kind::kBitflip,
+    Kind::kBitflip,        Kind::kGradflip,
 };
 
 // Sets the field of `f` that `key` names to `v`; an error for a key that
@@ -68,6 +69,9 @@ absl::Status SetKey(absl::string_view text, absl::string_view key, int64_t v,
     (key == "recovery" ? f->recovery : f->restore) = static_cast<int>(v);
   } else if (key == "committed" && process) {
     f->committed = v;
+  } else if (key == "bit" && f->kind == Kind::kGradflip) {
+    if (v > 31) return Bad(text, "bit out of range [0, 31] (a float32's)");
+    f->bit = static_cast<int>(v);
   } else if (key == "code" && f->kind == Kind::kExit) {
     if (v > 255) return Bad(text, "code out of range [0, 255]");
     f->code = static_cast<int>(v);
@@ -109,6 +113,7 @@ absl::Status CheckRequired(absl::string_view text, const FaultSpec& f) {
     case Kind::kNan:
     case Kind::kSpike:
     case Kind::kBitflip:
+    case Kind::kGradflip:
       if (f.step < 0) return Bad(text, "step=N is required");
       break;
     case Kind::kCorruptRestore:
@@ -130,7 +135,7 @@ absl::StatusOr<FaultSpec> ParseOne(absl::string_view text, int index) {
                          "unknown kind '", kind,
                          "' (kill, hang, stall, exit, slow, fail-op, mismatch, "
                          "corrupt-piece, corrupt-backup, corrupt-restore, "
-                         "nan, spike or bitflip)"));
+                         "nan, spike, bitflip or gradflip)"));
   }
   f.kind = *found;
   for (size_t i = 1; i < parts.size(); ++i) {
@@ -179,6 +184,8 @@ const char* KindName(Kind kind) {
       return "spike";
     case Kind::kBitflip:
       return "bitflip";
+    case Kind::kGradflip:
+      return "gradflip";
   }
   return "?";
 }
@@ -298,6 +305,7 @@ void Injector::Fire(const FaultSpec& f, absl::string_view where) {
     case Kind::kNan:
     case Kind::kSpike:
     case Kind::kBitflip:
+    case Kind::kGradflip:
       return;
   }
   for (;;) pause();  // SIGKILL is on its way
@@ -406,6 +414,19 @@ bool Injector::FiresAt(Kind kind, int slot, int64_t step) {
     }
   }
   return false;
+}
+
+int Injector::FlipBitAt(int slot, int64_t step) {
+  absl::MutexLock lock(&mu_);
+  for (const FaultSpec& f : faults_) {
+    if (f.kind == Kind::kGradflip && f.slot == slot && f.step == step &&
+        ClaimLocked(f)) {
+      HOLDFAST_LOG_WARN("injecting fault '{}' (pid {}, unix ms {})", f.text,
+                        getpid(), absl::ToUnixMillis(absl::Now()));
+      return f.bit;
+    }
+  }
+  return -1;
 }
 
 }  // namespace holdfast::fault

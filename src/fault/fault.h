@@ -54,6 +54,12 @@
 //                            registered state flips (the lowest bit of the
 //                            middle byte of its first replicated buffer):
 //                            silent corruption at rest
+//   gradflip:slot=1:step=20[:bit=30]
+//                            the values slot 1 hands to Runtime::CheckFinite
+//                            at step 20 (its local gradients, before the
+//                            all-reduce): bit 30 (an exponent bit; 0-31 of
+//                            a float32) of the largest value whose bit is
+//                            clear and stays finite flips
 //
 // `slot` is the rank at the time the point is reached, so a fault on a slot
 // also hits a standby that took it over. Each fault fires once per job: the
@@ -92,6 +98,7 @@ struct FaultSpec {
   int64_t ms = 0;          // slow: delay per step; kill etc.: into the step
   int64_t committed = -1;  // kill etc.: first wait for this step's commit
   int code = 1;            // exit: the exit code
+  int bit = 30;            // gradflip: the bit of a float32 to flip
   std::string text;        // the spec as written
 };
 
@@ -140,6 +147,7 @@ class Injector final : public Hooks {
   // (corrupt-piece, corrupt-backup, corrupt-restore, nan, spike) fires for
   // this slot at `step`.
   bool FiresAt(Kind kind, int slot, int64_t step) override;
+  int FlipBitAt(int slot, int64_t step) override;
 
  private:
   // Fires kill/exit now (does not return), hang and stall (return when

@@ -25,7 +25,8 @@ enum class Kind {
   kCorruptRestore,
   kNan,
   kSpike,
-  kBitflip
+  kBitflip,
+  kGradflip
 };
 
 class Hooks {
@@ -50,6 +51,9 @@ class Hooks {
   virtual bool FiresAt(Kind /*kind*/, int /*slot*/, int64_t /*step*/) {
     return false;
   }
+  // The bit a gradflip fault flips in `slot`'s own values at `step`, or -1
+  // when none fires; a fault fires once.
+  virtual int FlipBitAt(int /*slot*/, int64_t /*step*/) { return -1; }
 };
 
 }  // namespace holdfast::fault

@@ -625,8 +625,14 @@ void BindRuntime(py::module_& m) {
            [](Runtime& rt, const std::string& what) {
              rt.ReportNonFinite(what);
            })
+      .def("report_local_squares",
+           [](Runtime& rt, double sum_of_squares) {
+             rt.ReportLocalSquares(sum_of_squares);
+           })
       .def("inject_nan_now",
            [](Runtime& rt) { return runtime_internal::NanFaultFiresNow(rt); })
+      .def("gradient_flip_bit_now",
+           [](Runtime& rt) { return runtime_internal::GradientFlipBitNow(rt); })
       .def("begin_state_update",
            [](Runtime& rt) {
              // It may wait for a memory copy on the backup thread.

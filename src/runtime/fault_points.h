@@ -14,6 +14,16 @@ namespace holdfast::runtime_internal {
 // it checks NaN. True once per fault.
 bool NanFaultFiresNow(Runtime& rt);
 
+// The bit the injected fault gradflip:slot=S:step=N[:bit=B] flips for `rt`
+// at its current step, or -1; the caller flips it in the values it checks
+// (FlipLargestClearBit). Once per fault.
+int GradientFlipBitNow(Runtime& rt);
+
+// Flips bit `bit` of the float32 of largest magnitude among `data` whose
+// bit is clear and whose flip leaves it finite (bit 30 of a value below 1
+// multiplies it by 2^128); returns its index, or -1 when there is none.
+int64_t FlipLargestClearBit(float* data, size_t count, int bit);
+
 }  // namespace holdfast::runtime_internal
 
 #endif  // HOLDFAST_SRC_RUNTIME_FAULT_POINTS_H_

@@ -22,6 +22,29 @@ void NumericGuard::BeginStep(int64_t data_begin) {
   data_begin_ = data_begin;
   absl::MutexLock lock(&mu_);
   nonfinite_.reset();
+  squares_.reset();
+}
+
+void NumericGuard::AddSquares(double sum_of_squares) {
+  absl::MutexLock lock(&mu_);
+  squares_ = squares_.value_or(0) + sum_of_squares;
+}
+
+std::optional<double> NumericGuard::TakeLocalNorm() {
+  absl::MutexLock lock(&mu_);
+  std::optional<double> norm;
+  if (squares_.has_value()) norm = std::sqrt(*squares_);
+  squares_.reset();
+  return norm;
+}
+
+control::DataRange NumericGuard::StepData(int64_t data_end) const {
+  control::DataRange r;
+  if (data_end >= 0) {
+    r.set_begin(data_begin_);
+    r.set_end(std::max(data_begin_, data_end));
+  }
+  return r;
 }
 
 void NumericGuard::ReportNonFinite(absl::string_view what) {
@@ -35,10 +58,7 @@ std::optional<control::Anomaly> NumericGuard::Check(
   control::Anomaly a;
   a.set_step(step);
   a.set_keep_snapshots(keep_snapshots);
-  if (data_end >= 0) {
-    a.mutable_data()->set_begin(data_begin_);
-    a.mutable_data()->set_end(std::max(data_begin_, data_end));
-  }
+  if (data_end >= 0) *a.mutable_data() = StepData(data_end);
   {
     absl::MutexLock lock(&mu_);
     if (nonfinite_.has_value()) {

@@ -32,6 +32,15 @@ class NumericGuard {
   // The trainer found `what` not finite in its own values this step (the
   // first report of a step is kept).
   void ReportNonFinite(absl::string_view what);
+  // The trainer checked finite values of its own this step (its local
+  // gradients): their sum of squares adds to the step's.
+  void AddSquares(double sum_of_squares);
+  // The step's local norm (the square root of its sums), if the trainer
+  // reported any; clears them.
+  std::optional<double> TakeLocalNorm();
+  // The data the step read: [its first position, `data_end`); empty when
+  // no data position is registered (`data_end` < 0).
+  control::DataRange StepData(int64_t data_end) const;
   // The anomaly of step `step` (its data: from its first position to
   // `data_end`, -1 for none registered), if its numbers fail `checks`;
   // else records its loss for the spike check.
@@ -46,6 +55,7 @@ class NumericGuard {
   int64_t data_begin_ = 0;
   absl::Mutex mu_;
   std::optional<std::string> nonfinite_ ABSL_GUARDED_BY(mu_);
+  std::optional<double> squares_ ABSL_GUARDED_BY(mu_);
   std::deque<double> losses_;
 };
 

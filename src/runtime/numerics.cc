@@ -4,6 +4,7 @@
 // data the job skips (docs/gray-failures.md).
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -51,12 +52,21 @@ bool RuntimeImpl::CheckFinite(absl::string_view what, float* data,
     HOLDFAST_LOG_WARN("runtime: slot {}: {} made NaN at step {} (injected)",
                       slot(), std::string(what), step_now_.load());
   }
+  if (const int bit = GradientFlipBitNow(); bit >= 0) {
+    const int64_t at = runtime_internal::FlipLargestClearBit(data, count, bit);
+    HOLDFAST_LOG_WARN(
+        "runtime: slot {}: bit {} of {}[{}] flipped at step {} (injected)",
+        slot(), bit, std::string(what), at, step_now_.load());
+  }
+  double squares = 0;
   for (size_t i = 0; i < count; ++i) {
     if (!std::isfinite(data[i])) {
       ReportNonFinite(what);
       return false;
     }
+    squares += static_cast<double>(data[i]) * data[i];
   }
+  ReportLocalSquares(squares);
   return true;
 }
 
@@ -64,15 +74,51 @@ void RuntimeImpl::ReportNonFinite(absl::string_view what) {
   numerics_.ReportNonFinite(what);
 }
 
+void RuntimeImpl::ReportLocalSquares(double sum_of_squares) {
+  numerics_.AddSquares(sum_of_squares);
+}
+
 bool RuntimeImpl::InjectNanNow() {
   return faults_->FiresAt(fault::Kind::kNan, slot(), step_now_.load());
 }
 
+int RuntimeImpl::GradientFlipBitNow() {
+  return faults_->FlipBitAt(slot(), step_now_.load());
+}
+
 namespace runtime_internal {
 
+// Runtime::Create makes every Runtime.
 bool NanFaultFiresNow(Runtime& rt) {
-  // Runtime::Create makes every Runtime.
   return static_cast<RuntimeImpl&>(rt).InjectNanNow();
+}
+
+int GradientFlipBitNow(Runtime& rt) {
+  return static_cast<RuntimeImpl&>(rt).GradientFlipBitNow();
+}
+
+int64_t FlipLargestClearBit(float* data, size_t count, int bit) {
+  const uint32_t mask = uint32_t{1} << bit;
+  int64_t at = -1;
+  float largest = -1;
+  for (size_t i = 0; i < count; ++i) {
+    uint32_t u;
+    std::memcpy(&u, &data[i], sizeof(u));
+    float flipped;
+    u ^= mask;
+    std::memcpy(&flipped, &u, sizeof(u));
+    if ((u & mask) != 0 && std::isfinite(flipped) &&
+        std::fabs(data[i]) > largest) {
+      largest = std::fabs(data[i]);
+      at = static_cast<int64_t>(i);
+    }
+  }
+  if (at < 0) return -1;
+  uint32_t u;
+  std::memcpy(&u, &data[at], sizeof(u));
+  u ^= mask;
+  std::memcpy(&data[at], &u, sizeof(u));
+  return at;
 }
 
 }  // namespace runtime_internal

@@ -98,9 +98,13 @@ class RuntimeImpl final : public Runtime, private BackupPipeline::Member {
                                     int64_t* position) override;
   bool CheckFinite(absl::string_view what, float* data, size_t count) override;
   void ReportNonFinite(absl::string_view what) override;
+  void ReportLocalSquares(double sum_of_squares) override;
   // Whether the injected fault nan: fires for this slot at this step (see
   // src/runtime/fault_points.h).
   bool InjectNanNow();
+  // The bit the injected fault gradflip: flips in this slot's values at
+  // this step, or -1.
+  int GradientFlipBitNow();
 
   bool standby() const override;
   int slot() const override;

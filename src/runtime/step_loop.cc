@@ -463,12 +463,23 @@ absl::Status RuntimeImpl::CompleteStep(const RunOptions& options, int64_t step,
     HOLDFAST_LOG_WARN("runtime: slot {}: loss spike at step {} (injected)",
                       slot(), step);
   }
+  const int64_t data_end = data_position_ != nullptr ? *data_position_ : -1;
+  const std::optional<double> norm = numerics_.TakeLocalNorm();
   // A step whose numbers are not sane is not snapshotted: the job rolls
   // back past it.
   if (std::optional<control::Anomaly> a = numerics_.Check(
-          options.numerics, step, options_.keep_snapshots,
-          data_position_ != nullptr ? *data_position_ : -1, metrics)) {
+          options.numerics, step, options_.keep_snapshots, data_end, metrics)) {
+    if (norm.has_value() && !a->local()) a->set_local_norm(*norm);
     return ReportAnomaly(*a);
+  }
+  if (norm.has_value()) {
+    // Before the snapshot: its ack reaches the controller after the norm.
+    control::LocalNorm n;
+    n.set_step(step);
+    n.set_norm(*norm);
+    n.set_keep_snapshots(options_.keep_snapshots);
+    *n.mutable_data() = numerics_.StepData(data_end);
+    member_->NoteLocalNorm(gens_.CommGeneration(), n);
   }
   SkipData();
   if (step % options.snapshot_every == 0 || step == options.steps) {

@@ -88,6 +88,27 @@ def test_ddp_bit_flipped_at_rest_is_rolled_back_to_the_fault_free_hash(
     assert len(finals) == 3 and set(finals) == {fault_free_hash(3)}, out
 
 
+def test_ddp_bit_flipped_in_gradients_is_named_and_rolled_back(tmp_path):
+    """A bit of slot 1's gradient bucket flips before the all-reduce at
+    step 12 (the gradflip fault: an exponent bit, the value stays finite).
+    The controller finds slot 1's local gradient norm far above the
+    others', the job rolls back skipping nothing, and it ends with the
+    fault-free model."""
+    rc, lines = run_job(["-n", "3", "--standby", "1", "--log-dir",
+                         str(tmp_path), "--inject", "gradflip:slot=1:step=12"],
+                        DDP)
+    out = "\n".join(lines[-60:])
+    assert rc == 0, out
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["rollbacks"] == 1, out
+    assert summary["skipped_data"] == [], out
+    [incident] = summary["incidents"]
+    assert incident["kind"] == "numeric" and incident["slot"] == 1, incident
+    assert "local gradient norms of step 12: slot 1's" in incident["evidence"]
+    finals = final_lines(lines)
+    assert len(finals) == 3 and set(finals) == {fault_free_hash(3)}, out
+
+
 def test_ddp_uneven_steps_raise_no_alarm(tmp_path):
     """An RL-shaped workload (--uneven: lognormal step times, some steps
     5-10x, the same draw on every rank) on 3 ranks: no straggler, no

@@ -29,7 +29,9 @@ bool SameRange(const DataRange& a, const std::pair<int64_t, int64_t>& b) {
 std::string What(const Anomaly& first, int64_t step,
                  const std::map<int, Anomaly>& reports,
                  const std::vector<int>& sources, const DataRange& data) {
-  if (first.kind() == "replica") return first.what();
+  if (first.kind() == "replica" || first.kind() == "gradient") {
+    return first.what();  // the controller's own words
+  }
   return absl::StrCat(
       first.kind() == "nan" ? "a value that is not finite" : "a loss spike",
       " in ", first.what(), " (", first.value(), ") at step ", step, " on ",
@@ -154,44 +156,40 @@ void AnomalyLedger::TrimCommits(int64_t target, int keep) {
 AnomalyLedger::Decision AnomalyLedger::Decide(
     const Case& c, const std::vector<uint64_t>& slots, int64_t generation) {
   Decision d;
-  // The earliest step reported is where it began; its data and its sources
-  // are those of the reports of that step.
-  d.step = INT64_MAX;
-  for (const auto& [slot, a] : c.reports) d.step = std::min(d.step, a.step());
-  const Anomaly* first = nullptr;
-  std::vector<int> sources;
   int keep = INT32_MAX;
-  for (const auto& [slot, a] : c.reports) {
-    keep = std::min(keep, a.keep_snapshots());
-    if (a.step() != d.step) continue;
-    if (first == nullptr || (a.local() && !first->local())) first = &a;
-    if (Empty(d.data) && !Empty(a.data())) d.data = a.data();
-    if (a.local()) sources.push_back(slot);
-  }
-  const bool replica = first->kind() == "replica";
-  if (!replica && rollback_generation_ == generation &&
-      d.step == rollback_target_ + 1) {
-    // (A replica check's step came after a step where every slot held
-    // the same state: the commit it rolls back to was checked.)
+  std::vector<int> sources;
+  const Anomaly& first = Gather(c, &d, &sources, &keep);
+  const std::string& kind = first.kind();
+  // A replica or gradient check's step came after steps whose checks
+  // passed: the commit it rolls back to is not suspect.
+  if (kind != "replica" && kind != "gradient" &&
+      rollback_generation_ == generation && d.step == rollback_target_ + 1) {
     poisoned_.insert(rollback_target_);
   }
   d.target = CleanTarget(d.step, keep);
-  const std::string what = What(*first, d.step, c.reports, sources, d.data);
+  const std::string what = What(first, d.step, c.reports, sources, d.data);
   if (d.target < 0) {
-    d.evidence = absl::StrCat(
-        what,
-        "; no clean committed step is kept to roll back to (the members "
-        "keep ",
-        keep, " committed snapshots, HOLDFAST_KEEP_SNAPSHOTS; unclean: ",
-        poisoned_.empty() ? std::string("none")
-                          : absl::StrJoin(poisoned_, ", "),
-        ")");
+    d.evidence = absl::StrCat(what, NoCleanStepText(keep));
     return d;
   }
-  const std::vector<int> suspects = replica ? ReplicaSuspects(sources, slots)
-                                            : Suspects(sources, d.data, slots);
-  d.skip =
-      suspects.empty() && !Empty(d.data) && skip_data_.size() < kMaxSkipRanges;
+  bool data_cause = false;  // a gradient outlier again at the same data
+  const std::vector<int> suspects =
+      kind == "replica" ? ReplicaSuspects(sources, slots)
+      : kind == "gradient"
+          ? GradientSuspects(sources, d.step, d.data, slots, &data_cause)
+          : Suspects(sources, d.data, slots);
+  if (data_cause && Empty(d.data)) {
+    d.target = -1;
+    d.evidence = absl::StrCat(
+        what,
+        "; the same slot's norm was far off again when the step was redone, "
+        "so its data is the likely cause, and no data position is "
+        "registered to skip it (Runtime::RegisterDataPosition)");
+    return d;
+  }
+  d.skip = suspects.empty() && !Empty(d.data) &&
+           (kind == "nan" || kind == "spike" || data_cause) &&
+           skip_data_.size() < kMaxSkipRanges;
   if (d.skip) {
     skip_data_.emplace_back(d.data.begin(), d.data.end());
     std::sort(skip_data_.begin(), skip_data_.end());
@@ -201,29 +199,89 @@ AnomalyLedger::Decision AnomalyLedger::Decide(
   rollback_target_ = d.target;
   ++rollbacks_;
   d.evidence = absl::StrCat(
-      what, "; rolled back to step ", d.target,
+      what, data_cause ? "; the same again when the step was redone" : "",
+      "; rolled back to step ", d.target,
       d.skip ? absl::StrCat(", data ", RangeText(d.data), " skipped")
              : std::string(suspects.empty() ? ", no data skipped"
                                             : ", data not skipped"));
-  d.named_slot = !sources.empty() ? sources.front()
-                 : replica        ? -1
-                                  : c.reports.begin()->first;
+  d.named_slot = !sources.empty()    ? sources.front()
+                 : kind == "replica" ? -1
+                                     : c.reports.begin()->first;
   for (int slot : suspects) {
     const uint64_t id = slots[static_cast<size_t>(slot)];
-    d.suspects.emplace_back(
-        id, replica
-                ? absl::StrCat("slot ", slot,
-                               "'s replicated state differed from the "
-                               "majority's a second time: suspected of "
-                               "silent data corruption")
-                : absl::StrCat("slot ", slot,
-                               " was the source of non-finite values at data ",
-                               RangeText(d.data),
-                               " after it was at other data before (",
-                               SourcesText(id),
-                               "): suspected of silent data corruption"));
+    d.suspects.emplace_back(id, SuspectText(kind, slot, d.data, id));
   }
   return d;
+}
+
+const Anomaly& AnomalyLedger::Gather(const Case& c, Decision* d,
+                                     std::vector<int>* sources, int* keep) {
+  // The earliest step reported is where it began; its data and its sources
+  // are those of the reports of that step.
+  d->step = INT64_MAX;
+  for (const auto& [slot, a] : c.reports) d->step = std::min(d->step, a.step());
+  const Anomaly* first = nullptr;
+  for (const auto& [slot, a] : c.reports) {
+    *keep = std::min(*keep, a.keep_snapshots());
+    if (a.step() != d->step) continue;
+    if (first == nullptr || (a.local() && !first->local())) first = &a;
+    if (Empty(d->data) && !Empty(a.data())) d->data = a.data();
+    if (a.local()) sources->push_back(slot);
+  }
+  return *first;
+}
+
+std::string AnomalyLedger::NoCleanStepText(int keep) const {
+  return absl::StrCat(
+      "; no clean committed step is kept to roll back to (the members keep ",
+      keep, " committed snapshots, HOLDFAST_KEEP_SNAPSHOTS; unclean: ",
+      poisoned_.empty() ? std::string("none") : absl::StrJoin(poisoned_, ", "),
+      ")");
+}
+
+std::string AnomalyLedger::SuspectText(const std::string& kind, int slot,
+                                       const DataRange& data,
+                                       uint64_t member) const {
+  if (kind == "replica") {
+    return absl::StrCat("slot ", slot,
+                        "'s replicated state differed from the majority's a "
+                        "second time: suspected of silent data corruption");
+  }
+  if (kind == "gradient") {
+    return absl::StrCat("slot ", slot,
+                        "'s local gradient norm was far above the other "
+                        "slots' at another step before: suspected of silent "
+                        "data corruption");
+  }
+  return absl::StrCat(
+      "slot ", slot, " was the source of non-finite values at data ",
+      RangeText(data), " after it was at other data before (",
+      SourcesText(member), "): suspected of silent data corruption");
+}
+
+std::vector<int> AnomalyLedger::GradientSuspects(
+    const std::vector<int>& sources, int64_t step, const DataRange& data,
+    const std::vector<uint64_t>& slots, bool* data_cause) {
+  // Where a step read: its data, or with none registered the step.
+  const std::pair<int64_t, int64_t> where =
+      Empty(data) ? std::make_pair(step, int64_t{-1})
+                  : std::make_pair(data.begin(), data.end());
+  std::vector<int> suspects;
+  for (int slot : sources) {
+    const uint64_t id = slots[static_cast<size_t>(slot)];
+    if (id == 0) continue;
+    auto& seen = gradient_sources_[id];
+    if (seen.empty()) {
+      seen.push_back(where);
+    } else if (std::all_of(seen.begin(), seen.end(),
+                           [&](const auto& w) { return w == where; })) {
+      *data_cause = true;  // a flip is gone when the step is redone
+      seen.clear();        // and the data, not the member, is to blame
+    } else {
+      suspects.push_back(slot);
+    }
+  }
+  return suspects;
 }
 
 void AnomalyLedger::NoteCommit(int64_t step) {

@@ -21,6 +21,12 @@
 //     after the newest step where every slot agreed, skips no data, and
 //     does not make the restored step unclean; a member outside the
 //     majority a second time is fenced;
+//   - a gradient check's case (kind "gradient", made by the controller:
+//     slots whose local gradient norm of a step was far above the others')
+//     rolls back to before the step and skips no data, as for a bit
+//     flipped in flight; redone, the step that shows the same slot far off
+//     again at the same data shows the data as the cause, and that data is
+//     skipped; a member far off again at another step is fenced;
 //   - with no clean step kept, the job stops.
 //
 // Not thread-safe: Membership's mutex guards it.
@@ -102,6 +108,13 @@ class AnomalyLedger {
   std::string SourcesText(uint64_t member) const;
 
  private:
+  // Of the reports of `c`: the step where it began (into d->step) and its
+  // data (d->data), the slots that were its sources, the least number of
+  // snapshots kept, and the report that speaks for it (a source's first).
+  static const Anomaly& Gather(const Case& c, Decision* d,
+                               std::vector<int>* sources, int* keep);
+  // Why no step is rolled back to.
+  std::string NoCleanStepText(int keep) const;
   // The newest kept commit before `step` that is clean, or -1.
   int64_t CleanTarget(int64_t step, int keep) const;
   // The slots among `sources` whose member was the source before at data
@@ -113,6 +126,18 @@ class AnomalyLedger {
   // member was outside it before; records the others.
   std::vector<int> ReplicaSuspects(const std::vector<int>& sources,
                                    const std::vector<uint64_t>& slots);
+  // The slots among `sources` (whose local gradient norm was far above
+  // the others' at `step`, reading `data`) whose member was such an
+  // outlier before at another step or data; sets `data_cause` when one was
+  // at the same (the replay reproduced it: its data, not a flip); records
+  // the others.
+  std::vector<int> GradientSuspects(const std::vector<int>& sources,
+                                    int64_t step, const DataRange& data,
+                                    const std::vector<uint64_t>& slots,
+                                    bool* data_cause);
+  // Why the member of `slot` is suspected, for a case of `kind`.
+  std::string SuspectText(const std::string& kind, int slot,
+                          const DataRange& data, uint64_t member) const;
   // Keeps the commits the members hold after restoring `target`.
   void TrimCommits(int64_t target, int keep);
 
@@ -133,6 +158,10 @@ class AnomalyLedger {
   std::map<uint64_t, std::vector<std::pair<int64_t, int64_t>>> nan_sources_;
   // The members that were outside a replica check's majority.
   std::set<uint64_t> replica_sources_;
+  // Per member: where (data, or step and -1) its gradient norm was an
+  // outlier.
+  std::map<uint64_t, std::vector<std::pair<int64_t, int64_t>>>
+      gradient_sources_;
 };
 
 }  // namespace holdfast::control

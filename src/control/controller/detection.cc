@@ -5,6 +5,8 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "src/common/logging.h"
 #include "src/control/controller/duration_text.h"
 
@@ -19,6 +21,16 @@ int64_t MedianOf(std::vector<int64_t> v) {
 }
 
 }  // namespace
+
+std::string CheckGradientOutlierFactor(const std::string& text) {
+  double v = 0;
+  if (absl::SimpleAtod(text, &v) && (v == 0 || (v >= 2 && v <= 1e30))) {
+    return "";
+  }
+  return absl::StrCat("'", text,
+                      "' is not 0 (off) or a factor from 2 up (a slot's norm "
+                      "against the median of the others')");
+}
 
 absl::Duration Lease(const DetectionOptions& d) {
   return d.lease.has_value() ? *d.lease : d.silent_after * 2 / 3;

@@ -15,6 +15,7 @@
 #include <deque>
 #include <map>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -25,6 +26,10 @@ struct DetectionOptions;
 // The lease that `d` gives members: d.lease, or two thirds of
 // d.silent_after when unset.
 absl::Duration Lease(const DetectionOptions& d);
+
+// "" if `text` is a gradient outlier factor (DetectionOptions): 0 (off) or
+// a number from 2 up; else what is wrong (a command-line check).
+std::string CheckGradientOutlierFactor(const std::string& text);
 
 struct DetectionOptions {
   // How often members send a periodic report (told to them at Register).
@@ -98,6 +103,18 @@ struct DetectionOptions {
   // every worker has reported one for the generation, or this long after
   // the first report (a loss spike seen by one slot only).
   absl::Duration anomaly_settle = absl::Seconds(1);
+  // A slot whose local gradient norm of a step (StepReport::local_norms)
+  // is above this many times the median of the other slots' is named
+  // (GradientLedger): a bit flipped in its gradients, or data of its own.
+  // The slots' data differ, so their norms do: over 1000 steps of the
+  // example trainer on 4 slots the largest ratio was 210 with one sample
+  // per slot, 29 with two and 4 with 64 (the Python DDP example's: 6).
+  // An exponent bit flipped from 0 to 1 in a float32 below 2 multiplies it
+  // by 2^(2^k) for bit 23 + k: bits 28 and up (2^32 and more) stand out of
+  // any norm, lower ones only where the value weighs in it. A false alarm
+  // costs a replay (and, when the replay shows it again, the step's data).
+  // 0: off.
+  double gradient_outlier_factor = 1000.0;
   // A generation opened within this of the last push of one waits, and
   // goes with those that follow it in one push of the newest: faults come
   // in clusters (a host's eight ranks, a rack), and a thousand deaths at

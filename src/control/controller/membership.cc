@@ -376,6 +376,7 @@ absl::Status Membership::Heartbeat(const HeartbeatRequest& req,
   mem.seen_generation = std::max(mem.seen_generation, req.generation());
   NoteReportLocked(mem, req.report(), now);
   NoteReplicaChecksLocked(mem, req.report(), now);
+  NoteLocalNormsLocked(mem, req.report(), now);
   return absl::OkStatus();
 }
 
@@ -727,6 +728,7 @@ void Membership::OpenGenerationLocked(int lost_slot,
   ++generation_;
   acks_.clear();
   replicas_.Restart(committed_step_);
+  norms_.Restart(committed_step_);
   // Every member's work_us is stale now (Member::work_generation).
   std::vector<SlotChange> changes;
   int removed = 0;  // slots a shrink took away

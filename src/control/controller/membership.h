@@ -29,6 +29,7 @@
 #include "src/control/controller/anomaly_ledger.h"
 #include "src/control/controller/detection.h"
 #include "src/control/controller/diagnosis_cases.h"
+#include "src/control/controller/gradient_ledger.h"
 #include "src/control/controller/replica_ledger.h"
 #include "src/control/controller/verdict.h"
 #include "src/control/wire/controller.pb.h"
@@ -343,6 +344,17 @@ class Membership {
   void NoteReplicaChecksLocked(const Member& m, const StepReport& r,
                                absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A worker's local gradient norms (StepReport::local_norms); those of
+  // another generation count for nothing. A slot whose norm of a step is
+  // far above the others' rolls the job back as a numeric anomaly of kind
+  // "gradient" (anomaly_ledger.h), before the step can commit: a step's
+  // norms come before its checkpoint acks.
+  void NoteLocalNormsLocked(const Member& m, const StepReport& r,
+                            absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One norm (of a report, or of an anomaly report); true when it made
+  // the case that opened a new generation.
+  bool NoteLocalNormLocked(const Member& m, const LocalNorm& n, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NoteCommitLocked(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Data-network evidence (ReportFailureRequest::unreachable_slots): keeps
   // `req`'s edges when its generation's slots are still the current ones,
@@ -411,6 +423,7 @@ class Membership {
   // data skipped.
   AnomalyLedger anomalies_ ABSL_GUARDED_BY(mu_);
   ReplicaLedger replicas_ ABSL_GUARDED_BY(mu_);
+  GradientLedger norms_ ABSL_GUARDED_BY(mu_);
 
   // Generations waiting to be pushed as one (BroadcastGenerationLocked).
   struct Merge {

@@ -2,6 +2,7 @@
 // ledger (anomaly_ledger.h, where the rules live) and acts on its
 // decisions: an incident, a rollback to a new generation, fencing.
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,6 +24,16 @@ absl::StatusOr<bool> Membership::ReportAnomalyLocked(Member& reporter,
         absl::StrCat("member ", reporter.id, " is a standby; it has no step"));
   }
   if (job_state_ != JOB_RUNNING || finished_workers_ > 0) return false;
+  if (anomaly.has_local_norm()) {
+    // The norms may name a slot whose flipped bit the all-reduce spread.
+    LocalNorm n;
+    n.set_generation(generation_);
+    n.set_step(anomaly.step());
+    n.set_norm(anomaly.local_norm());
+    n.set_keep_snapshots(anomaly.keep_snapshots());
+    *n.mutable_data() = anomaly.data();
+    if (NoteLocalNormLocked(reporter, n, now)) return true;
+  }
   anomalies_.Report(reporter.slot, anomaly, generation_, now);
   ScanAnomaliesLocked(now);
   return true;
@@ -104,6 +115,45 @@ void Membership::NoteReplicaChecksLocked(const Member& m, const StepReport& r,
     DecideAnomalyLocked(c, now);
     return;  // the rollback opened the next generation
   }
+}
+
+void Membership::NoteLocalNormsLocked(const Member& m, const StepReport& r,
+                                      absl::Time now) {
+  for (const LocalNorm& n : r.local_norms()) {
+    if (NoteLocalNormLocked(m, n, now)) return;  // a new generation
+  }
+}
+
+bool Membership::NoteLocalNormLocked(const Member& m, const LocalNorm& n,
+                                     absl::Time now) {
+  const double factor = detection_.gradient_outlier_factor;
+  if (factor <= 0 || m.role != ROLE_WORKER || m.slot < 0 ||
+      job_state_ != JOB_RUNNING || finished_workers_ > 0 ||
+      n.generation() != generation_ || n.step() <= committed_step_ ||
+      !std::isfinite(n.norm()) || n.norm() < 0) {
+    return false;
+  }
+  LocalNorm clamped = n;
+  clamped.set_keep_snapshots(std::clamp(n.keep_snapshots(),
+                                        config::kMinKeepSnapshots,
+                                        config::kMaxKeepSnapshots));
+  std::optional<GradientLedger::Outlier> o =
+      norms_.Note(m.slot, clamped, world_size_, factor);
+  if (!o.has_value()) return false;
+  // A case of its own: the outliers are its sources.
+  AnomalyLedger::Case c{generation_, now, {}};
+  for (int slot : o->slots) {
+    Anomaly a;
+    a.set_step(o->step);
+    a.set_kind("gradient");
+    a.set_what(o->evidence);
+    a.set_keep_snapshots(o->keep_snapshots);
+    a.set_local(true);
+    *a.mutable_data() = o->data[slot];
+    c.reports[slot] = a;
+  }
+  DecideAnomalyLocked(c, now);
+  return true;
 }
 
 void Membership::NoteCommitLocked(int64_t step) {

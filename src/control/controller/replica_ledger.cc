@@ -1,36 +1,22 @@
 #include "src/control/controller/replica_ledger.h"
 
 #include <algorithm>
-#include <climits>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 
 namespace holdfast::control {
-namespace {
-
-// Steps held undecided at most (a slot that never reports a step, as a
-// standby of a run that turned the check off, must not grow the map).
-constexpr size_t kMaxPendingSteps = 64;
-
-}  // namespace
 
 std::optional<ReplicaLedger::Mismatch> ReplicaLedger::Note(
     int slot, int64_t step, uint64_t hash, int keep_snapshots, int world) {
-  if (step <= agreed_ || slot < 0 || slot >= world) return std::nullopt;
-  Step& s = steps_[step];
-  if (s.hashes.empty()) s.keep = INT_MAX;
-  s.hashes[slot] = hash;
-  s.keep = std::min(s.keep, keep_snapshots);
-  if (static_cast<int>(s.hashes.size()) < world) {
-    if (steps_.size() > kMaxPendingSteps) steps_.erase(steps_.begin());
-    return std::nullopt;
-  }
-  const Step done = std::move(s);
-  steps_.erase(steps_.begin(), steps_.upper_bound(step));
+  std::optional<StepCollector<uint64_t>::Step> all =
+      steps_.Note(slot, step, hash, keep_snapshots, world, agreed_);
+  if (!all.has_value()) return std::nullopt;
+  const StepCollector<uint64_t>::Step& done = *all;
   std::map<uint64_t, std::vector<int>> by_hash;
-  for (const auto& [sl, h] : done.hashes) by_hash[h].push_back(sl);
+  for (const auto& [sl, h] : done.values) by_hash[h].push_back(sl);
   if (by_hash.size() == 1) {
     agreed_ = step;
     return std::nullopt;
@@ -43,7 +29,7 @@ std::optional<ReplicaLedger::Mismatch> ReplicaLedger::Note(
       by_hash.begin(), by_hash.end(), [](const auto& a, const auto& b) {
         return a.second.size() < b.second.size();
       });
-  const bool named = majority->second.size() * 2 > done.hashes.size();
+  const bool named = majority->second.size() * 2 > done.values.size();
   std::vector<std::string> groups;
   for (const auto& [h, slots] : by_hash) {
     groups.push_back(absl::StrFormat("slot(s) %s hold %016x",
@@ -65,7 +51,7 @@ std::optional<ReplicaLedger::Mismatch> ReplicaLedger::Note(
 }
 
 void ReplicaLedger::Restart(int64_t committed) {
-  steps_.clear();
+  steps_.Clear();
   agreed_ = std::min(agreed_, committed);
 }
 

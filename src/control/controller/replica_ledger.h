@@ -10,10 +10,11 @@
 #define HOLDFAST_SRC_CONTROL_CONTROLLER_REPLICA_LEDGER_H_
 
 #include <cstdint>
-#include <map>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "src/control/controller/step_collector.h"
 
 namespace holdfast::control {
 
@@ -39,11 +40,7 @@ class ReplicaLedger {
   void Restart(int64_t committed);
 
  private:
-  struct Step {
-    std::map<int, uint64_t> hashes;
-    int keep = 0;
-  };
-  std::map<int64_t, Step> steps_;  // undecided, by step
+  StepCollector<uint64_t> steps_;
   int64_t agreed_ = -1;
 };
 

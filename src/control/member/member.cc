@@ -131,6 +131,26 @@ class MemberClientImpl final : public MemberClient {
     c->set_keep_snapshots(keep_snapshots);
   }
 
+  void NoteLocalNorm(int64_t generation, const LocalNorm& norm) override {
+    // Steps after the commit: the controller decides a step's norms
+    // before it commits the step (a snapshot every 64 steps or more
+    // leaves the oldest unchecked).
+    constexpr int kKept = 64;
+    absl::MutexLock lock(&mu_);
+    google::protobuf::RepeatedPtrField<LocalNorm> kept;
+    for (LocalNorm& n : *report_.mutable_local_norms()) {
+      if (n.generation() == generation && n.step() < norm.step() &&
+          n.step() > assignment_.committed_step) {
+        kept.Add()->Swap(&n);
+      }
+    }
+    if (kept.size() >= kKept) kept.DeleteSubrange(0, kept.size() - kKept + 1);
+    report_.mutable_local_norms()->Swap(&kept);
+    LocalNorm* n = report_.add_local_norms();
+    *n = norm;
+    n->set_generation(generation);
+  }
+
   void SetPhase(Phase phase, int64_t collective_seq) override {
     absl::MutexLock lock(&mu_);
     report_.set_phase(phase);

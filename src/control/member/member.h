@@ -111,6 +111,11 @@ class MemberClient {
   // newer generation drops them.
   virtual void NoteReplicaCheck(int64_t generation, int64_t step, uint64_t hash,
                                 int keep_snapshots) = 0;
+  // The norm of the member's local gradients in `step` of `generation`
+  // (StepReport::local_norms, `norm` its step and data): reports carry
+  // those of the steps after the newest commit the member knows, up to a
+  // bound, until a newer generation drops them.
+  virtual void NoteLocalNorm(int64_t generation, const LocalNorm& norm) = 0;
   // Where the member is inside its step; periodic reports carry it.
   virtual void SetPhase(Phase phase, int64_t collective_seq = 0) = 0;
   // The member has come to the rendezvous of `generation`: sends a report
