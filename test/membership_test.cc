@@ -1148,3 +1148,94 @@ TEST_CASE("membership: at the loop bound one member's evidence is acted on") {
   // The standby (on d) took slot 0.
   CHECK(job.sinks[3]->LastUpdate()->slot() == 0);
 }
+
+// ---- Packet loss on one host's data link (LossLedger) -----------------------
+
+namespace {
+
+// Three hosts of two workers each: slots 0-1 on h0, 2-3 on h1, 4-5 on h2.
+const std::vector<std::string> kLossHosts = {"h0", "h0", "h1",
+                                             "h1", "h2", "h2"};
+
+google::protobuf::RepeatedPtrField<PeerCount> Counts(
+    const std::map<int, int64_t>& by_peer) {
+  google::protobuf::RepeatedPtrField<PeerCount> out;
+  for (const auto& [slot, count] : by_peer) {
+    PeerCount* c = out.Add();
+    c->set_slot(slot);
+    c->set_count(count);
+  }
+  return out;
+}
+
+// Every slot reports twice, 1 s apart: first nothing, then the segments
+// it retransmitted to each peer, `lossy(from, to)`.
+LossLedger Fed(const std::function<int64_t(int, int)>& lossy) {
+  LossLedger l;
+  for (int s = 0; s < 6; ++s) l.Note(s, 3, Counts({}), kT0);
+  for (int s = 0; s < 6; ++s) {
+    std::map<int, int64_t> c;
+    for (int p = 0; p < 6; ++p) {
+      if (p != s && lossy(s, p) > 0) c[p] = lossy(s, p);
+    }
+    l.Note(s, 3, Counts(c), kT0 + absl::Seconds(1));
+  }
+  return l;
+}
+
+bool OnH1(int slot) { return slot == 2 || slot == 3; }
+
+}  // namespace
+
+TEST_CASE(
+    "loss: the host whose connections to every other host retransmit, while "
+    "the others' do not, is named with its workers") {
+  const LossLedger l =
+      Fed([](int s, int p) { return OnH1(s) != OnH1(p) ? 15 : 0; });
+  auto v = l.Decide(kLossHosts, kT0 + absl::Seconds(1), absl::Seconds(2), 20);
+  REQUIRE(v.has_value());
+  CHECK(v->host == "h1");
+  CHECK(v->slots == std::vector<int>{2, 3});
+  CHECK_THAT(v->evidence,
+             Catch::Contains("the data link of its host h1 loses packets"));
+  CHECK_THAT(v->evidence, Catch::Contains("120 with h0, 120 with h2"));
+  // Below the floor: nothing.
+  CHECK_FALSE(
+      l.Decide(kLossHosts, kT0 + absl::Seconds(1), absl::Seconds(2), 200)
+          .has_value());
+  // Outside the window: the growth before it does not count.
+  CHECK_FALSE(
+      l.Decide(kLossHosts, kT0 + absl::Seconds(10), absl::Seconds(2), 20)
+          .has_value());
+}
+
+TEST_CASE(
+    "loss: loss between one pair of hosts, or everywhere, or with two hosts "
+    "names no host") {
+  const LossLedger pair = Fed([](int s, int p) {
+    return (s < 2 && p >= 4) || (s >= 4 && p < 2) ? 40 : 0;
+  });
+  CHECK_FALSE(
+      pair.Decide(kLossHosts, kT0 + absl::Seconds(1), absl::Seconds(2), 20)
+          .has_value());
+  const LossLedger everywhere = Fed([](int s, int p) {
+    return kLossHosts[static_cast<size_t>(s)] !=
+                   kLossHosts[static_cast<size_t>(p)]
+               ? 40
+               : 0;
+  });
+  CHECK_FALSE(
+      everywhere
+          .Decide(kLossHosts, kT0 + absl::Seconds(1), absl::Seconds(2), 20)
+          .has_value());
+  const LossLedger two =
+      Fed([](int s, int p) { return s < 3 != p < 3 ? 40 : 0; });
+  CHECK_FALSE(two.Decide({"a", "a", "a", "b", "b", "b"}, kT0 + absl::Seconds(1),
+                         absl::Seconds(2), 20)
+                  .has_value());
+  // Counts of an older generation than the newest seen are dropped.
+  LossLedger l = Fed([](int s, int p) { return OnH1(s) != OnH1(p) ? 15 : 0; });
+  l.Note(0, 4, Counts({}), kT0 + absl::Seconds(1));
+  CHECK_FALSE(l.Decide(kLossHosts, kT0 + absl::Seconds(1), absl::Seconds(2), 20)
+                  .has_value());
+}

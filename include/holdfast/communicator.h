@@ -115,6 +115,13 @@ class Communicator {
   virtual std::string DumpTrace() const = 0;
   // The ring's records, oldest first.
   virtual std::vector<TraceRecord> TraceSnapshot() const = 0;
+
+  // ---- Link health --------------------------------------------------------
+  // The TCP segments this rank has retransmitted to each peer since the
+  // communicator was built, by rank (0 for itself, -1 where unknown): a
+  // lossy data link shows here before it fails anything. Empty where the
+  // backend does not say (NCCL).
+  virtual std::vector<int64_t> PeerRetransmits() const { return {}; }
 };
 
 }  // namespace holdfast

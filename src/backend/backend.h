@@ -15,6 +15,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 #include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
@@ -93,6 +94,11 @@ class Backend {
   // are woken with its error. Thread-safe; cheap enough for every watchdog
   // tick while operations are in flight.
   virtual absl::Status CheckPeers() = 0;
+
+  // The TCP segments this rank has retransmitted to each peer on its
+  // connection since the backend was built (indexed by rank; 0 for itself,
+  // -1 where unknown). Empty: the backend does not say (NCCL). Thread-safe.
+  virtual std::vector<int64_t> PeerRetransmits() { return {}; }
 
   // Makes a Run in progress return within milliseconds and every later Run
   // fail with Aborted. Closes the connections, so peers blocked on this rank

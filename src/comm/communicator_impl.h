@@ -81,6 +81,9 @@ class CommunicatorImpl final : public Communicator, private InlineRunner {
   absl::Status health() const override;
   std::string DumpTrace() const override;
   std::vector<TraceRecord> TraceSnapshot() const override;
+  std::vector<int64_t> PeerRetransmits() const override {
+    return backend_->PeerRetransmits();
+  }
 
  private:
   struct Pending {

@@ -154,7 +154,30 @@ void RuntimeImpl::ReportStep(int64_t step, absl::Time t0, absl::Time t1,
   const int64_t start_ns =
       MonotonicNanos() - absl::ToInt64Nanoseconds(absl::Now() - t0);
   const StepCollectives c = CollectivesSinceLastStep(start_ns);
+  NoteRetransmits(t1);
   (void)member_->ReportStep(step, t1 - t0, metrics, c.inside, c.arrival);
+}
+
+void RuntimeImpl::NoteRetransmits(absl::Time now) {
+  // A syscall per peer: a few times a second is enough for a rate.
+  constexpr absl::Duration kEvery = absl::Milliseconds(200);
+  constexpr size_t kMost = 16;
+  if (now - retransmits_at_ < kEvery) return;
+  retransmits_at_ = now;
+  const std::shared_ptr<Communicator> comm = gens_.SharedComm();
+  if (comm == nullptr) return;
+  const std::vector<int64_t> all = comm->PeerRetransmits();
+  std::vector<std::pair<int, int64_t>> counts;
+  for (size_t j = 0; j < all.size(); ++j) {
+    if (all[j] > 0) counts.emplace_back(static_cast<int>(j), all[j]);
+  }
+  if (counts.size() > kMost) {
+    std::partial_sort(
+        counts.begin(), counts.begin() + kMost, counts.end(),
+        [](const auto& a, const auto& b) { return a.second > b.second; });
+    counts.resize(kMost);
+  }
+  member_->NoteRetransmits(comm->generation(), counts);
 }
 
 void RuntimeImpl::Leave(bool finished) {

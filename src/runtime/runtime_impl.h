@@ -247,6 +247,10 @@ class RuntimeImpl final : public Runtime, private BackupPipeline::Member {
     absl::Duration arrival;
   };
   StepCollectives CollectivesSinceLastStep(int64_t step_start_ns);
+  // The training communicator's retransmissions to each peer
+  // (StepReport::retransmits), read at most a few times a second.
+  // Training thread only.
+  void NoteRetransmits(absl::Time now);
 
   // The member client's callbacks.
   void OnMembership(const MembershipUpdate& u);
@@ -332,6 +336,7 @@ class RuntimeImpl final : public Runtime, private BackupPipeline::Member {
   // op seq it counted (the training thread's alone).
   int64_t timed_generation_ = -1;
   uint64_t timed_seq_ = 0;
+  absl::Time retransmits_at_ = absl::InfinitePast();  // NoteRetransmits
 
   // Aborts ordered by the controller (QueueAbort).
   absl::Mutex abort_mu_;

@@ -123,6 +123,28 @@ class Host:
         subprocess.run(nft + ["-f", "-"], input=rules, text=True, check=True)
 
 
+    def lossy(self, percent, net="d"):
+        """Drops `percent` % of the packets on this host's link `net`, in
+        both directions, at random (nftables' numgen in its namespace, as a
+        bad cable or an overrun switch port loses them); lossy(0) lifts it.
+        """
+        nft = self.exec_prefix() + ["nft"]
+        subprocess.run(nft + ["delete", "table", "inet", "hfloss"],
+                       stderr=subprocess.DEVNULL, check=False)
+        if percent <= 0:
+            return
+        dev = f"eth-{net}"
+        rules = "\n".join([
+            "table inet hfloss {",
+            " chain out { type filter hook output priority 0; policy accept;",
+            f"  oifname \"{dev}\" numgen random mod 100 < {percent} drop",
+            " }",
+            " chain in { type filter hook input priority 0; policy accept;",
+            f"  iifname \"{dev}\" numgen random mod 100 < {percent} drop",
+            " }", "}"])
+        subprocess.run(nft + ["-f", "-"], input=rules, text=True, check=True)
+
+
 class TestNet:
     """Bridges and test hosts. `hosts`: [(name, nets)], nets a subset of
     "dc". Idempotent: it removes what an earlier run left first."""

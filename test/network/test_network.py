@@ -445,6 +445,69 @@ def test_one_pair_blocked(job, fault_free):
     assert_host_unreachable(j, st, "h2", "link", fault_free)
 
 
+def assert_lossy_host_named(st, evicted):
+    """The straggler incidents name h1's two workers alone, by its link;
+    `evicted` says whether they were replaced. The loss may also reset a
+    connection (data unacknowledged for HOLDFAST_TCP_USER_TIMEOUT_MS): the
+    group is then rebuilt, and that incident evicts nobody."""
+    found = incidents(st)
+    text = json.dumps(found, indent=1)
+    stragglers = [i for i in found if i["kind"] == "INCIDENT_STRAGGLER"]
+    assert {i["host"] for i in stragglers} == {"h1"}, text
+    # (JSON leaves out a slot 0; h1's workers hold slots 2 and 3.)
+    assert {i.get("slot", 0) for i in stragglers} == {2, 3}, text
+    assert all("data link of its host h1 loses packets" in i["evidence"]
+               for i in stragglers), text
+    assert all(bool(i.get("evicted")) == evicted for i in stragglers), text
+    others = [i for i in found if i["kind"] != "INCIDENT_STRAGGLER"]
+    assert all(i["kind"] == "INCIDENT_COMM_FAILED" and not i.get("evicted")
+               for i in others), text
+
+
+def test_lossy_data_link_names_its_host(job, fault_free):
+    """h1's data link drops 5 % of its packets, both ways, from step 100
+    to the end (nftables' numgen; the control network is clean). Every
+    training connection that crosses it retransmits, those between h0 and
+    h2 do not: h1's two workers are reported as stragglers, with the
+    host's link as the evidence, nobody else is named, nobody is evicted,
+    and the job ends with the fault-free hash."""
+    j = job()
+    j.wait_step(100)
+    j.net.hosts["h1"].lossy(5)
+    cut_at = time.time()
+    try:
+        j.wait_end(timeout=240)
+    finally:
+        j.net.hosts["h1"].lossy(0)
+    report(j, "lossy data link", cut_at, "h1")
+    assert_lossy_host_named(j.status(), evicted=False)
+    assert_finished_equal(j, fault_free)
+
+
+def test_lossy_data_link_replaced_under_the_straggler_policy(job, fault_free):
+    """The same loss with --stragglers replace: h1's two workers are
+    replaced by the standbys of h0 and h2 (never h1's own), and the job
+    ends with the fault-free hash."""
+    j = job(controller_args=["--stragglers", "replace"])
+    j.wait_step(100)
+    j.net.hosts["h1"].lossy(5)
+    cut_at = time.time()
+    try:
+        j.wait_end(hosts=["h0", "h2"], timeout=240)
+    finally:
+        j.net.hosts["h1"].lossy(0)
+    report(j, "lossy data link, replace", cut_at, "h1")
+    st = j.status()
+    assert_lossy_host_named(st, evicted=True)
+    # (JSON leaves out a slot 0.)
+    holders = {m.get("slot", 0): m for m in st["members"]
+               if m.get("role") == "ROLE_WORKER"
+               and m.get("state") in ("STATE_ALIVE", "STATE_LEFT")}
+    assert sorted(m["host"] for m in holders.values()) == \
+        ["h0", "h0", "h0", "h2", "h2", "h2"], holders
+    assert_finished_equal(j, fault_free)
+
+
 def test_standby_host_loses_its_data_link(job, fault_free):
     """Two standbys per host. h1's data link goes down, and a worker on h0
     is killed at once: h1's standbys (of h0's topology block) are no

@@ -58,6 +58,17 @@ struct PairAccess : tcp::Pair {
                ? 0
                : errno;
   }
+  // The segments retransmitted on the pair's socket (TCP_INFO's
+  // tcpi_total_retrans), or -1.
+  static int64_t Retransmits(tcp::Pair* pair) {
+    const int fd = pair->*(&PairAccess::fd_);
+    tcp_info info{};
+    socklen_t len = sizeof(info);
+    if (fd < 0 || getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0) {
+      return -1;
+    }
+    return info.tcpi_total_retrans;
+  }
   static void Fail(tcp::Pair* pair, const std::string& msg) {
     (pair->*(&PairAccess::signalExceptionExternal))(msg);
   }

@@ -534,6 +534,19 @@ class GlooBackend final : public Backend {
     return absl::OkStatus();
   }
 
+  std::vector<int64_t> PeerRetransmits() override {
+    std::vector<int64_t> out(static_cast<size_t>(options_.size), -1);
+    out[static_cast<size_t>(options_.rank)] = 0;
+    if (!context_ || aborted_.load(std::memory_order_acquire)) return out;
+    for (int j = 0; j < options_.size; ++j) {
+      if (j == options_.rank) continue;
+      auto* pair = dynamic_cast<tcp::Pair*>(context_->getPair(j).get());
+      if (pair != nullptr)
+        out[static_cast<size_t>(j)] = PairAccess::Retransmits(pair);
+    }
+    return out;
+  }
+
  private:
   absl::Status AbortedStatus() {
     absl::MutexLock lock(&mu_);

@@ -115,6 +115,18 @@ struct DetectionOptions {
   // costs a replay (and, when the replay shows it again, the step's data).
   // 0: off.
   double gradient_outlier_factor = 1000.0;
+  // A host whose data link loses packets (LossLedger): over the last
+  // lossy_link_window, at least lossy_link_min_segments TCP segments were
+  // retransmitted between it and each other host on the training
+  // connections, and at most a quarter of that between any two other
+  // hosts, while every worker's step moves (a cut link stops training, and
+  // its retransmissions are the cut's). Its workers are reported as
+  // stragglers (they are the ones the others wait for), once a
+  // generation; under RecoveryPolicy::replace_stragglers they are replaced
+  // by standbys on other hosts when enough are there within the budget.
+  // Needs 3 hosts or more; a min_segments of 0 turns it off.
+  absl::Duration lossy_link_window = absl::Seconds(2);
+  int64_t lossy_link_min_segments = 20;
   // A generation opened within this of the last push of one waits, and
   // goes with those that follow it in one push of the newest: faults come
   // in clusters (a host's eight ranks, a rack), and a thousand deaths at

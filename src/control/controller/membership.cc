@@ -377,6 +377,10 @@ absl::Status Membership::Heartbeat(const HeartbeatRequest& req,
   NoteReportLocked(mem, req.report(), now);
   NoteReplicaChecksLocked(mem, req.report(), now);
   NoteLocalNormsLocked(mem, req.report(), now);
+  if (mem.role == ROLE_WORKER && mem.slot >= 0 &&
+      req.report().retransmits_generation() == generation_) {
+    losses_.Note(mem.slot, generation_, req.report().retransmits(), now);
+  }
   return absl::OkStatus();
 }
 

@@ -30,6 +30,7 @@
 #include "src/control/controller/detection.h"
 #include "src/control/controller/diagnosis_cases.h"
 #include "src/control/controller/gradient_ledger.h"
+#include "src/control/controller/loss_ledger.h"
 #include "src/control/controller/replica_ledger.h"
 #include "src/control/controller/verdict.h"
 #include "src/control/wire/controller.pb.h"
@@ -299,6 +300,9 @@ class Membership {
   void ScanStallsLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reports the workers slower than their peers (straggler_*).
   void ScanStragglersLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A host whose data link loses packets (LossLedger): its workers are
+  // reported as stragglers, once a generation.
+  void ScanLossLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Leaves out the members absent from a recovery's rendezvous
   // (DetectionOptions::rendezvous_grace).
   void ScanRendezvousLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -424,6 +428,9 @@ class Membership {
   AnomalyLedger anomalies_ ABSL_GUARDED_BY(mu_);
   ReplicaLedger replicas_ ABSL_GUARDED_BY(mu_);
   GradientLedger norms_ ABSL_GUARDED_BY(mu_);
+  LossLedger losses_ ABSL_GUARDED_BY(mu_);
+  // The generation in which a lossy data link was last reported.
+  int64_t loss_reported_generation_ ABSL_GUARDED_BY(mu_) = -1;
 
   // Generations waiting to be pushed as one (BroadcastGenerationLocked).
   struct Merge {

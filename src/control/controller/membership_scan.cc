@@ -43,6 +43,7 @@ void Membership::Scan(absl::Time now) {
   }
   ScanStallsLocked(now);
   ScanStragglersLocked(now);
+  ScanLossLocked(now);
   ScanRendezvousLocked(now);
   ScanAnomaliesLocked(now);
 }
@@ -377,6 +378,59 @@ void Membership::ScanStragglersLocked(absl::Time now) {
              detection_.straggler_factor, floor_us);
     // A replacement opens a new generation: the steps start over.
     if (StragglerLocked(m, w, replace_due, now)) return;
+  }
+}
+
+void Membership::ScanLossLocked(absl::Time now) {
+  if (detection_.lossy_link_min_segments <= 0 || !losses_.any() ||
+      job_state_ != JOB_RUNNING || finished_workers_ > 0 ||
+      loss_reported_generation_ == generation_) {
+    return;
+  }
+  // Training goes on, slowed: a link that is cut stops it, and the
+  // retransmissions that follow are the cut's (the data-link verdicts).
+  const absl::Duration moving =
+      std::max(absl::Milliseconds(300), 5 * pace_.Median());
+  std::vector<std::string> hosts;
+  for (uint64_t id : slots_) {
+    if (id == 0) return;
+    const Member& m = members_.at(id);
+    if (now - m.step_changed_at > moving) return;
+    hosts.push_back(m.host);
+  }
+  std::optional<LossLedger::Verdict> v =
+      losses_.Decide(hosts, now, detection_.lossy_link_window,
+                     detection_.lossy_link_min_segments);
+  if (!v.has_value()) return;
+  loss_reported_generation_ = generation_;
+  // Replaced under the straggler policy when standbys on other hosts can
+  // take every one of its slots within the budget; the host takes no
+  // slot again, as a host cut off from the data network.
+  int elsewhere = 0;
+  for (const auto& [order, id] : standbys_) {
+    const Member& s = members_.at(id);
+    elsewhere += s.host != v->host && cut_hosts_.count(s.host) == 0;
+  }
+  const int n = static_cast<int>(v->slots.size());
+  const bool replace = policy_.replace_stragglers && elsewhere >= n &&
+                       stragglers_replaced_ + n <= policy_.straggler_budget;
+  if (replace) cut_hosts_.insert(v->host);
+  for (int slot : v->slots) {
+    const uint64_t id = slots_[static_cast<size_t>(slot)];
+    if (id == 0) continue;
+    Member& m = members_.at(id);
+    if (!replace) {
+      RecordIncidentLocked(
+          MakeIncidentLocked(m, INCIDENT_STRAGGLER, v->evidence, now, 0, now));
+      continue;
+    }
+    ++stragglers_replaced_;
+    DeclareLocked(
+        m, INCIDENT_STRAGGLER,
+        absl::StrCat(v->evidence, "; a standby on another host replaces it (",
+                     stragglers_replaced_, " of the job's budget of ",
+                     policy_.straggler_budget, ")"),
+        now, 0, now);
   }
 }
 

@@ -151,6 +151,19 @@ class MemberClientImpl final : public MemberClient {
     n->set_generation(generation);
   }
 
+  void NoteRetransmits(
+      int64_t generation,
+      const std::vector<std::pair<int, int64_t>>& counts) override {
+    absl::MutexLock lock(&mu_);
+    report_.clear_retransmits();
+    report_.set_retransmits_generation(generation);
+    for (const auto& [slot, count] : counts) {
+      PeerCount* c = report_.add_retransmits();
+      c->set_slot(slot);
+      c->set_count(count);
+    }
+  }
+
   void SetPhase(Phase phase, int64_t collective_seq) override {
     absl::MutexLock lock(&mu_);
     report_.set_phase(phase);

@@ -116,6 +116,11 @@ class MemberClient {
   // those of the steps after the newest commit the member knows, up to a
   // bound, until a newer generation drops them.
   virtual void NoteLocalNorm(int64_t generation, const LocalNorm& norm) = 0;
+  // The segments retransmitted to each peer in `generation` so far
+  // (StepReport::retransmits): reports carry the newest.
+  virtual void NoteRetransmits(
+      int64_t generation,
+      const std::vector<std::pair<int, int64_t>>& counts) = 0;
   // Where the member is inside its step; periodic reports carry it.
   virtual void SetPhase(Phase phase, int64_t collective_seq = 0) = 0;
   // The member has come to the rendezvous of `generation`: sends a report

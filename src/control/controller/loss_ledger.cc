@@ -1,0 +1,125 @@
+#include "src/control/controller/loss_ledger.h"
+
+#include <algorithm>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace holdfast::control {
+namespace {
+
+// Samples kept per reporter at most (a report every step end).
+constexpr size_t kMaxSamples = 256;
+
+std::pair<std::string, std::string> Ordered(const std::string& a,
+                                            const std::string& b) {
+  return a < b ? std::make_pair(a, b) : std::make_pair(b, a);
+}
+
+}  // namespace
+
+void LossLedger::Note(
+    int slot, int64_t generation,
+    const google::protobuf::RepeatedPtrField<PeerCount>& counts,
+    absl::Time now) {
+  if (generation < generation_) return;
+  if (generation > generation_) {
+    generation_ = generation;
+    samples_.clear();  // a new communicator counts from zero
+    any_ = false;
+  }
+  Sample s{now, {}};
+  for (const PeerCount& c : counts) {
+    if (c.slot() >= 0 && c.count() > 0) s.counts[c.slot()] = c.count();
+  }
+  any_ = any_ || !s.counts.empty();
+  std::deque<Sample>& q = samples_[slot];
+  if (s.counts.empty() && !q.empty() && q.back().counts.empty()) {
+    q.back().at = now;  // still none: one sample, at zero since now
+    return;
+  }
+  q.push_back(std::move(s));
+  if (q.size() > kMaxSamples) q.pop_front();
+}
+
+std::map<std::pair<std::string, std::string>, int64_t> LossLedger::HostPairs(
+    const std::vector<std::string>& hosts, absl::Time now,
+    absl::Duration window) const {
+  std::map<std::pair<std::string, std::string>, int64_t> out;
+  for (const auto& [slot, q] : samples_) {
+    if (slot < 0 || static_cast<size_t>(slot) >= hosts.size() || q.empty()) {
+      continue;
+    }
+    // The window's growth: from the oldest sample inside it.
+    const Sample* first = nullptr;
+    for (const Sample& s : q) {
+      if (s.at >= now - window) {
+        first = &s;
+        break;
+      }
+    }
+    if (first == nullptr || first == &q.back()) continue;
+    for (const auto& [peer, count] : q.back().counts) {
+      if (peer < 0 || static_cast<size_t>(peer) >= hosts.size()) continue;
+      auto was = first->counts.find(peer);
+      const int64_t grew =
+          count - (was == first->counts.end() ? 0 : was->second);
+      const std::string& a = hosts[static_cast<size_t>(slot)];
+      const std::string& b = hosts[static_cast<size_t>(peer)];
+      if (grew > 0 && a != b) out[Ordered(a, b)] += grew;
+    }
+  }
+  return out;
+}
+
+std::optional<LossLedger::Verdict> LossLedger::Decide(
+    const std::vector<std::string>& hosts, absl::Time now,
+    absl::Duration window, int64_t min_segments) const {
+  if (!any_) return std::nullopt;
+  const std::set<std::string> all(hosts.begin(), hosts.end());
+  if (all.size() < 3) return std::nullopt;
+  const auto pairs = HostPairs(hosts, now, window);
+  // H must have lost at least min_segments with every other host.
+  std::map<std::string, std::pair<size_t, int64_t>> reach;  // count, least
+  for (const auto& [ab, n] : pairs) {
+    if (n < min_segments) continue;
+    for (const std::string* h : {&ab.first, &ab.second}) {
+      auto [it, fresh] = reach.try_emplace(*h, 0, INT64_MAX);
+      ++it->second.first;
+      it->second.second = std::min(it->second.second, n);
+    }
+  }
+  std::optional<Verdict> found;
+  for (const auto& [h, r] : reach) {
+    if (r.first + 1 < all.size()) continue;
+    int64_t elsewhere = 0;
+    std::vector<std::string> words;
+    for (const auto& [ab, n] : pairs) {
+      if (ab.first != h && ab.second != h) {
+        elsewhere = std::max(elsewhere, n);
+      } else {
+        words.push_back(
+            absl::StrCat(n, " with ", ab.first == h ? ab.second : ab.first));
+      }
+    }
+    if (elsewhere * 4 > r.second) continue;
+    if (found.has_value()) return std::nullopt;  // two such hosts: unclear
+    Verdict v;
+    v.host = h;
+    for (size_t i = 0; i < hosts.size(); ++i) {
+      if (hosts[i] == h) v.slots.push_back(static_cast<int>(i));
+    }
+    v.evidence = absl::StrCat(
+        "the data link of its host ", h, " loses packets: over the last ",
+        absl::FormatDuration(window),
+        " the training connections crossing it retransmitted ",
+        absl::StrJoin(words, ", "),
+        " TCP segments, and those between other hosts at most ", elsewhere);
+    found = std::move(v);
+  }
+  return found;
+}
+
+}  // namespace holdfast::control

@@ -1,0 +1,70 @@
+// The controller's view of packet loss on the data network (a gray
+// network, docs/gray-failures.md): every worker reports how many TCP
+// segments it has retransmitted to each peer of its training communicator
+// (StepReport::retransmits, cumulative in a generation). Loss on one host's
+// data link shows on every connection that crosses it, from both ends, and
+// on no connection between two other hosts. So the host that every other
+// host retransmits to, or is retransmitted to by, while the other hosts'
+// links are clean, is the host with the lossy link. Loss between one pair
+// of hosts only, or everywhere, names no host.
+//
+// Not thread-safe: Membership's mutex guards it.
+#ifndef HOLDFAST_SRC_CONTROL_CONTROLLER_LOSS_LEDGER_H_
+#define HOLDFAST_SRC_CONTROL_CONTROLLER_LOSS_LEDGER_H_
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "src/control/wire/controller.pb.h"
+
+namespace holdfast::control {
+
+class LossLedger {
+ public:
+  struct Verdict {
+    std::string host;        // whose data link loses packets
+    std::vector<int> slots;  // its workers, ascending
+    std::string evidence;    // in words
+  };
+
+  // Slot `slot`'s retransmissions to its peers in `generation` so far, at
+  // `now`. Those of an older generation than the newest seen are dropped.
+  void Note(int slot, int64_t generation,
+            const google::protobuf::RepeatedPtrField<PeerCount>& counts,
+            absl::Time now);
+  // The host whose data link lost packets over the last `window`: at least
+  // `min_segments` retransmitted between it and each other host, and at
+  // most a quarter of the least of those between any two other hosts.
+  // `hosts`: the host of each slot. Needs 3 hosts or more.
+  // Whether any member has retransmitted anything in the generation (a
+  // cheap test before Decide).
+  bool any() const { return any_; }
+  std::optional<Verdict> Decide(const std::vector<std::string>& hosts,
+                                absl::Time now, absl::Duration window,
+                                int64_t min_segments) const;
+
+ private:
+  struct Sample {
+    absl::Time at;
+    std::map<int, int64_t> counts;  // by peer slot
+  };
+  // Segments retransmitted between each pair of hosts over the window.
+  std::map<std::pair<std::string, std::string>, int64_t> HostPairs(
+      const std::vector<std::string>& hosts, absl::Time now,
+      absl::Duration window) const;
+
+  int64_t generation_ = -1;
+  bool any_ = false;
+  // By reporter slot, oldest first; a member that has retransmitted
+  // nothing has one (empty) sample.
+  std::map<int, std::deque<Sample>> samples_;
+};
+
+}  // namespace holdfast::control
+
+#endif  // HOLDFAST_SRC_CONTROL_CONTROLLER_LOSS_LEDGER_H_
