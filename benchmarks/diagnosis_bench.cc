@@ -24,8 +24,11 @@
 // holdfast-run's detection defaults (heartbeat 500 ms, silent after 3 s).
 //
 // For each kind and world size it prints the share of trials whose first
-// incident's verdict named exactly the faulty slot (right), named another
-// slot (a false accusation), or named nobody (undecided); the time from
+// incident's verdict named exactly the faulty slot with the kind that
+// fault should get (right: kill dead, stop-compute and stop-collective
+// frozen, stall compute-hang, mismatch mismatch, fail-op op-failed), named
+// the faulty slot alone with another kind (wrong kind), named another slot
+// (a false accusation), or named nobody (undecided); the time from
 // the fault (the signal, or the injector's log line) to the verdict, p50
 // and p90; the members fenced per fault (evictions); and the share that
 // ended with the fault-free model. The baseline, measured in the same run
@@ -66,6 +69,19 @@ using namespace holdfast::bench;  // NOLINT: the benchmarks' helpers
 namespace {
 
 constexpr int64_t kSteps = 30;
+
+// The verdict kind each fault should get (src/diagnosis/diagnosis.h).
+std::string ExpectedVerdict(const std::string& fault) {
+  static const std::map<std::string, std::string> kExpected = {
+      {"kill", "dead"},
+      {"stop-compute", "frozen"},
+      {"stop-collective", "frozen"},
+      {"stall", "compute-hang"},
+      {"mismatch", "mismatch"},
+      {"fail-op", "op-failed"}};
+  auto it = kExpected.find(fault);
+  return it == kExpected.end() ? "" : it->second;
+}
 
 struct Trial {
   std::string kind;
@@ -194,7 +210,8 @@ Outcome RunTrial(const Paths& p, const Trial& t, const std::string& want_hash,
 struct Row {
   std::string kind;
   int ranks = 0;
-  int n = 0, right = 0, wrong = 0, undecided = 0, model_ok = 0, hung = 0;
+  int n = 0, right = 0, wrong_kind = 0, wrong = 0, undecided = 0;
+  int model_ok = 0, hung = 0;
   int evictions = 0;
   std::vector<int64_t> verdict_ms;  // right ones only
 };
@@ -205,6 +222,7 @@ json RowJson(const Row& r) {
           {"ranks", r.ranks},
           {"faults", r.n},
           {"right", share(r.right)},
+          {"wrong_kind", share(r.wrong_kind)},
           {"false_accusations", share(r.wrong)},
           {"undecided", share(r.undecided)},
           {"verdict_ms_p50", Percentile(r.verdict_ms, 0.5)},
@@ -240,10 +258,12 @@ bool Campaign(const Paths& paths, int n, int faults,
     row.kind = t.kind;
     row.ranks = n;
     ++row.n;
-    const bool right = o.culprits == std::vector<int>{t.slot};
+    const bool named = o.culprits == std::vector<int>{t.slot};
+    const bool right = named && o.verdict_kind == ExpectedVerdict(t.kind);
     const bool wrong = std::any_of(o.culprits.begin(), o.culprits.end(),
                                    [&](int c) { return c != t.slot; });
     row.right += right;
+    row.wrong_kind += named && !right;
     row.wrong += wrong;
     row.undecided += o.culprits.empty();
     row.model_ok += o.model_ok;
@@ -290,6 +310,7 @@ void Report(const std::vector<Row>& rows, const json& trials, uint64_t seed,
     t.ranks = r.ranks;
     t.n += r.n;
     t.right += r.right;
+    t.wrong_kind += r.wrong_kind;
     t.wrong += r.wrong;
     t.undecided += r.undecided;
     t.model_ok += r.model_ok;
@@ -308,16 +329,17 @@ void Report(const std::vector<Row>& rows, const json& trials, uint64_t seed,
     std::printf("%s\n", doc.dump(1).c_str());
     return;
   }
-  std::printf("\n%-15s %5s %6s %6s %6s %6s %8s %8s %9s %9s %7s\n", "kind",
-              "ranks", "faults", "right", "false", "undec", "p50 ms", "p90 ms",
-              "evict/f", "vs restart", "model");
+  std::printf("\n%-15s %5s %6s %6s %6s %6s %6s %8s %8s %9s %9s %7s\n", "kind",
+              "ranks", "faults", "right", "kind?", "false", "undec", "p50 ms",
+              "p90 ms", "evict/f", "vs restart", "model");
   for (const json& r : out_rows) {
     const double evict = r["evictions_per_fault"].get<double>();
     std::printf(
-        "%-15s %5d %6d %5.0f%% %5.0f%% %5.0f%% %8lld %8lld %9.2f %9.2fx "
-        "%6.0f%%\n",
+        "%-15s %5d %6d %5.0f%% %5.0f%% %5.0f%% %5.0f%% %8lld %8lld %9.2f "
+        "%9.2fx %6.0f%%\n",
         r["kind"].get<std::string>().c_str(), r["ranks"].get<int>(),
         r["faults"].get<int>(), 100 * r["right"].get<double>(),
+        100 * r["wrong_kind"].get<double>(),
         100 * r["false_accusations"].get<double>(),
         100 * r["undecided"].get<double>(),
         static_cast<long long>(r["verdict_ms_p50"].get<int64_t>()),
@@ -326,8 +348,10 @@ void Report(const std::vector<Row>& rows, const json& trials, uint64_t seed,
         100 * r["fault_free_model"].get<double>());
   }
   std::printf(
-      "\nright: the first incident's verdict named the faulty slot alone; "
-      "false: it named another slot; p50/p90: from the fault to the verdict "
+      "\nright: the first incident's verdict named the faulty slot alone, "
+      "with the kind that fault should get; kind?: the slot alone, another "
+      "kind; false: it named another slot; undec: nobody; p50/p90: from the "
+      "fault to the verdict "
       "(right ones); evict/f: members fenced per fault (fail-op: 0 is "
       "right); vs restart: against restarting every process (R per fault); "
       "model: ended with the fault-free hash.\n");

@@ -1168,17 +1168,19 @@ google::protobuf::RepeatedPtrField<PeerCount> Counts(
   return out;
 }
 
-// Every slot reports twice, 1 s apart: first nothing, then the segments
-// it retransmitted to each peer, `lossy(from, to)`.
+// Every slot reports twice, 1 s apart: first 1 segment to each peer, then
+// 1 more than the segments it retransmitted since to each peer,
+// `lossy(from, to)`.
 LossLedger Fed(const std::function<int64_t(int, int)>& lossy) {
   LossLedger l;
-  for (int s = 0; s < 6; ++s) l.Note(s, 3, Counts({}), kT0);
-  for (int s = 0; s < 6; ++s) {
-    std::map<int, int64_t> c;
-    for (int p = 0; p < 6; ++p) {
-      if (p != s && lossy(s, p) > 0) c[p] = lossy(s, p);
+  for (int round = 0; round < 2; ++round) {
+    for (int s = 0; s < 6; ++s) {
+      std::map<int, int64_t> c;
+      for (int p = 0; p < 6; ++p) {
+        if (p != s) c[p] = 1 + (round == 1 ? lossy(s, p) : 0);
+      }
+      l.Note(s, 3, Counts(c), kT0 + absl::Seconds(round));
     }
-    l.Note(s, 3, Counts(c), kT0 + absl::Seconds(1));
   }
   return l;
 }

@@ -34,7 +34,10 @@ void LossLedger::Note(
   for (const PeerCount& c : counts) {
     if (c.slot() >= 0 && c.count() > 0) s.counts[c.slot()] = c.count();
   }
-  any_ = any_ || !s.counts.empty();
+  // Nothing kept while nobody has retransmitted anything (a report of
+  // every member at every step, at any world size, costs one test).
+  if (s.counts.empty() && !any_) return;
+  any_ = true;
   std::deque<Sample>& q = samples_[slot];
   if (s.counts.empty() && !q.empty() && q.back().counts.empty()) {
     q.back().at = now;  // still none: one sample, at zero since now

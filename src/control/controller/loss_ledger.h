@@ -60,8 +60,9 @@ class LossLedger {
 
   int64_t generation_ = -1;
   bool any_ = false;
-  // By reporter slot, oldest first; a member that has retransmitted
-  // nothing has one (empty) sample.
+  // By reporter slot, oldest first, once any member has retransmitted
+  // anything; a member that has retransmitted nothing has one (empty)
+  // sample.
   std::map<int, std::deque<Sample>> samples_;
 };
 
