@@ -306,6 +306,15 @@ void Norms(Job& job, int64_t step, int outlier = -1, double big = 0) {
   }
 }
 
+// Steps 0..`upto`: every slot's norms within the data's spread, each step
+// committed.
+void CleanSteps(Job& job, int64_t upto) {
+  for (int64_t s = 0; s <= upto; ++s) {
+    Norms(job, s);
+    Commit(job, {0, 1, 2, 3}, s);
+  }
+}
+
 }  // namespace
 
 TEST_CASE(
@@ -314,11 +323,8 @@ TEST_CASE(
     "and the slot is fenced when it is far off again at another step") {
   Job job(4);
   for (int i = 0; i < 5; ++i) job.Join("h" + std::to_string(i), kT0);
-  for (int64_t s = 0; s <= 4; ++s) {
-    Norms(job, s);
-    Commit(job, {0, 1, 2, 3}, s);
-  }
-  // Within the factor (1000): a spread such as the data make, 300x.
+  CleanSteps(job, 4);
+  // Within the factor (1000): a spread such as the data make, 360x.
   Norms(job, 5, 2, 900.0);
   Commit(job, {0, 1, 2, 3}, 5);
   CHECK(job.sinks[0]->LastUpdate() == nullptr);
@@ -366,10 +372,7 @@ TEST_CASE(
     "fenced") {
   Job job(4);
   for (int i = 0; i < 5; ++i) job.Join("h" + std::to_string(i), kT0);
-  for (int64_t s = 0; s <= 4; ++s) {
-    Norms(job, s);
-    Commit(job, {0, 1, 2, 3}, s);
-  }
+  CleanSteps(job, 4);
   Norms(job, 5, 0, 1e6);
   const MembershipUpdate* u = job.sinks[1]->LastUpdate();
   REQUIRE(u != nullptr);
