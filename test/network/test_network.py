@@ -253,7 +253,8 @@ def report(j, case, cut_at, host=None):
           f"{'-' if detect is None else round(detect - cut_at, 2)} "
           f"longest_pause_s={longest:.2f} recovered_s="
           f"{max(0.0, resumed - cut_at):.2f} healthy_evicted={len(evicted)} "
-          f"generation={int(st.get('generation', 0))}")
+          f"generation={int(st.get('generation', 0))} "
+          f"evicted={sum(1 for i in found if i.get('evicted'))}")
 
 
 def test_fault_free(fault_free):
