@@ -203,14 +203,20 @@ TEST_CASE("numeric: malformed anomaly reports are refused by name") {
 
 namespace {
 
-// Slot i's replica check of `step`: a hash of its replicated state.
-void Check(Job& job, size_t i, int64_t step, uint64_t hash) {
+// Slot i's report at the end of `step` (of 1 ms).
+HeartbeatRequest StepEndBeat(const Job& job, size_t i, int64_t step) {
   HeartbeatRequest h;
   h.set_member_id(job.ids[i]);
   h.set_generation(job.generation);
   h.mutable_report()->set_step(step);
   h.mutable_report()->set_step_end(true);
   h.mutable_report()->set_last_step_us(1000);
+  return h;
+}
+
+// Slot i's replica check of `step`: a hash of its replicated state.
+void Check(Job& job, size_t i, int64_t step, uint64_t hash) {
+  HeartbeatRequest h = StepEndBeat(job, i, step);
   ReplicaCheck* c = h.mutable_report()->add_replica_checks();
   c->set_generation(job.generation);
   c->set_step(step);
@@ -279,12 +285,7 @@ namespace {
 // Slot i's norm of its local gradients in `step`, which read `data`.
 void Norm(Job& job, size_t i, int64_t step, double norm,
           std::pair<int64_t, int64_t> data) {
-  HeartbeatRequest h;
-  h.set_member_id(job.ids[i]);
-  h.set_generation(job.generation);
-  h.mutable_report()->set_step(step);
-  h.mutable_report()->set_step_end(true);
-  h.mutable_report()->set_last_step_us(1000);
+  HeartbeatRequest h = StepEndBeat(job, i, step);
   LocalNorm* n = h.mutable_report()->add_local_norms();
   n->set_generation(job.generation);
   n->set_step(step);
