@@ -724,7 +724,11 @@ def allreduce_hook(process_group, bucket):
     tensor = bucket.buffer()
     runtime = getattr(process_group, "_rt", None) or _runtime.current_runtime()
     if runtime is not None:
-        runtime.check_finite("gradient bucket", tensor)
+        # The slots' norms are comparable only where every slot holds the
+        # same parameters: DDP over the whole world, not over a subgroup
+        # (a pipeline stage's, whose neighbours hold other layers).
+        whole = getattr(process_group, "_ranks", None) is None
+        runtime.check_finite("gradient bucket", tensor, compare_norms=whole)
     size = process_group.size()
     fut = process_group.allreduce([tensor]).get_future()
     return fut.then(lambda _: tensor.div_(size))

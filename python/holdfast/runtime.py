@@ -618,7 +618,7 @@ class Runtime:
         self._watched.append((name, tensor))
 
     # ---- numeric checks ----------------------------------------------------
-    def check_finite(self, name, tensors):
+    def check_finite(self, name, tensors, compare_norms=True):
         """Checks this slot's own values (its local gradients, before the
         all-reduce) for NaN and Inf; False if any. The slot that finds one
         is named the source of the step's anomaly, and the job rolls back
@@ -627,8 +627,11 @@ class Runtime:
         values count toward the step's local norm, which the controller
         compares across the slots (a bit flipped in one slot's gradients).
         `tensors`: a tensor or an iterable of them, of any floating dtype
-        and device. The injected fault nan:slot=S:step=N makes the first
-        one NaN; gradflip:slot=S:step=N flips a bit of its largest value."""
+        and device. `compare_norms=False` leaves them out of the norm
+        comparison: values that differ between slots by design (a
+        subgroup's, a shard's). The injected fault nan:slot=S:step=N makes
+        the first one NaN; gradflip:slot=S:step=N flips a bit of its
+        largest value."""
         if isinstance(tensors, torch.Tensor):
             tensors = [tensors]
         tensors = [t for t in tensors if t is not None]
@@ -648,7 +651,7 @@ class Runtime:
                 self._rt.report_non_finite(name)
                 return False
             squares += norm * norm
-        if tensors:
+        if tensors and compare_norms:
             self._rt.report_local_squares(squares)
         return True
 
