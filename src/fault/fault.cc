@@ -402,31 +402,28 @@ bool Injector::MismatchAt(int slot, int64_t seq) {
   return false;
 }
 
-bool Injector::FiresAt(Kind kind, int slot, int64_t step) {
-  absl::MutexLock lock(&mu_);
+const FaultSpec* Injector::ClaimAtLocked(Kind kind, int slot, int64_t step) {
   for (const FaultSpec& f : faults_) {
     // Only corrupt-restore may leave the step out (any step).
     if (f.kind == kind && f.slot == slot && (f.step < 0 || f.step == step) &&
         ClaimLocked(f)) {
       HOLDFAST_LOG_WARN("injecting fault '{}' (pid {}, unix ms {})", f.text,
                         getpid(), absl::ToUnixMillis(absl::Now()));
-      return true;
+      return &f;
     }
   }
-  return false;
+  return nullptr;
+}
+
+bool Injector::FiresAt(Kind kind, int slot, int64_t step) {
+  absl::MutexLock lock(&mu_);
+  return ClaimAtLocked(kind, slot, step) != nullptr;
 }
 
 int Injector::FlipBitAt(int slot, int64_t step) {
   absl::MutexLock lock(&mu_);
-  for (const FaultSpec& f : faults_) {
-    if (f.kind == Kind::kGradflip && f.slot == slot && f.step == step &&
-        ClaimLocked(f)) {
-      HOLDFAST_LOG_WARN("injecting fault '{}' (pid {}, unix ms {})", f.text,
-                        getpid(), absl::ToUnixMillis(absl::Now()));
-      return f.bit;
-    }
-  }
-  return -1;
+  const FaultSpec* f = ClaimAtLocked(Kind::kGradflip, slot, step);
+  return f != nullptr ? f->bit : -1;
 }
 
 }  // namespace holdfast::fault

@@ -156,6 +156,10 @@ class Injector final : public Hooks {
   // Waits (bounded) until step f.committed is committed.
   void AwaitCommitted(const FaultSpec& f);
   bool ClaimLocked(const FaultSpec& f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The first fault of `kind` for `slot` at `step` (any step for one
+  // without) that may fire, claimed and logged; null when none.
+  const FaultSpec* ClaimAtLocked(Kind kind, int slot, int64_t step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fires the first fault for `slot` whose `count` field (recovery or
   // restore) is `n`.
   void AtCount(int slot, int FaultSpec::*count, int n, absl::string_view what);
