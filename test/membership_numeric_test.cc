@@ -438,3 +438,30 @@ TEST_CASE(
   CHECK_THAT(inc[0].evidence(),
              Catch::Contains("local gradient norms of step 5: slot 2's"));
 }
+
+TEST_CASE(
+    "numeric: values that are not finite in every worker's own gradients, "
+    "again after the rollback at other data, fence nobody: the state they "
+    "share, not one rank, is the suspect") {
+  // A flipped bit the all-reduce spread into the model at step 15, with no
+  // gradient check: step 16 is non-finite everywhere, whatever its data.
+  Job job(4);
+  for (int i = 0; i < 4; ++i) job.Join("h" + std::to_string(i), kT0);
+  job.Join("spare", kT0);  // standby, index 4
+  for (int64_t s = 0; s <= 15; ++s) Commit(job, {0, 1, 2, 3}, s);
+  for (size_t i = 0; i < 4; ++i)
+    REQUIRE(Report(job, i, 16, true, {15, 16}).ok());
+  REQUIRE(job.sinks[0]->LastUpdate()->committed_step() == 15);
+  job.generation = 1;
+  for (size_t i = 0; i < 4; ++i)
+    REQUIRE(Report(job, i, 16, true, {16, 17}).ok());
+  const MembershipUpdate* u = job.sinks[0]->LastUpdate();
+  REQUIRE(u != nullptr);
+  CHECK(u->generation() == 2);
+  CHECK(u->committed_step() == 14);  // step 15 is unclean
+  for (size_t i = 0; i < 4; ++i) CHECK_FALSE(job.sinks[i]->is_closed);
+  const std::vector<Incident> inc = job.Incidents(kT0);
+  REQUIRE(inc.size() == 2);
+  CHECK(inc[1].kind() == INCIDENT_NUMERIC);
+  CHECK_FALSE(inc[1].evicted());
+}

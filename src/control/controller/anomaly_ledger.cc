@@ -114,9 +114,15 @@ std::vector<int> AnomalyLedger::Suspects(const std::vector<int>& sources,
                                          const DataRange& data,
                                          const std::vector<uint64_t>& slots) {
   std::vector<int> suspects;
+  // Every worker a source: the values came from the state they share (a
+  // bad update, a restored step that was unclean), not from one rank.
+  const bool every_worker =
+      static_cast<size_t>(std::count_if(slots.begin(), slots.end(),
+                                        [](uint64_t id) { return id != 0; })) <=
+      sources.size();
   for (int slot : sources) {
     const uint64_t id = slots[static_cast<size_t>(slot)];
-    if (id == 0) continue;
+    if (id == 0 || every_worker) continue;
     auto& seen = nan_sources_[id];
     const bool elsewhere =
         std::any_of(seen.begin(), seen.end(),

@@ -15,7 +15,8 @@
 //   - the step's data is skipped from then on, unless a source slot was
 //     the source before at other data: then its hardware, not the data, is
 //     suspected of silent data corruption; it is fenced, and the data is
-//     not skipped;
+//     not skipped (unless every worker was a source: then the state they
+//     share is, and nobody is suspected);
 //   - a replica check's case (kind "replica", made by the controller:
 //     slots whose replicated state differs from the majority's) begins
 //     after the newest step where every slot agreed, skips no data, and
@@ -118,7 +119,8 @@ class AnomalyLedger {
   // The newest kept commit before `step` that is clean, or -1.
   int64_t CleanTarget(int64_t step, int keep) const;
   // The slots among `sources` whose member was the source before at data
-  // other than `data`; records `data` for the others.
+  // other than `data`; records `data` for the others. None when every
+  // worker is among `sources`.
   std::vector<int> Suspects(const std::vector<int>& sources,
                             const DataRange& data,
                             const std::vector<uint64_t>& slots);
