@@ -1241,3 +1241,77 @@ TEST_CASE(
   CHECK_FALSE(l.Decide(kLossHosts, kT0 + absl::Seconds(1), absl::Seconds(2), 20)
                   .has_value());
 }
+
+namespace {
+
+// Six workers, two on each of h0, h1 and h2 (kLossHosts), beat every
+// 100 ms for `beats` beats from `*now`. A beat ends a step of 100 ms
+// unless `stalled`; at a step's end a slot's count to each peer across
+// h1's link grows by `growth` (at the first step after a stall by
+// `resume_jump`).
+void LossBeats(Job& job, absl::Time* now, int beats, int64_t* step,
+               std::map<int, std::map<int, int64_t>>* counts, int64_t growth,
+               bool stalled = false, int64_t resume_jump = 0) {
+  for (int b = 0; b < beats; ++b) {
+    *now += absl::Milliseconds(100);
+    if (!stalled) ++*step;
+    for (int s = 0; s < 6; ++s) {
+      if (!stalled) {
+        for (int p = 0; p < 6; ++p) {
+          if (OnH1(s) != OnH1(p))
+            (*counts)[s][p] += b == 0 ? resume_jump + growth : growth;
+        }
+      }
+      HeartbeatRequest h;
+      h.set_member_id(job.ids[static_cast<size_t>(s)]);
+      h.set_generation(job.generation);
+      StepReport* r = h.mutable_report();
+      r->set_step(*step);
+      r->set_phase(PHASE_COMPUTING);
+      r->set_last_step_us(100000);
+      r->set_step_end(!stalled);
+      r->set_retransmits_generation(job.generation);
+      *r->mutable_retransmits() = Counts((*counts)[s]);
+      REQUIRE(job.m.Heartbeat(h, job.sinks[static_cast<size_t>(s)].get(), *now)
+                  .ok());
+    }
+    job.m.Scan(*now);
+  }
+}
+
+}  // namespace
+
+TEST_CASE(
+    "loss: a link cut for a moment, whose retransmissions come with the "
+    "steps after it, names no host, and steady loss does") {
+  for (const bool blip : {true, false}) {
+    INFO("blip: " << blip);
+    Job job(6);
+    for (const std::string& h : kLossHosts) job.Join(h, kT0);
+    absl::Time now = kT0;
+    int64_t step = 0;
+    // A segment each, retransmitted long before (at connection setup).
+    std::map<int, std::map<int, int64_t>> counts;
+    for (int s = 0; s < 6; ++s) {
+      for (int p = 0; p < 6; ++p) {
+        if (OnH1(s) != OnH1(p)) counts[s][p] = 1;
+      }
+    }
+    LossBeats(job, &now, 20, &step, &counts, 0);
+    if (blip) {
+      // h1's link down for 1.5 s: no step ends; the segments retransmitted
+      // meanwhile are counted at the first step's end after it.
+      LossBeats(job, &now, 15, &step, &counts, 0, /*stalled=*/true);
+      LossBeats(job, &now, 40, &step, &counts, 0, false, /*resume_jump=*/10);
+      CHECK(job.Incidents(now).empty());
+    } else {
+      LossBeats(job, &now, 40, &step, &counts, 1);
+      const std::vector<Incident> inc = job.Incidents(now);
+      REQUIRE(inc.size() == 2);
+      for (const Incident& i : inc) {
+        CHECK(i.kind() == INCIDENT_STRAGGLER);
+        CHECK(i.host() == "h1");
+      }
+    }
+  }
+}

@@ -22,8 +22,8 @@ std::pair<std::string, std::string> Ordered(const std::string& a,
 
 void LossLedger::Note(
     int slot, int64_t generation,
-    const google::protobuf::RepeatedPtrField<PeerCount>& counts,
-    absl::Time now) {
+    const google::protobuf::RepeatedPtrField<PeerCount>& counts, absl::Time now,
+    bool resumed) {
   if (generation < generation_) return;
   if (generation > generation_) {
     generation_ = generation;
@@ -39,6 +39,7 @@ void LossLedger::Note(
   if (s.counts.empty() && !any_) return;
   any_ = true;
   std::deque<Sample>& q = samples_[slot];
+  if (resumed) q.clear();  // the growth is counted from this sample
   if (s.counts.empty() && !q.empty() && q.back().counts.empty()) {
     q.back().at = now;  // still none: one sample, at zero since now
     return;

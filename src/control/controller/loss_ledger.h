@@ -34,9 +34,12 @@ class LossLedger {
 
   // Slot `slot`'s retransmissions to its peers in `generation` so far, at
   // `now`. Those of an older generation than the newest seen are dropped.
+  // `resumed`: the slot's first step after a stall; what it retransmitted
+  // before is not counted (a link cut for a moment retransmits while
+  // nothing moves, and the counts come with the step after).
   void Note(int slot, int64_t generation,
             const google::protobuf::RepeatedPtrField<PeerCount>& counts,
-            absl::Time now);
+            absl::Time now, bool resumed = false);
   // The host whose data link lost packets over the last `window`: at least
   // `min_segments` retransmitted between it and each other host, and at
   // most a quarter of the least of those between any two other hosts.

@@ -374,12 +374,17 @@ absl::Status Membership::Heartbeat(const HeartbeatRequest& req,
   if (observer_ != nullptr) observer_->OnHeartbeat();
   mem.last_seen = now;
   mem.seen_generation = std::max(mem.seen_generation, req.generation());
+  // The first step after a stall: what it retransmitted came with the
+  // stall (a link cut for a moment), not with training slowed by loss.
+  const bool resumed = req.report().step() != mem.step &&
+                       now - mem.step_changed_at > loss_moving_;
   NoteReportLocked(mem, req.report(), now);
   NoteReplicaChecksLocked(mem, req.report(), now);
   NoteLocalNormsLocked(mem, req.report(), now);
   if (mem.role == ROLE_WORKER && mem.slot >= 0 &&
       req.report().retransmits_generation() == generation_) {
-    losses_.Note(mem.slot, generation_, req.report().retransmits(), now);
+    losses_.Note(mem.slot, generation_, req.report().retransmits(), now,
+                 resumed);
   }
   return absl::OkStatus();
 }

@@ -431,6 +431,9 @@ class Membership {
   LossLedger losses_ ABSL_GUARDED_BY(mu_);
   // The generation in which a lossy data link was last reported.
   int64_t loss_reported_generation_ ABSL_GUARDED_BY(mu_) = -1;
+  // A gap between a worker's step ends longer than this is a stall, not a
+  // slowed step (ScanLossLocked keeps it from the pace of the job).
+  absl::Duration loss_moving_ ABSL_GUARDED_BY(mu_) = absl::Milliseconds(300);
 
   // Generations waiting to be pushed as one (BroadcastGenerationLocked).
   struct Merge {

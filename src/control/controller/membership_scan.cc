@@ -382,20 +382,20 @@ void Membership::ScanStragglersLocked(absl::Time now) {
 }
 
 void Membership::ScanLossLocked(absl::Time now) {
-  if (detection_.lossy_link_min_segments <= 0 || !losses_.any() ||
-      job_state_ != JOB_RUNNING || finished_workers_ > 0 ||
+  if (detection_.lossy_link_min_segments <= 0) return;
+  // Training goes on, slowed: a link that is cut stops it, and the
+  // retransmissions of the cut are not counted (the data-link verdicts
+  // name that host; LossLedger::Note drops what a stall retransmitted).
+  loss_moving_ = std::max(absl::Milliseconds(300), 5 * pace_.Median());
+  if (!losses_.any() || job_state_ != JOB_RUNNING || finished_workers_ > 0 ||
       loss_reported_generation_ == generation_) {
     return;
   }
-  // Training goes on, slowed: a link that is cut stops it, and the
-  // retransmissions that follow are the cut's (the data-link verdicts).
-  const absl::Duration moving =
-      std::max(absl::Milliseconds(300), 5 * pace_.Median());
   std::vector<std::string> hosts;
   for (uint64_t id : slots_) {
     if (id == 0) return;
     const Member& m = members_.at(id);
-    if (now - m.step_changed_at > moving) return;
+    if (now - m.step_changed_at > loss_moving_) return;
     hosts.push_back(m.host);
   }
   std::optional<LossLedger::Verdict> v =
