@@ -6,6 +6,7 @@
 #include <set>
 #include <vector>
 
+#include "src/control/controller/checkpoint_ledger.h"
 #include "src/control/controller/membership.h"
 #include "test/support/membership_job.h"
 
@@ -449,6 +450,41 @@ TEST_CASE("membership: a step commits when every slot acked it") {
   CHECK(job.m.AckCheckpoint(a, kT0).status().code() ==
         absl::StatusCode::kFailedPrecondition);
   CHECK(job.m.Status({}, kT0).committed_step() == 3);
+}
+
+TEST_CASE(
+    "checkpoint ledger: the newest step every slot acked commits, older and "
+    "pending steps go, and a generation or a rollback drops the acks") {
+  CheckpointLedger l(/*max_pending_steps=*/3);
+  CHECK_FALSE(l.Ack(0, 5, 3));
+  CHECK_FALSE(l.Ack(1, 5, 3));
+  CHECK_FALSE(l.Ack(1, 5, 3));  // a duplicate counts once
+  CHECK_FALSE(l.Ack(3, 5, 3));  // no such slot
+  CHECK(l.committed() == -1);
+  // Step 6 completes before step 5: 6 commits, and 5 is gone with it.
+  for (int s = 0; s < 3; ++s) CHECK(l.Ack(s, 6, 3) == (s == 2));
+  CHECK(l.committed() == 6);
+  CHECK_FALSE(l.Ack(2, 5, 3));  // at or before the committed step
+  CHECK(l.committed() == 6);
+  // Four pending steps: the oldest (7) is dropped, so its acks are gone.
+  CHECK_FALSE(l.Ack(0, 7, 3));
+  CHECK_FALSE(l.Ack(1, 7, 3));
+  for (int64_t step : {8, 9, 10}) CHECK_FALSE(l.Ack(0, step, 3));
+  CHECK_FALSE(l.Ack(2, 7, 3));  // older than every pending step: dropped
+  CHECK(l.committed() == 6);
+  // A new generation acks again, in its world.
+  CHECK_FALSE(l.Ack(0, 11, 2));
+  l.NewGeneration();
+  CHECK_FALSE(l.Ack(1, 11, 2));
+  CHECK(l.Ack(0, 11, 2));
+  CHECK(l.committed() == 11);
+  // A rollback restores an older step.
+  CHECK_FALSE(l.Ack(0, 12, 2));
+  l.Restore(4);
+  CHECK(l.committed() == 4);
+  CHECK_FALSE(l.Ack(1, 12, 2));  // the ack of slot 0 went with the rollback
+  CHECK(l.Ack(0, 12, 2));
+  CHECK(l.committed() == 12);
 }
 
 TEST_CASE(

@@ -210,7 +210,7 @@ RegisterResponse Membership::AssignmentLocked(const Member& m) const {
   r.set_world_size(world_size_);
   r.set_heartbeat_interval_ms(ToMs(detection_.heartbeat_interval));
   r.set_lease_ms(ToMs(Lease(detection_)));
-  r.set_committed_step(committed_step_);
+  r.set_committed_step(checkpoints_.committed());
   anomalies_.FillSkipData(r.mutable_skip_data());
   return r;
 }
@@ -268,7 +268,7 @@ absl::StatusOr<RegisterResponse> Membership::Register(
             world, " slots, but members here hold slots beyond it"));
       }
       generation_ = req.generation();
-      acks_.clear();
+      checkpoints_.NewGeneration();
       // Members that registered afresh meanwhile learn the generation.
       BroadcastGenerationLocked({}, 0, nullptr, now);
     }
@@ -365,7 +365,7 @@ absl::Status Membership::Heartbeat(const HeartbeatRequest& req,
     msg.mutable_membership()->set_slot(mem.slot);
     sink->Push(msg);
   }
-  if (*bound && committed_step_ >= 0) {
+  if (*bound && checkpoints_.committed() >= 0) {
     // A new stream learns the committed step it may have missed while it
     // was not bound (a commit is pushed only to bound streams).
     PushCommittedLocked(sink);
@@ -497,13 +497,13 @@ absl::StatusOr<bool> Membership::CommFailedLocked(
   }
   if (job_state_ != JOB_RUNNING || finished_workers_ > 0) return false;
   if (policy_.max_unexplained_rebuilds > 0 &&
-      unexplained_rebuilds_ >= policy_.max_unexplained_rebuilds) {
+      network_.rebuilds() >= policy_.max_unexplained_rebuilds) {
     // Never loop: act on the best evidence, or stop.
     if (NoteUnreachableLocked(r, req, /*force=*/true, now)) return true;
     EndJobLocked(
         JOB_STOPPED,
         absl::StrCat(
-            "the group was rebuilt ", unexplained_rebuilds_,
+            "the group was rebuilt ", network_.rebuilds(),
             " times in a row without committing a step or naming a "
             "culprit; the job stops rather than rebuild forever (last: "
             "slot ",
@@ -512,7 +512,7 @@ absl::StatusOr<bool> Membership::CommFailedLocked(
             "checkpoint directory) once the fault is found"));
     return false;
   }
-  ++unexplained_rebuilds_;
+  network_.NoteRebuild();
   RecordIncidentLocked(MakeIncidentLocked(
       r, INCIDENT_COMM_FAILED,
       absl::StrCat("slot ", r.slot,
@@ -591,39 +591,22 @@ absl::StatusOr<int64_t> Membership::AckCheckpoint(
     return absl::FailedPreconditionError(
         absl::StrCat("member ", req.member_id(), " is a standby"));
   }
-  if (req.step() <= committed_step_) {
+  if (req.step() <= checkpoints_.committed()) {
     if (stream != nullptr) PushCommittedLocked(stream);
-    return committed_step_;
+    return checkpoints_.committed();
   }
-  auto [it, inserted] = acks_.try_emplace(req.step());
-  if (inserted) {
-    it->second.slots.assign(static_cast<size_t>(world_size_), false);
-    // Bound the ledger: the oldest uncommitted steps go first.
-    while (static_cast<int64_t>(acks_.size()) > limits_.max_pending_ack_steps) {
-      acks_.erase(acks_.begin());
-    }
-    it = acks_.find(req.step());
-    if (it == acks_.end()) return committed_step_;
+  if (checkpoints_.Ack((*m)->slot, req.step(), world_size_)) {
+    CommittedLocked();
   }
-  if (!it->second.slots[(*m)->slot]) {
-    it->second.slots[(*m)->slot] = true;
-    ++it->second.count;
-  }
-  MaybeCommitLocked();
-  return committed_step_;
+  return checkpoints_.committed();
 }
 
-void Membership::MaybeCommitLocked() {
-  int64_t newest = -1;
-  for (const auto& [step, acks] : acks_) {
-    if (acks.count == world_size_) newest = step;
-  }
-  if (newest <= committed_step_) return;
-  committed_step_ = newest;
-  NoteCommitLocked(newest);
-  acks_.erase(acks_.begin(), acks_.upper_bound(newest));
+void Membership::CommittedLocked() {
+  const int64_t step = checkpoints_.committed();
+  network_.Spend();  // the data network carried a step
+  anomalies_.NoteCommit(step);
   HeartbeatResponse msg;
-  msg.set_committed_step(newest);
+  msg.set_committed_step(step);
   PushBurst burst;  // one write per host agent's stream
   for (auto& [id, m] : members_) {
     if (m.state == STATE_ALIVE && m.sink != nullptr) m.sink->Push(msg);
@@ -632,7 +615,7 @@ void Membership::MaybeCommitLocked() {
 
 void Membership::PushCommittedLocked(MemberSink* sink) {
   HeartbeatResponse msg;
-  msg.set_committed_step(committed_step_);
+  msg.set_committed_step(checkpoints_.committed());
   sink->Push(msg);
 }
 
@@ -735,9 +718,9 @@ void Membership::OpenGenerationLocked(int lost_slot,
   // The generation that broke; every member of it aborts.
   abort.set_generation(generation_);
   ++generation_;
-  acks_.clear();
-  replicas_.Restart(committed_step_);
-  norms_.Restart(committed_step_);
+  checkpoints_.NewGeneration();
+  replicas_.Restart(checkpoints_.committed());
+  norms_.Restart(checkpoints_.committed());
   // Every member's work_us is stale now (Member::work_generation).
   std::vector<SlotChange> changes;
   int removed = 0;  // slots a shrink took away
@@ -747,7 +730,7 @@ void Membership::OpenGenerationLocked(int lost_slot,
   auto pick = standbys_.end();
   for (auto it = standbys_.begin(); it != standbys_.end(); ++it) {
     const Member& c = members_.at(it->second);
-    if (cut_hosts_.count(c.host) != 0) continue;
+    if (network_.IsCutOff(c.host)) continue;
     if (pick == standbys_.end()) pick = it;
     if (!topology_block.empty() && c.topology_block == topology_block) {
       pick = it;
@@ -900,7 +883,7 @@ HeartbeatResponse Membership::GenerationPushLocked(
   MembershipUpdate* u = msg.mutable_membership();
   u->set_generation(generation_);
   u->set_world_size(world_size_);
-  u->set_committed_step(committed_step_);
+  u->set_committed_step(checkpoints_.committed());
   u->set_rollback(anomalies_.rollback_pending());
   anomalies_.FillSkipData(u->mutable_skip_data());
   for (const SlotChange& c : changes) *u->add_changes() = c;

@@ -1,8 +1,20 @@
 // Membership: the controller's view of the job. Slots and standbys,
 // generations, heartbeats, failure detection (crashed, silent, stalled,
-// reported), incidents, fencing and the checkpoint ledger. Pure logic: no
-// gRPC and no clock of its own (every call takes `now`), so tests drive it
-// with a fake time.
+// reported), incidents and fencing. Pure logic: no gRPC and no clock of
+// its own (every call takes `now`), so tests drive it with a fake time.
+//
+// It is the slot and generation state machine; the rules it acts on live
+// in objects of their own, each with its rules in its header:
+//   - CheckpointLedger (checkpoint_ledger.h): the acks and the committed
+//     step;
+//   - AnomalyLedger (anomaly_ledger.h), fed by ReplicaLedger and
+//     GradientLedger: numeric anomalies, rollbacks, skipped data;
+//   - detection.h (StepPace, LinkWatch, HealthyPace, the straggler rule)
+//     and LossLedger (loss_ledger.h), applied by the scans over the member
+//     table (membership_scan.cc);
+//   - NetworkEvidence (network_evidence.h): who lost whom on the data
+//     network, judged by src/diagnosis/reachability.h;
+//   - DiagnosisCases (diagnosis_cases.h): generations awaiting a verdict.
 //
 // Threading: thread-safe (one mutex). Sinks and the observer are called with
 // that mutex held; they must not call back into Membership.
@@ -27,10 +39,12 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "src/control/controller/anomaly_ledger.h"
+#include "src/control/controller/checkpoint_ledger.h"
 #include "src/control/controller/detection.h"
 #include "src/control/controller/diagnosis_cases.h"
 #include "src/control/controller/gradient_ledger.h"
 #include "src/control/controller/loss_ledger.h"
+#include "src/control/controller/network_evidence.h"
 #include "src/control/controller/replica_ledger.h"
 #include "src/control/controller/verdict.h"
 #include "src/control/wire/controller.pb.h"
@@ -326,7 +340,9 @@ class Membership {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NoteStepEndLocked(Member& mem, const StepReport& r)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void MaybeCommitLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A step committed: what follows (the evidence it spends, the anomaly
+  // ledger's commits) and its push to every live member.
+  void CommittedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Numeric anomalies (membership_numeric.cc). A report joins the
   // generation's case; the case is decided when every worker has reported
   // or anomaly_settle after the first report: the job rolls back to the
@@ -359,7 +375,6 @@ class Membership {
   // the case that opened a new generation.
   bool NoteLocalNormLocked(const Member& m, const LocalNorm& n, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void NoteCommitLocked(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Data-network evidence (ReportFailureRequest::unreachable_slots): keeps
   // `req`'s edges when its generation's slots are still the current ones,
   // then fences the members the triangulation names, if it names any.
@@ -399,12 +414,9 @@ class Membership {
   // slot number in a report of an older generation may name another
   // member now.
   int64_t slots_changed_at_ ABSL_GUARDED_BY(mu_) = 0;
-  // Since the last commit: who could not reach whom on the data network
-  // (member ids: reporter, target), and the rebuilds that named nobody.
-  std::set<std::pair<uint64_t, uint64_t>> unreachable_ ABSL_GUARDED_BY(mu_);
-  int unexplained_rebuilds_ ABSL_GUARDED_BY(mu_) = 0;
-  // Hosts found cut off from the data network: their standbys take no slot.
-  std::set<std::string> cut_hosts_ ABSL_GUARDED_BY(mu_);
+  // Who lost whom on the data network, the rebuilds that named nobody,
+  // and the hosts cut off from it.
+  NetworkEvidence network_ ABSL_GUARDED_BY(mu_);
   // Since when more than half of the live members are unheard (silence
   // verdicts pause meanwhile; see DetectionOptions::lease).
   // No silence verdicts before this (after an isolation).
@@ -416,13 +428,9 @@ class Membership {
   int64_t job_stall_step_ ABSL_GUARDED_BY(mu_) = -1;
   int64_t job_stall_generation_ ABSL_GUARDED_BY(mu_) = -1;
 
-  // Checkpoint ledger for the current generation: step -> slots acked.
-  struct StepAcks {
-    std::vector<bool> slots;
-    int count = 0;
-  };
-  std::map<int64_t, StepAcks> acks_ ABSL_GUARDED_BY(mu_);
-  int64_t committed_step_ ABSL_GUARDED_BY(mu_) = -1;
+  // The acks of the current generation and the committed step.
+  CheckpointLedger checkpoints_ ABSL_GUARDED_BY(mu_){
+      limits_.max_pending_ack_steps};
   // Numeric anomalies: the open case, the commits the members keep, the
   // data skipped.
   AnomalyLedger anomalies_ ABSL_GUARDED_BY(mu_);

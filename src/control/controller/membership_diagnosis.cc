@@ -99,11 +99,11 @@ void Membership::ActOnVerdictLocked(int64_t generation,
     return;
   }
   if (d.kind == diagnosis::DiagnosisKind::kMismatch &&
-      mismatch_replaced_at_ == committed_step_) {
+      mismatch_replaced_at_ == checkpoints_.committed()) {
     v->set_action_reason(absl::StrCat(
         "the mismatch came back with no step committed since its culprit "
         "was last replaced (at committed step ",
-        committed_step_,
+        checkpoints_.committed(),
         "): the program issues it, not a member; the job stops on it"));
     return;
   }
@@ -130,7 +130,7 @@ void Membership::ActOnVerdictLocked(int64_t generation,
   }
   v->set_action("replace");
   if (d.kind == diagnosis::DiagnosisKind::kMismatch)
-    mismatch_replaced_at_ = committed_step_;
+    mismatch_replaced_at_ = checkpoints_.committed();
   for (Member* m : fence) {
     done.push_back(absl::StrCat("slot ", m->slot, " (member ", m->id,
                                 ") fenced and replaced"));

@@ -55,7 +55,7 @@ void Membership::DecideAnomalyLocked(const AnomalyLedger::Case& c,
     EndJobLocked(JOB_STOPPED, d.evidence);
     return;
   }
-  committed_step_ = d.target;
+  checkpoints_.Restore(d.target);
   const uint64_t named =
       d.named_slot >= 0 ? slots_[static_cast<size_t>(d.named_slot)] : 0;
   Incident inc;
@@ -129,7 +129,7 @@ bool Membership::NoteLocalNormLocked(const Member& m, const LocalNorm& n,
   const double factor = detection_.gradient_outlier_factor;
   if (factor <= 0 || m.role != ROLE_WORKER || m.slot < 0 ||
       job_state_ != JOB_RUNNING || finished_workers_ > 0 ||
-      n.generation() != generation_ || n.step() <= committed_step_ ||
+      n.generation() != generation_ || n.step() <= checkpoints_.committed() ||
       !std::isfinite(n.norm()) || n.norm() < 0) {
     return false;
   }
@@ -154,12 +154,6 @@ bool Membership::NoteLocalNormLocked(const Member& m, const LocalNorm& n,
   }
   DecideAnomalyLocked(c, now);
   return true;
-}
-
-void Membership::NoteCommitLocked(int64_t step) {
-  unreachable_.clear();
-  unexplained_rebuilds_ = 0;
-  anomalies_.NoteCommit(step);
 }
 
 }  // namespace holdfast::control

@@ -21,7 +21,7 @@ bool Membership::NoteUnreachableLocked(const Member& reporter,
     for (int u : req.unreachable_slots()) {
       const uint64_t target = slots_[static_cast<size_t>(u)];
       if (target != 0 && target != reporter.id) {
-        unreachable_.insert({reporter.id, target});
+        network_.Lost(reporter.id, target);
       }
     }
   }
@@ -31,7 +31,7 @@ bool Membership::NoteUnreachableLocked(const Member& reporter,
     if (slots_[s] != 0) in.host_of_slot[s] = members_.at(slots_[s]).host;
   }
   std::set<uint64_t> reporters;
-  for (const auto& [from, to] : unreachable_) {
+  for (const auto& [from, to] : network_.lost()) {
     auto f = members_.find(from);
     auto t = members_.find(to);
     if (f == members_.end() || t == members_.end() ||
@@ -55,12 +55,11 @@ bool Membership::NoteUnreachableLocked(const Member& reporter,
   }
   if (v.rule != "bad NIC") {
     // Its standbys cannot reach the data network either.
-    cut_hosts_.insert(in.host_of_slot[static_cast<size_t>(v.culprits[0])]);
+    network_.CutOff(in.host_of_slot[static_cast<size_t>(v.culprits[0])]);
   }
   std::vector<uint64_t> ids;
   for (int s : v.culprits) ids.push_back(slots_[static_cast<size_t>(s)]);
-  unreachable_.clear();
-  unexplained_rebuilds_ = 0;
+  network_.Spend();
   const std::string evidence = absl::StrCat(v.rule, ": ", v.evidence);
   for (uint64_t id : ids) {
     auto m = members_.find(id);

@@ -174,7 +174,7 @@ StatusResponse Membership::Status(const StatusRequest& req,
   r.set_shrink(policy_.shrink);
   r.set_min_world(policy_.min_world);
   r.set_generation(generation_);
-  r.set_committed_step(committed_step_);
+  r.set_committed_step(checkpoints_.committed());
   anomalies_.FillSkipData(r.mutable_skip_data());
   r.set_rollbacks(anomalies_.rollbacks());
   r.set_pace_step_us(healthy_pace_.step_us());
@@ -409,12 +409,12 @@ void Membership::ScanLossLocked(absl::Time now) {
   int elsewhere = 0;
   for (const auto& [order, id] : standbys_) {
     const Member& s = members_.at(id);
-    elsewhere += s.host != v->host && cut_hosts_.count(s.host) == 0;
+    elsewhere += s.host != v->host && !network_.IsCutOff(s.host);
   }
   const int n = static_cast<int>(v->slots.size());
   const bool replace = policy_.replace_stragglers && elsewhere >= n &&
                        stragglers_replaced_ + n <= policy_.straggler_budget;
-  if (replace) cut_hosts_.insert(v->host);
+  if (replace) network_.CutOff(v->host);
   for (int slot : v->slots) {
     const uint64_t id = slots_[static_cast<size_t>(slot)];
     if (id == 0) continue;
