@@ -347,6 +347,30 @@ TEST_CASE(
   CHECK(job.sinks[2]->closed.code() == absl::StatusCode::kFailedPrecondition);
 }
 
+TEST_CASE(
+    "stall rule: the workers furthest behind are the laggards, and a job "
+    "stuck alike everywhere has none to fence") {
+  // Slot 1 hangs in step 7's compute; the others wait in its collective.
+  Stall s = Laggards({{8, 41}, {7, 40}, {8, 41}}, 3);
+  CHECK(s.laggards == std::vector<size_t>{1});
+  CHECK_FALSE(s.job_wide);
+  // The same step, an earlier collective: the collective decides.
+  s = Laggards({{7, 40}, {7, 39}}, 4);
+  CHECK(s.laggards == std::vector<size_t>{1});
+  // Two stuck at the same point while others still move: both named.
+  s = Laggards({{7, 39}, {7, 39}}, 4);
+  CHECK(s.laggards == std::vector<size_t>{0, 1});
+  CHECK_FALSE(s.job_wide);
+  // Every live worker at the same point: the job's stall, no culprit.
+  s = Laggards({{7, 39}, {7, 39}, {7, 39}}, 3);
+  CHECK(s.job_wide);
+  // One worker alone is its own culprit.
+  s = Laggards({{7, 39}}, 1);
+  CHECK(s.laggards == std::vector<size_t>{0});
+  CHECK_FALSE(s.job_wide);
+  CHECK(Laggards({}, 3).laggards.empty());
+}
+
 TEST_CASE("membership: uneven step times raise no false stall") {
   // An RL-like job: every 4th step is a rollout 6x as long. Stall detection
   // takes the job's own longest recent step into account.

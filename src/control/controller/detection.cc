@@ -150,6 +150,22 @@ std::vector<int64_t> CountedWork(const std::vector<StepSample>& steps) {
   return out;
 }
 
+Stall Laggards(const std::vector<Progress>& stuck, int live_workers) {
+  Stall out;
+  if (stuck.empty()) return out;
+  const Progress lowest = *std::min_element(stuck.begin(), stuck.end());
+  bool all_equal = static_cast<int>(stuck.size()) == live_workers;
+  for (size_t i = 0; i < stuck.size(); ++i) {
+    if (stuck[i] == lowest) {
+      out.laggards.push_back(i);
+    } else {
+      all_equal = false;
+    }
+  }
+  out.job_wide = all_equal && live_workers > 1;
+  return out;
+}
+
 int StragglerWindow(const DetectionOptions& d, absl::Duration median_step) {
   const int least = d.straggler_window;
   if (median_step <= absl::ZeroDuration() ||

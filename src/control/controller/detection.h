@@ -16,6 +16,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -235,6 +236,21 @@ bool Slow(const SlowWindow& w, double factor, int64_t floor_us);
 // straggler_span of it, no fewer than straggler_window steps and no more
 // than 4 x straggler_window.
 int StragglerWindow(const DetectionOptions& d, absl::Duration median_step);
+
+// Where a worker is: its step and the last collective it entered.
+using Progress = std::pair<int64_t, int64_t>;
+// The stall rule, over the workers whose step has not advanced past the
+// stall threshold (`stuck`: their progress) among `live_workers`. When one
+// rank hangs in its step, the others soon wait for it inside the next
+// collective: they stop advancing too, but they are ahead. So the culprits
+// are the laggards, those furthest behind (indices into `stuck`); unless
+// every live worker, more than one, is stuck at the same point: then the
+// stall is the job's (`job_wide`), and nobody is to be fenced.
+struct Stall {
+  std::vector<size_t> laggards;
+  bool job_wide = false;
+};
+Stall Laggards(const std::vector<Progress>& stuck, int live_workers);
 
 // The watch on the controller's own link. Members that report at every
 // step end are heard more often than the others: when most live members

@@ -99,33 +99,23 @@ void Membership::ScanRendezvousLocked(absl::Time now) {
 void Membership::ScanStallsLocked(absl::Time now) {
   const std::optional<absl::Duration> threshold = pace_.StallThreshold();
   if (!threshold.has_value()) return;
-  // Progress is (step, last collective entered). When one rank hangs in its
-  // step, the others soon wait for it inside the next collective: they stop
-  // advancing too, but they are ahead. Only the laggards are declared.
-  using Progress = std::pair<int64_t, int64_t>;
+  // The rule is detection.h's Laggards.
   std::vector<Member*> stuck;
+  std::vector<Progress> progress;
   int live_workers = 0;
   for (auto& [id, m] : members_) {
     if (m.state != STATE_ALIVE || m.role != ROLE_WORKER) continue;
     ++live_workers;
     if (m.phase == PHASE_RECOVERING) continue;
-    if (now - m.step_changed_at > *threshold) stuck.push_back(&m);
-  }
-  if (stuck.empty()) return;
-  auto progress = [](const Member* m) {
-    return Progress(m->step, m->collective_seq);
-  };
-  Progress lowest = progress(stuck[0]);
-  for (const Member* m : stuck) lowest = std::min(lowest, progress(m));
-  std::vector<Member*> laggards;
-  bool all_equal = static_cast<int>(stuck.size()) == live_workers;
-  for (Member* m : stuck) {
-    if (progress(m) == lowest) {
-      laggards.push_back(m);
-    } else {
-      all_equal = false;
+    if (now - m.step_changed_at > *threshold) {
+      stuck.push_back(&m);
+      progress.emplace_back(m.step, m.collective_seq);
     }
   }
+  if (stuck.empty()) return;
+  const Stall stall = Laggards(progress, live_workers);
+  std::vector<Member*> laggards;
+  for (size_t i : stall.laggards) laggards.push_back(stuck[i]);
   const absl::Duration median = pace_.Median();
   auto evidence = [&](const Member* m) {
     return absl::StrCat(
@@ -135,14 +125,14 @@ void Membership::ScanStallsLocked(absl::Time now) {
         ", floor ", Seconds(detection_.stall_floor), "); phase ",
         PhaseName(m->phase), ", last collective #", m->collective_seq);
   };
-  if (all_equal && live_workers > 1) {
+  if (stall.job_wide) {
     // Every worker is stuck at the same point: no culprit to fence. Record
     // it once per step and generation.
-    if (job_stall_step_ == lowest.first &&
+    if (job_stall_step_ == laggards[0]->step &&
         job_stall_generation_ == generation_) {
       return;
     }
-    job_stall_step_ = lowest.first;
+    job_stall_step_ = laggards[0]->step;
     job_stall_generation_ = generation_;
     Incident inc;
     inc.set_kind(INCIDENT_STALLED);
