@@ -1375,3 +1375,34 @@ TEST_CASE(
     }
   }
 }
+
+TEST_CASE(
+    "loss: a data link that is cut again and again, each time for less than "
+    "the grace, names its host as flapping") {
+  Job job(6);
+  for (const std::string& h : kLossHosts) job.Join(h, kT0);
+  absl::Time now = kT0;
+  int64_t step = 0;
+  std::map<int, std::map<int, int64_t>> counts;
+  for (int s = 0; s < 6; ++s) {
+    for (int p = 0; p < 6; ++p) {
+      if (OnH1(s) != OnH1(p)) counts[s][p] = 1;
+    }
+  }
+  LossBeats(job, &now, 20, &step, &counts, 0);
+  for (int cut = 0; cut < 3; ++cut) {
+    CHECK(job.Incidents(now).empty());  // one or two: blips
+    LossBeats(job, &now, 15, &step, &counts, 0, /*stalled=*/true);
+    LossBeats(job, &now, 20, &step, &counts, 0, false, /*resume_jump=*/3);
+  }
+  const std::vector<Incident> inc = job.Incidents(now);
+  REQUIRE(inc.size() == 2);
+  for (const Incident& i : inc) {
+    CHECK(i.kind() == INCIDENT_STRAGGLER);
+    CHECK(i.host() == "h1");
+    CHECK_FALSE(i.evicted());
+    CHECK_THAT(i.evidence(),
+               Catch::Contains("the data link of its host h1 flaps: training "
+                               "stalled 3 times"));
+  }
+}

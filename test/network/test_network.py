@@ -411,7 +411,7 @@ def assert_only_evicted(st, hosts, j):
 def test_data_link_flapping(job, fault_free):
     """h1's data link goes down for 2 s and up for 2 s, for 20 s. The job
     never loops, ends with the fault-free hash, and evicts nobody but h1's
-    members."""
+    members; h1's link is reported as flapping (its workers as stragglers)."""
     j = job()
     j.wait_step(100)
     cut_at = time.time()
@@ -424,6 +424,10 @@ def test_data_link_flapping(job, fault_free):
     report(j, "data link flapping", cut_at, "h1")
     st = j.status()
     assert_only_evicted(st, ["h1"], j)
+    flaps = [i for i in incidents(st) if i["kind"] == "INCIDENT_STRAGGLER"]
+    assert flaps and all(
+        i["host"] == "h1" and "data link of its host h1 flaps" in i["evidence"]
+        for i in flaps), json.dumps(incidents(st), indent=1)
     assert_finished_equal(j, fault_free, lost_hosts=[])
     assert int(st.get("generation", 0)) <= 20, st.get("generation")
 

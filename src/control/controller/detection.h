@@ -128,6 +128,15 @@ struct DetectionOptions {
   // Needs 3 hosts or more; a min_segments of 0 turns it off.
   absl::Duration lossy_link_window = absl::Seconds(2);
   int64_t lossy_link_min_segments = 20;
+  // A host whose data link flaps (LossLedger): training stalled at least
+  // flap_min_stalls times within flap_window, and over those stalls the
+  // same host rule held for what was retransmitted during them (a cut
+  // retransmits while nothing moves). One cut shorter than the grace (a
+  // blip) costs nothing; a link that keeps going down costs a pause each
+  // time, and is reported as the lossy one is (the same policy). 0 stalls:
+  // off.
+  absl::Duration flap_window = absl::Seconds(30);
+  int flap_min_stalls = 3;
   // A generation opened within this of the last push of one waits, and
   // goes with those that follow it in one push of the newest: faults come
   // in clusters (a host's eight ranks, a rack), and a thousand deaths at

@@ -8,6 +8,11 @@
 // links are clean, is the host with the lossy link. Loss between one pair
 // of hosts only, or everywhere, names no host.
 //
+// A link cut for a moment retransmits while training stalls, and the
+// counts come with the first step after it: those are kept apart, as the
+// stalls' (a stall), and the same host rule over the stalls of a longer
+// window names a link that flaps.
+//
 // Not thread-safe: Membership's mutex guards it.
 #ifndef HOLDFAST_SRC_CONTROL_CONTROLLER_LOSS_LEDGER_H_
 #define HOLDFAST_SRC_CONTROL_CONTROLLER_LOSS_LEDGER_H_
@@ -50,16 +55,38 @@ class LossLedger {
   std::optional<Verdict> Decide(const std::vector<std::string>& hosts,
                                 absl::Time now, absl::Duration window,
                                 int64_t min_segments) const;
+  // The host whose data link flapped over the last `window`: at least
+  // `min_stalls` stalls of one of its workers, and the host rule of Decide
+  // over what the stalls retransmitted.
+  std::optional<Verdict> DecideFlaps(const std::vector<std::string>& hosts,
+                                     absl::Time now, absl::Duration window,
+                                     int64_t min_segments,
+                                     int min_stalls) const;
 
  private:
+  using HostPair = std::pair<std::string, std::string>;
   struct Sample {
     absl::Time at;
     std::map<int, int64_t> counts;  // by peer slot
   };
+  // A worker's first step after a stall, and what it retransmitted to
+  // each peer during the stall.
+  struct Stall {
+    absl::Time at;
+    int slot = 0;
+    std::map<int, int64_t> grew;  // by peer slot
+  };
+  // The host rule over segments retransmitted between pairs of hosts:
+  // the one host with at least `min_segments` with every other host and
+  // at most a quarter of the least of those between any two others. Its
+  // slots; the evidence lists its pairs' counts and the others' most.
+  static std::optional<Verdict> NameHost(
+      const std::map<HostPair, int64_t>& pairs,
+      const std::vector<std::string>& hosts, int64_t min_segments);
   // Segments retransmitted between each pair of hosts over the window.
-  std::map<std::pair<std::string, std::string>, int64_t> HostPairs(
-      const std::vector<std::string>& hosts, absl::Time now,
-      absl::Duration window) const;
+  std::map<HostPair, int64_t> HostPairs(const std::vector<std::string>& hosts,
+                                        absl::Time now,
+                                        absl::Duration window) const;
 
   int64_t generation_ = -1;
   bool any_ = false;
@@ -67,6 +94,7 @@ class LossLedger {
   // anything; a member that has retransmitted nothing has one (empty)
   // sample.
   std::map<int, std::deque<Sample>> samples_;
+  std::deque<Stall> stalls_;  // oldest first
 };
 
 }  // namespace holdfast::control

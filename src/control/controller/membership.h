@@ -314,8 +314,8 @@ class Membership {
   void ScanStallsLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reports the workers slower than their peers (straggler_*).
   void ScanStragglersLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A host whose data link loses packets (LossLedger): its workers are
-  // reported as stragglers, once a generation.
+  // A host whose data link loses packets or flaps (LossLedger): its
+  // workers are reported as stragglers, once a generation.
   void ScanLossLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Leaves out the members absent from a recovery's rendezvous
   // (DetectionOptions::rendezvous_grace).

@@ -391,6 +391,11 @@ void Membership::ScanLossLocked(absl::Time now) {
   std::optional<LossLedger::Verdict> v =
       losses_.Decide(hosts, now, detection_.lossy_link_window,
                      detection_.lossy_link_min_segments);
+  if (!v.has_value()) {
+    v = losses_.DecideFlaps(hosts, now, detection_.flap_window,
+                            detection_.lossy_link_min_segments,
+                            detection_.flap_min_stalls);
+  }
   if (!v.has_value()) return;
   loss_reported_generation_ = generation_;
   // Replaced under the straggler policy when standbys on other hosts can
