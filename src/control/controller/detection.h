@@ -137,6 +137,14 @@ struct DetectionOptions {
   // off.
   absl::Duration flap_window = absl::Seconds(30);
   int flap_min_stalls = 3;
+  // A gap between a worker's step ends longer than this (or 5 x the median
+  // step, if longer) is a stall, for the two rules above: what was
+  // retransmitted meanwhile is the stall's, not loss's. A cut link stalls
+  // training for its outage and TCP's back-off (a 0.2 s cut and a 1 s cut
+  // both about 1 s or more on the netns hosts); a lost segment costs a
+  // retransmission timeout (0.2 s, 0.6 s when lost twice), which is loss
+  // slowing training.
+  absl::Duration link_stall = absl::Milliseconds(800);
   // A generation opened within this of the last push of one waits, and
   // goes with those that follow it in one push of the newest: faults come
   // in clusters (a host's eight ranks, a rack), and a thousand deaths at

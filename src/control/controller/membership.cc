@@ -356,7 +356,7 @@ absl::Status Membership::Heartbeat(const HeartbeatRequest& req,
   }
   absl::StatusOr<bool> bound = BindStream(&mem.sink, sink);
   if (!bound.ok()) return bound.status();
-  if (*bound && req.generation() < generation_ && !merge_.has_value()) {
+  if (*bound && req.generation() < generation_ && !pushes_.waiting()) {
     // A new stream of a member that missed a generation while it was not
     // bound (a push goes only to bound streams; a merged push pending
     // goes to this stream when it is flushed).
@@ -377,7 +377,7 @@ absl::Status Membership::Heartbeat(const HeartbeatRequest& req,
   // The first step after a stall: what it retransmitted came with the
   // stall (a link cut for a moment), not with training slowed by loss.
   const bool resumed = req.report().step() != mem.step &&
-                       now - mem.step_changed_at > loss_moving_;
+                       now - mem.step_changed_at > loss_stall_;
   NoteReportLocked(mem, req.report(), now);
   NoteReplicaChecksLocked(mem, req.report(), now);
   NoteLocalNormsLocked(mem, req.report(), now);
@@ -656,16 +656,14 @@ Incident Membership::MakeIncidentLocked(const Member& m, IncidentKind kind,
   return inc;
 }
 
-void Membership::RecordIncidentLocked(Incident incident) {
-  incident.set_id(++incidents_total_);
+void Membership::RecordIncidentLocked(Incident kept) {
+  Incident& incident = incidents_.Add(std::move(kept));
   HOLDFAST_LOG_WARN("incident {}: {} member {} slot {} ({}): {} [{} ms]",
                     incident.id(), IncidentKindName(incident.kind()),
                     incident.member_id(), incident.slot(), incident.host(),
                     incident.evidence(), incident.time_to_detect_ms());
   cases_.NoteIncident(&incident, slots_);
   if (observer_ != nullptr) observer_->OnIncident(incident);
-  incidents_.push_back(std::move(incident));
-  while (incidents_.size() > limits_.max_incidents) incidents_.pop_front();
 }
 
 void Membership::DeclareLocked(Member& m, IncidentKind kind,
@@ -836,26 +834,16 @@ bool Membership::ResizeLocked(int world_size) {
 void Membership::BroadcastGenerationLocked(
     const std::vector<SlotChange>& changes, int removed,
     const AbortOrder* abort, absl::Time now) {
-  if (now < last_broadcast_ + detection_.push_merge || merge_.has_value()) {
-    // Merged with the generations that follow it within push_merge: one
-    // push of the newest (FlushPushes), with every slot change since the
-    // last push and the first abort order (of the generation the members
-    // were told of last).
-    if (!merge_.has_value()) merge_.emplace();
-    for (const SlotChange& c : changes)
-      merge_->changes[c.slot()] = c.member_id();
-    merge_->removed += removed;
-    if (abort != nullptr && !merge_->abort.has_value()) merge_->abort = *abort;
-    ++merge_->generations;
-    return;
+  // Else merged with the generations that follow it (push_merge.h).
+  if (pushes_.Add(changes, removed, abort, now)) {
+    PushGenerationLocked(changes, removed, abort, now);
   }
-  PushGenerationLocked(changes, removed, abort, now);
 }
 
 void Membership::PushGenerationLocked(const std::vector<SlotChange>& changes,
                                       int removed, const AbortOrder* abort,
                                       absl::Time now) {
-  last_broadcast_ = now;
+  pushes_.Pushed(now);
   const absl::Time began = absl::Now();
   size_t pushed = 0;
   HeartbeatResponse msg = GenerationPushLocked(changes, removed, abort);
@@ -894,17 +882,14 @@ HeartbeatResponse Membership::GenerationPushLocked(
 
 absl::Time Membership::PushDue() const {
   absl::MutexLock lock(&mu_);
-  return merge_.has_value() ? last_broadcast_ + detection_.push_merge
-                            : absl::InfiniteFuture();
+  return pushes_.Due();
 }
 
 void Membership::FlushPushes(absl::Time now) {
   absl::MutexLock lock(&mu_);
-  if (!merge_.has_value() || now < last_broadcast_ + detection_.push_merge) {
-    return;
-  }
-  Merge m = std::move(*merge_);
-  merge_.reset();
+  std::optional<PushMerge::Merged> due = pushes_.TakeDue(now);
+  if (!due.has_value()) return;
+  const PushMerge::Merged& m = *due;
   if (job_state_ != JOB_RUNNING) return;  // the job end was pushed instead
   std::vector<SlotChange> changes;
   for (const auto& [slot, id] : m.changes) {

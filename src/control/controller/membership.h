@@ -43,8 +43,10 @@
 #include "src/control/controller/detection.h"
 #include "src/control/controller/diagnosis_cases.h"
 #include "src/control/controller/gradient_ledger.h"
+#include "src/control/controller/incident_log.h"
 #include "src/control/controller/loss_ledger.h"
 #include "src/control/controller/network_evidence.h"
+#include "src/control/controller/push_merge.h"
 #include "src/control/controller/replica_ledger.h"
 #include "src/control/controller/verdict.h"
 #include "src/control/wire/controller.pb.h"
@@ -439,21 +441,17 @@ class Membership {
   LossLedger losses_ ABSL_GUARDED_BY(mu_);
   // The generation in which a lossy data link was last reported.
   int64_t loss_reported_generation_ ABSL_GUARDED_BY(mu_) = -1;
-  // A gap between a worker's step ends longer than this is a stall, not a
-  // slowed step (ScanLossLocked keeps it from the pace of the job).
+  // Training moves when every worker's step ended within loss_moving_; a
+  // gap between a worker's step ends longer than loss_stall_ is a stall
+  // (DetectionOptions::link_stall). ScanLossLocked keeps both from the
+  // pace of the job.
   absl::Duration loss_moving_ ABSL_GUARDED_BY(mu_) = absl::Milliseconds(300);
+  absl::Duration loss_stall_ ABSL_GUARDED_BY(mu_) = absl::Milliseconds(800);
 
   // Generations waiting to be pushed as one (BroadcastGenerationLocked).
-  struct Merge {
-    std::map<int, uint64_t> changes;  // slot -> member, the latest
-    std::optional<AbortOrder> abort;  // the first
-    int removed = 0;                  // slots shrinks took away
-    int generations = 0;
-  };
-  std::optional<Merge> merge_ ABSL_GUARDED_BY(mu_);
-  absl::Time last_broadcast_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  PushMerge pushes_ ABSL_GUARDED_BY(mu_){detection_.push_merge};
 
-  std::deque<Incident> incidents_ ABSL_GUARDED_BY(mu_);
+  IncidentLog incidents_ ABSL_GUARDED_BY(mu_){limits_.max_incidents};
   // Diagnosis cases by generation, and the verdicts reached (the newest
   // limits_.max_incidents of each).
   DiagnosisCases cases_ ABSL_GUARDED_BY(mu_){limits_.max_incidents};
@@ -467,7 +465,6 @@ class Membership {
   // the watch on the controller's link.
   StepPace pace_ ABSL_GUARDED_BY(mu_){detection_};
   LinkWatch link_ ABSL_GUARDED_BY(mu_){detection_};
-  uint64_t incidents_total_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t heartbeats_total_ ABSL_GUARDED_BY(mu_) = 0;
   const absl::Time started_;
 };

@@ -77,11 +77,7 @@ Verdict Membership::SetDiagnosis(int64_t generation,
                            : absl::StrJoin(v.culprits(), ", "),
       v.evidence(), v.confidence(), v.action(), v.action_reason());
   cases_.Decide(generation, v);
-  for (Incident& i : incidents_) {
-    if (i.generation() == generation && !i.has_diagnosis()) {
-      *i.mutable_diagnosis() = v;
-    }
-  }
+  incidents_.SetVerdict(generation, v);
   return v;
 }
 

@@ -176,7 +176,7 @@ StatusResponse Membership::Status(const StatusRequest& req,
   auto threshold = pace_.StallThreshold();
   r.set_stall_threshold_ms(threshold.has_value() ? ToMs(*threshold) : -1);
   r.set_heartbeats_total(heartbeats_total_);
-  r.set_incidents_total(incidents_total_);
+  r.set_incidents_total(incidents_.total());
   int alive = 0, left = 0;
   for (const auto& [id, m] : members_) {
     alive += m.state == STATE_ALIVE;
@@ -214,11 +214,7 @@ StatusResponse Membership::Status(const StatusRequest& req,
                 return key(a) < key(b);
               });
   }
-  const int n = std::min<int>(std::max(0, req.max_incidents()),
-                              static_cast<int>(incidents_.size()));
-  for (auto it = incidents_.end() - n; it != incidents_.end(); ++it) {
-    *r.add_incidents() = *it;
-  }
+  incidents_.Newest(req.max_incidents(), r.mutable_incidents());
   return r;
 }
 
@@ -377,6 +373,7 @@ void Membership::ScanLossLocked(absl::Time now) {
   // retransmissions of the cut are not counted (the data-link verdicts
   // name that host; LossLedger::Note drops what a stall retransmitted).
   loss_moving_ = std::max(absl::Milliseconds(300), 5 * pace_.Median());
+  loss_stall_ = std::max(detection_.link_stall, 5 * pace_.Median());
   if (!losses_.any() || job_state_ != JOB_RUNNING || finished_workers_ > 0 ||
       loss_reported_generation_ == generation_) {
     return;
