@@ -1341,32 +1341,48 @@ void LossBeats(Job& job, absl::Time* now, int beats, int64_t* step,
 
 }  // namespace
 
-TEST_CASE(
-    "loss: a link cut for a moment, whose retransmissions come with the "
-    "steps after it, names no host, and steady loss does") {
-  for (const bool blip : {true, false}) {
-    INFO("blip: " << blip);
-    Job job(6);
+namespace {
+
+// Six workers on kLossHosts (LossBeats) with 2 s of healthy steps behind
+// them, and a segment each retransmitted long before (at connection
+// setup) on every connection across h1's link.
+struct LossJob {
+  LossJob() : job(6) {
     for (const std::string& h : kLossHosts) job.Join(h, kT0);
-    absl::Time now = kT0;
-    int64_t step = 0;
-    // A segment each, retransmitted long before (at connection setup).
-    std::map<int, std::map<int, int64_t>> counts;
     for (int s = 0; s < 6; ++s) {
       for (int p = 0; p < 6; ++p) {
         if (OnH1(s) != OnH1(p)) counts[s][p] = 1;
       }
     }
-    LossBeats(job, &now, 20, &step, &counts, 0);
+    Beats(20, 0);
+  }
+  void Beats(int beats, int64_t growth, bool stalled = false,
+             int64_t resume_jump = 0) {
+    LossBeats(job, &now, beats, &step, &counts, growth, stalled, resume_jump);
+  }
+  Job job;
+  absl::Time now = kT0;
+  int64_t step = 0;
+  std::map<int, std::map<int, int64_t>> counts;
+};
+
+}  // namespace
+
+TEST_CASE(
+    "loss: a link cut for a moment, whose retransmissions come with the "
+    "steps after it, names no host, and steady loss does") {
+  for (const bool blip : {true, false}) {
+    INFO("blip: " << blip);
+    LossJob l;
     if (blip) {
       // h1's link down for 1.5 s: no step ends; the segments retransmitted
       // meanwhile are counted at the first step's end after it.
-      LossBeats(job, &now, 15, &step, &counts, 0, /*stalled=*/true);
-      LossBeats(job, &now, 40, &step, &counts, 0, false, /*resume_jump=*/10);
-      CHECK(job.Incidents(now).empty());
+      l.Beats(15, 0, /*stalled=*/true);
+      l.Beats(40, 0, false, /*resume_jump=*/10);
+      CHECK(l.job.Incidents(l.now).empty());
     } else {
-      LossBeats(job, &now, 40, &step, &counts, 1);
-      const std::vector<Incident> inc = job.Incidents(now);
+      l.Beats(40, 1);
+      const std::vector<Incident> inc = l.job.Incidents(l.now);
       REQUIRE(inc.size() == 2);
       for (const Incident& i : inc) {
         CHECK(i.kind() == INCIDENT_STRAGGLER);
@@ -1379,23 +1395,13 @@ TEST_CASE(
 TEST_CASE(
     "loss: a data link that is cut again and again, each time for less than "
     "the grace, names its host as flapping") {
-  Job job(6);
-  for (const std::string& h : kLossHosts) job.Join(h, kT0);
-  absl::Time now = kT0;
-  int64_t step = 0;
-  std::map<int, std::map<int, int64_t>> counts;
-  for (int s = 0; s < 6; ++s) {
-    for (int p = 0; p < 6; ++p) {
-      if (OnH1(s) != OnH1(p)) counts[s][p] = 1;
-    }
-  }
-  LossBeats(job, &now, 20, &step, &counts, 0);
+  LossJob l;
   for (int cut = 0; cut < 3; ++cut) {
-    CHECK(job.Incidents(now).empty());  // one or two: blips
-    LossBeats(job, &now, 15, &step, &counts, 0, /*stalled=*/true);
-    LossBeats(job, &now, 20, &step, &counts, 0, false, /*resume_jump=*/3);
+    CHECK(l.job.Incidents(l.now).empty());  // one or two: blips
+    l.Beats(15, 0, /*stalled=*/true);
+    l.Beats(20, 0, false, /*resume_jump=*/3);
   }
-  const std::vector<Incident> inc = job.Incidents(now);
+  const std::vector<Incident> inc = l.job.Incidents(l.now);
   REQUIRE(inc.size() == 2);
   for (const Incident& i : inc) {
     CHECK(i.kind() == INCIDENT_STRAGGLER);
