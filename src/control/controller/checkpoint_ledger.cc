@@ -17,18 +17,15 @@ bool CheckpointLedger::Ack(int slot, int64_t step, int world) {
     if (it == acks_.end()) return false;
   }
   StepAcks& a = it->second;
-  if (static_cast<size_t>(slot) >= a.slots.size() || a.slots[slot]) {
-    return false;
-  }
-  a.slots[static_cast<size_t>(slot)] = true;
-  ++a.count;
-  int64_t newest = -1;
-  for (const auto& [s, acks] : acks_) {
-    if (acks.count == world) newest = s;
-  }
-  if (newest <= committed_) return false;
-  committed_ = newest;
-  acks_.erase(acks_.begin(), acks_.upper_bound(newest));
+  const auto i = static_cast<size_t>(slot);
+  if (i >= a.slots.size() || a.slots[i]) return false;
+  a.slots[i] = true;
+  // Only this step can have become complete: the world is the same for
+  // every step held (a new generation drops them), and each earlier ack
+  // was checked when it came. It is after the committed step (above).
+  if (++a.count < world) return false;
+  committed_ = step;
+  acks_.erase(acks_.begin(), acks_.upper_bound(step));
   return true;
 }
 
