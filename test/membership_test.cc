@@ -8,6 +8,7 @@
 
 #include "src/control/controller/checkpoint_ledger.h"
 #include "src/control/controller/membership.h"
+#include "src/control/controller/slot_table.h"
 #include "test/support/membership_job.h"
 
 using namespace holdfast::control;
@@ -509,6 +510,51 @@ TEST_CASE(
   CHECK_FALSE(l.Ack(1, 12, 2));  // the ack of slot 0 went with the rollback
   CHECK(l.Ack(0, 12, 2));
   CHECK(l.committed() == 12);
+}
+
+TEST_CASE(
+    "slot table: members take the lowest vacant slot, standbys wait in "
+    "order, a shrink renumbers the holders and a resize keeps held slots") {
+  SlotTable t(4);
+  CHECK(t.world_size() == 4);
+  CHECK(t.LowestVacant() == 0);
+  t.Take(0, 10);
+  t.Take(2, 12);
+  CHECK(t.LowestVacant() == 1);
+  CHECK(t.held() == 2);
+  CHECK_FALSE(t.vacant(2));
+  CHECK(t.vacant(3));
+  CHECK_FALSE(t.vacant(4));  // out of range
+  CHECK_FALSE(t.vacant(-1));
+  t.Take(1, 11);
+  t.Take(3, 13);
+  CHECK(t.LowestVacant() == -1);
+  // Standbys: the one that came first is first.
+  const uint64_t a = t.AddStandby(20);
+  const uint64_t b = t.AddStandby(21);
+  CHECK(a < b);
+  CHECK(t.standbys().begin()->second == 20);
+  t.RemoveStandby(a);
+  CHECK(t.standbys().begin()->second == 21);
+  CHECK(t.standbys().size() == 1);
+  // Slot 1 is lost; a shrink renumbers 10, 12, 13 into slots 0, 1, 2.
+  t.Vacate(1);
+  CHECK(t.LowestVacant() == 1);
+  CHECK(t.holder(1) == 0);
+  CHECK(t.Compact() == 1);
+  CHECK(t.holders() == std::vector<uint64_t>{10, 12, 13});
+  CHECK(t.LowestVacant() == -1);
+  CHECK(t.held() == 3);
+  // A resize may not drop a held slot; it may drop a vacant one.
+  CHECK_FALSE(t.Resize(2));
+  CHECK(t.holders() == std::vector<uint64_t>{10, 12, 13});
+  t.Vacate(2);
+  CHECK(t.Resize(2));
+  CHECK(t.holders() == std::vector<uint64_t>{10, 12});
+  CHECK(t.Resize(5));
+  CHECK(t.world_size() == 5);
+  CHECK(t.vacant_count() == 3);
+  CHECK(t.LowestVacant() == 2);
 }
 
 TEST_CASE(

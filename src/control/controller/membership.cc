@@ -98,15 +98,12 @@ Membership::Membership(int world_size, DetectionOptions detection,
       detection_(detection),
       limits_(limits),
       policy_(policy),
-      world_size_(world_size),
-      slots_(static_cast<size_t>(world_size), 0),
-      started_(start) {
-  for (int s = 0; s < world_size; ++s) vacant_.insert(vacant_.end(), s);
-}
+      slots_(world_size),
+      started_(start) {}
 
 int Membership::world_size() const {
   absl::MutexLock lock(&mu_);
-  return world_size_;
+  return slots_.world_size();
 }
 
 JobState Membership::job_state() const {
@@ -207,7 +204,7 @@ RegisterResponse Membership::AssignmentLocked(const Member& m) const {
   r.set_role(m.role);
   r.set_slot(m.slot);
   r.set_generation(generation_);
-  r.set_world_size(world_size_);
+  r.set_world_size(slots_.world_size());
   r.set_heartbeat_interval_ms(ToMs(detection_.heartbeat_interval));
   r.set_lease_ms(ToMs(Lease(detection_)));
   r.set_committed_step(checkpoints_.committed());
@@ -250,19 +247,19 @@ absl::StatusOr<RegisterResponse> Membership::Register(
     }
     const int world = req.generation() > generation_ && req.world_size() > 0
                           ? req.world_size()
-                          : world_size_;
+                          : slots_.world_size();
     if (req.slot() >= world) {
       return absl::InvalidArgumentError(
           absl::StrCat("slot ", req.slot(), " is out of range [0, ", world,
                        ") (-1 for a standby)"));
     }
-    if (req.slot() >= 0 && slots_[req.slot()] != 0) {
+    if (req.slot() >= 0 && slots_.holder(req.slot()) != 0) {
       return absl::FailedPreconditionError(
           absl::StrCat("member ", id, " resumes slot ", req.slot(),
-                       ", which member ", slots_[req.slot()], " holds"));
+                       ", which member ", slots_.holder(req.slot()), " holds"));
     }
     if (req.generation() > generation_) {
-      if (world != world_size_ && !ResizeLocked(world)) {
+      if (world != slots_.world_size() && !slots_.Resize(world)) {
         return absl::FailedPreconditionError(absl::StrCat(
             "member ", id, " resumes generation ", req.generation(), " of ",
             world, " slots, but members here hold slots beyond it"));
@@ -281,11 +278,11 @@ absl::StatusOr<RegisterResponse> Membership::Register(
   }
 
   // Once a worker has finished, nobody new takes a slot.
-  int slot = vacant_.empty() || finished_workers_ > 0 ? -1 : *vacant_.begin();
+  int slot = finished_workers_ > 0 ? -1 : slots_.LowestVacant();
   if (slot >= 0 && req.has_preferred_slot()) {
     if (req.preferred_slot() < 0) {
       slot = -1;
-    } else if (vacant_.count(req.preferred_slot()) > 0) {
+    } else if (slots_.vacant(req.preferred_slot())) {
       slot = req.preferred_slot();
     }
   }
@@ -309,12 +306,10 @@ Membership::Member& Membership::AddMemberLocked(uint64_t id,
   m.slot = slot;
   if (slot >= 0) {
     m.role = ROLE_WORKER;
-    slots_[slot] = id;
-    vacant_.erase(slot);
+    slots_.Take(slot, id);
   } else {
     m.role = ROLE_STANDBY;
-    m.standby_order = next_standby_order_++;
-    standbys_[m.standby_order] = id;
+    m.standby_order = slots_.AddStandby(id);
   }
   return members_.emplace(id, std::move(m)).first->second;
 }
@@ -413,8 +408,8 @@ void Membership::NoteReportLocked(Member& mem, const StepReport& r,
 }
 
 void Membership::NoteStepEndLocked(Member& mem, const StepReport& r) {
-  healthy_pace_.Note(generation_, world_size_, r.step(), r.last_step_us(),
-                     r.collective_us());
+  healthy_pace_.Note(generation_, slots_.world_size(), r.step(),
+                     r.last_step_us(), r.collective_us());
   if (detection_.straggler_window > 0) {
     if (mem.work_generation != generation_ ||
         (!mem.work_us.empty() && mem.work_us.back().step >= r.step())) {
@@ -537,9 +532,10 @@ absl::StatusOr<bool> Membership::ReportFailure(const ReportFailureRequest& req,
   auto reporter = LiveMemberLocked(req.member_id());
   if (!reporter.ok()) return reporter.status();
   for (int u : req.unreachable_slots()) {
-    if (u < 0 || u >= world_size_) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "unreachable slot ", u, " is out of range [0, ", world_size_, ")"));
+    if (u < 0 || u >= slots_.world_size()) {
+      return absl::InvalidArgumentError(absl::StrCat("unreachable slot ", u,
+                                                     " is out of range [0, ",
+                                                     slots_.world_size(), ")"));
     }
   }
   // Evidence of the data network counts from late reports too: in a loop
@@ -559,13 +555,13 @@ absl::StatusOr<bool> Membership::ReportFailure(const ReportFailureRequest& req,
   if (req.has_anomaly()) {
     return ReportAnomalyLocked(**reporter, req.anomaly(), now);
   }
-  if (req.peer_slot() < -1 || req.peer_slot() >= world_size_) {
+  if (req.peer_slot() < -1 || req.peer_slot() >= slots_.world_size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("peer slot ", req.peer_slot(), " is out of range [0, ",
-                     world_size_, ") (-1: the communicator failed)"));
+                     slots_.world_size(), ") (-1: the communicator failed)"));
   }
   if (req.peer_slot() == -1) return CommFailedLocked(**reporter, req, now);
-  const uint64_t peer_id = slots_[req.peer_slot()];
+  const uint64_t peer_id = slots_.holder(req.peer_slot());
   if (peer_id == 0 || peer_id == req.member_id()) return false;
   Member& peer = members_.at(peer_id);
   DeclareLocked(peer, INCIDENT_REPORTED,
@@ -595,7 +591,7 @@ absl::StatusOr<int64_t> Membership::AckCheckpoint(
     if (stream != nullptr) PushCommittedLocked(stream);
     return checkpoints_.committed();
   }
-  if (checkpoints_.Ack((*m)->slot, req.step(), world_size_)) {
+  if (checkpoints_.Ack((*m)->slot, req.step(), slots_.world_size())) {
     CommittedLocked();
   }
   return checkpoints_.committed();
@@ -621,10 +617,9 @@ void Membership::PushCommittedLocked(MemberSink* sink) {
 
 void Membership::VacateLocked(Member& m) {
   if (m.slot >= 0) {
-    slots_[m.slot] = 0;
-    vacant_.insert(m.slot);
+    slots_.Vacate(m.slot);
   } else {
-    standbys_.erase(m.standby_order);
+    slots_.RemoveStandby(m.standby_order);
   }
 }
 
@@ -662,7 +657,7 @@ void Membership::RecordIncidentLocked(Incident kept) {
                     incident.id(), IncidentKindName(incident.kind()),
                     incident.member_id(), incident.slot(), incident.host(),
                     incident.evidence(), incident.time_to_detect_ms());
-  cases_.NoteIncident(&incident, slots_);
+  cases_.NoteIncident(&incident, slots_.holders());
   if (observer_ != nullptr) observer_->OnIncident(incident);
 }
 
@@ -725,25 +720,25 @@ void Membership::OpenGenerationLocked(int lost_slot,
   // Replace: the standby that waited longest takes the slot, preferring
   // one in the same topology block so communication groups stay compact,
   // and never one on a host cut off from the data network.
-  auto pick = standbys_.end();
-  for (auto it = standbys_.begin(); it != standbys_.end(); ++it) {
+  const std::map<uint64_t, uint64_t>& standbys = slots_.standbys();
+  auto pick = standbys.end();
+  for (auto it = standbys.begin(); it != standbys.end(); ++it) {
     const Member& c = members_.at(it->second);
     if (network_.IsCutOff(c.host)) continue;
-    if (pick == standbys_.end()) pick = it;
+    if (pick == standbys.end()) pick = it;
     if (!topology_block.empty() && c.topology_block == topology_block) {
       pick = it;
       break;
     }
   }
-  if (lost_slot >= 0 && !policy_.shrink && pick != standbys_.end()) {
+  if (lost_slot >= 0 && !policy_.shrink && pick != standbys.end()) {
     slots_changed_at_ = generation_;
     Member& s = members_.at(pick->second);
-    standbys_.erase(pick);
+    slots_.RemoveStandby(pick->first);
     s.role = ROLE_WORKER;
     s.slot = lost_slot;
     s.step_changed_at = now;
-    slots_[lost_slot] = s.id;
-    vacant_.erase(lost_slot);
+    slots_.Take(lost_slot, s.id);
     SlotChange& c = changes.emplace_back();
     c.set_slot(lost_slot);
     c.set_member_id(s.id);
@@ -751,36 +746,31 @@ void Membership::OpenGenerationLocked(int lost_slot,
                       s.id, lost_slot);
   } else if (lost_slot >= 0) {
     // Shrink: the survivors are renumbered in their old order.
-    std::vector<uint64_t> survivors;
-    for (uint64_t id : slots_) {
-      if (id != 0) survivors.push_back(id);
-    }
-    removed = static_cast<int>(slots_.size() - survivors.size());
+    removed = slots_.Compact();
     slots_changed_at_ = generation_;
-    slots_ = survivors;
-    vacant_.clear();
-    world_size_ = static_cast<int>(survivors.size());
-    for (int i = 0; i < world_size_; ++i) {
-      members_.at(survivors[static_cast<size_t>(i)]).slot = i;
+    for (int i = 0; i < slots_.world_size(); ++i) {
+      members_.at(slots_.holder(i)).slot = i;
     }
-    if (world_size_ >= policy_.min_world) {  // else the job stops (below)
+    if (slots_.world_size() >=
+        policy_.min_world) {  // else the job stops (below)
       HOLDFAST_LOG_INFO(
           "generation {}: slot {} lost, {}; the world shrinks "
           "to {}",
           generation_, lost_slot,
-          policy_.shrink ? "shrink mode" : "no standby left", world_size_);
+          policy_.shrink ? "shrink mode" : "no standby left",
+          slots_.world_size());
     }
   } else {
     HOLDFAST_LOG_INFO("generation {}: the group is rebuilt ({})", generation_,
                       abort.reason());
   }
-  if (world_size_ < policy_.min_world) {
+  if (slots_.world_size() < policy_.min_world) {
     // Below the minimum the job stops, and the survivors get the stop
     // (which aborts their communicators), never the smaller world: a
     // member that read the new generation first would train in it, and a
     // fast one finished the job there before the stop reached it.
     EndJobLocked(JOB_STOPPED,
-                 absl::StrCat(world_size_,
+                 absl::StrCat(slots_.world_size(),
                               " live workers, below the minimum "
                               "world size ",
                               policy_.min_world, " (", abort.reason(), ")"));
@@ -808,27 +798,12 @@ void Membership::EndJobLocked(JobState state, std::string reason) {
 }
 
 void Membership::MaybeFinishLocked() {
-  if (finished_workers_ == 0) return;
-  for (uint64_t id : slots_) {
-    if (id != 0) return;  // a worker is still running
-  }
+  // Not while a worker is still running.
+  if (finished_workers_ == 0 || slots_.held() > 0) return;
   EndJobLocked(JOB_FINISHED, absl::StrCat(finished_workers_,
                                           " workers finished at "
                                           "generation ",
                                           generation_));
-}
-
-bool Membership::ResizeLocked(int world_size) {
-  for (size_t s = static_cast<size_t>(world_size); s < slots_.size(); ++s) {
-    if (slots_[s] != 0) return false;
-  }
-  slots_.resize(static_cast<size_t>(world_size), 0);
-  world_size_ = world_size;
-  vacant_.clear();
-  for (int s = 0; s < world_size; ++s) {
-    if (slots_[static_cast<size_t>(s)] == 0) vacant_.insert(s);
-  }
-  return true;
 }
 
 void Membership::BroadcastGenerationLocked(
@@ -870,7 +845,7 @@ HeartbeatResponse Membership::GenerationPushLocked(
   HeartbeatResponse msg;
   MembershipUpdate* u = msg.mutable_membership();
   u->set_generation(generation_);
-  u->set_world_size(world_size_);
+  u->set_world_size(slots_.world_size());
   u->set_committed_step(checkpoints_.committed());
   u->set_rollback(anomalies_.rollback_pending());
   anomalies_.FillSkipData(u->mutable_skip_data());
@@ -894,7 +869,7 @@ void Membership::FlushPushes(absl::Time now) {
   std::vector<SlotChange> changes;
   for (const auto& [slot, id] : m.changes) {
     // A slot that the shrink renumbered away is no change any more.
-    if (slot >= world_size_) continue;
+    if (slot >= slots_.world_size()) continue;
     SlotChange& c = changes.emplace_back();
     c.set_slot(slot);
     c.set_member_id(id);

@@ -5,6 +5,7 @@
 //
 // It is the slot and generation state machine; the rules it acts on live
 // in objects of their own, each with its rules in its header:
+//   - SlotTable (slot_table.h): who holds each slot, and the standbys;
 //   - CheckpointLedger (checkpoint_ledger.h): the acks and the committed
 //     step;
 //   - AnomalyLedger (anomaly_ledger.h), fed by ReplicaLedger and
@@ -25,7 +26,6 @@
 #include <deque>
 #include <map>
 #include <optional>
-#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -48,6 +48,7 @@
 #include "src/control/controller/network_evidence.h"
 #include "src/control/controller/push_merge.h"
 #include "src/control/controller/replica_ledger.h"
+#include "src/control/controller/slot_table.h"
 #include "src/control/controller/verdict.h"
 #include "src/control/wire/controller.pb.h"
 #include "src/control/wire/member_sink.h"
@@ -274,9 +275,6 @@ class Membership {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends the job as finished once a worker has finished and none is left.
   void MaybeFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Resizes the slot table (a resume after a controller restart adopts a
-  // shrunken world). False if a held slot would fall outside.
-  bool ResizeLocked(int world_size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // An incident about `m`, detected at `now`, its onset at `onset`.
   Incident MakeIncidentLocked(const Member& m, IncidentKind kind,
                               std::string evidence, absl::Time onset,
@@ -395,7 +393,6 @@ class Membership {
   const RecoveryPolicy policy_;
 
   mutable absl::Mutex mu_;
-  int world_size_ ABSL_GUARDED_BY(mu_);
   JobState job_state_ ABSL_GUARDED_BY(mu_) = JOB_RUNNING;
   std::string job_reason_ ABSL_GUARDED_BY(mu_);
   int finished_workers_ ABSL_GUARDED_BY(mu_) = 0;
@@ -406,11 +403,9 @@ class Membership {
   // failures, 8 bytes each).
   absl::flat_hash_set<uint64_t> fenced_ ABSL_GUARDED_BY(mu_);
   std::deque<uint64_t> retired_
-      ABSL_GUARDED_BY(mu_);                           // dead/left, oldest first
-  std::vector<uint64_t> slots_ ABSL_GUARDED_BY(mu_);  // 0: vacant
-  std::set<int> vacant_ ABSL_GUARDED_BY(mu_);
-  std::map<uint64_t, uint64_t> standbys_ ABSL_GUARDED_BY(mu_);  // order -> id
-  uint64_t next_standby_order_ ABSL_GUARDED_BY(mu_) = 0;
+      ABSL_GUARDED_BY(mu_);  // dead/left, oldest first
+  // Who holds each slot, and the standbys in order.
+  SlotTable slots_ ABSL_GUARDED_BY(mu_);
   int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   // The last generation whose slots changed (a replacement, a shrink): a
   // slot number in a report of an older generation may name another

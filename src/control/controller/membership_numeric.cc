@@ -41,7 +41,7 @@ absl::StatusOr<bool> Membership::ReportAnomalyLocked(Member& reporter,
 
 void Membership::ScanAnomaliesLocked(absl::Time now) {
   int workers = 0;
-  for (uint64_t id : slots_) workers += id != 0;
+  workers += slots_.held();
   std::optional<AnomalyLedger::Case> c = anomalies_.TakeReady(
       generation_, workers, detection_.anomaly_settle, now);
   if (c.has_value()) DecideAnomalyLocked(*c, now);
@@ -50,14 +50,14 @@ void Membership::ScanAnomaliesLocked(absl::Time now) {
 void Membership::DecideAnomalyLocked(const AnomalyLedger::Case& c,
                                      absl::Time now) {
   if (job_state_ != JOB_RUNNING || finished_workers_ > 0) return;
-  const AnomalyLedger::Decision d = anomalies_.Decide(c, slots_, generation_);
+  const AnomalyLedger::Decision d =
+      anomalies_.Decide(c, slots_.holders(), generation_);
   if (d.target < 0) {
     EndJobLocked(JOB_STOPPED, d.evidence);
     return;
   }
   checkpoints_.Restore(d.target);
-  const uint64_t named =
-      d.named_slot >= 0 ? slots_[static_cast<size_t>(d.named_slot)] : 0;
+  const uint64_t named = d.named_slot >= 0 ? slots_.holder(d.named_slot) : 0;
   Incident inc;
   if (named != 0) {
     inc = MakeIncidentLocked(members_.at(named), INCIDENT_NUMERIC, d.evidence,
@@ -96,7 +96,7 @@ void Membership::NoteReplicaChecksLocked(const Member& m, const StepReport& r,
         m.slot, check.step(), check.hash(),
         std::clamp(check.keep_snapshots(), config::kMinKeepSnapshots,
                    config::kMaxKeepSnapshots),
-        world_size_);
+        slots_.world_size());
     if (!mm.has_value()) continue;
     // A case of its own: the slots outside the majority are its sources;
     // with no majority every slot reports, and none is named.
@@ -110,7 +110,8 @@ void Membership::NoteReplicaChecksLocked(const Member& m, const StepReport& r,
     for (int slot : mm->minority) c.reports[slot] = a;
     if (c.reports.empty()) {
       a.set_local(false);
-      for (int slot = 0; slot < world_size_; ++slot) c.reports[slot] = a;
+      for (int slot = 0; slot < slots_.world_size(); ++slot)
+        c.reports[slot] = a;
     }
     DecideAnomalyLocked(c, now);
     return;  // the rollback opened the next generation
@@ -138,7 +139,7 @@ bool Membership::NoteLocalNormLocked(const Member& m, const LocalNorm& n,
                                         config::kMinKeepSnapshots,
                                         config::kMaxKeepSnapshots));
   std::optional<GradientLedger::Outlier> o =
-      norms_.Note(m.slot, clamped, world_size_, factor);
+      norms_.Note(m.slot, clamped, slots_.world_size(), factor);
   if (!o.has_value()) return false;
   // A case of its own: the outliers are its sources.
   AnomalyLedger::Case c{generation_, now, {}};

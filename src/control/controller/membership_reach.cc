@@ -19,16 +19,17 @@ bool Membership::NoteUnreachableLocked(const Member& reporter,
   if (req.generation() >= slots_changed_at_ &&
       req.generation() <= generation_) {
     for (int u : req.unreachable_slots()) {
-      const uint64_t target = slots_[static_cast<size_t>(u)];
+      const uint64_t target = slots_.holder(u);
       if (target != 0 && target != reporter.id) {
         network_.Lost(reporter.id, target);
       }
     }
   }
   diagnosis::ReachInput in;
-  in.host_of_slot.assign(slots_.size(), "");
-  for (size_t s = 0; s < slots_.size(); ++s) {
-    if (slots_[s] != 0) in.host_of_slot[s] = members_.at(slots_[s]).host;
+  const std::vector<uint64_t>& holders = slots_.holders();
+  in.host_of_slot.assign(holders.size(), "");
+  for (size_t s = 0; s < holders.size(); ++s) {
+    if (holders[s] != 0) in.host_of_slot[s] = members_.at(holders[s]).host;
   }
   std::set<uint64_t> reporters;
   for (const auto& [from, to] : network_.lost()) {
@@ -58,7 +59,7 @@ bool Membership::NoteUnreachableLocked(const Member& reporter,
     network_.CutOff(in.host_of_slot[static_cast<size_t>(v.culprits[0])]);
   }
   std::vector<uint64_t> ids;
-  for (int s : v.culprits) ids.push_back(slots_[static_cast<size_t>(s)]);
+  for (int s : v.culprits) ids.push_back(slots_.holder(s));
   network_.Spend();
   const std::string evidence = absl::StrCat(v.rule, ": ", v.evidence);
   for (uint64_t id : ids) {

@@ -52,13 +52,13 @@ void Membership::ScanRendezvousLocked(absl::Time now) {
   // The first generation's members set up at their own pace; a finishing
   // job has no group to rebuild; a vacant slot has nobody to wait for.
   if (generation_ == 0 || job_state_ != JOB_RUNNING || finished_workers_ > 0 ||
-      !vacant_.empty()) {
+      slots_.vacant_count() > 0) {
     return;
   }
   absl::Time ready_at = absl::InfinitePast();
   int ready = 0;
   std::vector<Member*> absent;
-  for (uint64_t id : slots_) {
+  for (uint64_t id : slots_.holders()) {
     Member& m = members_.at(id);
     if (m.rendezvous_generation >= generation_) {
       ++ready;
@@ -157,7 +157,7 @@ StatusResponse Membership::Status(const StatusRequest& req,
                                   absl::Time now) const {
   absl::MutexLock lock(&mu_);
   StatusResponse r;
-  r.set_world_size(world_size_);
+  r.set_world_size(slots_.world_size());
   r.set_initial_world_size(initial_world_size_);
   r.set_job_state(job_state_);
   r.set_job_reason(job_reason_);
@@ -170,8 +170,8 @@ StatusResponse Membership::Status(const StatusRequest& req,
   r.set_pace_step_us(healthy_pace_.step_us());
   r.set_pace_healthy_us(healthy_pace_.healthy_us());
   r.set_uptime_ms(ToMs(now - started_));
-  r.set_vacant_slots(static_cast<int32_t>(vacant_.size()));
-  r.set_standbys(static_cast<int32_t>(standbys_.size()));
+  r.set_vacant_slots(slots_.vacant_count());
+  r.set_standbys(static_cast<int32_t>(slots_.standbys().size()));
   r.set_median_step_us(absl::ToInt64Microseconds(pace_.Median()));
   auto threshold = pace_.StallThreshold();
   r.set_stall_threshold_ms(threshold.has_value() ? ToMs(*threshold) : -1);
@@ -292,7 +292,7 @@ bool Membership::StragglerLocked(Member& m, const SlowWindow& w,
   // The share of each step its peers spend waiting for it.
   const double cost = w.mine > 0 ? 1.0 - w.peers / w.mine : 0.0;
   if (policy_.replace_stragglers && replace_due &&
-      cost >= policy_.straggler_min_cost && !standbys_.empty() &&
+      cost >= policy_.straggler_min_cost && !slots_.standbys().empty() &&
       stragglers_replaced_ < policy_.straggler_budget) {
     ++stragglers_replaced_;
     DeclareLocked(m, INCIDENT_STRAGGLER,
@@ -317,12 +317,12 @@ void Membership::ScanStragglersLocked(absl::Time now) {
   if (!stragglers_dirty_) return;
   stragglers_dirty_ = false;
   if (window <= 0 || job_state_ != JOB_RUNNING || finished_workers_ > 0 ||
-      slots_.size() < 3) {
+      slots_.world_size() < 3) {
     return;
   }
   std::vector<Member*> workers;
   std::vector<const std::deque<StepSample>*> work;
-  for (uint64_t id : slots_) {
+  for (uint64_t id : slots_.holders()) {
     if (id == 0) return;
     Member& m = members_.at(id);
     if (m.state != STATE_ALIVE) return;
@@ -379,7 +379,7 @@ void Membership::ScanLossLocked(absl::Time now) {
     return;
   }
   std::vector<std::string> hosts;
-  for (uint64_t id : slots_) {
+  for (uint64_t id : slots_.holders()) {
     if (id == 0) return;
     const Member& m = members_.at(id);
     if (now - m.step_changed_at > loss_moving_) return;
@@ -399,7 +399,7 @@ void Membership::ScanLossLocked(absl::Time now) {
   // take every one of its slots within the budget; the host takes no
   // slot again, as a host cut off from the data network.
   int elsewhere = 0;
-  for (const auto& [order, id] : standbys_) {
+  for (const auto& [order, id] : slots_.standbys()) {
     const Member& s = members_.at(id);
     elsewhere += s.host != v->host && !network_.IsCutOff(s.host);
   }
@@ -408,7 +408,7 @@ void Membership::ScanLossLocked(absl::Time now) {
                        stragglers_replaced_ + n <= policy_.straggler_budget;
   if (replace) network_.CutOff(v->host);
   for (int slot : v->slots) {
-    const uint64_t id = slots_[static_cast<size_t>(slot)];
+    const uint64_t id = slots_.holder(slot);
     if (id == 0) continue;
     Member& m = members_.at(id);
     if (!replace) {
