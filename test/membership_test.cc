@@ -9,6 +9,7 @@
 #include "src/control/controller/checkpoint_ledger.h"
 #include "src/control/controller/membership.h"
 #include "src/control/controller/slot_table.h"
+#include "src/control/controller/straggler_watch.h"
 #include "test/support/membership_job.h"
 
 using namespace holdfast::control;
@@ -555,6 +556,71 @@ TEST_CASE(
   CHECK(t.world_size() == 5);
   CHECK(t.vacant_count() == 3);
   CHECK(t.LowestVacant() == 2);
+}
+
+TEST_CASE(
+    "straggler watch: a slow slot is found after a window more, a burst "
+    "passes, a replacement is due after replace_after steps, and a "
+    "generation starts the steps over") {
+  DetectionOptions d;
+  d.straggler_window = 8;
+  StragglerWatch w(d, /*replace_after=*/16, /*budget=*/1);
+  // One step of every slot (work in ms), then a scan at median step 0
+  // (the window is straggler_window steps).
+  auto step = [&](int world, int64_t gen, int64_t s, int slow_slot,
+                  double slow_ms) {
+    for (int slot = 0; slot < world; ++slot) {
+      const double ms = slot == slow_slot ? slow_ms : 30.0;
+      w.NoteStepEnd(slot, gen,
+                    StepSample{s, static_cast<int64_t>(ms * 1000),
+                               /*arrival_us=*/0});
+    }
+    CHECK(w.TakeStepEnds());
+    CHECK_FALSE(w.TakeStepEnds());
+    return w.Scan(world, gen, absl::ZeroDuration());
+  };
+  // Generation 0: slot 2 works twice as long from step 0. The rule holds
+  // once 8 steps are complete (newest 7), and is found a window later.
+  for (int64_t s = 0; s < 15; ++s) CHECK(step(4, 0, s, 2, 60).empty());
+  std::vector<StragglerWatch::Finding> f = step(4, 0, 15, 2, 60);
+  REQUIRE(f.size() == 1);
+  CHECK(f[0].slot == 2);
+  CHECK(f[0].window.steps == 8);
+  CHECK(f[0].window.slow == 8);
+  CHECK(f[0].window.mine == 8 * 60000.0);
+  CHECK(f[0].window.peers == 8 * 30000.0);
+  CHECK_FALSE(f[0].replace_due);  // not reported yet
+  CHECK_FALSE(w.reported(2, 0));
+  w.MarkReported(2, 0);
+  CHECK(w.reported(2, 0));
+  CHECK_FALSE(w.reported(2, 1));
+  // Due once the rule held for replace_after (16) steps more: newest 31.
+  for (int64_t s = 16; s < 31; ++s) {
+    f = step(4, 0, s, 2, 60);
+    REQUIRE(f.size() == 1);
+    CHECK_FALSE(f[0].replace_due);
+  }
+  f = step(4, 0, 31, 2, 60);
+  REQUIRE(f.size() == 1);
+  CHECK(f[0].replace_due);
+  // The budget of one replacement.
+  CHECK(w.CanReplace(1));
+  CHECK_FALSE(w.CanReplace(2));
+  CHECK(w.SpendReplacement() == 1);
+  CHECK_FALSE(w.CanReplace(1));
+  // Generation 1: nothing until every slot has steps of it.
+  w.NoteStepEnd(0, 1, StepSample{40, 30000, 0});
+  CHECK(w.Scan(4, 1, absl::ZeroDuration()).empty());
+  // A burst (slot 1 five times as slow on two steps) holds for fewer
+  // steps than a window, and passes.
+  for (int64_t s = 40; s < 80; ++s) {
+    CHECK(step(4, 1, s, s == 50 || s == 51 ? 1 : -1, 150).empty());
+  }
+  // Steps redone after a rollback start a slot's steps over.
+  for (int64_t s = 60; s < 75; ++s) CHECK(step(4, 1, s, 3, 90).empty());
+  CHECK(step(4, 1, 75, 3, 90).size() == 1);
+  // Fewer than 3 slots: no rule.
+  for (int64_t s = 0; s < 40; ++s) CHECK(step(2, 2, s, 1, 90).empty());
 }
 
 TEST_CASE(

@@ -410,23 +410,10 @@ void Membership::NoteReportLocked(Member& mem, const StepReport& r,
 void Membership::NoteStepEndLocked(Member& mem, const StepReport& r) {
   healthy_pace_.Note(generation_, slots_.world_size(), r.step(),
                      r.last_step_us(), r.collective_us());
-  if (detection_.straggler_window > 0) {
-    if (mem.work_generation != generation_ ||
-        (!mem.work_us.empty() && mem.work_us.back().step >= r.step())) {
-      // A new generation, or steps redone after a rollback.
-      mem.work_us.clear();
-      mem.work_generation = generation_;
-    }
-    stragglers_dirty_ = true;
-    mem.work_us.push_back(
-        StepSample{r.step(), OwnWork(r.last_step_us(), r.collective_us()),
-                   r.arrival_us()});
-    while (mem.work_us.size() >
-           static_cast<size_t>(std::max(4 * detection_.straggler_window,
-                                        policy_.straggler_replace_after))) {
-      mem.work_us.pop_front();
-    }
-  }
+  stragglers_.NoteStepEnd(
+      mem.slot, generation_,
+      StepSample{r.step(), OwnWork(r.last_step_us(), r.collective_us()),
+                 r.arrival_us()});
   pace_.Note(r.step(), r.last_step_us());
 }
 
@@ -714,7 +701,7 @@ void Membership::OpenGenerationLocked(int lost_slot,
   checkpoints_.NewGeneration();
   replicas_.Restart(checkpoints_.committed());
   norms_.Restart(checkpoints_.committed());
-  // Every member's work_us is stale now (Member::work_generation).
+  // Every slot's steps start over (StragglerWatch).
   std::vector<SlotChange> changes;
   int removed = 0;  // slots a shrink took away
   // Replace: the standby that waited longest takes the slot, preferring

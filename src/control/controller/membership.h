@@ -6,6 +6,8 @@
 // It is the slot and generation state machine; the rules it acts on live
 // in objects of their own, each with its rules in its header:
 //   - SlotTable (slot_table.h): who holds each slot, and the standbys;
+//   - StragglerWatch (straggler_watch.h): the straggler rule's steps and
+//     findings, and the budget of replacements;
 //   - CheckpointLedger (checkpoint_ledger.h): the acks and the committed
 //     step;
 //   - AnomalyLedger (anomaly_ledger.h), fed by ReplicaLedger and
@@ -49,6 +51,7 @@
 #include "src/control/controller/push_merge.h"
 #include "src/control/controller/replica_ledger.h"
 #include "src/control/controller/slot_table.h"
+#include "src/control/controller/straggler_watch.h"
 #include "src/control/controller/verdict.h"
 #include "src/control/wire/controller.pb.h"
 #include "src/control/wire/member_sink.h"
@@ -226,18 +229,6 @@ class Membership {
     int64_t seen_generation = -1;
     int64_t rendezvous_generation = -1;
     absl::Time rendezvous_at;
-    // Its own work and arrival (detection.h's StepSample) of its last
-    // steps, by step number, oldest first; cleared at each generation.
-    std::deque<StepSample> work_us;
-    // The generation work_us belongs to (older: it is empty, as if
-    // cleared when the generation opened).
-    int64_t work_generation = -1;
-    // The generation in which it was last reported a straggler.
-    int64_t straggler_generation = -1;
-    // The newest complete step when the straggler rule began to hold for
-    // it, in generation slow_generation (-1: it does not hold now).
-    int64_t slow_since = -1;
-    int64_t slow_generation = -1;
     // Why and when it was declared dead.
     IncidentKind fenced_by = INCIDENT_UNSPECIFIED;
     absl::Time fenced_at;
@@ -327,11 +318,11 @@ class Membership {
                                         const ReportFailureRequest& req,
                                         absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Worker `m` was slow over the window `w` (detection.h's Slow): an
-  // incident, or a standby replaces it where the policy says so and the
-  // longer window of straggler_replace_after steps was slow too
-  // (`replace_due`). Whether it was replaced.
-  bool StragglerLocked(Member& m, const SlowWindow& w, bool replace_due,
+  // Worker `m` is a straggler (`f`): an incident once a generation, or a
+  // standby replaces it where the policy says so, the replacement is due
+  // and it costs its peers at least straggler_min_cost. Whether it was
+  // replaced.
+  bool StragglerLocked(Member& m, const StragglerWatch::Finding& f,
                        absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What a heartbeat's step report says of `mem`: its step, phase and
   // metrics; at a worker's step end, its pace, its work time (for the
@@ -453,9 +444,9 @@ class Membership {
   // The committed step when a mismatch verdict last replaced its culprits
   // (-2: never).
   int64_t mismatch_replaced_at_ ABSL_GUARDED_BY(mu_) = -2;
-  int stragglers_replaced_ ABSL_GUARDED_BY(mu_) = 0;
-  // A step end was reported since the last straggler scan.
-  bool stragglers_dirty_ ABSL_GUARDED_BY(mu_) = false;
+  // The straggler rule's steps and findings, and the replacement budget.
+  StragglerWatch stragglers_ ABSL_GUARDED_BY(mu_){
+      detection_, policy_.straggler_replace_after, policy_.straggler_budget};
   // Failure detection's own state (detection.h): the job's step pace and
   // the watch on the controller's link.
   StepPace pace_ ABSL_GUARDED_BY(mu_){detection_};

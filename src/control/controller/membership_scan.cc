@@ -218,68 +218,9 @@ StatusResponse Membership::Status(const StatusRequest& req,
   return r;
 }
 
-namespace {
-
-// The steps every worker reported, newest first: each one's work by
-// worker, and the same values sorted (for the median of a worker's peers
-// in O(log n): the median of the others is the sorted list's, one place
-// further when the worker's own value sits at or below it).
-struct CompleteSteps {
-  std::vector<std::vector<int64_t>> work;
-  std::vector<std::vector<int64_t>> sorted;
-  int64_t newest = -1;  // the newest step's number
-};
-
-CompleteSteps Complete(const std::vector<const std::deque<StepSample>*>& work) {
-  const size_t n = work.size();
-  std::map<int64_t, std::vector<StepSample>> by_step;
-  for (size_t i = 0; i < n; ++i) {
-    for (const StepSample& s : *work[i]) {
-      std::vector<StepSample>& v = by_step[s.step];
-      v.resize(n, StepSample{-1, -1, 0});
-      v[i] = s;
-    }
-  }
-  CompleteSteps out;
-  for (auto it = by_step.rbegin(); it != by_step.rend(); ++it) {
-    if (std::none_of(it->second.begin(), it->second.end(),
-                     [](const StepSample& s) { return s.work_us < 0; })) {
-      if (out.newest < 0) out.newest = it->first;
-      out.work.push_back(CountedWork(it->second));
-      out.sorted.push_back(out.work.back());
-      std::sort(out.sorted.back().begin(), out.sorted.back().end());
-    }
-  }
-  return out;
-}
-
-// Worker i over the newest `window` complete steps: its own work and its
-// peers' median summed over them, and the steps on which it alone was
-// slow (at least `factor` times its peers' median, and `floor_us` more).
-SlowWindow SlowWindowOf(const CompleteSteps& steps, size_t i, size_t window,
-                        double factor, int64_t floor_us) {
-  const size_t mid = (steps.work[0].size() - 1) / 2;  // among n - 1 others
-  SlowWindow r;
-  r.steps = static_cast<int>(std::min(window, steps.work.size()));
-  for (size_t k = 0; k < static_cast<size_t>(r.steps); ++k) {
-    const std::vector<int64_t>& all = steps.sorted[k];
-    const int64_t own = steps.work[k][i];
-    const size_t at = static_cast<size_t>(
-        std::lower_bound(all.begin(), all.end(), own) - all.begin());
-    const int64_t median = at <= mid ? all[mid + 1] : all[mid];
-    r.mine += static_cast<double>(own);
-    r.peers += static_cast<double>(median);
-    r.slow +=
-        static_cast<double>(own) >= factor * static_cast<double>(median) &&
-        own - median >= floor_us;
-  }
-  return r;
-}
-
-}  // namespace
-
-bool Membership::StragglerLocked(Member& m, const SlowWindow& w,
-                                 bool replace_due, absl::Time now) {
+bool Membership::StragglerLocked(Member& m, const StragglerWatch::Finding& f,
+                                 absl::Time now) {
+  const SlowWindow& w = f.window;
   const std::string evidence = absl::StrFormat(
       "its own work took %.1f ms a step against its peers' %.1f ms "
       "(%.2fx) over the last %d steps every worker reported, and it was "
@@ -291,79 +232,39 @@ bool Membership::StragglerLocked(Member& m, const SlowWindow& w,
       detection_.straggler_factor);
   // The share of each step its peers spend waiting for it.
   const double cost = w.mine > 0 ? 1.0 - w.peers / w.mine : 0.0;
-  if (policy_.replace_stragglers && replace_due &&
+  if (policy_.replace_stragglers && f.replace_due &&
       cost >= policy_.straggler_min_cost && !slots_.standbys().empty() &&
-      stragglers_replaced_ < policy_.straggler_budget) {
-    ++stragglers_replaced_;
-    DeclareLocked(m, INCIDENT_STRAGGLER,
-                  absl::StrFormat("%s; it costs the job %.0f%% of each "
-                                  "step, so a standby replaces it (%d of "
-                                  "the job's budget of %d)",
-                                  evidence, 100 * cost, stragglers_replaced_,
-                                  policy_.straggler_budget),
-                  now, 0, now);
+      stragglers_.CanReplace(1)) {
+    const int spent = stragglers_.SpendReplacement();
+    DeclareLocked(
+        m, INCIDENT_STRAGGLER,
+        absl::StrFormat("%s; it costs the job %.0f%% of each "
+                        "step, so a standby replaces it (%d of "
+                        "the job's budget of %d)",
+                        evidence, 100 * cost, spent, stragglers_.budget()),
+        now, 0, now);
     return true;
   }
-  if (m.straggler_generation == generation_) return false;
-  m.straggler_generation = generation_;
+  if (stragglers_.reported(f.slot, generation_)) return false;
+  stragglers_.MarkReported(f.slot, generation_);
   RecordIncidentLocked(
       MakeIncidentLocked(m, INCIDENT_STRAGGLER, evidence, now, 0, now));
   return false;
 }
 
 void Membership::ScanStragglersLocked(absl::Time now) {
-  const int window = detection_.straggler_window;
   // Only new step ends can change the answer.
-  if (!stragglers_dirty_) return;
-  stragglers_dirty_ = false;
-  if (window <= 0 || job_state_ != JOB_RUNNING || finished_workers_ > 0 ||
-      slots_.world_size() < 3) {
+  if (!stragglers_.TakeStepEnds() || job_state_ != JOB_RUNNING ||
+      finished_workers_ > 0) {
     return;
   }
-  std::vector<Member*> workers;
-  std::vector<const std::deque<StepSample>*> work;
   for (uint64_t id : slots_.holders()) {
-    if (id == 0) return;
-    Member& m = members_.at(id);
-    if (m.state != STATE_ALIVE) return;
-    if (m.work_generation != generation_) return;  // none yet
-    workers.push_back(&m);
-    work.push_back(&m.work_us);
+    if (id == 0 || members_.at(id).state != STATE_ALIVE) return;
   }
-  const CompleteSteps steps = Complete(work);
-  const int span = StragglerWindow(detection_, pace_.Median());
-  if (steps.work.size() < static_cast<size_t>(span)) return;
-  const int64_t floor_us =
-      absl::ToInt64Microseconds(detection_.straggler_floor);
-  const size_t replace_window =
-      static_cast<size_t>(std::max(span, policy_.straggler_replace_after));
-  for (size_t i = 0; i < workers.size(); ++i) {
-    Member& m = *workers[i];
-    const SlowWindow w = SlowWindowOf(steps, i, static_cast<size_t>(span),
-                                      detection_.straggler_factor, floor_us);
-    if (!Slow(w, detection_.straggler_factor, floor_us)) {
-      m.slow_since = -1;
-      continue;
-    }
-    if (m.slow_since < 0 || m.slow_generation != generation_) {
-      m.slow_since = steps.newest;
-      m.slow_generation = generation_;
-    }
-    // It must go on holding for a window more: a burst (two pauses close
-    // together) passes, a slowdown stays.
-    const int64_t held = steps.newest - m.slow_since;
-    if (held < span) continue;
-    // Replaced once reported, slow for straggler_replace_after steps more,
-    // and over the longer window too.
-    const bool replace_due =
-        m.straggler_generation == generation_ &&
-        held >= span + policy_.straggler_replace_after &&
-        steps.work.size() >= replace_window &&
-        Slow(SlowWindowOf(steps, i, replace_window, detection_.straggler_factor,
-                          floor_us),
-             detection_.straggler_factor, floor_us);
+  for (const StragglerWatch::Finding& f :
+       stragglers_.Scan(slots_.world_size(), generation_, pace_.Median())) {
     // A replacement opens a new generation: the steps start over.
-    if (StragglerLocked(m, w, replace_due, now)) return;
+    if (StragglerLocked(members_.at(slots_.holder(f.slot)), f, now)) return;
   }
 }
 
@@ -404,8 +305,8 @@ void Membership::ScanLossLocked(absl::Time now) {
     elsewhere += s.host != v->host && !network_.IsCutOff(s.host);
   }
   const int n = static_cast<int>(v->slots.size());
-  const bool replace = policy_.replace_stragglers && elsewhere >= n &&
-                       stragglers_replaced_ + n <= policy_.straggler_budget;
+  const bool replace =
+      policy_.replace_stragglers && elsewhere >= n && stragglers_.CanReplace(n);
   if (replace) network_.CutOff(v->host);
   for (int slot : v->slots) {
     const uint64_t id = slots_.holder(slot);
@@ -416,12 +317,12 @@ void Membership::ScanLossLocked(absl::Time now) {
           MakeIncidentLocked(m, INCIDENT_STRAGGLER, v->evidence, now, 0, now));
       continue;
     }
-    ++stragglers_replaced_;
+    const int spent = stragglers_.SpendReplacement();
     DeclareLocked(
         m, INCIDENT_STRAGGLER,
         absl::StrCat(v->evidence, "; a standby on another host replaces it (",
-                     stragglers_replaced_, " of the job's budget of ",
-                     policy_.straggler_budget, ")"),
+                     spent, " of the job's budget of ", stragglers_.budget(),
+                     ")"),
         now, 0, now);
   }
 }
