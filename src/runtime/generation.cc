@@ -53,45 +53,6 @@ void RuntimeImpl::OnMembership(const MembershipUpdate& u) {
               absl::StrCat("generation ", u.generation(), " opened"));
 }
 
-void RuntimeImpl::QueueAbort(int64_t upto, std::string reason) {
-  {
-    absl::MutexLock lock(&abort_mu_);
-    if (abort_stop_) return;
-    if (aborter_.joinable()) {
-      aborts_.emplace_back(upto, std::move(reason));
-      return;
-    }
-    absl::StatusOr<std::thread> t =
-        StartThread("the abort thread", [this] { AbortLoop(); });
-    if (t.ok()) {
-      aborter_ = std::move(*t);
-      aborts_.emplace_back(upto, std::move(reason));
-      return;
-    }
-    // No thread (a pids limit): the abort runs here, on the client's
-    // thread, below; slower to hand over the next generation, but it
-    // happens.
-  }
-  gens_.Abort(upto, reason);
-}
-
-void RuntimeImpl::AbortLoop() {
-  for (;;) {
-    std::pair<int64_t, std::string> next;
-    {
-      absl::MutexLock lock(&abort_mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(abort_mu_) {
-        return !aborts_.empty() || abort_stop_;
-      };
-      abort_mu_.Await(absl::Condition(&ready));
-      if (aborts_.empty()) return;
-      next = std::move(aborts_.front());
-      aborts_.pop_front();
-    }
-    gens_.Abort(next.first, next.second);
-  }
-}
-
 int RuntimeImpl::AbsentPeer(const absl::Status& s) const {
   if (s.code() != absl::StatusCode::kDeadlineExceeded) return -1;
   const int r = GetAbsent(s).value_or(-1);

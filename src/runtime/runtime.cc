@@ -20,11 +20,7 @@ namespace holdfast {
 
 RuntimeImpl::~RuntimeImpl() {
   Leave(finished_);
-  {
-    absl::MutexLock lock(&abort_mu_);
-    abort_stop_ = true;
-  }
-  if (aborter_.joinable()) aborter_.join();
+  aborts_.Stop();
   injector_->SetClaim(nullptr);
   injector_->SetRelease(nullptr);
   injector_->SetCommitted(nullptr);
@@ -48,7 +44,7 @@ absl::Status RuntimeImpl::Init() {
   control::MemberCallbacks cb;
   cb.on_membership = [this](const MembershipUpdate& u) { OnMembership(u); };
   cb.on_abort = [this](const control::AbortOrder& a) {
-    QueueAbort(a.generation(), absl::StrCat("controller: ", a.reason()));
+    aborts_.Queue(a.generation(), absl::StrCat("controller: ", a.reason()));
   };
   cb.on_committed = [this](int64_t c) { gens_.NoteCommitted(c); };
   cb.on_fenced = [this](const absl::Status& s) {

@@ -3,6 +3,8 @@
 //   GenerationView   (generation_view.h) the generations, the committed
 //                    step, the job's state, the communicators, and the
 //                    waits on them
+//   AbortQueue       (abort_queue.h) the aborts the controller orders, on
+//                    the abort thread
 //   BackupPipeline   (backup_pipeline.h) the backup thread and the disk tier
 //   NumericGuard     (numeric_guard.h) the numeric checks of a step
 //   checkpoint::Snapshots, StateRegistry, Restore (src/checkpoint)
@@ -17,7 +19,7 @@
 //   report.cc         what a member publishes in the controller's store
 //
 // Threads: the training thread (Run and the API), the backup thread
-// (BackupPipeline), the abort thread (AbortLoop), and the member client's
+// (BackupPipeline), the abort thread (AbortQueue), and the member client's
 // thread (the membership callbacks).
 #ifndef HOLDFAST_SRC_RUNTIME_RUNTIME_IMPL_H_
 #define HOLDFAST_SRC_RUNTIME_RUNTIME_IMPL_H_
@@ -53,6 +55,7 @@
 #include "src/control/member/member.h"
 #include "src/fault/fault.h"
 #include "src/fault/hooks.h"
+#include "src/runtime/abort_queue.h"
 #include "src/runtime/backup_pipeline.h"
 #include "src/runtime/comm_set.h"
 #include "src/runtime/fault_io.h"
@@ -252,14 +255,8 @@ class RuntimeImpl final : public Runtime, private BackupPipeline::Member {
   // Training thread only.
   void NoteRetransmits(absl::Time now);
 
-  // The member client's callbacks.
+  // The member client's callback for a new generation.
   void OnMembership(const MembershipUpdate& u);
-  // An abort ordered by the controller runs on a thread of its own (the
-  // abort thread, AbortLoop), not the member client's: the client delivers
-  // the next generation right after the order, and the abort (a notice to
-  // the store for each communicator) would hold that up.
-  void QueueAbort(int64_t upto, std::string reason);
-  void AbortLoop();
 
   // The slot to blame for a rendezvous that timed out, or -1.
   int AbsentPeer(const absl::Status& s) const;
@@ -338,12 +335,10 @@ class RuntimeImpl final : public Runtime, private BackupPipeline::Member {
   uint64_t timed_seq_ = 0;
   absl::Time retransmits_at_ = absl::InfinitePast();  // NoteRetransmits
 
-  // Aborts ordered by the controller (QueueAbort).
-  absl::Mutex abort_mu_;
-  std::deque<std::pair<int64_t, std::string>> aborts_
-      ABSL_GUARDED_BY(abort_mu_);
-  bool abort_stop_ ABSL_GUARDED_BY(abort_mu_) = false;
-  std::thread aborter_;
+  // Aborts ordered by the controller, run on the abort thread.
+  AbortQueue aborts_{[this](int64_t upto, const std::string& reason) {
+    gens_.Abort(upto, reason);
+  }};
 
   // The training thread's own.
   checkpoint::StateRegistry state_;
