@@ -77,7 +77,8 @@ void RuntimeImpl::SideFailed(const absl::Status& why, int64_t gen) {
       "runtime: the side communicator of generation {} "
       "failed: {}",
       gen, std::string(why.message()));
-  ReportBroken(absl::StrCat("side communicator: ", why.message()), -1, gen);
+  recovery_->ReportBroken(absl::StrCat("side communicator: ", why.message()),
+                          -1, gen);
 }
 
 }  // namespace holdfast

@@ -53,40 +53,6 @@ void RuntimeImpl::OnMembership(const MembershipUpdate& u) {
               absl::StrCat("generation ", u.generation(), " opened"));
 }
 
-int RuntimeImpl::AbsentPeer(const absl::Status& s) const {
-  if (s.code() != absl::StatusCode::kDeadlineExceeded) return -1;
-  const int r = GetAbsent(s).value_or(-1);
-  return r == slot() ? -1 : r;
-}
-
-std::vector<int> RuntimeImpl::UnreachablePeers(const absl::Status& s) const {
-  std::vector<int> out;
-  for (int r : GetUnreachable(s)) {
-    if (r >= 0 && r != slot()) out.push_back(r);
-  }
-  return out;
-}
-
-void RuntimeImpl::ReportUnreachable(const std::vector<int>& peers,
-                                    const std::string& why, int64_t gen) {
-  if (peers.empty()) return;
-  absl::StatusOr<bool> r = member_->ReportUnreachable(peers, why, gen);
-  if (!r.ok() && r.status().code() != absl::StatusCode::kFailedPrecondition) {
-    HOLDFAST_LOG_WARN("runtime: reporting unreachable peers: {}",
-                      std::string(r.status().message()));
-  }
-}
-
-void RuntimeImpl::ReportBroken(const std::string& why, int peer, int64_t gen,
-                               const std::vector<int>& unreachable) {
-  if (gen < 0) gen = gens_.Current().generation;
-  absl::StatusOr<bool> r = member_->ReportFailure(peer, why, gen, unreachable);
-  if (!r.ok() && r.status().code() != absl::StatusCode::kFailedPrecondition) {
-    HOLDFAST_LOG_WARN("runtime: reporting the failure: {}",
-                      std::string(r.status().message()));
-  }
-}
-
 absl::Status RuntimeImpl::AwaitLease(int64_t step) {
   const absl::Duration lease = member_->lease();
   if (lease <= absl::ZeroDuration()) return absl::OkStatus();

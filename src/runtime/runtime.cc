@@ -84,6 +84,9 @@ absl::Status RuntimeImpl::Init() {
   // An injected stall ends once this member has no job to go on with.
   injector_->SetRelease([this] { return !gens_.Stopped().ok(); });
   injector_->SetCommitted([this] { return committed_step(); });
+  recovery_ =
+      std::make_unique<Recovery>(&options_, &gens_, member_.get(), store_,
+                                 faults_, static_cast<Recovery::Member*>(this));
   backups_ = std::make_unique<BackupPipeline>(
       static_cast<BackupPipeline::Member*>(this), &snapshots_, &state_,
       &piece_io_, faults_,

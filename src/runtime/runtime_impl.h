@@ -13,7 +13,9 @@
 //   generation.cc     membership events, the abort thread, reports of
 //                     failures to the controller, the lease
 //   CommSet          (comm_set.h) building a generation's communicators
-//   step_loop.cc      Run: the start, the steps, recovery
+//   Recovery         (recovery.h) how a member recovers after its
+//                    generation failed
+//   step_loop.cc      Run: the start, the steps, and when to recover
 //   checkpoints.cc    the restore, as this member runs it
 //   numerics.cc       anomaly reports and the data position
 //   report.cc         what a member publishes in the controller's store
@@ -61,6 +63,7 @@
 #include "src/runtime/fault_io.h"
 #include "src/runtime/generation_view.h"
 #include "src/runtime/numeric_guard.h"
+#include "src/runtime/recovery.h"
 
 namespace holdfast {
 
@@ -71,16 +74,15 @@ using SnapshotCopy = RunOptions::SnapshotCopy;
 
 inline int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
 
-// What a restore received, for its log line.
-std::string Received(const RecoveryRecord& rec);
-
 // A random word that is never 0.
 inline uint64_t ProbeWord() {
   std::random_device rd;
   return (uint64_t{rd()} << 32 | rd()) | uint64_t{1} << 63;
 }
 
-class RuntimeImpl final : public Runtime, private BackupPipeline::Member {
+class RuntimeImpl final : public Runtime,
+                          private BackupPipeline::Member,
+                          private Recovery::Member {
  public:
   explicit RuntimeImpl(RuntimeOptions o) : options_(std::move(o)) {}
   ~RuntimeImpl() override;
@@ -168,11 +170,6 @@ class RuntimeImpl final : public Runtime, private BackupPipeline::Member {
   // Recover(cause), unless the same failure keeps coming back
   // (RuntimeOptions::max_step_retries), then resumes after the restored
   // step.
-  // One try at recovering in generation `v`: its communicator, then the
-  // restore. The step restored; else the error, with `fatal` set when
-  // retrying in the next generation cannot help.
-  absl::StatusOr<int64_t> RecoverIn(const View& v, RecoveryRecord* rec,
-                                    bool* fatal);
   // Run's options, refused by name (before anything starts).
   absl::Status CheckRunOptions(const RunOptions& options,
                                bool has_step_fn) const;
@@ -213,14 +210,6 @@ class RuntimeImpl final : public Runtime, private BackupPipeline::Member {
   // recovered. Returns the step the state is at: `fresh_step` when this
   // is a fresh job and no disk checkpoint is there.
   absl::StatusOr<int64_t> Start(int64_t fresh_step);
-  // Full recovery after `cause`; returns the restored step (the loop goes
-  // on at restored + 1).
-  absl::StatusOr<int64_t> Recover(const absl::Status& cause);
-  // A collective (or Send/Recv) mismatch in generation `gen`, which the
-  // communicator of whichever member found it left in the store: a program
-  // error that every recovery would run into again (the same steps are
-  // redone), so Run ends with it (InvalidArgument) instead of recovering.
-  absl::Status FoundMismatch(int64_t gen);
   // Numeric anomalies (numerics.cc; NumericGuard checks the numbers).
   // Reports one and waits for the controller's rollback (the next
   // generation); Aborted, naming it, for the recovery that follows.
@@ -258,24 +247,6 @@ class RuntimeImpl final : public Runtime, private BackupPipeline::Member {
   // The member client's callback for a new generation.
   void OnMembership(const MembershipUpdate& u);
 
-  // The slot to blame for a rendezvous that timed out, or -1.
-  int AbsentPeer(const absl::Status& s) const;
-  // The peers `s` says this member could not reach on the data network
-  // (no route, or its data went unacknowledged; the backend attaches them,
-  // SetUnreachable); empty otherwise.
-  std::vector<int> UnreachablePeers(const absl::Status& s) const;
-  // Reports the failure of generation `gen`'s communicator, which nobody
-  // explained; the controller opens a generation with the same members
-  // (gen < 0, no communicator built yet: the current generation). With a
-  // `peer` (>= 0), the slot that never came to the rendezvous is reported
-  // instead: the controller declares it failed, and its slot goes to a
-  // standby or the world shrinks.
-  void ReportBroken(const std::string& why, int peer, int64_t gen,
-                    const std::vector<int>& unreachable = {});
-  // Sends the controller `peers` (UnreachablePeers of the failure `why`),
-  // as evidence only, at once; nothing if none.
-  void ReportUnreachable(const std::vector<int>& peers, const std::string& why,
-                         int64_t gen);
   // The end of step `step`: while the member has had no word from the
   // controller for longer than its lease (MemberClient::lease()), waits
   // until it hears again, so that a member cut off from the controller
@@ -313,7 +284,10 @@ class RuntimeImpl final : public Runtime, private BackupPipeline::Member {
   // Rolls every member back to the newest committed step
   // (checkpoint::Restore::FromMemory). `rec` (optional) gets what was
   // received.
-  absl::StatusOr<int64_t> Restore(RecoveryRecord* rec);
+  absl::StatusOr<int64_t> Restore(RecoveryRecord* rec) override;
+  // Recovery::Member's.
+  absl::Status BuildComms() override { return comms_->Build(); }
+  int64_t lost_steps() const override { return progress_.lost_steps; }
   void NoteRestored(const checkpoint::Restored& r, RecoveryRecord* rec);
 
   // ---- report.cc: what this member leaves in the controller's store -------
@@ -348,7 +322,6 @@ class RuntimeImpl final : public Runtime, private BackupPipeline::Member {
   bool started_ = false;
   bool finished_ = false;
   bool left_ = false;
-  int recoveries_ = 0;
   int restores_ = 0;  // Restore calls, for the restore=N fault point
   // Whether a completed step called BeginStateUpdate(): then a step that
   // fails before it did has not written registered state.
@@ -387,6 +360,9 @@ class RuntimeImpl final : public Runtime, private BackupPipeline::Member {
   std::atomic<bool> finishing_{false};
   // Builds the communicators of each generation (Init makes it).
   std::unique_ptr<CommSet> comms_;
+  // How this member recovers (Init makes it; the backup thread reports
+  // through it, so it goes after that thread).
+  std::unique_ptr<Recovery> recovery_;
   // The backup thread and the disk tier (Init starts it; Leave stops it).
   std::unique_ptr<BackupPipeline> backups_;
 };
