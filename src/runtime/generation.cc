@@ -9,43 +9,6 @@
 
 namespace holdfast {
 
-int64_t RuntimeImpl::CollectiveInProgress() const {
-  const std::shared_ptr<Communicator> comm = gens_.SharedComm();
-  if (comm == nullptr) return -1;
-  const std::vector<TraceRecord> ops = comm->TraceSnapshot();
-  for (auto it = ops.rbegin(); it != ops.rend(); ++it) {
-    if (!IsCollective(it->op) || it->state == OpState::kEnqueued) continue;
-    return it->state == OpState::kStarted ? it->coll_seq : -1;
-  }
-  return -1;
-}
-
-RuntimeImpl::StepCollectives RuntimeImpl::CollectivesSinceLastStep(
-    int64_t step_start_ns) {
-  const std::shared_ptr<Communicator> comm = gens_.SharedComm();
-  if (comm == nullptr) return {};
-  if (comm->generation() != timed_generation_) {
-    timed_generation_ = comm->generation();
-    timed_seq_ = 0;
-  }
-  int64_t inside_ns = 0, arrival_ns = 0, issued = 0;
-  const uint64_t from = timed_seq_;
-  for (const TraceRecord& r : comm->TraceSnapshot()) {
-    if (r.seq < from || !IsCollective(r.op) || r.state != OpState::kCompleted ||
-        r.started_ns <= 0) {
-      continue;
-    }
-    inside_ns += std::max<int64_t>(0, r.ended_ns - r.started_ns);
-    timed_seq_ = std::max(timed_seq_, r.seq + 1);
-    if (r.enqueued_ns >= step_start_ns) {
-      arrival_ns += r.enqueued_ns - step_start_ns;
-      ++issued;
-    }
-  }
-  return {absl::Nanoseconds(inside_ns),
-          absl::Nanoseconds(issued > 0 ? arrival_ns / issued : 0)};
-}
-
 void RuntimeImpl::OnMembership(const MembershipUpdate& u) {
   if (!gens_.Update(u)) return;
   snapshots_.EndGeneration(u.generation());

@@ -59,11 +59,12 @@ absl::Status RuntimeImpl::Init() {
       gens_.Abort(INT64_MAX, absl::StrCat("the job stopped: ", e.reason()));
     }
   };
-  cb.collective_in_progress = [this] { return CollectiveInProgress(); };
+  cb.collective_in_progress = [this] { return CollectiveInProgress(gens_); };
   HOLDFAST_ASSIGN_OR_RETURN(member_,
                             control::MemberClient::Join(mo, std::move(cb)));
   const control::Assignment a = member_->assignment();
   gens_.Join(a);
+  reporter_ = std::make_unique<StepReporter>(&gens_, member_.get());
   comms_ = std::make_unique<CommSet>(
       options_, store_, &gens_, &snapshots_, faults_,
       [member = member_.get()](int64_t gen) { member->AtRendezvous(gen); });
@@ -145,38 +146,6 @@ absl::StatusOr<Communicator*> RuntimeImpl::communicator() {
   if (Communicator* c = gens_.CurrentHealthyComm()) return c;
   HOLDFAST_RETURN_IF_ERROR(comms_->Build());
   return gens_.Comm();
-}
-
-void RuntimeImpl::ReportStep(int64_t step, absl::Time t0, absl::Time t1,
-                             const std::map<std::string, double>& metrics) {
-  // The step's start on the communicator's clock (CLOCK_MONOTONIC).
-  const int64_t start_ns =
-      MonotonicNanos() - absl::ToInt64Nanoseconds(absl::Now() - t0);
-  const StepCollectives c = CollectivesSinceLastStep(start_ns);
-  NoteRetransmits(t1);
-  (void)member_->ReportStep(step, t1 - t0, metrics, c.inside, c.arrival);
-}
-
-void RuntimeImpl::NoteRetransmits(absl::Time now) {
-  // A syscall per peer: a few times a second is enough for a rate.
-  constexpr absl::Duration kEvery = absl::Milliseconds(200);
-  constexpr size_t kMost = 16;
-  if (now - retransmits_at_ < kEvery) return;
-  retransmits_at_ = now;
-  const std::shared_ptr<Communicator> comm = gens_.SharedComm();
-  if (comm == nullptr) return;
-  const std::vector<int64_t> all = comm->PeerRetransmits();
-  std::vector<std::pair<int, int64_t>> counts;
-  for (size_t j = 0; j < all.size(); ++j) {
-    if (all[j] > 0) counts.emplace_back(static_cast<int>(j), all[j]);
-  }
-  if (counts.size() > kMost) {
-    std::partial_sort(
-        counts.begin(), counts.begin() + kMost, counts.end(),
-        [](const auto& a, const auto& b) { return a.second > b.second; });
-    counts.resize(kMost);
-  }
-  member_->NoteRetransmits(comm->generation(), counts);
 }
 
 void RuntimeImpl::Leave(bool finished) {

@@ -18,6 +18,7 @@
 //   step_loop.cc      Run: the start, the steps, and when to recover
 //   checkpoints.cc    the restore, as this member runs it
 //   numerics.cc       anomaly reports and the data position
+//   StepReporter     (step_reporter.h) what heartbeats say of each step
 //   report.cc         what a member publishes in the controller's store
 //
 // Threads: the training thread (Run and the API), the backup thread
@@ -64,6 +65,7 @@
 #include "src/runtime/generation_view.h"
 #include "src/runtime/numeric_guard.h"
 #include "src/runtime/recovery.h"
+#include "src/runtime/step_reporter.h"
 
 namespace holdfast {
 
@@ -144,10 +146,6 @@ class RuntimeImpl final : public Runtime,
   absl::StatusOr<bool> TakeSnapshot(int64_t step, bool defer);
   // Registration ends when Run starts.
   absl::Status RegistrationOpen(const std::string& name) const;
-  // Sends a step report (at each step's end) of the step that ran from
-  // `t0` to `t1`.
-  void ReportStep(int64_t step, absl::Time t0, absl::Time t1,
-                  const std::map<std::string, double>& metrics);
 
   // ---- step_loop.cc: the start, the steps, recovery ------------------------
 
@@ -225,25 +223,6 @@ class RuntimeImpl final : public Runtime,
 
   // ---- generation.cc: the member's side of the generation view --------------
 
-  // The coll_seq of the collective the training communicator is inside
-  // (started, not ended), or -1: what heartbeats report as
-  // PHASE_COLLECTIVE.
-  int64_t CollectiveInProgress() const;
-  // The collectives of the training communicator that completed since the
-  // last call (at a step's end): the time spent inside them
-  // (StepReport::collective_us), and the mean time from `step_start_ns`
-  // (monotonic) to the issue of those issued since then
-  // (StepReport::arrival_us; zero if none). Training thread only.
-  struct StepCollectives {
-    absl::Duration inside;
-    absl::Duration arrival;
-  };
-  StepCollectives CollectivesSinceLastStep(int64_t step_start_ns);
-  // The training communicator's retransmissions to each peer
-  // (StepReport::retransmits), read at most a few times a second.
-  // Training thread only.
-  void NoteRetransmits(absl::Time now);
-
   // The member client's callback for a new generation.
   void OnMembership(const MembershipUpdate& u);
 
@@ -303,11 +282,8 @@ class RuntimeImpl final : public Runtime,
   // The generations, the committed step, the job's state and the
   // communicators of this member (generation_view.h).
   GenerationView gens_{[this] { return snapshots_.stopping(); }};
-  // CollectivesSinceLastStep's place: the generation and the newest
-  // op seq it counted (the training thread's alone).
-  int64_t timed_generation_ = -1;
-  uint64_t timed_seq_ = 0;
-  absl::Time retransmits_at_ = absl::InfinitePast();  // NoteRetransmits
+  // What the heartbeats say of each step (Init makes it).
+  std::unique_ptr<StepReporter> reporter_;
 
   // Aborts ordered by the controller, run on the abort thread.
   AbortQueue aborts_{[this](int64_t upto, const std::string& reason) {

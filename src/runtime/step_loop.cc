@@ -341,7 +341,7 @@ absl::Status RuntimeImpl::CompleteStep(const RunOptions& options, int64_t step,
                                 options_.keep_snapshots);
     }
   }
-  ReportStep(step, t0, t1, metrics);
+  reporter_->Report(step, t0, t1, metrics);
   if (pending_record_.has_value()) {
     recovery_records_.push_back(*pending_record_);
     PublishRecovery(*pending_record_);
