@@ -624,6 +624,60 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "membership: a member whose host agent hears nothing from it for "
+    "quiet_after is silent at once, and a shorter quiet or another stream "
+    "is not") {
+  DetectionOptions d = Job::Defaults();  // heartbeat 500 ms, silent 5 s
+  CHECK(QuietAfter(d) == absl::Milliseconds(750));
+  Job job(3, d);
+  for (const char* h : {"a", "b", "c"}) job.Join(h, kT0);
+  const absl::Time t = kT0 + absl::Milliseconds(800);
+  // Shorter than the bound, or reported on a stream that no longer
+  // carries the member: nothing.
+  job.m.NoteQuiet(job.ids[1], job.sinks[1].get(), absl::Milliseconds(700), t);
+  FakeSink other;
+  job.m.NoteQuiet(job.ids[1], &other, absl::Seconds(1), t);
+  CHECK(job.Incidents(t).empty());
+  job.m.NoteQuiet(job.ids[1], job.sinks[1].get(), absl::Milliseconds(760), t);
+  const std::vector<Incident> inc = job.Incidents(t);
+  REQUIRE(inc.size() == 1);
+  CHECK(inc[0].kind() == INCIDENT_SILENT);
+  CHECK(inc[0].slot() == 1);
+  CHECK(inc[0].evidence().find("host agent on b heard nothing from it") !=
+        std::string::npos);
+  CHECK(inc[0].time_to_detect_ms() == 760);
+  // Once declared, a later report changes nothing.
+  job.m.NoteQuiet(job.ids[1], job.sinks[1].get(), absl::Seconds(1), t);
+  CHECK(job.Incidents(t).size() == 1);
+}
+
+TEST_CASE(
+    "quiet bound: the heartbeat interval and half of it, at least 250 ms "
+    "more, never over silent_after, and zero turns it off") {
+  DetectionOptions d;
+  CHECK(QuietAfter(d) == absl::Milliseconds(750));
+  d.heartbeat_interval = absl::Milliseconds(100);
+  CHECK(QuietAfter(d) == absl::Milliseconds(350));
+  d.heartbeat_interval = absl::Seconds(2);
+  CHECK(QuietAfter(d) == absl::Seconds(3));  // 2 + 1 s, silent_after 3 s
+  d.silent_after = absl::Seconds(2);
+  CHECK(QuietAfter(d) == absl::Seconds(2));
+  d.quiet_after = absl::Milliseconds(400);
+  CHECK(QuietAfter(d) == absl::Milliseconds(400));
+  d.quiet_after = absl::ZeroDuration();
+  CHECK(QuietAfter(d) == absl::ZeroDuration());
+  Job job(3, [] {
+    DetectionOptions o = Job::Defaults();
+    o.quiet_after = absl::ZeroDuration();
+    return o;
+  }());
+  for (const char* h : {"a", "b", "c"}) job.Join(h, kT0);
+  job.m.NoteQuiet(job.ids[0], job.sinks[0].get(), absl::Seconds(2),
+                  kT0 + absl::Seconds(2));
+  CHECK(job.Incidents(kT0 + absl::Seconds(2)).empty());
+}
+
+TEST_CASE(
     "membership: an ack on a heartbeat stream is answered on that stream") {
   Job job(2);
   job.Join("a", kT0);

@@ -6,7 +6,7 @@
 //                  [--listen unix:PATH | HOST:PORT]   (default 127.0.0.1:0)
 //                  [--token-file FILE]     (or HOLDFAST_JOB_TOKEN)
 //                  [--address-file FILE]   (the address members use)
-//                  [--host NAME] [--flush-ms MS]
+//                  [--host NAME] [--flush-ms MS] [--quiet-after-ms MS]
 // SIGTERM or SIGINT is a restart: the controller keeps this host's members,
 // which resume through the next agent at the same address. Its death by
 // any other means (SIGKILL, a crash) is the loss of the host.
@@ -49,8 +49,16 @@ int main(int argc, char** argv) {
                  "how long beats wait to be batched (0: the controller's "
                  "heartbeat interval)")
       ->check(CLI::Range(0, 60000));
+  int64_t quiet_ms = 0;
+  app.add_option("--quiet-after-ms", quiet_ms,
+                 "report a member whose local stream is quiet this long, "
+                 "a stopped or frozen process (0: the heartbeat interval "
+                 "and half of it, at least 250 ms more; -1: never)")
+      ->check(CLI::Range(int64_t{-1}, int64_t{3600000}));
   CLI11_PARSE(app, argc, argv);
   options.flush_interval = absl::Milliseconds(flush_ms);
+  options.quiet_after =
+      quiet_ms < 0 ? absl::InfiniteDuration() : absl::Milliseconds(quiet_ms);
 
   auto token = holdfast::control::LoadToken(token_file);
   if (!token.ok()) {

@@ -106,6 +106,13 @@ int main(int argc, char** argv) {
                  "this many times the median of the others' (a bit flipped "
                  "in its gradients); 0: off")
       ->check(holdfast::control::CheckGradientOutlierFactor);
+  int64_t quiet_ms = -1;
+  app.add_option("--quiet-after-ms", quiet_ms,
+                 "a member whose host agent has heard nothing from it for "
+                 "this long is silent (a stopped or frozen process; -1: the "
+                 "heartbeat interval and half of it, at least 250 ms more, "
+                 "at most --silent-after-ms; 0: off)")
+      ->check(CLI::Range(int64_t{-1}, int64_t{3600000}));
   int64_t push_merge_ms = absl::ToInt64Milliseconds(detection.push_merge);
   app.add_option("--push-merge-ms", push_merge_ms,
                  "generations opened within this of the last push go to the "
@@ -118,6 +125,7 @@ int main(int argc, char** argv) {
   detection.heartbeat_interval = absl::Milliseconds(heartbeat_ms);
   detection.silent_after = absl::Milliseconds(silent_ms);
   if (lease_ms >= 0) detection.lease = absl::Milliseconds(lease_ms);
+  if (quiet_ms >= 0) detection.quiet_after = absl::Milliseconds(quiet_ms);
   detection.stall_floor = absl::Milliseconds(stall_floor_ms);
 
   auto token = holdfast::control::LoadToken(token_file);

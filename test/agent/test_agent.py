@@ -203,6 +203,33 @@ def test_member_crash_is_seen_at_once(job, fault_free):
     assert_finished_equal(j, fault_free, lost=("h1-w0",))
 
 
+def test_stopped_member_is_found_in_a_second(job, fault_free):
+    """A SIGSTOPped member behind its agent: its local stream goes quiet
+    while the agent is heard, so the controller declares it silent well
+    before the 3 s grace that keeps link blips from costing a member."""
+    j = job()
+    j.wait_step(100)
+    victim = j.pid("h1-w0")
+    os.kill(victim, signal.SIGSTOP)
+    stopped_at = time.time()
+    deadline = stopped_at + 10
+    while time.time() < deadline and not j.status().get("incidents"):
+        time.sleep(0.1)
+    os.kill(victim, signal.SIGCONT)  # it learns it was fenced, and exits
+    j.wait_end()
+    found = j.status().get("incidents", [])
+    assert len(found) == 1, json.dumps(found, indent=1)
+    inc = found[0]
+    assert inc["kind"] == "INCIDENT_SILENT", inc
+    assert inc["host"] == "h1" and inc.get("evicted"), inc
+    assert "host agent on h1 heard nothing from it" in inc["evidence"], inc
+    detect_s = int(inc["detected_unix_ms"]) / 1000 - stopped_at
+    print(f"agent-case member SIGSTOP: detect_s={detect_s:.3f}")
+    assert detect_s < 1.0, inc
+    assert j.rc("h1-w0") == 3, (j.rc("h1-w0"), j.logs())
+    assert_finished_equal(j, fault_free, lost=("h1-w0",))
+
+
 def test_agent_crash_is_the_loss_of_its_host(job, fault_free):
     j = job()
     j.wait_step(100)

@@ -29,6 +29,11 @@ namespace {
 
 // Beats waiting for the next flush, at most; more flush at once.
 constexpr size_t kMaxPendingBeats = 4096;
+// How often the agent looks for quiet local streams (AgentOptions::
+// quiet_after); a check this much later than due means the agent itself
+// was held up, and its view of the streams is stale.
+constexpr absl::Duration kQuietCheck = absl::Milliseconds(100);
+constexpr absl::Duration kQuietLate = absl::Milliseconds(250);
 
 class AgentImpl;
 
@@ -180,10 +185,9 @@ class AgentImpl final : public HostAgent, public BeatHandler {
 
   // A flush interval learned from a Register answer passing through.
   void LearnInterval(int64_t heartbeat_interval_ms) {
-    if (options_.flush_interval > absl::ZeroDuration() ||
-        heartbeat_interval_ms <= 0) {
-      return;
-    }
+    if (heartbeat_interval_ms <= 0) return;
+    interval_ms_ = heartbeat_interval_ms;
+    if (options_.flush_interval > absl::ZeroDuration()) return;
     flush_ms_ = heartbeat_interval_ms;
   }
 
@@ -207,6 +211,7 @@ class AgentImpl final : public HostAgent, public BeatHandler {
     if (!bound.ok()) return bound.status();
     Local& l = local_[req.member_id()];
     l.sink = current;
+    l.last_beat = absl::Now();
     // The first message binds the stream, and goes at once.
     bool urgent = *bound;
     if (*bound) l.plain_epoch = -1;
@@ -266,7 +271,38 @@ class AgentImpl final : public HostAgent, public BeatHandler {
     // Its periodic report waiting in beats_ (when plain_epoch == epoch_).
     int64_t plain_epoch = -1;
     size_t plain_index = 0;
+    absl::Time last_beat;  // its last message, by this agent's clock
   };
+
+  absl::Duration QuietAfter() const {
+    if (options_.quiet_after > absl::ZeroDuration()) {
+      return options_.quiet_after;
+    }
+    const absl::Duration interval = absl::Milliseconds(interval_ms_.load());
+    return interval + std::max(interval / 2, absl::Milliseconds(250));
+  }
+
+  // Queues a MemberQuiet for each local stream quiet for QuietAfter(), and
+  // makes the next message go at once. Nothing while the agent's own
+  // checks come late (it was stopped or starved: the beats it has not read
+  // yet are in its sockets), until a bound's time after they are on time.
+  void CheckQuietLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const absl::Duration after = QuietAfter();
+    if (after == absl::InfiniteDuration()) return;
+    if (now - checked_at_ > kQuietCheck + kQuietLate) {
+      quiet_hold_until_ = now + after;
+    }
+    checked_at_ = now;
+    if (now < quiet_hold_until_) return;
+    for (const auto& [id, l] : local_) {
+      const absl::Duration quiet = now - l.last_beat;
+      if (quiet < after) continue;
+      MemberQuiet& q = quiet_.emplace_back();
+      q.set_member_id(id);
+      q.set_quiet_ms(absl::ToInt64Milliseconds(quiet));
+      urgent_ = true;
+    }
+  }
 
   void StopWith(bool handover) {
     {
@@ -296,6 +332,7 @@ class AgentImpl final : public HostAgent, public BeatHandler {
     local_.clear();
     beats_.clear();
     gone_.clear();
+    quiet_.clear();
     ++epoch_;
   }
 
@@ -363,21 +400,32 @@ class AgentImpl final : public HostAgent, public BeatHandler {
         auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
           return stop_ || broken_ || urgent_;
         };
-        mu_.AwaitWithDeadline(absl::Condition(&ready), next);
+        // Until the next flush, or something to send at once; the quiet
+        // checks run in between.
+        for (;;) {
+          const absl::Time now = absl::Now();
+          if (now - checked_at_ >= kQuietCheck) CheckQuietLocked(now);
+          if (ready() || now >= next) break;
+          mu_.AwaitWithDeadline(absl::Condition(&ready),
+                                std::min(next, checked_at_ + kQuietCheck));
+        }
         if (broken_ || (stop_ && !handover_)) break;
         handover = stop_;
         if (first) req.set_host(options_.host);
         for (HeartbeatRequest& b : beats_) req.add_beats()->Swap(&b);
         for (MemberGone& g : gone_) req.add_gone()->Swap(&g);
+        for (MemberQuiet& q : quiet_) req.add_quiet()->Swap(&q);
         beats_.clear();
         gone_.clear();
+        quiet_.clear();
         ++epoch_;
         urgent_ = false;
         req.set_handover(handover);
       }
       const absl::Time now = absl::Now();
       next = now + absl::Milliseconds(flush_ms_.load());
-      if (!first && !handover && req.beats().empty() && req.gone().empty()) {
+      if (!first && !handover && req.beats().empty() && req.gone().empty() &&
+          req.quiet().empty()) {
         continue;
       }
       if (!stream->Write(req)) break;
@@ -425,12 +473,18 @@ class AgentImpl final : public HostAgent, public BeatHandler {
   std::string address_;
   std::thread upstream_;
   std::atomic<int64_t> flush_ms_{500};
+  // The members' heartbeat interval, learned from their registrations.
+  std::atomic<int64_t> interval_ms_{500};
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<uint64_t, Local> local_ ABSL_GUARDED_BY(mu_);
   // What the next flush sends: beats in the order they came, then ends.
   std::vector<HeartbeatRequest> beats_ ABSL_GUARDED_BY(mu_);
   std::vector<MemberGone> gone_ ABSL_GUARDED_BY(mu_);
+  std::vector<MemberQuiet> quiet_ ABSL_GUARDED_BY(mu_);
+  // When CheckQuietLocked last ran, and until when it reports nothing.
+  absl::Time checked_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Time quiet_hold_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   int64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;  // flushes so far
   bool urgent_ ABSL_GUARDED_BY(mu_) = false;
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
@@ -512,11 +566,12 @@ absl::StatusOr<std::unique_ptr<HostAgent>> HostAgent::Start(
     return absl::InvalidArgumentError("host agent: empty listen address");
   }
   if (options.flush_interval < absl::ZeroDuration() ||
+      options.quiet_after < absl::ZeroDuration() ||
       options.reconnect_min <= absl::ZeroDuration() ||
       options.reconnect_max < options.reconnect_min) {
     return absl::InvalidArgumentError(
-        "host agent: flush interval must be >= 0 and 0 < reconnect_min <= "
-        "reconnect_max");
+        "host agent: flush interval and quiet_after must be >= 0 and 0 < "
+        "reconnect_min <= reconnect_max");
   }
   auto agent = std::make_unique<AgentImpl>(options);
   HOLDFAST_RETURN_IF_ERROR(agent->Listen());

@@ -8,6 +8,10 @@
 //
 // - A member whose process dies breaks its local stream; the agent tells
 //   the controller at once (MemberGone), which declares it crashed.
+// - A member whose local stream goes quiet while the agent runs (a stopped
+//   or frozen process: a local stream has no link to blip) is reported to
+//   the controller (MemberQuiet), which declares it silent well before the
+//   silence grace that protects members from link blips.
 // - The agent's own death breaks its stream to the controller, which ends
 //   every member on it: a whole-host loss.
 // - A restart (Handover) is not a loss: the controller keeps the members,
@@ -42,6 +46,13 @@ struct AgentOptions {
   // stream, its checkpoint acks, its answer to a new generation, its
   // goodbye and its stream's end.
   absl::Duration flush_interval = absl::ZeroDuration();
+  // A member whose local stream has been quiet this long is reported to
+  // the controller (MemberQuiet), which declares it silent once the quiet
+  // reaches its own bound (DetectionOptions::quiet_after); reported again
+  // every 100 ms while it stays quiet. Zero: heartbeat interval plus half
+  // of it, at least 250 ms more (750 ms with the default 500 ms interval,
+  // learned from the members' registrations). Infinite: never.
+  absl::Duration quiet_after = absl::ZeroDuration();
   // Reconnect back-off after the stream to the controller breaks.
   absl::Duration reconnect_min = absl::Milliseconds(50);
   absl::Duration reconnect_max = absl::Seconds(2);

@@ -36,6 +36,16 @@ absl::Duration Lease(const DetectionOptions& d) {
   return d.lease.has_value() ? *d.lease : d.silent_after * 2 / 3;
 }
 
+absl::Duration QuietAfter(const DetectionOptions& d) {
+  if (d.quiet_after.has_value()) {
+    return std::min(std::max(*d.quiet_after, absl::ZeroDuration()),
+                    d.silent_after);
+  }
+  const absl::Duration slack =
+      std::max(d.heartbeat_interval / 2, absl::Milliseconds(250));
+  return std::min(d.heartbeat_interval + slack, d.silent_after);
+}
+
 void StepPace::Note(int64_t step, int64_t step_us) {
   if (step <= last_step_) return;
   last_step_ = step;

@@ -27,6 +27,9 @@ struct DetectionOptions;
 // The lease that `d` gives members: d.lease, or two thirds of
 // d.silent_after when unset.
 absl::Duration Lease(const DetectionOptions& d);
+// The quiet bound that `d` gives members behind a host agent
+// (DetectionOptions::quiet_after); zero: off.
+absl::Duration QuietAfter(const DetectionOptions& d);
 
 // "" if `text` is a gradient outlier factor (DetectionOptions): 0 (off) or
 // a number from 2 up; else what is wrong (a command-line check).
@@ -49,6 +52,15 @@ struct DetectionOptions {
   // gives its slot to another: no split brain. Unset: two thirds of
   // silent_after (2 s with its default); zero: no lease. See Lease().
   std::optional<absl::Duration> lease;
+  // A member behind a host agent whose local stream has been quiet for
+  // this long while the agent is heard (the agent's MemberQuiet) is
+  // silent at once: a stopped or frozen process. A link blip cannot
+  // silence a local stream, so this needs no blip grace; members that
+  // reach the controller directly keep silent_after. Unset:
+  // heartbeat_interval plus half of it, at least 250 ms more (750 ms with
+  // the default interval), and never more than silent_after. Zero: off.
+  // See QuietAfter().
+  std::optional<absl::Duration> quiet_after;
   // Silence verdicts pause while more than half of the live members are
   // unheard for max(2 heartbeat intervals, silent_after / 2): the
   // controller's own link is then the likelier fault (its host cut off).

@@ -152,6 +152,13 @@ class Membership {
               absl::string_view why, absl::Time now,
               absl::Time heard_at = absl::InfinitePast());
 
+  // The host agent carrying `sink` has heard nothing from the member on
+  // its local stream for `quiet`: at DetectionOptions::quiet_after or
+  // more, a live member still bound to `sink` is declared silent (a
+  // stopped or frozen process).
+  void NoteQuiet(uint64_t member_id, MemberSink* sink, absl::Duration quiet,
+                 absl::Time now);
+
   // `sink` no longer carries the member, and that says nothing of its
   // health (its host agent is restarting): it may resume on a new stream,
   // and the silence rule decides if it does not.

@@ -48,6 +48,30 @@ void Membership::Scan(absl::Time now) {
   ScanAnomaliesLocked(now);
 }
 
+void Membership::NoteQuiet(uint64_t member_id, MemberSink* sink,
+                           absl::Duration quiet, absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  const absl::Duration after = QuietAfter(detection_);
+  if (after <= absl::ZeroDuration() || quiet < after ||
+      job_state_ != JOB_RUNNING) {
+    return;
+  }
+  auto it = members_.find(member_id);
+  if (it == members_.end() || it->second.state != STATE_ALIVE ||
+      it->second.sink != sink || sink == nullptr) {
+    return;
+  }
+  Member& m = it->second;
+  DeclareLocked(
+      m, INCIDENT_SILENT,
+      absl::StrCat("its host agent on ", m.host, " heard nothing from it for ",
+                   Seconds(quiet), " while the agent was heard (threshold ",
+                   Seconds(after),
+                   "): a stopped or frozen process, as a local stream has "
+                   "no link to blip"),
+      now - quiet, 0, now);
+}
+
 void Membership::ScanRendezvousLocked(absl::Time now) {
   // The first generation's members set up at their own pace; a finishing
   // job has no group to rebuild; a vacant slot has nobody to wait for.

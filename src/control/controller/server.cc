@@ -145,6 +145,13 @@ class HostReactor final
           g.member_id(), sink, g.leaving(), g.finished(),
           absl::StrCat("on host agent ", host_, ": ", g.why().substr(0, 256)));
     }
+    for (const MemberQuiet& q : req_.quiet()) {
+      Sink* sink = Find(q.member_id());
+      if (sink != nullptr) {
+        membership_->NoteQuiet(q.member_id(), sink,
+                               absl::Milliseconds(q.quiet_ms()), now);
+      }
+    }
     heard_at_ = now;
     if (req_.handover()) {
       for (Sink* sink : Live()) {
