@@ -362,6 +362,36 @@ class AgentImpl final : public HostAgent, public BeatHandler {
     }
   }
 
+  // Waits until the next flush (`next`) or something to send at once,
+  // running the quiet checks meanwhile, then moves what waits into `req`
+  // (with the host when `first`). False when the stream is to end: it
+  // broke, or the agent stops without a handover.
+  bool NextMessage(absl::Time next, bool first, HostRequest* req) {
+    absl::MutexLock lock(&mu_);
+    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return stop_ || broken_ || urgent_;
+    };
+    for (;;) {
+      const absl::Time now = absl::Now();
+      if (now - checked_at_ >= kQuietCheck) CheckQuietLocked(now);
+      if (ready() || now >= next) break;
+      mu_.AwaitWithDeadline(absl::Condition(&ready),
+                            std::min(next, checked_at_ + kQuietCheck));
+    }
+    if (broken_ || (stop_ && !handover_)) return false;
+    if (first) req->set_host(options_.host);
+    for (HeartbeatRequest& b : beats_) req->add_beats()->Swap(&b);
+    for (MemberGone& g : gone_) req->add_gone()->Swap(&g);
+    for (MemberQuiet& q : quiet_) req->add_quiet()->Swap(&q);
+    beats_.clear();
+    gone_.clear();
+    quiet_.clear();
+    ++epoch_;
+    urgent_ = false;
+    req->set_handover(stop_);
+    return true;
+  }
+
   absl::Status RunStream() {
     auto ctx = TokenContext(options_.token, absl::InfiniteFuture());
     auto stream = stub_->HostStream(ctx.get());
@@ -394,34 +424,8 @@ class AgentImpl final : public HostAgent, public BeatHandler {
     absl::Time next = absl::Now();
     for (;;) {
       HostRequest req;
-      bool handover = false;
-      {
-        absl::MutexLock lock(&mu_);
-        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-          return stop_ || broken_ || urgent_;
-        };
-        // Until the next flush, or something to send at once; the quiet
-        // checks run in between.
-        for (;;) {
-          const absl::Time now = absl::Now();
-          if (now - checked_at_ >= kQuietCheck) CheckQuietLocked(now);
-          if (ready() || now >= next) break;
-          mu_.AwaitWithDeadline(absl::Condition(&ready),
-                                std::min(next, checked_at_ + kQuietCheck));
-        }
-        if (broken_ || (stop_ && !handover_)) break;
-        handover = stop_;
-        if (first) req.set_host(options_.host);
-        for (HeartbeatRequest& b : beats_) req.add_beats()->Swap(&b);
-        for (MemberGone& g : gone_) req.add_gone()->Swap(&g);
-        for (MemberQuiet& q : quiet_) req.add_quiet()->Swap(&q);
-        beats_.clear();
-        gone_.clear();
-        quiet_.clear();
-        ++epoch_;
-        urgent_ = false;
-        req.set_handover(handover);
-      }
+      if (!NextMessage(next, first, &req)) break;
+      const bool handover = req.handover();
       const absl::Time now = absl::Now();
       next = now + absl::Milliseconds(flush_ms_.load());
       if (!first && !handover && req.beats().empty() && req.gone().empty() &&
