@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdint>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -20,6 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "src/control/agent/agent.h"
 #include "src/control/controller/membership.h"
 #include "src/control/member/client.h"
 #include "tools/timeline.h"
@@ -64,6 +66,7 @@ struct Flags {
   int64_t rendezvous_grace_ms = 1000;
   double gradient_outlier_factor = 1000.0;
   bool no_disk_tier = false, fresh = false;
+  bool agent = false;  // members reach the controller through host agents
 };
 
 // holdfast-run's exit codes. When several apply, the first in this
@@ -93,6 +96,10 @@ class Launcher {
   std::vector<std::string> ProcEnv(const Flags& f, int i,
                                    const std::string& token,
                                    const std::string& faults) const;
+  // Process `i`'s host label (--hosts), or "" for this machine's name.
+  static std::string HostOf(const Flags& f, int i);
+  // With --agent: a host agent for each host label, in this process.
+  absl::Status StartAgents(const Flags& f, const std::string& token);
   // Starts the standbys, waits for them to register, then the workers.
   absl::Status SpawnAll(const Flags& f, const std::string& token,
                         const std::string& faults);
@@ -142,6 +149,8 @@ class Launcher {
   std::vector<std::string> cmd_;
   std::vector<std::unique_ptr<Proc>> procs_;
   holdfast::control::ClientOptions client_;
+  // --agent: each host label's agent ("": this machine's name).
+  std::map<std::string, std::unique_ptr<holdfast::control::HostAgent>> agents_;
   absl::Time start_;
   std::string log_dir_;
   std::string checkpoint_dir_;           // empty: no disk tier

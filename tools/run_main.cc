@@ -1,7 +1,7 @@
 // holdfast-run: runs one fault-tolerant job on this machine.
 //
 //   holdfast-run -n N [--standby K] [--mode replace|shrink] [--min-world M]
-//                [--inject SPEC]... [--log-dir DIR] [--hosts H]
+//                [--inject SPEC]... [--log-dir DIR] [--hosts H] [--agent]
 //                [--checkpoint-dir DIR | --no-disk-tier] [--fresh]
 //                [--heartbeat-ms MS] [--silent-after-ms MS]
 //                [--rendezvous-grace-ms MS] [--join-timeout-s S]
@@ -77,6 +77,10 @@ std::optional<int> Launcher::ParseFlags(int argc, char** argv, Flags* f) {
                  "fake host labels: workers' slots in H equal contiguous "
                  "blocks host0..host{H-1}, standbys spare0..")
       ->check(CLI::Range(0, 4096));
+  app.add_flag("--agent", f->agent,
+               "members reach the controller through a host agent per host "
+               "label, as on a cluster (a stopped member is then found in "
+               "under a second; docs/controller.md)");
   app.add_option("--replicas", f->replicas,
                  "copies of each checkpoint piece on buddies "
                  "(HOLDFAST_REPLICAS; default 1)")
@@ -177,8 +181,11 @@ std::vector<std::string> Launcher::ProcEnv(const Flags& f, int i,
                                            const std::string& token,
                                            const std::string& faults) const {
   const int n = f.n;
+  const auto agent = agents_.find(HostOf(f, i));
   std::vector<std::string> env = {
-      absl::StrCat("HOLDFAST_CONTROLLER=", client_.address),
+      absl::StrCat("HOLDFAST_CONTROLLER=", agent != agents_.end()
+                                               ? agent->second->address()
+                                               : client_.address),
       absl::StrCat("HOLDFAST_JOB_TOKEN=", token),
       absl::StrCat("HOLDFAST_FAULTS=", faults),
   };
@@ -198,16 +205,31 @@ std::vector<std::string> Launcher::ProcEnv(const Flags& f, int i,
   // specs and host labels name the same processes in every run.
   env.push_back(absl::StrCat("HOLDFAST_PREFERRED_SLOT=",
                              i < n ? absl::StrCat(i) : "standby"));
-  if (f.hosts > 0) {
-    env.push_back(absl::StrCat(
-        "HOLDFAST_HOST=",
-        i < n ? absl::StrCat("host", static_cast<int64_t>(i) * f.hosts / n)
-              : absl::StrCat("spare", i - n)));
-  }
+  if (f.hosts > 0) env.push_back(absl::StrCat("HOLDFAST_HOST=", HostOf(f, i)));
   if (!log_dir_.empty()) {
     env.push_back(absl::StrCat("HOLDFAST_TRACE_DIR=", log_dir_, "/trace"));
   }
   return env;
+}
+
+std::string Launcher::HostOf(const Flags& f, int i) {
+  if (f.hosts <= 0) return "";
+  return i < f.n ? absl::StrCat("host", static_cast<int64_t>(i) * f.hosts / f.n)
+                 : absl::StrCat("spare", i - f.n);
+}
+
+absl::Status Launcher::StartAgents(const Flags& f, const std::string& token) {
+  if (!f.agent) return absl::OkStatus();
+  for (int i = 0; i < f.n + f.standby; ++i) {
+    const std::string host = HostOf(f, i);
+    if (agents_.count(host) > 0) continue;
+    control::AgentOptions o;
+    o.controller = client_.address;
+    o.token = token;
+    o.host = host;  // "": this machine's name
+    HOLDFAST_ASSIGN_OR_RETURN(agents_[host], control::HostAgent::Start(o));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Launcher::SpawnAll(const Flags& f, const std::string& token,
@@ -339,10 +361,13 @@ int Launcher::Main(int argc, char** argv) {
   signal(SIGTERM, OnSignal);
   signal(SIGPIPE, SIG_IGN);
   start_ = absl::Now();
-  if (absl::Status s = SpawnAll(f, token, faults); !s.ok()) {
+  absl::Status started = StartAgents(f, token);
+  if (started.ok()) started = SpawnAll(f, token, faults);
+  if (absl::Status s = started; !s.ok()) {
     std::fprintf(stderr, "holdfast-run: %s\n",
                  std::string(s.message()).c_str());
     KillAll(SIGKILL);
+    agents_.clear();
     (*server)->Shutdown();
     return 1;
   }
@@ -368,6 +393,7 @@ int Launcher::Main(int argc, char** argv) {
     std::error_code ec;
     std::filesystem::remove_all(checkpoint_dir_, ec);
   }
+  agents_.clear();
   (*server)->Shutdown();
   return code;
 }

@@ -24,7 +24,8 @@ of each (a final model is "equal" only when it is in every run). Systems:
             missed heartbeat), with the dcp job's checkpoints
   torchft   torchft 0.2.0: one replica group per worker, each under its
             own torchrun that restarts it, and a Lighthouse
-  holdfast  holdfast-run -n 4 --standby 1
+  holdfast  holdfast-run -n 4 --standby 1 --agent (its members behind a
+            host agent, as on a cluster)
 
     .venv/bin/python3 benchmarks/peers/run.py [--state-mb 256] [--fault stop]
         [--systems holdfast,dcp,nvrx,torchft] [--ettr-seconds 120]
@@ -124,7 +125,8 @@ def launch(system, args, work, log):
     if system == "holdfast":
         p = subprocess.Popen(
             [str(ROOT / "build" / "holdfast-run"), "-n", str(WORKERS),
-             "--standby", str(args.standbys), "--no-disk-tier", "--log-dir", str(work / "log"),
+             "--standby", str(args.standbys), "--no-disk-tier", "--agent",
+             "--log-dir", str(work / "log"),
              "--", PYTHON, str(HERE / "trainer.py"), "--system", "holdfast",
              "--snapshot-every", str(args.snapshot_every)]
             + trainer_args(args),

@@ -3,7 +3,10 @@
 Three worker hosts h0, h1 (topology block rackA) and h2 (rackB), with 2
 workers and 1 standby each, and the controller on a host of its own
 (ctl). Each host's processes are started by that host's own launcher
-(host_launcher.sh) and join the controller through HOLDFAST_CONTROLLER.
+(host_launcher.sh) and join the controller through HOLDFAST_CONTROLLER:
+its address, or with `agents` the Unix socket of a host agent
+(holdfast-agent) that runs on the host and reaches the controller over
+its control link.
 The trainer is holdfast-dp-trainer, whose final hash is the same whatever
 the faults in replace mode. Each test asserts on the final hashes, on the
 incident records (who was declared what, after how long) and on when the
@@ -61,7 +64,8 @@ class Job(LaunchedProcesses):
     """One job on the test hosts: the controller on ctl, and each worker
     host's launcher."""
 
-    def __init__(self, net, out, controller_args=(), steps=STEPS, standbys=1):
+    def __init__(self, net, out, controller_args=(), steps=STEPS, standbys=1,
+                 agents=False):
         self.net, self.out = net, out
         out.mkdir(parents=True, exist_ok=True)
         (out / "token").write_text(TOKEN)
@@ -75,10 +79,16 @@ class Job(LaunchedProcesses):
             stdout=subprocess.DEVNULL,
             stderr=open(out / "controller.log", "w"))
         self._wait_status()
+        self.agents = {}
+        if agents:
+            for name in WORKER_HOSTS:
+                self._start_agent(name)
         self.launchers = {}
         for i, name in enumerate(WORKER_HOSTS):
             h = net.hosts[name]
-            env = dict(os.environ, HOLDFAST_CONTROLLER=self.address,
+            env = dict(os.environ,
+                       HOLDFAST_CONTROLLER=(self._agent_socket(name) if agents
+                                            else self.address),
                        HOLDFAST_JOB_TOKEN=TOKEN, HOLDFAST_BIND_ADDR=h.addr["d"],
                        HOLDFAST_TOPOLOGY_BLOCK=BLOCKS[name],
                        HOLDFAST_TRACE_DIR=str(out / "trace"),
@@ -91,6 +101,25 @@ class Job(LaunchedProcesses):
                     str(BUILD / "holdfast-dp-trainer"), "--steps", str(steps),
                     "--step-ms", str(STEP_MS), "--progress-dir", str(out)],
                 env=env)
+
+    def _agent_socket(self, host):
+        return f"unix:{self.out / ('agent-' + host + '.sock')}"
+
+    def _start_agent(self, host):
+        addr = self.out / f"agent-{host}.address"
+        self.agents[host] = subprocess.Popen(
+            self.net.hosts[host].exec_prefix() + [
+                str(BUILD / "holdfast-agent"), "--controller", self.address,
+                "--listen", self._agent_socket(host), "--token-file",
+                str(self.out / "token"), "--host", host, "--address-file",
+                str(addr)],
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.out / f"agent-{host}.log", "w"))
+        deadline = time.time() + 30
+        while not (addr.exists() and addr.read_text().strip()):
+            assert self.agents[host].poll() is None, "an agent exited"
+            assert time.time() < deadline, f"{host}'s agent did not start"
+            time.sleep(0.05)
 
     def _wait_status(self, timeout=30):
         deadline = time.time() + timeout
@@ -161,6 +190,7 @@ class Job(LaunchedProcesses):
 
     def logs(self):
         return self.log_tails(sorted(self.out.glob("*.err")) +
+                              sorted(self.out.glob("agent-*.log")) +
                               [self.out / "controller.log"], 15)
 
     def close(self):
@@ -173,7 +203,8 @@ class Job(LaunchedProcesses):
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        for p in list(self.launchers.values()) + [self.controller]:
+        for p in [*self.launchers.values(), *self.agents.values(),
+                  self.controller]:
             if p.poll() is None:
                 p.kill()
             p.wait()
@@ -361,6 +392,68 @@ def test_host_cut_for_good(job, fault_free):
         assert "fenced" in err, err[-2000:]
         known = int(err.split("dp-trainer: committed=")[1].split()[0])
         assert 0 <= known <= committed_at_cut, (n, known, committed_at_cut)
+
+
+def test_agent_stopped_member_is_found_in_a_second(job, fault_free):
+    """Behind host agents: a SIGSTOPped member's local stream goes quiet
+    while its agent is heard, and the controller declares it silent well
+    within the grace that the blip and cut cases below keep."""
+    j = job(agents=True)
+    j.wait_step(100)
+    victim = next(p for p, n in j.names().items() if n == "h1-w0")
+    os.kill(victim, signal.SIGSTOP)
+    stopped_at = time.time()
+    deadline = stopped_at + 10
+    while time.time() < deadline and not incidents(j.status()):
+        time.sleep(0.1)
+    os.kill(victim, signal.SIGCONT)  # it learns it was fenced, and exits
+    j.wait_end()
+    report(j, "agents: member SIGSTOP", stopped_at, "h1")
+    st = j.status()
+    found = incidents(st)
+    assert len(found) == 1, (found, j.logs())
+    inc = found[0]
+    assert inc["kind"] == "INCIDENT_SILENT" and inc["host"] == "h1", inc
+    assert "host agent on h1 heard nothing from it" in inc["evidence"], inc
+    assert int(inc["detected_unix_ms"]) / 1000 - stopped_at < 1.0, inc
+    assert j.rc("h1-w0") == 3, (j.rc("h1-w0"), j.logs())
+    finals = j.finals()
+    assert "h1-w0" not in finals and len(finals) == WORLD, (finals, j.logs())
+    for n, f in finals.items():
+        assert f == (STEPS, WORLD, fault_free), (n, f, j.logs())
+
+
+def test_agent_host_blip_costs_nothing(job, fault_free):
+    """Behind host agents, a 1 s cut of a host's links silences its agent's
+    stream, never a member's local one: nobody is declared."""
+    j = job(agents=True)
+    j.wait_step(100)
+    j.net.hosts["h1"].set_link(False)
+    cut_at = time.time()
+    time.sleep(1.0)
+    j.net.hosts["h1"].set_link(True)
+    j.wait_end()
+    report(j, "agents: blip 1.0 s", cut_at)
+    st = j.status()
+    assert incidents(st) == [], (incidents(st), j.logs())
+    assert_finished_equal(j, fault_free)
+
+
+def test_agent_host_cut_keeps_the_grace(job, fault_free):
+    """Behind host agents, a host cut off for good is found by the silence
+    rule after the grace, as without agents: its members' local streams
+    stay up, so the agent reports no quiet member."""
+    j = job(agents=True)
+    j.wait_step(100)
+    j.net.hosts["h2"].set_link(False)
+    cut_at = time.time()
+    j.wait_end(hosts=["h0", "h1"])
+    report(j, "agents: host cut for good", cut_at, "h2")
+    st = j.status()
+    workers = assert_host_lost(j, st, "h2", cut_at)
+    for i in workers:
+        assert "no heartbeat for" in i["evidence"], i
+    assert_finished_equal(j, fault_free, lost_hosts=["h2"])
 
 
 def test_data_link_cut_for_good(job, fault_free):
