@@ -13,9 +13,14 @@ of one worker, by pid, when the job reaches a step), and reports for each
   lost         steps completed before the fault and done again
   equal        whether every rank's final state (model, momentum, extra
                state) equals the system's fault-free one
+  procs        the trainer processes the system holds (each would hold a
+               GPU): its workers, and holdfast's standbys too; helpers
+               that hold none (torchrun's agents, a Lighthouse, holdfast's
+               launcher with its controller and host agent) are not
+               counted
 
-and the ratio holdfast/peer of each; with --repeat N, the median of N runs
-of each (a final model is "equal" only when it is in every run). Systems:
+and the ratio holdfast/peer of each; the median of --repeat (3) runs of
+each (a final model is "equal" only when it is in every run). Systems:
   plain     torch DDP on Gloo under torchrun, no fault tolerance (baseline)
   dcp       torchrun --max-restarts with a torch.distributed.checkpoint
             every --dcp-every steps
@@ -33,7 +38,9 @@ of each (a final model is "equal" only when it is in every run). Systems:
 
 With --ettr-seconds, each system also runs about that long with a SIGKILL
 every --fault-every (30) seconds, for ETTR: the steps done times plain
-DDP's step time over the wall time (holdfast gets one standby per fault).
+DDP's step time over the wall time (holdfast gets one standby per fault),
+and ETTR per process: ETTR times the 4 workers over procs, the share of
+the processes' (GPUs') time that trained.
 
 The peers are installed by benchmarks/peers/setup.sh, which this calls.
 """
@@ -289,6 +296,11 @@ def measure(system, args):
     return row
 
 
+def processes(system, args):
+    """The trainer processes `system` holds (see procs above)."""
+    return WORKERS + (args.standbys if system == "holdfast" else 0)
+
+
 def median_row(runs):
     """One row from --repeat runs of measure(): the median of each figure
     (None when any run lacks it), `equal` and `finished` only when true
@@ -330,7 +342,7 @@ def main():
                     help="also measure ETTR over a run of about this long "
                     "with a SIGKILL every --fault-every seconds (0: not)")
     ap.add_argument("--fault-every", type=float, default=30.0)
-    ap.add_argument("--repeat", type=int, default=1,
+    ap.add_argument("--repeat", type=int, default=3,
                     help="runs of each measurement; the medians are "
                     "reported, and each run under --json")
     ap.add_argument("--no-setup", action="store_true",
@@ -357,6 +369,9 @@ def main():
                 r["ettr_runs"] = [{"ettr": e, "faults": f} for e, f in runs]
     hf = next((r for r in rows if r["system"] == "holdfast"), None)
     for r in rows:
+        r["procs"] = processes(r["system"], args)
+        if r.get("ettr") is not None:
+            r["ettr_per_proc"] = r["ettr"] * WORKERS / r["procs"]
         r["step_vs_plain"] = r["step_ms"] / base if base and r["step_ms"] else None
         if hf and r is not hf and r.get("recovery_ms") and hf.get("recovery_ms"):
             r["holdfast_recovery_ratio"] = hf["recovery_ms"] / r["recovery_ms"]
@@ -369,17 +384,17 @@ def main():
           f"4 workers, {args.steps} steps of {args.step_ms} ms compute, "
           f"{args.state_mb} MiB extra state per rank, fault: {args.fault} of "
           f"rank {args.fault_rank} at step {args.fault_step}")
-    print(f"{'system':<9} {'step ms':>8} {'vs plain':>8} {'recovery ms':>11} "
-          f"{'lost':>5} {'equal':>6} {'hf/peer rec':>11} {'hf/peer step':>12}"
-          f" {'ETTR':>6}")
+    print(f"{'system':<9} {'procs':>5} {'step ms':>8} {'vs plain':>8} "
+          f"{'recovery ms':>11} {'lost':>5} {'equal':>6} {'hf/peer rec':>11} "
+          f"{'hf/peer step':>12} {'ETTR':>6} {'/proc':>6}")
     for r in rows:
-        print(f"{r['system']:<9} {fmt(r['step_ms'], 2):>8} "
+        print(f"{r['system']:<9} {r['procs']:>5} {fmt(r['step_ms'], 2):>8} "
               f"{fmt(r['step_vs_plain'], 3):>8} {fmt(r.get('recovery_ms')):>11} "
               f"{fmt(r.get('lost'), 0) if r.get('lost') is not None else '-':>5} "
               f"{str(r.get('equal', '-')):>6} "
               f"{fmt(r.get('holdfast_recovery_ratio'), 3):>11} "
               f"{fmt(r.get('holdfast_step_ratio'), 3):>12} "
-              f"{fmt(r.get('ettr'), 3):>6}")
+              f"{fmt(r.get('ettr'), 3):>6} {fmt(r.get('ettr_per_proc'), 3):>6}")
     return 0
 
 

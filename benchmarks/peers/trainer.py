@@ -135,7 +135,7 @@ def run_plain(args, job):
     dist.destroy_process_group()
 
 
-def init_restartable():
+def init_restartable(timeout_s):
     """init_process_group("gloo") that survives torchrun's restarts: the
     workers of every restart share the agent's store, where Gloo's
     addresses from the restart before would still be read (its full mesh
@@ -155,13 +155,13 @@ def init_restartable():
     dist.init_process_group(
         "gloo", store=dist.PrefixStore(f"restart-{restart}", store),
         rank=rank, world_size=int(os.environ["WORLD_SIZE"]),
-        timeout=timedelta(seconds=60))
+        timeout=timedelta(seconds=timeout_s))
 
 
 def run_dcp(args, job, heartbeat=None):
     import torch.distributed.checkpoint as dcp
 
-    init_restartable()
+    init_restartable(args.timeout)
     rank, world = dist.get_rank(), dist.get_world_size()
     out = Out(rank)
     root = args.dcp_dir
@@ -280,7 +280,8 @@ def main():
     ap.add_argument("--snapshot-every", type=int, default=1,
                     help="holdfast: an in-memory snapshot every k steps")
     ap.add_argument("--timeout", type=float, default=10.0,
-                    help="torchft's operation and quorum timeout, s")
+                    help="torchft's operation and quorum timeout, and the "
+                    "collective timeout of the dcp and nvrx jobs, s")
     args = ap.parse_args()
     job = Job(args)
     {"plain": run_plain, "dcp": run_dcp, "nvrx": run_nvrx,
