@@ -95,6 +95,10 @@ constexpr uint8_t kAllReduceOutSlotPrefix = 0xa5;
 // bytes, as a ring does).
 constexpr size_t kExchangeAllReduceBytes = size_t{64} << 10;
 
+// How much of a fold's output GatherAndFold folds every input into before
+// it goes on: small enough to stay in cache.
+constexpr size_t kFoldStretchBytes = size_t{64} << 10;
+
 // The reason given to the pairs the watcher fails because another one
 // failed to connect.
 constexpr absl::string_view kOtherPairFailed = "another pair failed to connect";
@@ -666,26 +670,52 @@ class GlooBackend final : public Backend {
   // j's part to(this rank) of its input; `out` (to(this rank).size bytes)
   // becomes their fold in rank order: in[0] op in[1] op ... op in[n-1].
   // `out` may be this rank's own part of `send`.
+  //
+  // The peers' parts land in scratch_, kept from call to call (no
+  // allocation, page faults or clearing per call); this rank's own part is
+  // read where it is. The fold runs a cache-sized stretch at a time, every
+  // input in rank order, so each stretch of `out` stays in cache while the
+  // inputs stream through it once.
   absl::Status GatherAndFold(gloo::ReduceFn fn, const uint8_t* send,
                              const std::function<Part(int)>& to, uint8_t* out,
                              size_t elem, uint64_t slot,
                              std::chrono::milliseconds timeout) {
     const int n = options_.size;
-    const Part mine = to(options_.rank);
+    const int rank = options_.rank;
+    const Part mine = to(rank);
     const size_t count = mine.size / elem;
-    std::vector<uint8_t> in(mine.size * static_cast<size_t>(n));
-    std::memcpy(in.data() + mine.size * static_cast<size_t>(options_.rank),
-                send + mine.at, mine.size);
-    HOLDFAST_RETURN_IF_ERROR(Exchange(
-        send, in.data(), to,
-        [&](int j) {
-          return Part{mine.size * static_cast<size_t>(j), mine.size};
-        },
-        slot, timeout));
+    // Peer j's part sits at index j, or j - 1 after this rank.
+    auto from = [&](int j) {
+      const size_t at = static_cast<size_t>(j < rank ? j : j - 1);
+      return Part{mine.size * at, mine.size};
+    };
+    const size_t need = mine.size * static_cast<size_t>(n - 1);
+    if (scratch_size_ < need) {
+      scratch_.reset(new uint8_t[need]);
+      scratch_size_ = need;
+    }
+    HOLDFAST_RETURN_IF_ERROR(
+        Exchange(send, scratch_.get(), to, from, slot, timeout));
     if (count == 0) return absl::OkStatus();
-    fn(out, in.data(), in.data() + mine.size, count);
-    for (int j = 2; j < n; ++j) {
-      fn(out, out, in.data() + mine.size * static_cast<size_t>(j), count);
+    std::vector<const uint8_t*> in(static_cast<size_t>(n));
+    for (int j = 0; j < n; ++j) {
+      in[static_cast<size_t>(j)] =
+          j == rank ? send + mine.at : scratch_.get() + from(j).at;
+    }
+    // From the third input on, `out` holds the fold so far: an own part
+    // that is `out` itself is read from a copy of the stretch first.
+    const bool own_in_out = rank >= 2 && in[static_cast<size_t>(rank)] == out;
+    const size_t stretch = std::max<size_t>(1, kFoldStretchBytes / elem);
+    alignas(64) uint8_t own[kFoldStretchBytes + 16];
+    for (size_t lo = 0; lo < count; lo += stretch) {
+      const size_t k = std::min(stretch, count - lo);
+      const size_t at = lo * elem;
+      if (own_in_out) std::memcpy(own, out + at, k * elem);
+      auto input = [&](int j) {
+        return own_in_out && j == rank ? own : in[static_cast<size_t>(j)] + at;
+      };
+      fn(out + at, input(0), input(1), k);
+      for (int j = 2; j < n; ++j) fn(out + at, out + at, input(j), k);
     }
     return absl::OkStatus();
   }
@@ -855,6 +885,12 @@ class GlooBackend final : public Backend {
   // is what it sends).
   std::vector<uint64_t> goodbye_words_;
   std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> goodbye_in_;
+
+  // GatherAndFold's buffer for the peers' parts (the op thread's alone:
+  // collectives run one at a time); it grows to the largest call's and
+  // stays.
+  std::unique_ptr<uint8_t[]> scratch_;
+  size_t scratch_size_ = 0;
 
   absl::Mutex mu_;
   std::atomic<bool> aborted_{false};
