@@ -22,6 +22,7 @@
 #include "src/control/wire/auth.h"
 #include "src/control/wire/controller.grpc.pb.h"
 #include "src/control/wire/member_stream.h"
+#include "src/control/wire/quiet.h"
 #include "src/control/wire/rpc_util.h"
 
 namespace holdfast::control {
@@ -278,8 +279,7 @@ class AgentImpl final : public HostAgent, public BeatHandler {
     if (options_.quiet_after > absl::ZeroDuration()) {
       return options_.quiet_after;
     }
-    const absl::Duration interval = absl::Milliseconds(interval_ms_.load());
-    return interval + std::max(interval / 2, absl::Milliseconds(250));
+    return DefaultQuietAfter(absl::Milliseconds(interval_ms_.load()));
   }
 
   // Queues a MemberQuiet for each local stream quiet for QuietAfter(), and

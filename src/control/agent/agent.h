@@ -49,9 +49,9 @@ struct AgentOptions {
   // A member whose local stream has been quiet this long is reported to
   // the controller (MemberQuiet), which declares it silent once the quiet
   // reaches its own bound (DetectionOptions::quiet_after); reported again
-  // every 100 ms while it stays quiet. Zero: heartbeat interval plus half
-  // of it, at least 250 ms more (750 ms with the default 500 ms interval,
-  // learned from the members' registrations). Infinite: never.
+  // every 100 ms while it stays quiet. Zero: DefaultQuietAfter
+  // (src/control/wire/quiet.h) of the heartbeat interval learned from the
+  // members' registrations (750 ms at 500 ms). Infinite: never.
   absl::Duration quiet_after = absl::ZeroDuration();
   // Reconnect back-off after the stream to the controller breaks.
   absl::Duration reconnect_min = absl::Milliseconds(50);

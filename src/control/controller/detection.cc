@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "src/common/logging.h"
 #include "src/control/controller/duration_text.h"
+#include "src/control/wire/quiet.h"
 
 namespace holdfast::control {
 namespace {
@@ -41,9 +42,7 @@ absl::Duration QuietAfter(const DetectionOptions& d) {
     return std::min(std::max(*d.quiet_after, absl::ZeroDuration()),
                     d.silent_after);
   }
-  const absl::Duration slack =
-      std::max(d.heartbeat_interval / 2, absl::Milliseconds(250));
-  return std::min(d.heartbeat_interval + slack, d.silent_after);
+  return std::min(DefaultQuietAfter(d.heartbeat_interval), d.silent_after);
 }
 
 void StepPace::Note(int64_t step, int64_t step_us) {

@@ -57,9 +57,9 @@ struct DetectionOptions {
   // silent at once: a stopped or frozen process. A link blip cannot
   // silence a local stream, so this needs no blip grace; members that
   // reach the controller directly keep silent_after. Unset:
-  // heartbeat_interval plus half of it, at least 250 ms more (750 ms with
-  // the default interval), and never more than silent_after. Zero: off.
-  // See QuietAfter().
+  // DefaultQuietAfter(heartbeat_interval) (src/control/wire/quiet.h, the
+  // agents' default too: 750 ms at 500 ms), never more than silent_after.
+  // Zero: off. See QuietAfter().
   std::optional<absl::Duration> quiet_after;
   // Silence verdicts pause while more than half of the live members are
   // unheard for max(2 heartbeat intervals, silent_after / 2): the
