@@ -697,14 +697,14 @@ class GlooBackend final : public Backend {
     HOLDFAST_RETURN_IF_ERROR(
         Exchange(send, scratch_.get(), to, from, slot, timeout));
     if (count == 0) return absl::OkStatus();
-    std::vector<const uint8_t*> in(static_cast<size_t>(n));
-    for (int j = 0; j < n; ++j) {
-      in[static_cast<size_t>(j)] =
-          j == rank ? send + mine.at : scratch_.get() + from(j).at;
-    }
+    // Rank j's input: this rank's own part where it is, the peers' in
+    // scratch_.
+    auto in = [&](int j) {
+      return j == rank ? send + mine.at : scratch_.get() + from(j).at;
+    };
     // From the third input on, `out` holds the fold so far: an own part
     // that is `out` itself is read from a copy of the stretch first.
-    const bool own_in_out = rank >= 2 && in[static_cast<size_t>(rank)] == out;
+    const bool own_in_out = rank >= 2 && in(rank) == out;
     const size_t stretch = std::max<size_t>(1, kFoldStretchBytes / elem);
     alignas(64) uint8_t own[kFoldStretchBytes + 16];
     for (size_t lo = 0; lo < count; lo += stretch) {
@@ -712,7 +712,7 @@ class GlooBackend final : public Backend {
       const size_t at = lo * elem;
       if (own_in_out) std::memcpy(own, out + at, k * elem);
       auto input = [&](int j) {
-        return own_in_out && j == rank ? own : in[static_cast<size_t>(j)] + at;
+        return own_in_out && j == rank ? own : in(j) + at;
       };
       fn(out + at, input(0), input(1), k);
       for (int j = 2; j < n; ++j) fn(out + at, out + at, input(j), k);
