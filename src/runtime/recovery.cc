@@ -21,8 +21,6 @@ namespace {
 // time, DetectionOptions::diagnosis_settle).
 constexpr absl::Duration kMismatchVerdictWait = absl::Seconds(15);
 
-int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
-
 }  // namespace
 
 std::string Received(const RecoveryRecord& rec) {

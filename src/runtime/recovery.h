@@ -35,6 +35,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "holdfast/runtime.h"
 #include "holdfast/store.h"
 #include "src/control/member/member.h"
@@ -42,6 +44,9 @@
 #include "src/runtime/generation_view.h"
 
 namespace holdfast {
+
+// Now in Unix milliseconds, the unit of RecoveryRecord's times.
+inline int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
 
 // What a restore received, for its log line.
 std::string Received(const RecoveryRecord& rec);

@@ -74,8 +74,6 @@ using control::JobEnd;
 using control::MembershipUpdate;
 using SnapshotCopy = RunOptions::SnapshotCopy;
 
-inline int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
-
 // A random word that is never 0.
 inline uint64_t ProbeWord() {
   std::random_device rd;
