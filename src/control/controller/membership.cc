@@ -738,8 +738,8 @@ void Membership::OpenGenerationLocked(int lost_slot,
     for (int i = 0; i < slots_.world_size(); ++i) {
       members_.at(slots_.holder(i)).slot = i;
     }
-    if (slots_.world_size() >=
-        policy_.min_world) {  // else the job stops (below)
+    // Below the minimum world the job stops (below).
+    if (slots_.world_size() >= policy_.min_world) {
       HOLDFAST_LOG_INFO(
           "generation {}: slot {} lost, {}; the world shrinks "
           "to {}",
