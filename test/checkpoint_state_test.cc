@@ -117,7 +117,7 @@ TEST_CASE(
     FillShards(m.reg);
     std::vector<uint8_t> piece(m.reg.PieceSize(3, slot));
     holdfast::pieces::CopyHasher h;
-    m.reg.CopyPiece(3, slot, piece.data(), &h);
+    REQUIRE(m.reg.CopyPiece(3, slot, piece.data(), &h).ok());
     CHECK(h.Digest() == holdfast::pieces::Checksum(piece.data(), piece.size()));
     checksums.push_back(h.Digest());
     pieces.push_back(std::move(piece));
@@ -154,7 +154,7 @@ TEST_CASE(
   REQUIRE(replicated.AddReplicated("b", b.data(), b.size()).ok());
   for (int p = 0; p < 3; ++p) {
     std::vector<uint8_t> piece(replicated.PieceSize(3, p));
-    replicated.CopyPiece(3, p, piece.data());
+    REQUIRE(replicated.CopyPiece(3, p, piece.data()).ok());
     std::vector<uint8_t> a2(a.size()), b2(b.size());
     StateRegistry dst;
     REQUIRE(dst.AddReplicated("a", a2.data(), a2.size()).ok());

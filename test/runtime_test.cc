@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -738,6 +740,114 @@ TEST_CASE(
   CHECK(steps_run < 30);
   // The dropped snapshot never committed.
   CHECK((*rt2)->committed_step() < steps_run - 1);
+}
+
+// A trainer whose registered state is filled asynchronously after each
+// step (as a device-to-pinned-host copy is): a writer thread stores the
+// step into the state 15 ms after the step returns. RunOptions::state_ready
+// waits for it (joins the writer); the step's own writes wait for it too.
+class AsyncFill {
+ public:
+  explicit AsyncFill(std::vector<int64_t>* state) : state_(state) {}
+  ~AsyncFill() { (void)Await(); }
+
+  // At a step's end: the fill of `step` starts.
+  void Start(int64_t step) {
+    (void)Await();
+    std::lock_guard<std::mutex> lock(mu_);
+    writer_ = std::thread([this, step] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(15));
+      for (int64_t& v : *state_) v = step;
+    });
+  }
+  // RunOptions::state_ready: once the fill under way is done; `fail`
+  // makes it return an error instead.
+  absl::Status Await() {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++awaits_;
+    if (writer_.joinable()) writer_.join();
+    if (fail_) return absl::InternalError("the device copy failed");
+    return absl::OkStatus();
+  }
+  void set_fail(bool fail) {
+    std::lock_guard<std::mutex> lock(mu_);
+    fail_ = fail;
+  }
+  int awaits() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return awaits_;
+  }
+
+ private:
+  std::vector<int64_t>* const state_;
+  std::mutex mu_;
+  std::thread writer_;
+  bool fail_ = false;
+  int awaits_ = 0;
+};
+
+TEST_CASE(
+    "runtime: state_ready comes before every read of the registered state, "
+    "so an asynchronously filled state is snapshotted and restored whole") {
+  for (const auto copy : {holdfast::RunOptions::SnapshotCopy::kAuto,
+                          holdfast::RunOptions::SnapshotCopy::kBetweenSteps}) {
+    Controller c(1);
+    auto rt = holdfast::Runtime::Create(c.Options());
+    REQUIRE(rt.ok());
+    std::vector<int64_t> state(1024, 0);
+    REQUIRE((*rt)->RegisterState("state", state.data(), state.size() * 8).ok());
+    AsyncFill fill(&state);
+    holdfast::RunOptions ro;
+    ro.steps = 20;
+    ro.snapshot_copy = copy;
+    ro.state_ready = [&] { return fill.Await(); };
+    bool failed_once = false;
+    int64_t wrong = 0;  // steps that found the state other than the last's
+    auto result = (*rt)->Run(
+        [&](const holdfast::StepContext& ctx) -> absl::Status {
+          ctx.runtime->BeginStateUpdate();
+          (void)fill.Await();  // the step's writes come after the fill
+          if (state[0] != ctx.step - 1 || state[1023] != ctx.step - 1) ++wrong;
+          if (ctx.step == 12 && !failed_once) {
+            // A recovery restores the newest committed step, which must
+            // hold what the fill wrote.
+            failed_once = true;
+            return absl::UnavailableError("a peer was lost (injected)");
+          }
+          fill.Start(ctx.step);
+          return absl::OkStatus();
+        },
+        ro);
+    REQUIRE(result.ok());
+    CHECK(result->recoveries.size() == 1);
+    CHECK(wrong == 0);
+    CHECK(fill.awaits() > 20);
+  }
+}
+
+TEST_CASE(
+    "runtime: a state_ready error fails a snapshot taken between the steps, "
+    "naming it") {
+  Controller c(1);
+  auto rt = holdfast::Runtime::Create(c.Options());
+  REQUIRE(rt.ok());
+  std::vector<int64_t> state(64, 0);
+  REQUIRE((*rt)->RegisterState("state", state.data(), state.size() * 8).ok());
+  AsyncFill fill(&state);
+  holdfast::RunOptions ro;
+  ro.steps = 20;
+  ro.snapshot_copy = holdfast::RunOptions::SnapshotCopy::kBetweenSteps;
+  ro.state_ready = [&] { return fill.Await(); };
+  auto result = (*rt)->Run(
+      [&](const holdfast::StepContext& ctx) -> absl::Status {
+        if (ctx.step == 5) fill.set_fail(true);
+        fill.Start(ctx.step);
+        return absl::OkStatus();
+      },
+      ro);
+  REQUIRE(!result.ok());
+  CHECK(Mentions(result.status(), "the device copy failed"));
+  CHECK((*rt)->committed_step() < 5);
 }
 
 TEST_CASE(

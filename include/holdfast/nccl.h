@@ -67,6 +67,11 @@ absl::StatusOr<std::unique_ptr<Communicator>> Shrink(
 // communicator may reuse it once it is idle.
 void* Stream(Communicator& comm);
 
+// Waits until the CUDA event `event` (a cudaEvent_t, on the current
+// device's context) has completed, polling: OK; DeadlineExceeded after
+// `timeout`; Internal naming a CUDA error (a broken context).
+absl::Status AwaitEvent(void* event, absl::Duration timeout);
+
 // A snapshot of device memory in pinned host memory: the copy runs
 // asynchronously on a side stream, after the work already queued on the
 // stream it is told to follow, so training kernels are not stalled by it.

@@ -235,6 +235,16 @@ struct RunOptions {
   // registers pinned host copies (nccl::DeviceSnapshot) and copies them
   // back to the device here. An error ends Run with it.
   std::function<absl::Status(int64_t restored_step)> on_restore;
+  // Optional: returns once the registered buffers hold what the trainer
+  // last wrote into them. Called before each read of the live state (a
+  // snapshot's copy, on the training thread or, during the next step, on
+  // the backup thread; a restore), from any thread, so it must not need
+  // the step's locks. For buffers filled asynchronously: a trainer that
+  // starts a device-to-pinned-host copy at a step's end waits for it here
+  // (Python: what register_tensor does for CUDA tensors), and the copy
+  // overlaps the next step. An error drops that snapshot, and fails a
+  // snapshot taken between the steps, or a restore, with it.
+  std::function<absl::Status()> state_ready;
   // Where each snapshot is copied out of the registered buffers: on the
   // training thread between the steps, or on the background thread while
   // the next step computes (as CheckFreq does: a step reads the state long

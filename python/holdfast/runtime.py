@@ -178,36 +178,61 @@ class _HostStaging:
 
 class _DeviceState:
     """Registered CUDA tensors and their pinned host copies, which the
-    runtime snapshots and restores as if they were the tensors."""
+    runtime snapshots and restores as if they were the tensors.
+
+    A step's end starts the copies into the host copies (copy_out) and
+    returns: they run on a stream of their own while the next step
+    computes. Each device's copies record one event, which the runtime
+    waits for before it reads the host copies (RunOptions::state_ready:
+    on the backup thread, or between the steps), and which the next
+    step's writes to the tensors wait for on the device (fence)."""
 
     def __init__(self):
         self._pairs = {}  # name -> (device tensor, pinned host tensor)
         self._streams = {}  # device -> the copy stream
+        self._events = {}  # device -> the event the copies record
 
     def add(self, name, tensor):
         host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
         host.copy_(tensor)  # the values at registration, synchronously
         self._pairs[name] = (tensor, host)
+        if tensor.device not in self._events:
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(tensor.device))
+            event.synchronize()  # created now: its handle is fixed
+            self._events[tensor.device] = event
 
     def host(self, name):
         return self._pairs[name][1]
 
+    def event_handles(self):
+        """The cudaEvent_t of each device's copies, for the runtime."""
+        return [e.cuda_event for e in self._events.values()]
+
     def copy_out(self):
-        """Copies every tensor into its host copy, after the work queued so
-        far on each device's current stream, on a stream of its own; returns
-        once the copies are done (the runtime reads the host copies next)."""
-        if not self._pairs:
-            return
-        for stream in self._run_on_copy_streams(
+        """Starts copying every tensor into its host copy, after the work
+        queued so far on each device's current stream, on a stream of its
+        own, and returns; the copies record the devices' events."""
+        for stream, device in self._run_on_copy_streams(
                 lambda dev, host: host.copy_(dev, non_blocking=True)):
-            stream.synchronize()
+            self._events[device].record(stream)
+
+    def fence(self):
+        """Makes each device's current stream wait for the copies under
+        way (the next writes to the tensors come after them), without
+        blocking the host."""
+        for device, event in self._events.items():
+            torch.cuda.current_stream(device).wait_event(event)
+
+    def wait(self):
+        """Returns once the copies under way are done."""
+        for event in self._events.values():
+            event.synchronize()
 
     def copy_in(self):
         """Copies every host copy back into its tensor (after a restore);
         returns once done."""
-        if not self._pairs:
-            return
-        for stream in self._run_on_copy_streams(
+        for stream, _ in self._run_on_copy_streams(
                 lambda dev, host: dev.copy_(host, non_blocking=True)):
             stream.synchronize()
 
@@ -218,9 +243,9 @@ class _DeviceState:
             if stream is None:
                 stream = torch.cuda.Stream(device=dev.device)
                 self._streams[dev.device] = stream
-            if stream not in used:
+            if (stream, dev.device) not in used:
                 stream.wait_stream(torch.cuda.current_stream(dev.device))
-                used.append(stream)
+                used.append((stream, dev.device))
             with torch.cuda.stream(stream):
                 copy(dev, host)
         return used
@@ -526,7 +551,10 @@ class Runtime:
         A CUDA tensor is not copied on the device: the runtime keeps a
         pinned host copy of it, which each step's end fills from the device
         on a stream of its own (after the step's work on the tensor's
-        current stream) and each restore writes back.
+        current stream), while the next step computes, and each restore
+        writes back. The runtime reads the host copy only once that copy
+        is done, and `begin_state_update()` makes the step's later writes
+        to the tensor wait for it on the device.
         """
         data = tensor.data if isinstance(tensor, torch.nn.Parameter) else tensor
         if isinstance(data, torch.Tensor) and data.device.type == "cuda":
@@ -745,9 +773,11 @@ class Runtime:
                 self._step_comm = None
             for group in self._groups:
                 group._end_step()
-            # The runtime snapshots the host copies once this returns.
+            # The runtime snapshots the host copies once the copies are
+            # done (state_events).
             self._device_state.copy_out()
             if dcp_every and (ctx.step % dcp_every == 0 or ctx.step == steps):
+                self._device_state.wait()
                 dcp_io.save(self, Communicator(ctx.comm, self._ops),
                             dcp_io.step_dir(dcp_dir, ctx.step), ctx.step)
                 if ctx.slot == 0:
@@ -768,7 +798,8 @@ class Runtime:
         return self._rt.run(step, int(steps), int(snapshot_every), metrics,
                             restored, str(snapshot_copy),
                             [(int(b), int(e)) for b, e in skip_data],
-                            float(spike_factor), int(start_step))
+                            float(spike_factor), int(start_step),
+                            self._device_state.event_handles())
 
     def begin_state_update(self):
         """Call in every step before the first write to registered state,
@@ -792,6 +823,10 @@ class Runtime:
                 if group._error is not None:
                     error, group._error = group._error, None
                     raise error
+        if self._in_step:
+            # The step's writes to registered CUDA tensors come after the
+            # copies of the last step's values.
+            self._device_state.fence()
         if self._in_step and not self._fence_checked:
             self._fence_checked = True
             if self._versions is not None:

@@ -3,7 +3,12 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <string>
 #include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "holdfast/status.h"
+#include "src/common/logging.h"
 
 namespace holdfast::checkpoint {
 namespace {
@@ -157,14 +162,18 @@ bool Snapshots::Busy(int64_t committed) const {
          (busy_ && !past_transfer && !settled && !idle_round_);
 }
 
-void Snapshots::Queue(std::unique_ptr<Piece> p, bool defer) {
+absl::Status Snapshots::Queue(std::unique_ptr<Piece> p, bool defer) {
   p->own = true;
   p->deferred = defer;
-  if (!defer) state_->CopyPiece(p->world, p->slot, p->bytes.get());
+  if (!defer) {
+    HOLDFAST_RETURN_IF_ERROR(
+        state_->CopyPiece(p->world, p->slot, p->bytes.get()));
+  }
   absl::MutexLock lock(&mu_);
   queued_ = p.get();
   if (defer) deferred_ = p.get();
   pieces_.push_back(std::move(p));
+  return absl::OkStatus();
 }
 
 void Snapshots::BeginStateUpdate() {
@@ -182,7 +191,7 @@ void Snapshots::BeginStateUpdate() {
         return deferred_ != p || p->copied;
       };
       mu_.Await(absl::Condition(&copied));
-      if (deferred_ == p) {
+      if (deferred_ == p && !p->invalid) {
         p->validated = true;
         ++overlapped_;
       }
@@ -196,9 +205,19 @@ void Snapshots::BeginStateUpdate() {
     deferred_ = nullptr;
   }
   p->deferred = false;
-  state_->CopyPiece(p->world, p->slot, p->bytes.get());
+  const absl::Status copied =
+      state_->CopyPiece(p->world, p->slot, p->bytes.get());
   absl::MutexLock lock(&mu_);
   queued_ = p;
+  if (!copied.ok()) {
+    // Not a copy of the step's state: dropped at the step's end, as one
+    // written under is (DropUnfenced), with the reason.
+    p->deferred = true;
+    deferred_ = p;
+    fence_seen_ = false;
+    early_write_ = absl::StrCat("the registered state could not be read (",
+                                copied.message(), ")");
+  }
 }
 
 void Snapshots::ReportEarlyWrite(absl::string_view what) {
@@ -282,10 +301,17 @@ Snapshots::Taken Snapshots::TakeQueued(int64_t gen, bool run) {
 
 void Snapshots::CopyIn(Piece* p) {
   pieces::CopyHasher h;
-  state_->CopyPiece(p->world, p->slot, p->bytes.get(), &h);
+  const absl::Status s =
+      state_->CopyPiece(p->world, p->slot, p->bytes.get(), &h);
   p->checksum = h.Digest();
   absl::MutexLock lock(&mu_);
   p->copied = true;
+  if (!s.ok()) {
+    // Never validated: its round drops it at the gate.
+    p->invalid = true;
+    HOLDFAST_LOG_WARN("snapshot of step {} dropped: {}", p->step,
+                      std::string(s.message()));
+  }
 }
 
 void Snapshots::SetIdleRound(bool on) {

@@ -122,8 +122,10 @@ class Snapshots {
   // stalling training). `committed`: the newest committed step.
   bool Busy(int64_t committed) const;
   // Queues this member's snapshot `p` for the backup thread; `defer`: its
-  // bytes are copied during the next step.
-  void Queue(std::unique_ptr<Piece> p, bool defer);
+  // bytes are copied during the next step. Else they are copied here, and
+  // a failure to read the live state (StateRegistry::AwaitReady) is
+  // returned, with nothing queued.
+  absl::Status Queue(std::unique_ptr<Piece> p, bool defer);
   // Runtime::BeginStateUpdate(): waits for a deferred copy under way, or
   // makes one not yet started.
   void BeginStateUpdate();
@@ -158,7 +160,9 @@ class Snapshots {
   // Takes the queued snapshot of generation `gen` into a round, or drops
   // it when `run` is false.
   Taken TakeQueued(int64_t gen, bool run);
-  // Copies a deferred piece's bytes in, hashing them on the way.
+  // Copies a deferred piece's bytes in, hashing them on the way; one whose
+  // live state could not be read (StateRegistry::AwaitReady) is marked
+  // invalid, so its round drops it.
   void CopyIn(Piece* p);
   void SetIdleRound(bool on);
   // Waits at the gate of a deferred round until its copy is validated or

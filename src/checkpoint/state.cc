@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "holdfast/status.h"
 
 namespace holdfast::checkpoint {
 
@@ -135,8 +137,17 @@ bool StateRegistry::NeedsPiece(int world, int slot, int old_world,
   return false;
 }
 
-void StateRegistry::CopyPiece(int world, int slot, uint8_t* out,
-                              pieces::CopyHasher* hash) const {
+void StateRegistry::SetReadyWait(std::function<absl::Status()> wait) {
+  ready_wait_ = std::move(wait);
+}
+
+absl::Status StateRegistry::AwaitReady() const {
+  return ready_wait_ ? ready_wait_() : absl::OkStatus();
+}
+
+absl::Status StateRegistry::CopyPiece(int world, int slot, uint8_t* out,
+                                      pieces::CopyHasher* hash) const {
+  HOLDFAST_RETURN_IF_ERROR(AwaitReady());
   for (const StateBuffer& b : buffers_) {
     const pieces::Range r = PartOf(b, world, slot);
     if (r.bytes == 0) continue;
@@ -147,6 +158,7 @@ void StateRegistry::CopyPiece(int world, int slot, uint8_t* out,
       out += r.bytes;
     }
   }
+  return absl::OkStatus();
 }
 
 void StateRegistry::ApplyPiece(const uint8_t* piece, int old_world, int p,

@@ -20,6 +20,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -79,10 +80,17 @@ class StateRegistry {
   // snapshot cut for `old_world`.
   bool NeedsPiece(int world, int slot, int old_world, int p) const;
 
+  // A wait that comes before every copy of a piece out of the live state
+  // (RunOptions::state_ready): for registered buffers that are filled
+  // asynchronously, as pinned host copies of device memory are. None by
+  // default. AwaitReady runs it: OK, or its error.
+  void SetReadyWait(std::function<absl::Status()> wait);
+  absl::Status AwaitReady() const;
   // Copies this member's piece `slot` of a world of `world` out of the live
-  // state into `out` (PieceSize bytes), hashing it when `hash` is set.
-  void CopyPiece(int world, int slot, uint8_t* out,
-                 pieces::CopyHasher* hash = nullptr) const;
+  // state into `out` (PieceSize bytes), hashing it when `hash` is set;
+  // first AwaitReady(), whose error it returns, copying nothing.
+  absl::Status CopyPiece(int world, int slot, uint8_t* out,
+                         pieces::CopyHasher* hash = nullptr) const;
   // Copies what the member at (world, slot) needs out of piece `p` (cut
   // for `old_world`) into the live state. With `hash`, every byte of the
   // piece is hashed too, in order, the copied ones as they are copied.
@@ -104,6 +112,7 @@ class StateRegistry {
   absl::Status CheckName(const std::string& name) const;
 
   std::vector<StateBuffer> buffers_;
+  std::function<absl::Status()> ready_wait_;
 };
 
 // Copies `n` bytes, bytes [from, from + n) of a piece, to where they go

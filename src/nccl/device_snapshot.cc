@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "holdfast/nccl.h"
@@ -18,6 +19,23 @@ namespace {
 
 using backend::CudaError;
 using backend::PollUntil;
+
+// Polls `event` until it completed: OK; DeadlineExceeded after `timeout`
+// ("WHAT: LATE within ..."); Internal naming a CUDA error.
+absl::Status PollEvent(cudaEvent_t event, absl::Duration timeout,
+                       absl::string_view what, absl::string_view late) {
+  return PollUntil(
+      absl::Now() + timeout, absl::Microseconds(5), absl::Microseconds(500),
+      absl::StrCat(what, ": ", late, " within ", absl::FormatDuration(timeout)),
+      [&]() -> std::optional<absl::Status> {
+        const cudaError_t e = cudaEventQuery(event);
+        if (e == cudaSuccess) return absl::OkStatus();
+        if (e != cudaErrorNotReady) {
+          return absl::InternalError(absl::StrCat(what, ": ", CudaError(e)));
+        }
+        return std::nullopt;
+      });
+}
 
 class DeviceSnapshotImpl final : public DeviceSnapshot {
  public:
@@ -85,19 +103,8 @@ class DeviceSnapshotImpl final : public DeviceSnapshot {
   absl::Status Wait(absl::Duration timeout) override {
     if (!started_) return absl::OkStatus();
     cudaSetDevice(device_);
-    return PollUntil(
-        absl::Now() + timeout, absl::Microseconds(5), absl::Microseconds(500),
-        absl::StrCat("DeviceSnapshot::Wait: the copy did not finish within ",
-                     absl::FormatDuration(timeout)),
-        [&]() -> std::optional<absl::Status> {
-          const cudaError_t e = cudaEventQuery(done_);
-          if (e == cudaSuccess) return absl::OkStatus();
-          if (e != cudaErrorNotReady) {
-            return absl::InternalError(
-                absl::StrCat("DeviceSnapshot::Wait: ", CudaError(e)));
-          }
-          return std::nullopt;
-        });
+    return PollEvent(done_, timeout, "DeviceSnapshot::Wait",
+                     "the copy did not finish");
   }
 
   absl::Status CopyToDevice(void* dst, size_t bytes) override {
@@ -131,6 +138,11 @@ class DeviceSnapshotImpl final : public DeviceSnapshot {
 };
 
 }  // namespace
+
+absl::Status AwaitEvent(void* event, absl::Duration timeout) {
+  return PollEvent(static_cast<cudaEvent_t>(event), timeout, "AwaitEvent",
+                   "the device did not reach the event");
+}
 
 absl::StatusOr<std::unique_ptr<DeviceSnapshot>> DeviceSnapshot::Create(
     size_t bytes, int device) {

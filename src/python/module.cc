@@ -19,11 +19,13 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -35,6 +37,7 @@
 #include "holdfast/nccl.h"
 #endif
 #include "holdfast/runtime.h"
+#include "holdfast/status.h"
 #include "holdfast/types.h"
 #include "src/runtime/fault_points.h"
 
@@ -298,13 +301,34 @@ using RuntimeHolder = std::unique_ptr<Runtime, ReleaseGilDelete>;
 // Runtime.run: runs the loop with the GIL released, the step function,
 // the metrics and the restore hook taking it back; a Python exception of
 // the step function or the hook ends the run and is raised again here.
+// RunOptions::state_ready for registered CUDA tensors, whose host copies
+// are filled by copies that record `events` (cudaEvent_t handles;
+// holdfast/runtime.py, _DeviceState); none without events.
+std::function<absl::Status()> StateReady(const std::vector<uintptr_t>& events) {
+  if (events.empty()) return nullptr;
+#ifdef HOLDFAST_PYTHON_NCCL
+  return [events]() -> absl::Status {
+    for (uintptr_t e : events) {
+      HOLDFAST_RETURN_IF_ERROR(
+          nccl::AwaitEvent(reinterpret_cast<void*>(e), absl::Seconds(60)));
+    }
+    return absl::OkStatus();
+  };
+#else
+  throw py::value_error(
+      "run: state_events need holdfast built with CUDA and NCCL");
+#endif
+}
+
 RunResult RunFromPython(Runtime& rt, const py::function& step_fn, int64_t steps,
                         int64_t snapshot_every, const py::object& metrics,
                         const py::object& on_restore,
                         const std::string& snapshot_copy,
                         const DataRanges& skip_data, double spike_factor,
-                        int64_t start_step) {
+                        int64_t start_step,
+                        const std::vector<uintptr_t>& state_events) {
   RunOptions ro;
+  ro.state_ready = StateReady(state_events);
   ro.skip_data = skip_data;
   ro.start_step = start_step;
   ro.numerics.spike_factor = spike_factor;
@@ -606,7 +630,8 @@ void BindRuntime(py::module_& m) {
            py::arg("snapshot_copy") = "auto",
            py::arg("skip_data") = DataRanges{},
            py::arg("spike_factor") = NumericChecks().spike_factor,
-           py::arg("start_step") = 0)
+           py::arg("start_step") = 0,
+           py::arg("state_events") = std::vector<uintptr_t>{})
       .def(
           "register_data_position",
           [](Runtime& rt, const std::string& name, uintptr_t data) {

@@ -30,6 +30,9 @@ absl::StatusOr<int64_t> RuntimeImpl::Restore(RecoveryRecord* rec) {
   HOLDFAST_ASSIGN_OR_RETURN(Communicator * comm, gens_.HostComm());
   const View v = gens_.Current();
   snapshots_.Quiesce();
+  // The live state is read (and written) next: no copy into it may still
+  // be under way (RunOptions::state_ready).
+  HOLDFAST_RETURN_IF_ERROR(state_.AwaitReady());
   ++restores_;
   // A rollback restores its step, whatever newer commit this member heard
   // of before it (every member caps alike).

@@ -207,7 +207,7 @@ absl::StatusOr<bool> RuntimeImpl::TakeSnapshot(int64_t step, bool defer) {
   std::unique_ptr<Piece> p =
       snapshots_.NewPiece(step, comm_gen, v.world, v.slot, /*checksum=*/0);
   p->ledger = progress_.ledger;
-  snapshots_.Queue(std::move(p), defer);
+  HOLDFAST_RETURN_IF_ERROR(snapshots_.Queue(std::move(p), defer));
   return true;
 }
 

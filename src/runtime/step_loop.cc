@@ -146,6 +146,7 @@ absl::StatusOr<RunResult> RuntimeImpl::RunLoop(
   }
   HOLDFAST_RETURN_IF_ERROR(CheckRunOptions(options, step_fn != nullptr));
   run_skip_ = options.skip_data;
+  state_.SetReadyWait(options.state_ready);
   started_ = true;
   Loop loop;
   HOLDFAST_RETURN_IF_ERROR(Begin(&loop, options));
