@@ -40,6 +40,7 @@
 #include "src/backend/nccl/nccl_backend.h"
 #include "src/backend/nccl/util.h"
 #include "src/common/config.h"
+#include "src/common/logging.h"
 #include "src/common/thread_util.h"
 #include "src/store/keys.h"
 
@@ -435,20 +436,45 @@ class NcclBackend final : public Backend {
     // the top of this file).
     // Until the communicator is quiescent its kernels may still write the
     // buffers of the ops they ran, which the caller owns again once Abort
-    // returns: wait for it (ncclSuccess), up to kQuiesce, and abort if it
-    // does not come.
+    // returns: wait for it, up to kQuiesce, and abort if it does not come.
     if (RevokeOnAbort()) {
       constexpr absl::Duration kQuiesce = absl::Seconds(2);
+      const absl::Time t0 = absl::Now();
       const ncclResult_t r = ncclCommRevoke(comm_, NCCL_REVOKE_DEFAULT);
-      revoked_ =
-          (r == ncclSuccess || r == ncclInProgress) &&
-          AwaitReady(comm_, absl::Now() + kQuiesce, "ncclCommRevoke").ok();
+      revoked_ = (r == ncclSuccess || r == ncclInProgress) &&
+                 AwaitRevoked(t0 + kQuiesce).ok();
+      HOLDFAST_LOG_INFO(
+          "nccl: rank {}: {} after {} ms", options_.rank,
+          revoked_ ? "revoked, quiescent" : "revoke did not end: aborting",
+          absl::ToInt64Milliseconds(absl::Now() - t0));
       if (revoked_) return;
     }
 #endif
     // Kills the kernels and tears the communicator down (about half a
     // second); nobody touches comm_ after this.
     ncclCommAbort(comm_);
+  }
+
+  // After ncclCommRevoke: OK once the revoke has ended (the state is no
+  // longer ncclInProgress) and the communicator's streams are idle, so no
+  // kernel of it runs or will write an op's buffers. A communicator that
+  // had already failed (a peer that died: its state stays that error, the
+  // ncclSuccess of a quiescent one never comes) is quiescent so too.
+  // DeadlineExceeded at `deadline`.
+  absl::Status AwaitRevoked(absl::Time deadline)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return PollUntil(deadline, absl::Microseconds(20), absl::Milliseconds(1),
+                     "nccl: ncclCommRevoke: not quiescent by its deadline",
+                     [&]() -> std::optional<absl::Status> {
+                       if (CommState(comm_) == ncclInProgress) {
+                         return std::nullopt;
+                       }
+                       if (cudaStreamQuery(stream_) == cudaErrorNotReady ||
+                           cudaStreamQuery(p2p_stream_) == cudaErrorNotReady) {
+                         return std::nullopt;
+                       }
+                       return absl::OkStatus();
+                     });
   }
 
   // Shrink (include/holdfast/nccl.h): the new communicator, or an error
