@@ -9,7 +9,12 @@
 #
 # PYTEST_TARGETS: the tests to run (default test/python/test_gpu.py);
 # HOLDFAST_TEST_JOB_TIMEOUT: seconds a test's job may take (default 90);
-# GDB_TARGET: a test to rerun under cuda-gdb when the Python tests fail.
+# GDB_TARGET: a test to rerun under cuda-gdb when the Python tests fail;
+# REPEAT_FROZEN: runs of nccl_job_test's frozen-rank case after the rest
+# (default 0); BENCH_STOPS: the HOLDFAST_NCCL_STOP of each recovery_bench
+# run (default "revoke abort revoke"); HOLDFAST_NCCL_STOP: how every test
+# job's NCCL communicators stop (default abort); BUDGET: seconds for the
+# whole script (see check).
 #
 # python: builds holdfast._C for this machine's Python against its torch's
 #         NCCL, then test/python/test_gpu.py (collectives on CUDA tensors,
@@ -32,10 +37,24 @@ parts=("$@")
 [ -x .gpu/bin/holdfast-run ] || { echo "gpu_check: no bundle: run scripts/gpu_bundle.sh first" >&2; exit 2; }
 
 results=()
+# BUDGET: seconds the whole script may take (default 0: no bound). Each
+# check's limit is cut to what is left, less 20 s for the summary and the
+# logs' archive; a check with under 20 s left is skipped (rc 125), so the
+# script always ends with its summary inside a device call's limit.
+budget="${BUDGET:-0}"
 # check NAME SECONDS CMD...: runs CMD with a time limit, logs to NAME.log.
 check() {
   local name=$1 limit=$2; shift 2
   local t0=$SECONDS rc
+  if [ "$budget" -gt 0 ]; then
+    local left=$((budget - SECONDS - 20))
+    if [ "$left" -lt 20 ]; then
+      echo "=== $name: skipped, out of time (BUDGET=$budget)" >&2
+      results+=("{\"check\": \"$name\", \"rc\": 125, \"seconds\": 0, \"skipped\": true}")
+      return 125
+    fi
+    [ "$limit" -gt "$left" ] && limit=$left
+  fi
   echo "=== $name" >&2
   timeout -k 10 "$limit" "$@" > "$out/$name.log" 2>&1
   rc=$?
@@ -107,14 +126,22 @@ part_python() {
 part_cpp() {
   LD_LIBRARY_PATH="$LD_LIBRARY_PATH_CPP" check nccl-test 60 .gpu/bin/nccl_test "[gpu]" || failed=1
   LD_LIBRARY_PATH="$LD_LIBRARY_PATH_CPP" check nccl-sticky 30 .gpu/bin/nccl_test "[gpu-sticky]" || failed=1
-  LD_LIBRARY_PATH="$LD_LIBRARY_PATH_CPP" check nccl-job-test 240 .gpu/bin/nccl_job_test "[gpu]" || failed=1
+  LD_LIBRARY_PATH="$LD_LIBRARY_PATH_CPP" check nccl-job-test 300 .gpu/bin/nccl_job_test "[gpu]" || failed=1
+  # The frozen-rank case again, REPEAT_FROZEN times (default 0), with
+  # HOLDFAST_NCCL_STOP as set: it once ended with another hash on the
+  # standby under revoke (docs/gpu.md).
+  local i
+  for ((i = 1; i <= ${REPEAT_FROZEN:-0}; i++)); do
+    LD_LIBRARY_PATH="$LD_LIBRARY_PATH_CPP" check "nccl-frozen-$i" 90 \
+      .gpu/bin/nccl_job_test "nccl job: a frozen rank 0*" || failed=1
+  done
 }
 part_bench() {
   LD_LIBRARY_PATH="$LD_LIBRARY_PATH_CPP" check nccl-bench 60 .gpu/bin/nccl_bench --json || failed=1
   printf '#!/bin/sh\nNCCL_HOSTID=holdfast-$$ exec %s "$@"\n' "$root/build/holdfast-dp-trainer-nccl" > /tmp/holdfast-trainer-nccl.sh
   chmod +x /tmp/holdfast-trainer-nccl.sh
   local stop i=0
-  for stop in revoke abort revoke; do
+  for stop in ${BENCH_STOPS:-revoke abort revoke}; do
     i=$((i + 1))
     LD_LIBRARY_PATH="$LD_LIBRARY_PATH_CPP" HOLDFAST_BACKEND=nccl HOLDFAST_DEVICE=0 \
       HOLDFAST_NCCL_STOP=$stop NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 \
@@ -122,7 +149,8 @@ part_bench() {
       .gpu/bin/recovery_bench --ranks 4 --state-mb 256 --json \
       --trainer /tmp/holdfast-trainer-nccl.sh || failed=1
   done
-  # One such recovery with every member's info log and NCCL's init timings.
+  # One such recovery with every member's info log and NCCL's init timings
+  # (HOLDFAST_NCCL_STOP as set).
   LD_LIBRARY_PATH="$LD_LIBRARY_PATH_CPP" HOLDFAST_BACKEND=nccl HOLDFAST_DEVICE=0 \
     NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 NCCL_DEBUG=INFO \
     NCCL_DEBUG_SUBSYS=INIT HOLDFAST_LOG_LEVEL=info \
@@ -147,6 +175,7 @@ done
 cat "$summary"
 # The logs as one archive beside the summary (a device call brings back
 # few files).
-(cd "$out" && tar czf logs.tar.gz ./*.log ./*.xml machine.txt $(ls -d jobs recovery-trace 2>/dev/null) 2>/dev/null &&
+# tar leaves out what is missing (no pytest.xml without the python part).
+(cd "$out" && tar czf logs.tar.gz $(ls -d ./*.log ./*.xml machine.txt jobs recovery-trace 2>/dev/null) &&
   rm -rf ./*.log ./*.xml jobs recovery-trace)
 exit $failed

@@ -12,15 +12,18 @@
 // Without a CUDA device the program exits 77, which CTest reports as
 // skipped.
 #define CATCH_CONFIG_RUNNER
+#include <signal.h>
 #include <sys/stat.h>
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "holdfast/nccl.h"
+#include "test/support/members_json.h"
 #include "test/support/process_group.h"
 
 namespace {
@@ -76,7 +79,50 @@ void ExpectFaultFreeHash(const std::vector<std::string>& args,
   CHECK_KINDS(r, {kind});
 }
 
+// As ExpectFaultFreeHash, with the fault sent from outside: `sig` to
+// slot `slot`'s process, found by its pid in holdfast-run's members.json
+// once it reached step `step` (a stopped process is killed afterwards, if
+// holdfast-run left it).
+void ExpectFaultFreeHashAfterSignal(const std::vector<std::string>& args,
+                                    const std::vector<std::string>& trainer,
+                                    int slot, int64_t step, int sig,
+                                    const std::string& kind) {
+  const std::string ref = Reference(trainer);
+  const std::string dir = holdfast::proc::MakeTempDir();
+  pid_t pid = -1;
+  std::thread signaller([&] {
+    pid = holdfast::test::AwaitWorker(dir, slot, step);
+    if (pid > 0) ::kill(pid, sig);
+  });
+  JobRun r = Launch(args, trainer, "", dir);
+  signaller.join();
+  REQUIRE(pid > 0);
+  if (sig == SIGSTOP) ::kill(pid, SIGKILL);
+  CHECK(r.rc == 0);
+  CheckFinished(r, 3, 30);
+  CHECK(r.hashes[0] == ref);
+  CHECK_KINDS(r, {kind});
+}
+
 }  // namespace
+
+TEST_CASE(
+    "nccl job: a rank killed from outside by its pid is replaced and the "
+    "NCCL run ends with its fault-free hash",
+    "[gpu]") {
+  ExpectFaultFreeHashAfterSignal({"-n", "3", "--standby", "1"},
+                                 {"--steps", "30", "--step-ms", "30"}, 2, 8,
+                                 SIGKILL, "crashed");
+}
+
+TEST_CASE(
+    "nccl job: a rank stopped from outside by its pid is declared silent, "
+    "replaced, and the NCCL run ends with its fault-free hash",
+    "[gpu]") {
+  ExpectFaultFreeHashAfterSignal(
+      {"-n", "3", "--standby", "1", "--silent-after-ms", "1500"},
+      {"--steps", "30", "--step-ms", "30"}, 1, 8, SIGSTOP, "silent");
+}
 
 TEST_CASE(
     "nccl job: a killed rank is replaced and the NCCL run ends with "

@@ -613,6 +613,17 @@ int main(int argc, char** argv) {
        {momentum.data(), momentum.size() * sizeof(float)},
        {table.data(), table.size()},
        {&data_pos, sizeof(data_pos)}});
+  // Each part's own hash, so that a run whose hash differs shows which
+  // part of the state went wrong.
+  auto part = [](const void* data, size_t n) {
+    return holdfast_examples::Sha256Hex({{data, n}}).substr(0, 16);
+  };
+  std::fprintf(stderr,
+               "final parts params=%s momentum=%s table=%s data_pos=%lld\n",
+               part(params.data(), params.size() * sizeof(float)).c_str(),
+               part(momentum.data(), momentum.size() * sizeof(float)).c_str(),
+               part(table.data(), table.size()).c_str(),
+               static_cast<long long>(data_pos));
   std::printf("final step=%lld world=%d params_sha256=%s\n",
               static_cast<long long>(result->final_step), result->world_size,
               hash.c_str());

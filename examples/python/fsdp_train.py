@@ -43,6 +43,7 @@ needed), 3 fenced, 4 the job stopped, 1 any other error.
 import argparse
 import hashlib
 import sys
+import time
 
 import torch
 from torch.distributed.device_mesh import init_device_mesh
@@ -142,9 +143,11 @@ def main():
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                     help="where the model trains: cpu (Gloo) or cuda (NCCL)")
+    ap.add_argument("--step-ms", type=float, default=0.0,
+                    help="extra compute per step, in ms (a sleep)")
     args = ap.parse_args()
-    if args.steps < 0 or args.batch < 1:
-        ap.error("--steps must be >= 0 and --batch >= 1")
+    if args.steps < 0 or args.batch < 1 or args.step_ms < 0:
+        ap.error("--steps and --step-ms must be >= 0 and --batch >= 1")
 
     torch.set_num_threads(1)
     device, options = example_run.device(args.device)
@@ -245,6 +248,8 @@ def main():
         opt.zero_grad(set_to_none=False)
         loss = torch.nn.functional.mse_loss(model(x[lo:hi]), y[lo:hi])
         loss.backward()
+        if args.step_ms > 0:
+            time.sleep(args.step_ms / 1000)
         last_grad_norm[0] = float(torch.norm(torch.stack(
             [p.grad.to_local().norm() for p in model.parameters()])))
         ctx.runtime.begin_state_update()  # the first write comes next

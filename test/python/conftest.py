@@ -93,14 +93,23 @@ GPT = [PYTHON, str(ROOT / "examples/python/gpt_train.py"), "--steps", "30",
 _fault_free = {}
 
 
+def _without_step_ms(job):
+    if "--step-ms" not in job:
+        return list(job)
+    i = job.index("--step-ms")
+    return job[:i] + job[i + 2:]
+
+
 def fault_free_hash(ranks, job=DDP, extra_env=None):
     """The hash of `job` (an example) without faults on `ranks` slots (3 or
     more: on two, a sum's operands commute, so a change in the order of a
     reduction after a recovery would go unseen)."""
-    key = (ranks, tuple(job))
+    # A sleep per step (--step-ms) changes no bits: runs that differ only
+    # in it share their fault-free run.
+    key = (ranks, tuple(_without_step_ms(job)))
     if key not in _fault_free:
-        rc, lines = run_job(["-n", str(ranks), "--standby", "1"], job,
-                            extra_env=extra_env)
+        rc, lines = run_job(["-n", str(ranks), "--standby", "1"],
+                            _without_step_ms(job), extra_env=extra_env)
         finals = final_lines(lines)
         assert rc == 0, "\n".join(lines[-40:])
         assert len(finals) == ranks and len(set(finals)) == 1, finals
@@ -127,13 +136,73 @@ def assert_fenced(lines, ranks):
     assert sum(int(c["snapshots_overlapped"]) for c in counts) > 0, counts
 
 
+def signal_from_outside(log_dir, slot, step, sig, timeout=120):
+    """Starts a thread that sends `sig` to slot `slot`'s live worker, found
+    by its pid in holdfast-run's LOG_DIR/members.json once it is at step
+    `step` or later, as an operator's tool would; returns the thread,
+    whose `pid` is the process signalled (None if it never came). A
+    stopped process is killed once the job has ended (join_signal)."""
+    import json
+    import threading
+
+    def run():
+        deadline = time.time() + timeout
+        while time.time() < deadline and thread.pid is None:
+            try:
+                with open(os.path.join(log_dir, "members.json")) as f:
+                    members = json.load(f).get("members", [])
+            except (OSError, ValueError):
+                members = []
+            for m in members:
+                if (m.get("role") == "ROLE_WORKER" and m.get("slot") == slot
+                        and m.get("state") == "STATE_ALIVE"
+                        and m.get("step", -1) >= step):
+                    os.kill(m["pid"], sig)
+                    thread.pid = m["pid"]
+                    break
+            time.sleep(0.005)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.pid = None
+    thread.sig = sig
+    thread.start()
+    return thread
+
+
+def join_signal(thread):
+    """Waits for a signal_from_outside thread; kills what it stopped."""
+    import signal
+
+    thread.join()
+    if thread.pid is not None and thread.sig == signal.SIGSTOP:
+        try:
+            os.kill(thread.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return thread.pid
+
+
 def assert_survives(ranks, fault, job, extra_env=None):
     """`job` on `ranks` slots and a standby, with `fault` injected, ends
     with every slot of the final world printing the fault-free hash after
-    one recovery (the replaced member never prints)."""
+    one recovery (the replaced member never prints).
+
+    `fault`: an --inject spec (the rank does it to itself), or a tuple
+    (slot, step, signal) sent from outside by pid (signal_from_outside)."""
     expected = fault_free_hash(ranks, job, extra_env)
-    rc, lines = run_job(["-n", str(ranks), "--standby", "1", "--inject", fault],
-                        job, extra_env=extra_env)
+    args = ["-n", str(ranks), "--standby", "1"]
+    if isinstance(fault, tuple):
+        log_dir = tempfile.mkdtemp()
+        signaller = signal_from_outside(log_dir, *fault)
+        try:
+            rc, lines = run_job(args + ["--log-dir", log_dir], job,
+                                extra_env=extra_env)
+        finally:
+            pid = join_signal(signaller)
+        assert pid is not None, f"slot {fault[0]} never reached step {fault[1]}"
+    else:
+        rc, lines = run_job(args + ["--inject", fault], job,
+                            extra_env=extra_env)
     out = "\n".join(lines[-60:])
     assert rc == 0, out
     finals = final_lines(lines)

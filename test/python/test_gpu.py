@@ -5,6 +5,8 @@ on CUDA ending with the fault-free hash after a SIGKILL and a SIGSTOP,
 and the GPT example on CUDA through a SIGKILL.
 Skipped (exit 77 under CTest) without a CUDA device."""
 
+import signal
+
 import pytest
 import torch
 
@@ -55,6 +57,17 @@ def test_ddp_on_cuda_survives_a_fault_with_the_fault_free_hash(fault):
 @pytest.mark.parametrize("fault", ["kill:slot=1:step=9", "hang:slot=0:step=14"])
 def test_fsdp2_on_cuda_survives_a_fault_with_the_fault_free_hash(fault):
     assert_survives(3, fault, FSDP_CUDA, extra_env=GPU_ENV)
+
+
+# Sent from outside, by pid, while the rank is anywhere in its step (30 ms
+# of it a sleep): (slot, step, signal).
+@pytest.mark.parametrize("job,fault", [
+    (DDP_CUDA, (1, 8, signal.SIGSTOP)), (FSDP_CUDA, (2, 10, signal.SIGKILL)),
+    (FSDP_CUDA, (0, 10, signal.SIGSTOP))], ids=["ddp-stop", "fsdp2-kill",
+                                                "fsdp2-stop"])
+def test_cuda_jobs_survive_a_signal_from_outside_with_the_fault_free_hash(
+        job, fault):
+    assert_survives(3, fault, job + ["--step-ms", "30"], extra_env=GPU_ENV)
 
 
 def test_gpt_on_cuda_survives_a_kill_with_the_fault_free_hash():

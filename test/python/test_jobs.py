@@ -6,6 +6,7 @@ import json
 import os
 import pathlib
 import re
+import signal
 import threading
 import time
 
@@ -36,6 +37,14 @@ def test_collectives_on_torch_tensors():
 ])
 def test_ddp_survives_a_fault_with_the_fault_free_hash(ranks, fault):
     assert_survives(ranks, fault, DDP)
+
+
+# The same faults sent from outside, by pid, while the rank is anywhere in
+# its step (50 ms of it a sleep): (slot, step, signal).
+@pytest.mark.parametrize("fault", [(1, 8, signal.SIGSTOP),
+                                   (2, 10, signal.SIGKILL)])
+def test_ddp_survives_a_signal_from_outside_with_the_fault_free_hash(fault):
+    assert_survives(3, fault, DDP + ["--step-ms", "50"])
 
 
 def test_gpt_survives_a_kill_with_the_fault_free_hash():
