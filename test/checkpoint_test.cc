@@ -25,6 +25,7 @@
 #include "src/fault/fault.h"
 #include "test/support/job_run.h"
 #include "test/support/process_group.h"
+#include "test/support/scoped_env.h"
 
 namespace {
 
@@ -627,7 +628,9 @@ TEST_CASE(
   // holders each) from the holders' memory straight into its live
   // buffers. The first of them, slot 0's, is damaged there; the standby
   // refuses it, reads it again from its other holder, and the run ends
-  // with the fault-free hash.
+  // with the fault-free hash. A restore from the committed step's pieces:
+  // not from the survivors' live state (recovery_test has that).
+  holdfast::test::ScopedEnv memory("HOLDFAST_LIVE_RESTORE", "off");
   const std::string ref = Reference(4, /*zero1=*/false);
   JobRun r = Launch(
       {"-n", "4", "--standby", "1", "--inject",
@@ -661,7 +664,9 @@ TEST_CASE(
   // copy, and the run ends with the fault-free hash. (Without the kept
   // copy that piece would be gone: DataLoss.)
   // The plain trainer, whose pieces are read straight into the live state
-  // unless their copies are kept.
+  // unless their copies are kept; restores from the committed step's
+  // pieces, not from the survivors' live state (recovery_test has that).
+  holdfast::test::ScopedEnv memory("HOLDFAST_LIVE_RESTORE", "off");
   const std::string ref = Reference(4, /*zero1=*/false);
   JobRun r = Launch(
       {"-n", "4", "--standby", "2", "--inject",

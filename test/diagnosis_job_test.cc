@@ -18,6 +18,7 @@
 #include "absl/time/time.h"
 #include "test/support/job_run.h"
 #include "test/support/members_json.h"
+#include "test/support/scoped_env.h"
 
 namespace {
 
@@ -26,6 +27,7 @@ using holdfast::test::CheckFinished;
 using holdfast::test::JobRun;
 using holdfast::test::Launch;
 using holdfast::test::ReadFile;
+using holdfast::test::ScopedEnv;
 using nlohmann::json;
 
 const std::vector<std::string> kTrainer = {"--steps", "40", "--step-ms", "20"};
@@ -107,18 +109,6 @@ JobRun StopFromOutside(const std::vector<std::string>& args,
   ::kill(stopped, SIGKILL);  // if holdfast-run left it
   return r;
 }
-
-// Sets an environment variable for one test case.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    setenv(name, value, 1);
-  }
-  ~ScopedEnv() { unsetenv(name_); }
-
- private:
-  const char* name_;
-};
 
 }  // namespace
 

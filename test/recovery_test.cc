@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <regex>
 #include <set>
@@ -23,6 +24,7 @@
 #include "src/fault/fault.h"
 #include "test/support/job_run.h"
 #include "test/support/process_group.h"
+#include "test/support/scoped_env.h"
 
 namespace {
 
@@ -117,6 +119,60 @@ TEST_CASE(
   trainer.insert(trainer.end(),
                  {"--snapshot-copy", "between-steps", "--step-ms", "5"});
   KilledRankIsReplaced(trainer);
+}
+
+TEST_CASE(
+    "recovery: the survivors go on from their live state past the committed "
+    "step, restoring nothing, and the standby receives it from all of them") {
+  // A snapshot every 5 steps: step 10 is committed when slot 1 dies in
+  // step 13, and the survivors hold step 12 (or 13) live, alike.
+  const std::string ref = Reference(4);
+  JobRun r =
+      Launch({"-n", "4", "--standby", "1", "--inject",
+              "kill:slot=1:step=13:committed=10"},
+             {"--steps", "40", "--snapshot-every", "5", "--step-ms", "10"});
+  CHECK(r.rc == 0);
+  CheckConsistent(r, 4);
+  CHECK(r.hashes[0] == ref);
+  INFO("stderr: " << r.err);
+  static const std::regex kAhead(
+      R"(step (\d+) goes on from the live state of slots 0, 2, 3 \(committed: (\d+)\))");
+  std::smatch m;
+  REQUIRE(std::regex_search(r.err, m, kAhead));
+  const std::string step = m[1];
+  CHECK(std::stoll(step) > std::stoll(m[2]));
+  CHECK(std::stoll(step) >= 12);
+  // The survivors received nothing; the standby, all of it.
+  const std::regex kSurvivor(
+      "slot [023] of 4 recovered at generation 1: step " + step +
+      " restored \\(0 bytes received");
+  CHECK(
+      std::distance(std::sregex_iterator(r.err.begin(), r.err.end(), kSurvivor),
+                    std::sregex_iterator()) == 3);
+  const std::regex kStandby("slot 1 of 4 joined at generation 1: step " + step +
+                            " restored \\(([1-9][0-9]*) bytes received");
+  CHECK(std::regex_search(r.err, m, kStandby));
+}
+
+TEST_CASE(
+    "recovery: survivors whose live states differ go back to the committed "
+    "step") {
+  // A bit of slot 0's parameters flips after step 10 (in a byte its own
+  // piece does not hold, so the commit of step 10 is clean); slot 1 dies
+  // in step 13. Slots 0, 2 and 3 hold step 12 live, slot 0 with another
+  // hash: none of it stands in, and step 10 is restored from the pieces.
+  const std::string ref = Reference(4);
+  JobRun r =
+      Launch({"-n", "4", "--standby", "1", "--inject", "bitflip:slot=0:step=10",
+              "--inject", "kill:slot=1:step=13:committed=10"},
+             {"--steps", "40", "--snapshot-every", "5", "--step-ms", "10"});
+  CHECK(r.rc == 0);
+  CheckConsistent(r, 4);
+  CHECK(r.hashes[0] == ref);
+  INFO("stderr: " << r.err);
+  CHECK(r.err.find("live with different hashes; restoring committed step 10 "
+                   "instead") != std::string::npos);
+  CHECK(r.err.find("goes on from the live state") == std::string::npos);
 }
 
 TEST_CASE("recovery: rank 0 killed") {
@@ -265,7 +321,10 @@ TEST_CASE(
   // copy of slot 1's piece could be made elsewhere: the committed step has
   // no copy of slot 1's piece left (checkpoint_test has the sharded case, which
   // is DataLoss). The state is replicated, and slots 0 and 2 hold it live
-  // at the step they completed, with one hash: it is the source.
+  // at the step they completed, with one hash: it is the source. (The
+  // restore from memory is the subject: not the live restore, which would
+  // go on from the live state at once.)
+  holdfast::test::ScopedEnv memory("HOLDFAST_LIVE_RESTORE", "off");
   const std::string ref = Reference(4);
   JobRun r =
       Launch({"-n", "4", "--standby", "2", "--hosts", "2", "--inject",

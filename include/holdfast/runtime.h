@@ -93,6 +93,7 @@ std::optional<int> PreferredSlot();
 int Replicas();                     // HOLDFAST_REPLICAS (1)
 VerifyBackups VerifyBackupsWhen();  // HOLDFAST_VERIFY_BACKUPS (arrival)
 bool SameHostRestore();             // HOLDFAST_SAME_HOST_RESTORE (on)
+bool LiveRestore();                 // HOLDFAST_LIVE_RESTORE (on)
 int TpSize();                       // HOLDFAST_TP_SIZE (1)
 int PpSize();                       // HOLDFAST_PP_SIZE (1)
 std::string CheckpointDir();        // HOLDFAST_CHECKPOINT_DIR ("")
@@ -145,6 +146,13 @@ struct RuntimeOptions {
   // Whether a restore reads the pieces a member on the same host holds
   // straight from its memory, where the kernel allows it.
   bool same_host_restore = defaults::SameHostRestore();
+  // After a fault, with all registered state replicated: whether the job
+  // goes on from the survivors' live state when it is a completed step
+  // past the committed one and the same on each of them (they restore
+  // nothing, and a newcomer receives it from all of them at once),
+  // rather than rolling back to the committed step. Not after a numeric
+  // rollback, which must go back to its clean step.
+  bool live_restore = defaults::LiveRestore();
   // The parallel layout buddies avoid: slot = ((dp * pp) + pp_index) * tp +
   // tp_index (each >= 1).
   int tp_size = defaults::TpSize();

@@ -102,6 +102,16 @@ class Restore {
   // DataLoss naming it.
   absl::StatusOr<Restored> FromMemory(int64_t committed);
 
+  // Goes on from the newest live state instead, when that is a completed
+  // step past `committed` and all state is replicated: the members whose
+  // live state is that step (the holders; all with one hash, else
+  // nullopt) keep it, and every other member receives an equal share of
+  // each buffer from each holder at once, checked against the hash.
+  // nullopt, having changed no holder's state, when it cannot (then
+  // FromMemory): no such step, sharded state, layouts or hashes that
+  // differ, a copy that arrived damaged.
+  absl::StatusOr<std::optional<Restored>> FromLiveAhead(int64_t committed);
+
   // Restores the disk tier's newest complete checkpoint. nullopt when
   // there is none and it is not `required` (else DataLoss).
   absl::StatusOr<std::optional<Restored>> FromDisk(bool required);

@@ -97,6 +97,14 @@ const std::vector<Entry>& Registry() {
         "(the round only moves bytes; a damaged copy is found when needed)"},
        Kind::kString,
        {"arrival", "restore"}},
+      {{"HOLDFAST_LIVE_RESTORE", "on",
+        "on: after a fault, when all registered state is replicated and "
+        "the survivors' live state is a completed step past the committed "
+        "one (the same bytes on each), the job goes on from it: the "
+        "survivors restore nothing and a newcomer receives it from all of "
+        "them at once; off: always the committed step"},
+       Kind::kString,
+       {"on", "off"}},
       {{"HOLDFAST_SAME_HOST_RESTORE", "on",
         "on: a restore reads the pieces a member on the same host holds "
         "straight from its memory (process_vm_readv), where the kernel "

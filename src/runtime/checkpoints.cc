@@ -38,8 +38,15 @@ absl::StatusOr<int64_t> RuntimeImpl::Restore(RecoveryRecord* rec) {
   // of before it (every member caps alike).
   int64_t committed = committed_step();
   if (v.rollback_to >= 0) committed = std::min(committed, v.rollback_to);
+  std::optional<checkpoint::Restored> ahead;
+  if (options_.live_restore && v.rollback_to < 0) {
+    HOLDFAST_ASSIGN_OR_RETURN(ahead,
+                              NewRestore(comm, v).FromLiveAhead(committed));
+  }
   HOLDFAST_ASSIGN_OR_RETURN(const checkpoint::Restored r,
-                            NewRestore(comm, v).FromMemory(committed));
+                            ahead.has_value()
+                                ? absl::StatusOr<checkpoint::Restored>(*ahead)
+                                : NewRestore(comm, v).FromMemory(committed));
   if (v.rollback_to >= 0) {
     gens_.SetCommitted(r.step);
     // The disk tier's steps after it belong to the abandoned timeline: a

@@ -56,6 +56,9 @@ VerifyBackups VerifyBackupsWhen() {
              ? VerifyBackups::kRestore
              : VerifyBackups::kArrival;
 }
+bool LiveRestore() {
+  return config::StringParam("HOLDFAST_LIVE_RESTORE") == "on";
+}
 bool SameHostRestore() {
   return config::StringParam("HOLDFAST_SAME_HOST_RESTORE") == "on";
 }
