@@ -164,6 +164,12 @@ class Restore {
   // The fallback when a piece has no good copy left (`why`): the live
   // state of replicated-only state (nullopt where it cannot stand in).
   absl::StatusOr<std::optional<Restored>> FromLive(const std::string& why);
+  // FromLiveAhead's transfers: each receiver takes holder h's share of
+  // every buffer from it; `holder`: whether this member is one. The bytes
+  // this member received.
+  absl::StatusOr<int64_t> MoveLiveShares(const std::vector<int>& holders,
+                                         const std::vector<int>& receivers,
+                                         bool holder);
   absl::StatusOr<InPlace> InPlaceReach(const std::vector<int64_t>& all);
   absl::StatusOr<PieceSets> LivePieces(
       int64_t target, const std::vector<int64_t>& highs, int old_world,

@@ -30,6 +30,36 @@ Range Share(size_t total, size_t holders, size_t h) {
 
 }  // namespace
 
+absl::StatusOr<int64_t> Restore::MoveLiveShares(
+    const std::vector<int>& holders, const std::vector<int>& receivers,
+    bool holder) {
+  // Every receiver takes an equal share of every buffer from each holder,
+  // all at once.
+  OpOptions oo;
+  oo.tag = kRestoreTag;
+  std::vector<std::shared_ptr<Work>> works;
+  int64_t received = 0;
+  for (const StateBuffer& b : state_->buffers()) {
+    for (size_t h = 0; h < holders.size(); ++h) {
+      const Range r = Share(b.global, holders.size(), h);
+      for (size_t off = 0; off < r.bytes; off += kChunkBytes) {
+        const size_t n = std::min(kChunkBytes, r.bytes - off);
+        uint8_t* p = b.data + r.first + off;
+        if (holders[h] == slot_) {
+          for (int to : receivers) {
+            works.push_back(comm_->Send(p, n, DataType::kUInt8, to, oo));
+          }
+        } else if (!holder) {
+          works.push_back(comm_->Recv(p, n, DataType::kUInt8, holders[h], oo));
+          received += static_cast<int64_t>(n);
+        }
+      }
+    }
+  }
+  for (const auto& w : works) HOLDFAST_RETURN_IF_ERROR(w->Wait());
+  return received;
+}
+
 absl::StatusOr<std::optional<Restored>> Restore::FromLiveAhead(
     int64_t committed) {
   if (!state_->ReplicatedOnly()) return std::nullopt;  // alike on every member
@@ -71,30 +101,8 @@ absl::StatusOr<std::optional<Restored>> Restore::FromLiveAhead(
   if (!holder) progress_->live_step = -1;  // until its copy has landed
 
   if (hooks_.before_transfers) hooks_.before_transfers();
-  // Every receiver takes an equal share of every buffer from each holder,
-  // all at once.
-  OpOptions oo;
-  oo.tag = kRestoreTag;
-  std::vector<std::shared_ptr<Work>> works;
-  int64_t received = 0;
-  for (const StateBuffer& b : state_->buffers()) {
-    for (size_t h = 0; h < holders.size(); ++h) {
-      const Range r = Share(b.global, holders.size(), h);
-      for (size_t off = 0; off < r.bytes; off += kChunkBytes) {
-        const size_t n = std::min(kChunkBytes, r.bytes - off);
-        uint8_t* p = b.data + r.first + off;
-        if (holders[h] == slot_) {
-          for (int to : receivers) {
-            works.push_back(comm_->Send(p, n, DataType::kUInt8, to, oo));
-          }
-        } else if (!holder) {
-          works.push_back(comm_->Recv(p, n, DataType::kUInt8, holders[h], oo));
-          received += static_cast<int64_t>(n);
-        }
-      }
-    }
-  }
-  for (const auto& w : works) HOLDFAST_RETURN_IF_ERROR(w->Wait());
+  HOLDFAST_ASSIGN_OR_RETURN(const int64_t received,
+                            MoveLiveShares(holders, receivers, holder));
   // Every member goes on with the first holder's ledger, as a restore
   // from memory gives every member the ledger of the target's piece 0.
   HOLDFAST_RETURN_IF_ERROR(comm_
