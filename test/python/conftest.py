@@ -136,30 +136,39 @@ def assert_fenced(lines, ranks):
     assert sum(int(c["snapshots_overlapped"]) for c in counts) > 0, counts
 
 
+def worker_pid(log_dir, slot, step):
+    """The pid of slot `slot`'s live worker once holdfast-run's
+    LOG_DIR/members.json shows it at step `step` or later; None before."""
+    import json
+
+    try:
+        with open(os.path.join(log_dir, "members.json")) as f:
+            members = json.load(f).get("members", [])
+    except (OSError, ValueError):
+        return None
+    for m in members:
+        if (m.get("role") == "ROLE_WORKER" and m.get("slot") == slot
+                and m.get("state") == "STATE_ALIVE"
+                and m.get("step", -1) >= step):
+            return m["pid"]
+    return None
+
+
 def signal_from_outside(log_dir, slot, step, sig, timeout=120):
     """Starts a thread that sends `sig` to slot `slot`'s live worker, found
     by its pid in holdfast-run's LOG_DIR/members.json once it is at step
     `step` or later, as an operator's tool would; returns the thread,
     whose `pid` is the process signalled (None if it never came). A
     stopped process is killed once the job has ended (join_signal)."""
-    import json
     import threading
 
     def run():
         deadline = time.time() + timeout
         while time.time() < deadline and thread.pid is None:
-            try:
-                with open(os.path.join(log_dir, "members.json")) as f:
-                    members = json.load(f).get("members", [])
-            except (OSError, ValueError):
-                members = []
-            for m in members:
-                if (m.get("role") == "ROLE_WORKER" and m.get("slot") == slot
-                        and m.get("state") == "STATE_ALIVE"
-                        and m.get("step", -1) >= step):
-                    os.kill(m["pid"], sig)
-                    thread.pid = m["pid"]
-                    break
+            pid = worker_pid(log_dir, slot, step)
+            if pid is not None:
+                os.kill(pid, sig)
+                thread.pid = pid
             time.sleep(0.005)
 
     thread = threading.Thread(target=run, daemon=True)

@@ -13,7 +13,8 @@ import time
 import pytest
 
 from conftest import (BUILD, DDP, GPT, HERE, PYTHON, assert_fenced,
-                      assert_survives, fault_free_hash, final_lines, run_job)
+                      assert_survives, fault_free_hash, final_lines, run_job,
+                      worker_pid)
 
 
 def test_collectives_on_torch_tensors():
@@ -343,16 +344,11 @@ def _capture_slot(log_dir, slot, group, stop, moved):
     """Once slot `slot`'s worker has done a few steps (members.json in
     holdfast-run's `log_dir`), moves its process into cgroup `group`."""
     while not stop.is_set():
-        try:
-            members = json.loads((log_dir / "members.json").read_text())
-        except (OSError, ValueError):
-            members = {}
-        for m in members.get("members", []):
-            if (m.get("role") == "ROLE_WORKER" and m.get("slot") == slot and
-                    m.get("state") == "STATE_ALIVE" and m.get("step", -1) >= 3):
-                (group / "cgroup.procs").write_text(str(m["pid"]))
-                moved.append(m["pid"])
-                return
+        pid = worker_pid(log_dir, slot, 3)
+        if pid is not None:
+            (group / "cgroup.procs").write_text(str(pid))
+            moved.append(pid)
+            return
         time.sleep(0.01)
 
 
