@@ -823,7 +823,6 @@ class Runtime:
                 if group._error is not None:
                     error, group._error = group._error, None
                     raise error
-        if self._in_step:
             # The step's writes to registered CUDA tensors come after the
             # copies of the last step's values.
             self._device_state.fence()

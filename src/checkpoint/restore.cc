@@ -371,12 +371,7 @@ absl::StatusOr<std::optional<Restored>> Restore::FromLive(
         comm->Broadcast(b.data, b.global, DataType::kUInt8, source)->Wait());
     bytes += static_cast<int64_t>(b.global);
   }
-  // Every member goes on with the source's ledger, as a restore from
-  // memory gives every member the ledger of the target's piece 0.
-  HOLDFAST_RETURN_IF_ERROR(comm->Broadcast(progress_->ledger.data(),
-                                           pieces::kLedgerWords,
-                                           DataType::kInt64, source)
-                               ->Wait());
+  HOLDFAST_RETURN_IF_ERROR(ShareLedger(source));
   if (state_->LiveHash() != want) {
     return absl::DataLossError(absl::StrCat(
         why, "; the live state of step ", step, " broadcast by slot ", source,
@@ -386,14 +381,26 @@ absl::StatusOr<std::optional<Restored>> Restore::FromLive(
       "restore: slot {}: {}; restored step {} from the live state of slot "
       "{} instead (slots {} hold it, with one hash)",
       slot_, why, step, source, absl::StrJoin(holders, ", "));
+  return std::optional<Restored>(
+      LiveLanded(step, receive ? bytes : 0, receive));
+}
+
+absl::Status Restore::ShareLedger(int source) {
+  return comm_
+      ->Broadcast(progress_->ledger.data(), pieces::kLedgerWords,
+                  DataType::kInt64, source)
+      ->Wait();
+}
+
+Restored Restore::LiveLanded(int64_t step, int64_t received, bool receive) {
   Restored out;
   out.step = step;
-  out.bytes_received = receive ? bytes : 0;
+  out.bytes_received = received;
   out.received_state = receive;
   progress_->lost_steps = std::max<int64_t>(0, progress_->high_step - step);
   progress_->high_step = std::max(progress_->high_step, step);
   progress_->live_step = step;
-  return std::optional<Restored>(out);
+  return out;
 }
 
 // Which members may read which members' memory in place in this

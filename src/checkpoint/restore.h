@@ -164,6 +164,13 @@ class Restore {
   // The fallback when a piece has no good copy left (`why`): the live
   // state of replicated-only state (nullopt where it cannot stand in).
   absl::StatusOr<std::optional<Restored>> FromLive(const std::string& why);
+  // The end of a restore from the live state (FromLive, FromLiveAhead):
+  // every member goes on with slot `source`'s ledger, as a restore from
+  // memory gives every member the ledger of the target's piece 0.
+  absl::Status ShareLedger(int source);
+  // And then: the live state is at `step`, `received` bytes of it
+  // received (`receive`: this member took it from others).
+  Restored LiveLanded(int64_t step, int64_t received, bool receive);
   // FromLiveAhead's transfers: each receiver takes holder h's share of
   // every buffer from it; `holder`: whether this member is one. The bytes
   // this member received.

@@ -103,13 +103,7 @@ absl::StatusOr<std::optional<Restored>> Restore::FromLiveAhead(
   if (hooks_.before_transfers) hooks_.before_transfers();
   HOLDFAST_ASSIGN_OR_RETURN(const int64_t received,
                             MoveLiveShares(holders, receivers, holder));
-  // Every member goes on with the first holder's ledger, as a restore
-  // from memory gives every member the ledger of the target's piece 0.
-  HOLDFAST_RETURN_IF_ERROR(comm_
-                               ->Broadcast(progress_->ledger.data(),
-                                           pieces::kLedgerWords,
-                                           DataType::kInt64, holders[0])
-                               ->Wait());
+  HOLDFAST_RETURN_IF_ERROR(ShareLedger(holders[0]));
   int64_t ok = holder || state_->LiveHash() == want ? 1 : 0;
   std::vector<int64_t> oks(static_cast<size_t>(world_));
   HOLDFAST_RETURN_IF_ERROR(
@@ -130,14 +124,7 @@ absl::StatusOr<std::optional<Restored>> Restore::FromLiveAhead(
       "(committed: {}){}",
       slot_, step, absl::StrJoin(holders, ", "), committed,
       holder ? "" : absl::StrCat("; received ", received, " bytes"));
-  Restored out;
-  out.step = step;
-  out.bytes_received = received;
-  out.received_state = !holder;
-  progress_->lost_steps = std::max<int64_t>(0, progress_->high_step - step);
-  progress_->high_step = std::max(progress_->high_step, step);
-  progress_->live_step = step;
-  return std::optional<Restored>(out);
+  return std::optional<Restored>(LiveLanded(step, received, !holder));
 }
 
 }  // namespace holdfast::checkpoint

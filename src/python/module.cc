@@ -298,9 +298,6 @@ struct ReleaseGilDelete {
 };
 using RuntimeHolder = std::unique_ptr<Runtime, ReleaseGilDelete>;
 
-// Runtime.run: runs the loop with the GIL released, the step function,
-// the metrics and the restore hook taking it back; a Python exception of
-// the step function or the hook ends the run and is raised again here.
 // RunOptions::state_ready for registered CUDA tensors, whose host copies
 // are filled by copies that record `events` (cudaEvent_t handles;
 // holdfast/runtime.py, _DeviceState); none without events.
@@ -320,6 +317,9 @@ std::function<absl::Status()> StateReady(const std::vector<uintptr_t>& events) {
 #endif
 }
 
+// Runtime.run: runs the loop with the GIL released, the step function,
+// the metrics and the restore hook taking it back; a Python exception of
+// the step function or the hook ends the run and is raised again here.
 RunResult RunFromPython(Runtime& rt, const py::function& step_fn, int64_t steps,
                         int64_t snapshot_every, const py::object& metrics,
                         const py::object& on_restore,
