@@ -718,3 +718,74 @@ TEST_CASE("recovery: the launcher refuses bad input with a clear error") {
   CHECK(rc12 == 2);
   CHECK(err12.find("is in use by another running job") != std::string::npos);
 }
+
+TEST_CASE("recovery: the launcher refuses bad many-node input by name") {
+  // `env` (VAR=... pairs) before the launcher; its exit code and stderr.
+  auto run = [](const std::string& env, const std::string& args) {
+    const std::string dir = holdfast::proc::MakeTempDir();
+    const std::string cmd = absl::StrCat(
+        "cd ", dir, " && env -u SLURM_JOB_ID -u HOLDFAST_RDZV_ENDPOINT ", env,
+        " timeout -s KILL 60 ", HOLDFAST_RUN_BIN, " ", args, " -- ",
+        HOLDFAST_DP_TRAINER_BIN, " --steps 100000 > out.txt 2> err.txt");
+    const int status = std::system(cmd.c_str());
+    return std::make_pair(WIFEXITED(status) ? WEXITSTATUS(status) : -1,
+                          ReadFile(dir + "/err.txt"));
+  };
+  const std::string ep = "--rdzv-endpoint 127.0.0.1:29433";
+  struct Case {
+    std::string env, args, want;
+    int rc;
+  };
+  const std::vector<Case> cases = {
+      {"", "--nnodes 2 --rdzv-id a " + ep,
+       "--nproc-per-node is required with --nnodes", 2},
+      {"", "--nnodes 3:2 --nproc-per-node 1 --rdzv-id a " + ep,
+       "--nnodes '3:2': give N or MIN:MAX", 2},
+      {"", "-n 2 --nnodes 2 --nproc-per-node 1 --rdzv-id a " + ep,
+       "-n, --standby and --hosts are for one machine", 2},
+      {"", "--nnodes 2 --nproc-per-node 1 --rdzv-id a",
+       "--rdzv-endpoint HOST:PORT is required", 2},
+      {"", "--nnodes 2 --nproc-per-node 1 --rdzv-id a --rdzv-endpoint h:0",
+       "--rdzv-endpoint 'h:0': give HOST:PORT", 2},
+      {"", "--nnodes 2 --nproc-per-node 1 " + ep, "--rdzv-id is required", 2},
+      {"", "--nnodes 2 --nproc-per-node 1 --node-rank 2 --rdzv-id a " + ep,
+       "--node-rank 2 is not below the most nodes, 2", 2},
+      {"SLURM_JOB_ID=7 SLURM_NTASKS=4 SLURM_NNODES=2",
+       "--nproc-per-node 1 " + ep, "run one holdfast-run per node", 2},
+      // Nobody serves the endpoint (an address this machine does not have).
+      {"",
+       "--nnodes 2 --nproc-per-node 1 --rdzv-id a --join-timeout-s 2 "
+       "--rdzv-endpoint 192.0.2.1:29433",
+       "no controller answered at 192.0.2.1:29433 within --join-timeout-s", 1},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.env, c.args);
+    auto [rc, err] = run(c.env, c.args);
+    CHECK(rc == c.rc);
+    CHECK(err.find(c.want) != std::string::npos);
+  }
+
+  // A node of another job (another id, so another token) at a served
+  // endpoint, and a second node with the same name, are refused by name.
+  const std::string dir = holdfast::proc::MakeTempDir();
+  const std::string serving = absl::StrCat(
+      "cd ", dir, "; HOLDFAST_HOST=n0 setsid timeout -s KILL 30 ",
+      HOLDFAST_RUN_BIN, " --nnodes 2 --nproc-per-node 1 --rdzv-id a ", ep,
+      " -- ", HOLDFAST_DP_TRAINER_BIN,
+      " > serve.out 2> serve.err & echo $! > serve.pid; sleep 1.5");
+  REQUIRE(std::system(serving.c_str()) == 0);
+  auto [rc1, err1] = run("HOLDFAST_HOST=n1",
+                         "--nnodes 2 --nproc-per-node 1 --rdzv-id b " + ep);
+  CHECK(rc1 == 1);
+  CHECK(err1.find("refused this node's job token: every node needs the same "
+                  "--rdzv-id") != std::string::npos);
+  auto [rc2, err2] = run("HOLDFAST_HOST=n0",
+                         "--nnodes 2 --nproc-per-node 1 --rdzv-id a " + ep);
+  CHECK(rc2 == 1);
+  CHECK(err2.find("a node named 'n0' is in the job already") !=
+        std::string::npos);
+  // The serving node and its processes (one process group).
+  const std::string stop =
+      absl::StrCat("pkill -KILL -g $(cat ", dir, "/serve.pid)");
+  CHECK(std::system(stop.c_str()) == 0);
+}

@@ -84,7 +84,7 @@ absl::Status Launcher::AwaitStandbys(int k, absl::Time deadline) {
     if (s.ok()) {
       ready = 0;
       for (const auto& m : s->members()) {
-        ready += m.role() == holdfast::control::ROLE_STANDBY &&
+        ready += OnThisNode(m) && m.role() == holdfast::control::ROLE_STANDBY &&
                  m.state() == holdfast::control::STATE_ALIVE;
       }
       if (ready >= k) return absl::OkStatus();
@@ -206,6 +206,7 @@ void Launcher::RefreshLabels(const StatusResponse& s) {
   // printed under, unless it never had one (it finished between polls).
   std::map<int64_t, std::pair<std::string, bool>> by_pid;  // label, alive
   for (const auto& m : s.members()) {
+    if (!OnThisNode(m)) continue;
     std::pair<std::string, bool> entry = {
         m.role() == holdfast::control::ROLE_STANDBY
             ? "standby"
@@ -269,7 +270,7 @@ void Launcher::WriteMembers(const StatusResponse& s) {
   for (const auto& p : procs_) {
     procs.push_back({{"index", p->index},
                      {"pid", p->pid},
-                     {"role", p->index < n_ ? "worker" : "standby"},
+                     {"role", p->slot >= 0 ? "worker" : "standby"},
                      {"exited", p->exited}});
   }
   const json j = {
@@ -303,6 +304,8 @@ absl::StatusOr<std::string> Launcher::ChooseCheckpointDir(
     const std::string key = absl::StrJoin(cmd_, std::string(1, '\0'));
     dir = absl::StrFormat(".holdfast/checkpoints/%016x",
                           holdfast::pieces::Checksum(key.data(), key.size()));
+    // Many nodes may share a file system: one directory per node.
+    if (plan_) absl::StrAppend(&dir, "-", plan_->node_name);
     default_checkpoint_dir_ = true;
   }
   std::error_code ec;
@@ -516,7 +519,7 @@ int Launcher::Judge(const StatusResponse& s, json* summary) const {
     bool finished = false, held_slot = false, fenced = false;
     std::vector<uint64_t> ids;
     for (const auto& m : s.members()) {
-      if (m.pid() != p->pid) continue;
+      if (m.pid() != p->pid || !OnThisNode(m)) continue;
       ids.push_back(m.member_id());
       held_slot |= m.role() == control::ROLE_WORKER;
       finished |=
@@ -540,9 +543,8 @@ int Launcher::Judge(const StatusResponse& s, json* summary) const {
           kExitWorkerExit,
           absl::StrCat(who, " finished training, then ",
                        p->exited ? DescribeExit(p->status) : "did not exit"));
-    } else if (p->index >= n_ && held_slot && !finished && !fenced &&
-               p->exited && WIFEXITED(p->status) &&
-               WEXITSTATUS(p->status) != 0) {
+    } else if (p->slot < 0 && held_slot && !finished && !fenced && p->exited &&
+               WIFEXITED(p->status) && WEXITSTATUS(p->status) != 0) {
       problems.emplace_back(
           kExitStandbyFailed,
           absl::StrCat(who, " was a standby, took a slot and failed: ",

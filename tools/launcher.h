@@ -23,7 +23,9 @@
 #include "absl/time/time.h"
 #include "src/control/agent/agent.h"
 #include "src/control/controller/membership.h"
+#include "src/control/controller/server.h"
 #include "src/control/member/client.h"
+#include "tools/nodes.h"
 #include "tools/timeline.h"
 
 namespace holdfast::run {
@@ -40,6 +42,8 @@ inline constexpr char kStarting[] = "starting";
 
 struct Proc {
   int index = 0;
+  int slot = -1;     // the slot it asks for; -1: a standby
+  std::string host;  // its host label ("": this machine's name)
   pid_t pid = -1;
   int out_fd = -1;  // its stdout
   int err_fd = -1;  // its stderr
@@ -56,7 +60,8 @@ std::string DescribeExit(int status);
 
 // The command line (see tools/run_main.cc).
 struct Flags {
-  int n = 0, standby = 0, min_world = 1, hosts = 0, replicas = 0;
+  int n = -1;  // -1: not given
+  int standby = 0, min_world = 1, hosts = 0, replicas = 0;
   std::string checkpoint_dir, verify_backups, log_dir;
   int64_t checkpoint_every = 0;
   std::string mode = "replace";
@@ -67,6 +72,11 @@ struct Flags {
   double gradient_outlier_factor = 1000.0;
   bool no_disk_tier = false, fresh = false;
   bool agent = false;  // members reach the controller through host agents
+  // Many nodes (tools/nodes.h): set by --nnodes, --rdzv-endpoint or
+  // HOLDFAST_RDZV_ENDPOINT.
+  NodeFlags nodes;
+  // A node gives up once the controller has not answered for this long.
+  int64_t controller_timeout_s = 60;
 };
 
 // holdfast-run's exit codes. When several apply, the first in this
@@ -92,14 +102,36 @@ class Launcher {
   // Refuses bad flags by name (exit code 2), and chooses the disk tier
   // and the log directory; `faults` gets the joined --inject list.
   std::optional<int> CheckFlags(const Flags& f, std::string* faults);
-  // The environment of process `i` (workers 0..n-1, then standbys).
-  std::vector<std::string> ProcEnv(const Flags& f, int i,
+  // The environment of process `p`.
+  std::vector<std::string> ProcEnv(const Flags& f, const Proc& p,
                                    const std::string& token,
                                    const std::string& faults) const;
   // Process `i`'s host label (--hosts), or "" for this machine's name.
   static std::string HostOf(const Flags& f, int i);
+  // The processes this launcher starts, standbys first: {slot, host}.
+  std::vector<std::pair<int, std::string>> LocalProcesses(const Flags& f) const;
+  // Whether member `m` is one of this node's processes (on one machine:
+  // every member).
+  bool OnThisNode(const control::MemberInfo& m) const;
+
+  // launcher_nodes.cc: many nodes.
+  // Serves the controller: on one machine always, on loopback; on many
+  // nodes when the rendezvous endpoint is this node's and nobody serves it
+  // yet. Sets client_ to reach it.
+  absl::Status StartController(const Flags& f, const std::string& token);
+  // Many nodes: waits for the controller, checks the rendezvous id and
+  // this node's name, and gives the node its rank and layout. A clear
+  // error for a wrong token or id, a name already in the job, or a job
+  // with its most nodes already.
+  absl::Status JoinNodes(const Flags& f);
+  // Many nodes, at the end: a node tells the controller it is done; the
+  // node serving it waits (bounded) until every live node has.
+  void FinishNodes(const StatusResponse& last);
   // With --agent: a host agent for each host label, in this process.
   absl::Status StartAgents(const Flags& f, const std::string& token);
+  absl::Status StartAgent(const std::string& host, const std::string& token);
+  // The start-up line: where the controller is, what runs here.
+  void PrintStart(const Flags& f, const std::string& faults) const;
   // Starts the standbys, waits for them to register, then the workers.
   absl::Status SpawnAll(const Flags& f, const std::string& token,
                         const std::string& faults);
@@ -155,7 +187,10 @@ class Launcher {
   std::string log_dir_;
   std::string checkpoint_dir_;           // empty: no disk tier
   bool default_checkpoint_dir_ = false;  // chosen here, removed on success
-  int n_ = 0;
+  int n_ = 0;                            // the job's slots at the start
+  std::unique_ptr<control::ControllerServer> server_;  // when served here
+  std::optional<NodePlan> plan_;                       // many nodes
+  NodeLayout layout_;  // this node's slots (many nodes)
   absl::Time next_label_fetch_ = absl::InfinitePast();
   Timeline timeline_;  // DIR/timeline.html (with --log-dir)
 };

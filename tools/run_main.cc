@@ -1,4 +1,9 @@
-// holdfast-run: runs one fault-tolerant job on this machine.
+// holdfast-run: runs one fault-tolerant job on this machine, or this
+// node's part of a job on many (docs/multi-node.md):
+//
+//   holdfast-run --nnodes N|MIN:MAX --nproc-per-node P
+//                [--standby-per-node K] [--node-rank R]
+//                --rdzv-endpoint HOST:PORT --rdzv-id ID [options] -- CMD
 //
 //   holdfast-run -n N [--standby K] [--mode replace|shrink] [--min-world M]
 //                [--inject SPEC]... [--log-dir DIR] [--hosts H] [--agent]
@@ -57,7 +62,28 @@ int Usage(const std::string& msg) {
 
 std::optional<int> Launcher::ParseFlags(int argc, char** argv, Flags* f) {
   CLI::App app{"holdfast-run: run a fault-tolerant job on this machine"};
-  app.add_option("-n,--nproc", f->n, "worker slots")->required();
+  app.add_option("-n,--nproc", f->n, "worker slots (one machine)");
+  app.add_option("--nnodes", f->nodes.nnodes,
+                 "many nodes: N, or MIN:MAX (the job trains on MIN nodes; "
+                 "nodes above MIN, up to MAX, are spare capacity)");
+  app.add_option("--nproc-per-node", f->nodes.nproc_per_node,
+                 "many nodes: worker slots per node");
+  app.add_option("--standby-per-node", f->nodes.standby_per_node,
+                 "many nodes: warm standbys per node");
+  app.add_option("--node-rank", f->nodes.node_rank,
+                 "many nodes: this node's rank (default: SLURM_NODEID, or "
+                 "assigned at rendezvous)");
+  app.add_option("--rdzv-endpoint", f->nodes.rdzv_endpoint,
+                 "many nodes: HOST:PORT of the job's controller "
+                 "(HOLDFAST_RDZV_ENDPOINT); the node that can bind it serves "
+                 "it");
+  app.add_option("--rdzv-id", f->nodes.rdzv_id,
+                 "many nodes: the job's name, the same on every node "
+                 "(default: SLURM_JOB_ID)");
+  app.add_option("--controller-timeout-s", f->controller_timeout_s,
+                 "many nodes: give up once the controller has not answered "
+                 "for this long")
+      ->check(CLI::Range(int64_t{1}, int64_t{86400}));
   app.add_option("--standby", f->standby, "warm standbys")
       ->check(CLI::Range(0, 4096));
   app.add_option("--mode", f->mode, "replace or shrink")
@@ -130,7 +156,20 @@ std::optional<int> Launcher::ParseFlags(int argc, char** argv, Flags* f) {
 }
 
 std::optional<int> Launcher::CheckFlags(const Flags& f, std::string* faults) {
-  const int n = f.n;
+  int n = f.n;
+  if (WantsNodes(f.nodes, RealEnv)) {
+    if (n != -1 || f.hosts != 0 || f.standby != 0) {
+      return Usage(
+          "-n, --standby and --hosts are for one machine; with --nnodes give "
+          "--nproc-per-node and --standby-per-node");
+    }
+    absl::StatusOr<NodePlan> plan = PlanNodes(f.nodes, RealEnv);
+    if (!plan.ok()) return Usage(std::string(plan.status().message()));
+    plan_ = *plan;
+    n = plan_->world_size();
+  } else if (n == -1) {
+    return Usage("-n N (one machine) or --nnodes (many) is required");
+  }
   if (n < 1 || n > 4096) {
     return Usage(absl::StrCat("-n ", n, " is out of range [1, 4096]"));
   }
@@ -150,7 +189,9 @@ std::optional<int> Launcher::CheckFlags(const Flags& f, std::string* faults) {
     if (spec.slot >= n) {
       return Usage(absl::StrCat(
           "--inject: fault spec '", spec.text, "' names slot ", spec.slot,
-          ", but -n ", n, " has slots 0..", n - 1, ": it would never fire"));
+          plan_ ? ", but the job's slots are 0.."
+                : absl::StrCat(", but -n ", n, " has slots 0.."),
+          n - 1, ": it would never fire"));
     }
   }
   if (f.hosts > n) {
@@ -177,11 +218,10 @@ std::optional<int> Launcher::CheckFlags(const Flags& f, std::string* faults) {
   return std::nullopt;
 }
 
-std::vector<std::string> Launcher::ProcEnv(const Flags& f, int i,
+std::vector<std::string> Launcher::ProcEnv(const Flags& f, const Proc& p,
                                            const std::string& token,
                                            const std::string& faults) const {
-  const int n = f.n;
-  const auto agent = agents_.find(HostOf(f, i));
+  const auto agent = agents_.find(p.host);
   std::vector<std::string> env = {
       absl::StrCat("HOLDFAST_CONTROLLER=", agent != agents_.end()
                                                ? agent->second->address()
@@ -201,11 +241,17 @@ std::vector<std::string> Launcher::ProcEnv(const Flags& f, int i,
     env.push_back(
         absl::StrCat("HOLDFAST_CHECKPOINT_EVERY=", f.checkpoint_every));
   }
-  // Worker i asks for slot i (standbys for the standby role), so fault
+  // A worker asks for its slot (standbys for the standby role), so fault
   // specs and host labels name the same processes in every run.
   env.push_back(absl::StrCat("HOLDFAST_PREFERRED_SLOT=",
-                             i < n ? absl::StrCat(i) : "standby"));
-  if (f.hosts > 0) env.push_back(absl::StrCat("HOLDFAST_HOST=", HostOf(f, i)));
+                             p.slot >= 0 ? absl::StrCat(p.slot) : "standby"));
+  if (!p.host.empty()) env.push_back(absl::StrCat("HOLDFAST_HOST=", p.host));
+  // Many nodes: the members' links bind to this node's address toward the
+  // controller unless told otherwise, not to loopback.
+  if (plan_ && RealEnv("HOLDFAST_BIND_ADDR").empty()) {
+    const std::string addr = LocalAddressToward(plan_->host, plan_->port);
+    if (!addr.empty()) env.push_back(absl::StrCat("HOLDFAST_BIND_ADDR=", addr));
+  }
   if (!log_dir_.empty()) {
     env.push_back(absl::StrCat("HOLDFAST_TRACE_DIR=", log_dir_, "/trace"));
   }
@@ -218,16 +264,46 @@ std::string Launcher::HostOf(const Flags& f, int i) {
                  : absl::StrCat("spare", i - f.n);
 }
 
+std::vector<std::pair<int, std::string>> Launcher::LocalProcesses(
+    const Flags& f) const {
+  std::vector<std::pair<int, std::string>> procs;
+  if (plan_) {
+    for (int i = 0; i < layout_.standbys; ++i) {
+      procs.emplace_back(-1, plan_->node_name);
+    }
+    for (int i = 0; i < layout_.workers; ++i) {
+      procs.emplace_back(layout_.first_slot + i, plan_->node_name);
+    }
+    return procs;
+  }
+  for (int i = f.n; i < f.n + f.standby; ++i)
+    procs.emplace_back(-1, HostOf(f, i));
+  for (int i = 0; i < f.n; ++i) procs.emplace_back(i, HostOf(f, i));
+  return procs;
+}
+
+bool Launcher::OnThisNode(const control::MemberInfo& m) const {
+  return !plan_ || m.host() == plan_->node_name;
+}
+
+absl::Status Launcher::StartAgent(const std::string& host,
+                                  const std::string& token) {
+  if (agents_.count(host) > 0) return absl::OkStatus();
+  control::AgentOptions o;
+  o.controller = client_.address;
+  o.token = token;
+  o.host = host;  // "": this machine's name
+  HOLDFAST_ASSIGN_OR_RETURN(agents_[host], control::HostAgent::Start(o));
+  return absl::OkStatus();
+}
+
 absl::Status Launcher::StartAgents(const Flags& f, const std::string& token) {
+  // Many nodes: each node's launcher runs the node's agent, so a node lost
+  // whole is seen as one (docs/multi-node.md).
+  if (plan_) return StartAgent(plan_->node_name, token);
   if (!f.agent) return absl::OkStatus();
   for (int i = 0; i < f.n + f.standby; ++i) {
-    const std::string host = HostOf(f, i);
-    if (agents_.count(host) > 0) continue;
-    control::AgentOptions o;
-    o.controller = client_.address;
-    o.token = token;
-    o.host = host;  // "": this machine's name
-    HOLDFAST_ASSIGN_OR_RETURN(agents_[host], control::HostAgent::Start(o));
+    HOLDFAST_RETURN_IF_ERROR(StartAgent(HostOf(f, i), token));
   }
   return absl::OkStatus();
 }
@@ -237,20 +313,25 @@ absl::Status Launcher::SpawnAll(const Flags& f, const std::string& token,
   // Standbys first, and the workers once they have registered: a fault
   // early in the job then finds its standby in place, however long the
   // trainer takes to start (a Python process importing torch).
-  std::vector<int> order;
-  for (int i = f.n; i < f.n + f.standby; ++i) order.push_back(i);
-  for (int i = 0; i < f.n; ++i) order.push_back(i);
-  for (int i : order) {
-    if (i == 0 && f.standby > 0) {
+  const std::vector<std::pair<int, std::string>> order = LocalProcesses(f);
+  int standbys = 0;
+  for (const auto& [slot, host] : order) standbys += slot < 0;
+  for (size_t i = 0; i < order.size(); ++i) {
+    if (static_cast<int>(i) == standbys && standbys > 0) {
       HOLDFAST_RETURN_IF_ERROR(
-          AwaitStandbys(f.standby, start_ + absl::Seconds(f.join_timeout_s)));
+          AwaitStandbys(standbys, start_ + absl::Seconds(f.join_timeout_s)));
     }
     auto p = std::make_unique<Proc>();
-    p->index = i;
+    // Workers are numbered from 0, standbys after them.
+    p->index = order[i].first >= 0 ? static_cast<int>(i) - standbys
+                                   : static_cast<int>(order.size()) - standbys +
+                                         static_cast<int>(i);
+    p->slot = order[i].first;
+    p->host = order[i].second;
     if (!log_dir_.empty()) {
-      p->log.open(absl::StrCat(log_dir_, "/proc", i, ".log"));
+      p->log.open(absl::StrCat(log_dir_, "/proc", p->index, ".log"));
     }
-    HOLDFAST_RETURN_IF_ERROR(Spawn(*p, ProcEnv(f, i, token, faults)));
+    HOLDFAST_RETURN_IF_ERROR(Spawn(*p, ProcEnv(f, *p, token, faults)));
     procs_.push_back(std::move(p));
   }
   return absl::OkStatus();
@@ -261,6 +342,9 @@ std::pair<std::string, std::string> Launcher::Watch(const Flags& f,
   std::string outcome, reason;
   absl::Time next_status = absl::InfinitePast();
   int max_seen = 0;
+  absl::Time answered = absl::Now();
+  // On one machine the job's slots; on many nodes this node's processes.
+  const int expected = plan_ ? static_cast<int>(procs_.size()) : f.n;
   while (outcome.empty()) {
     Pump(absl::Milliseconds(50));
     Reap();
@@ -268,30 +352,47 @@ std::pair<std::string, std::string> Launcher::Watch(const Flags& f,
       return {"failed",
               absl::StrCat("interrupted by signal ", g_signal.load())};
     }
-    if (absl::Now() < next_status && !AllExited()) continue;
+    if (absl::Now() < next_status && (plan_ || !AllExited())) continue;
     next_status = absl::Now() + absl::Milliseconds(200);
     auto s = FetchJob();
-    if (!s.ok()) continue;
+    if (!s.ok()) {
+      if (absl::Now() - answered > absl::Seconds(f.controller_timeout_s)) {
+        return {"failed",
+                absl::StrCat(
+                    "the controller at ", client_.address,
+                    " has not answered for ", f.controller_timeout_s,
+                    " s (--controller-timeout-s): ", s.status().message())};
+      }
+      continue;
+    }
+    answered = absl::Now();
     *last = *s;
     RefreshLabels(*last);
     WriteMembers(*last);
     timeline_.Sample(*last, absl::Now());
-    max_seen = std::max(max_seen, last->alive() + last->dead() + last->left());
+    int seen = last->alive() + last->dead() + last->left();
+    if (plan_) {
+      seen = static_cast<int>(std::count_if(
+          last->members().begin(), last->members().end(),
+          [&](const control::MemberInfo& m) { return OnThisNode(m); }));
+    }
+    max_seen = std::max(max_seen, seen);
     if (last->job_state() == control::JOB_FINISHED) {
       outcome = "finished";
     } else if (last->job_state() == control::JOB_STOPPED) {
       outcome = "stopped";
       reason = last->job_reason();
-    } else if (AllExited()) {
+    } else if (AllExited() && (!plan_ || max_seen == 0)) {
+      // Many nodes: the job goes on while other nodes' processes run.
       outcome = "failed";
       reason = max_seen == 0
                    ? "every process exited without joining the job (does the "
                      "command create a holdfast Runtime?)"
                    : "every process exited but the job did not finish";
-    } else if (max_seen < f.n &&
+    } else if (max_seen < expected &&
                absl::Now() - start_ > absl::Seconds(f.join_timeout_s)) {
       outcome = "failed";
-      reason = absl::StrCat("only ", max_seen, " of ", f.n,
+      reason = absl::StrCat("only ", max_seen, " of ", expected,
                             " processes joined within ", f.join_timeout_s,
                             " s (does the command create a holdfast Runtime?)");
     }
@@ -323,6 +424,29 @@ void Launcher::StopAll(const std::string& outcome) {
   for (int k = 0; k < 20; ++k) Pump(absl::Milliseconds(1));  // drain
 }
 
+void Launcher::PrintStart(const Flags& f, const std::string& faults) const {
+  if (plan_) {
+    std::fprintf(
+        stderr,
+        "holdfast-run: node %s (rank %d of %d..%d)%s; controller at "
+        "%s%s; %d workers, %d standbys here, %d slots, %s mode%s\n",
+        plan_->node_name.c_str(), plan_->node_rank, plan_->min_nodes,
+        plan_->max_nodes,
+        plan_->from_slurm.empty()
+            ? ""
+            : absl::StrCat(" from ", plan_->from_slurm).c_str(),
+        client_.address.c_str(), server_ ? " (served here)" : "",
+        layout_.workers, layout_.standbys, n_, f.mode.c_str(),
+        faults.empty() ? "" : absl::StrCat(", faults ", faults).c_str());
+  } else {
+    std::fprintf(
+        stderr,
+        "holdfast-run: controller at %s; %d workers, %d standbys, %s mode%s\n",
+        client_.address.c_str(), f.n, f.standby, f.mode.c_str(),
+        faults.empty() ? "" : absl::StrCat(", faults ", faults).c_str());
+  }
+}
+
 int Launcher::Main(int argc, char** argv) {
   Flags f;
   if (std::optional<int> done = ParseFlags(argc, argv, &f)) return *done;
@@ -330,32 +454,24 @@ int Launcher::Main(int argc, char** argv) {
   if (std::optional<int> bad = CheckFlags(f, &faults)) return *bad;
 
   absl::BitGen rng;
-  const std::string token = absl::StrFormat(
+  std::string token = absl::StrFormat(
       "%016x%016x", absl::Uniform<uint64_t>(rng), absl::Uniform<uint64_t>(rng));
-  control::ControllerOptions co;
-  co.token = token;
-  co.world_size = f.n;
-  co.recovery.shrink = f.mode == "shrink";
-  co.recovery.min_world = f.min_world;
-  co.recovery.replace_stragglers = f.stragglers == "replace";
-  co.detection.heartbeat_interval = absl::Milliseconds(f.heartbeat_ms);
-  co.detection.silent_after = absl::Milliseconds(f.silent_ms);
-  co.detection.gradient_outlier_factor = f.gradient_outlier_factor;
-  co.detection.rendezvous_grace = absl::Milliseconds(f.rendezvous_grace_ms);
-  auto server = control::ControllerServer::Start(co);
-  if (!server.ok()) {
-    std::fprintf(stderr, "holdfast-run: %s\n",
-                 server.status().ToString().c_str());
-    return 1;
+  // Many nodes share one token: the job's own, or one from the id.
+  if (plan_) {
+    token = RealEnv("HOLDFAST_JOB_TOKEN");
+    if (token.empty()) token = TokenFromRdzvId(plan_->rdzv_id);
   }
-  client_.address = (*server)->address();
   client_.token = token;
   client_.rpc_slack = absl::Seconds(5);
-  std::fprintf(
-      stderr,
-      "holdfast-run: controller at %s; %d workers, %d standbys, %s mode%s\n",
-      client_.address.c_str(), f.n, f.standby, f.mode.c_str(),
-      faults.empty() ? "" : absl::StrCat(", faults ", faults).c_str());
+  absl::Status joined = StartController(f, token);
+  if (joined.ok() && plan_) joined = JoinNodes(f);
+  if (!joined.ok()) {
+    std::fprintf(stderr, "holdfast-run: %s\n",
+                 std::string(joined.message()).c_str());
+    if (server_) server_->Shutdown();
+    return 1;
+  }
+  PrintStart(f, faults);
 
   signal(SIGINT, OnSignal);
   signal(SIGTERM, OnSignal);
@@ -368,7 +484,7 @@ int Launcher::Main(int argc, char** argv) {
                  std::string(s.message()).c_str());
     KillAll(SIGKILL);
     agents_.clear();
-    (*server)->Shutdown();
+    if (server_) server_->Shutdown();
     return 1;
   }
   StatusResponse last;
@@ -378,7 +494,9 @@ int Launcher::Main(int argc, char** argv) {
   WriteMembers(last);
   json summary = Summary(last, outcome, reason);
   const int code = Judge(last, &summary);
-  AddDiagnoses(&summary);
+  // Many nodes: this node's traces are a part of the job's, and a verdict
+  // on a part would be wrong (gather them all for `holdfast diagnose`).
+  if (!plan_) AddDiagnoses(&summary);
   PrintSummary(summary);
   if (!log_dir_.empty()) {
     std::ofstream out(absl::StrCat(log_dir_, "/summary.json"));
@@ -393,8 +511,9 @@ int Launcher::Main(int argc, char** argv) {
     std::error_code ec;
     std::filesystem::remove_all(checkpoint_dir_, ec);
   }
+  if (plan_) FinishNodes(last);
   agents_.clear();
-  (*server)->Shutdown();
+  if (server_) server_->Shutdown();
   return code;
 }
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # CTest's entry to the network tests (label `network`): runs
-# test_network.py with pytest, or exits 77 (CTest: skipped) with the
+# test_network.py and test_multinode.py with pytest, or exits 77 (CTest: skipped) with the
 # reason when test hosts cannot be made here (not root, no iproute2).
 #
 #   test/network/run.sh PYTHON [PYTEST ARGS...]
@@ -13,4 +13,5 @@ if [ -n "$why" ]; then
   echo "network tests skipped: $why"
   exit 77
 fi
-exec "$python" -m pytest -q -p no:cacheprovider "$here/test_network.py" "$@"
+exec "$python" -m pytest -q -p no:cacheprovider "$here/test_network.py" \
+  "$here/test_multinode.py" "$@"

@@ -782,6 +782,9 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
       absl::StrCat(options.bind_address, ":", options.port),
       grpc::InsecureServerCredentials(), &bound_port);
   builder.RegisterService(service.get());
+  // One controller per address: a second one on the port must fail to
+  // bind, not share it (holdfast-run's nodes decide who serves by it).
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   // Members ping every 10 s to spot a frozen controller; allow it.
   builder.AddChannelArgument(
       GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
