@@ -42,6 +42,7 @@ holdfast_rule(diagnosis USES common trace store)
 holdfast_rule(control/wire USES common)
 holdfast_rule(control/member USES common control/wire API store)
 holdfast_rule(control/agent USES common control/wire)
+holdfast_rule(control/etcd USES common control/wire)
 holdfast_rule(control/controller USES common trace store diagnosis control/wire)
 holdfast_rule(runtime USES common trace store fault backend comm control/wire
   control/member checkpoint HEADERS runtime.h)

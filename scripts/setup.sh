@@ -35,6 +35,7 @@ packages=(
   nlohmann-json3-dev libxxhash-dev libcli11-dev libspdlog-dev libfmt-dev
   prometheus-cpp-dev libssl-dev clang-format
   iproute2 nftables patchelf
+  etcd-server
 )
 
 missing=()

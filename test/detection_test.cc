@@ -393,6 +393,47 @@ TEST_CASE(
   }
 }
 
+TEST_CASE(
+    "restart: members refuse a controller of a lower epoch (a deposed "
+    "leader) and resume under a higher one") {
+  const int port = FreePort();
+  const std::string addr = absl::StrCat("127.0.0.1:", port);
+  auto at_epoch = [&](int64_t epoch) {
+    ControllerOptions o = Options(2);
+    o.port = port;
+    o.epoch = epoch;
+    auto server = ControllerServer::Start(o);
+    REQUIRE(server.ok());
+    return std::move(*server);
+  };
+  auto leader = at_epoch(5);
+  proc::ProcessGroup g(
+      {Member(addr, {"--step-ms", "20"}), Member(addr, {"--step-ms", "20"})});
+  Registered r0 = WaitRegistered(g, 0);
+  Registered r1 = WaitRegistered(g, 1);
+  leader->Shutdown();
+  // A deposed leader (epoch 3) at the address: no member resumes under it.
+  auto deposed = at_epoch(3);
+  for (int r : {0, 1}) {
+    CHECK(!g.WaitEvent(r, "reconnected", absl::Seconds(2)).has_value());
+  }
+  deposed->Shutdown();
+  auto next = at_epoch(7);
+  for (int r : {0, 1}) {
+    auto e = g.WaitEvent(r, "reconnected", kLong);
+    INFO(g.Describe(r));
+    REQUIRE(e.has_value());
+  }
+  StatusResponse s = GetStatus(addr);
+  CHECK(s.alive() == 2);
+  CHECK(s.incidents_total() == 0);
+  std::map<uint64_t, int> slots;
+  for (const auto& m : s.members()) slots[m.member_id()] = m.slot();
+  CHECK(slots[r0.member] == r0.slot);
+  CHECK(slots[r1.member] == r1.slot);
+  next->Shutdown();
+}
+
 TEST_CASE("holdfast status prints the members table and the incidents") {
   auto server = ControllerServer::Start(Options(2));
   REQUIRE(server.ok());

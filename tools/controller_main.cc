@@ -1,12 +1,15 @@
-// holdfast-controller: one per job. Membership, heartbeats, failure
-// detection, checkpoint acks, status and the rendezvous key-value store over
-// gRPC, plus Prometheus metrics.
+// holdfast-controller: one per job, or two or three elected on etcd.
+// Membership, heartbeats, failure detection, checkpoint acks, status and
+// the rendezvous key-value store over gRPC, plus Prometheus metrics.
 //
 //   holdfast-controller --world-size N [--port 29400] [--bind 127.0.0.1]
 //                       [--token-file FILE]   (or HOLDFAST_JOB_TOKEN)
 //                       [--port-file FILE]    (the bound port, for --port 0)
 //                       [--metrics-port P]    (Prometheus text, off if unset)
 //                       [detection thresholds: see --help]
+//                       [--etcd IP:PORT,... --election-key KEY]
+//                           (one of several: only the elected leader
+//                           listens; docs/controller.md)
 // Runs until SIGINT or SIGTERM. Logs to stderr with timestamps; the token is
 // never logged.
 #include <signal.h>
@@ -15,10 +18,74 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "src/common/file_util.h"
 #include "src/common/logging.h"
 #include "src/control/controller/server.h"
+#include "src/control/etcd/election.h"
 #include "src/control/wire/auth.h"
+
+namespace {
+
+// Whether SIGINT or SIGTERM is pending (both are blocked).
+bool StopPending() {
+  sigset_t pending;
+  sigpending(&pending);
+  return sigismember(&pending, SIGINT) == 1 ||
+         sigismember(&pending, SIGTERM) == 1;
+}
+
+// One of several controllers: campaigns, serves while it leads, and
+// campaigns again once it has lost the lead (a renewal that did not come
+// back in time), with fresh soft state that the members rebuild. Only
+// the leader listens, so members with the controllers' addresses find it.
+int LeadWhileElected(holdfast::control::ControllerOptions options,
+                     const holdfast::control::ElectionOptions& eo,
+                     const sigset_t& stop) {
+  auto election = holdfast::control::Election::Create(eo);
+  if (!election.ok()) {
+    std::fprintf(stderr, "holdfast-controller: %s\n",
+                 std::string(election.status().message()).c_str());
+    return 2;
+  }
+  HOLDFAST_LOG_INFO("controller: candidate for {} on etcd {} as {}", eo.key,
+                    eo.endpoints, eo.value);
+  for (;;) {
+    absl::StatusOr<int64_t> epoch = (*election)->Campaign(StopPending);
+    if (!epoch.ok()) break;  // stopped
+    options.epoch = *epoch;
+    auto server = holdfast::control::ControllerServer::Start(options);
+    if (!server.ok()) {
+      HOLDFAST_LOG_ERROR("controller: elected but cannot serve: {}",
+                         server.status().ToString());
+      (*election)->Resign();
+      absl::SleepFor(absl::Seconds(1));
+      continue;
+    }
+    HOLDFAST_LOG_INFO("controller: leader at epoch {}, serving {}", *epoch,
+                      (*server)->address());
+    while ((*election)->Leading() && !StopPending()) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    if (StopPending()) {
+      (*server)->Shutdown();
+      (*election)->Resign();
+      break;
+    }
+    HOLDFAST_LOG_WARN(
+        "controller: lost the lead at epoch {} (the lease was not renewed "
+        "in time): stopping at once, then campaigning again",
+        *epoch);
+    (*server)->Abandon();
+    (*election)->Resign();
+  }
+  int sig = 0;
+  sigwait(&stop, &sig);
+  HOLDFAST_LOG_INFO("controller stopping ({})", strsignal(sig));
+  return 0;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{
@@ -118,6 +185,23 @@ int main(int argc, char** argv) {
                  "generations opened within this of the last push go to the "
                  "members as one push (0: each at once)")
       ->check(CLI::Range(int64_t{0}, int64_t{10000}));
+  std::string etcd;
+  app.add_option("--etcd", etcd,
+                 "run as one of several controllers: etcd's endpoints "
+                 "(HOST:PORT or IP:PORT,IP:PORT,...); only the leader, elected "
+                 "through an etcd lease, listens (docs/multi-node.md)");
+  std::string election_key = "/holdfast/controller/leader";
+  app.add_option("--election-key", election_key,
+                 "with --etcd: the key the controllers race for (one per job)");
+  std::string advertise;
+  app.add_option("--advertise", advertise,
+                 "with --etcd: the address the leader writes under the key "
+                 "(default --bind:--port)");
+  int lease_s = 2;
+  app.add_option("--etcd-lease-s", lease_s,
+                 "with --etcd: the leader's lease; a lost leader is replaced "
+                 "this long after its last renewal")
+      ->check(CLI::Range(1, 600));
   CLI11_PARSE(app, argc, argv);
   detection.push_merge = absl::Milliseconds(push_merge_ms);
   detection.rendezvous_grace = absl::Milliseconds(rendezvous_grace_ms);
@@ -152,6 +236,14 @@ int main(int argc, char** argv) {
   options.recovery.replace_stragglers = stragglers == "replace";
   options.scan_interval = absl::Milliseconds(scan_ms);
   options.metrics_port = metrics_port;
+  if (!etcd.empty()) {
+    holdfast::control::ElectionOptions eo;
+    eo.endpoints = etcd;
+    eo.key = election_key;
+    eo.value = advertise.empty() ? absl::StrCat(bind, ":", port) : advertise;
+    eo.ttl_s = lease_s;
+    return LeadWhileElected(options, eo, stop);
+  }
   auto server = holdfast::control::ControllerServer::Start(options);
   if (!server.ok()) {
     std::fprintf(stderr, "holdfast-controller: %s\n",

@@ -44,6 +44,12 @@ absl::Status Launcher::StartController(const Flags& f,
                                        ? absl::StrCat("[", host, "]")
                                        : host,
                                    ":", plan_->port);
+    // Elected controllers (holdfast-controller --etcd): every node joins
+    // whichever leads.
+    if (!plan_->controllers.empty()) {
+      client_.address = plan_->controllers;
+      return absl::OkStatus();
+    }
     // The node that can bind the endpoint serves it; the others (and
     // every node, when a holdfast-controller serves it) join it.
     if (!CanBind(host, plan_->port)) return absl::OkStatus();

@@ -41,8 +41,10 @@ absl::Status ParseNnodes(const std::string& text, NodePlan* plan) {
   return absl::OkStatus();
 }
 
-// HOST:PORT, or [V6]:PORT.
-absl::Status ParseEndpoint(const std::string& text, NodePlan* plan) {
+// HOST:PORT, [V6]:PORT, or a list of them (the first is parsed).
+absl::Status ParseEndpoint(const std::string& endpoint, NodePlan* plan) {
+  const std::string text = endpoint.substr(0, endpoint.find(','));
+  if (text.size() != endpoint.size()) plan->controllers = endpoint;
   const size_t colon = text.rfind(':');
   std::string host = colon == std::string::npos ? "" : text.substr(0, colon);
   if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
@@ -51,8 +53,9 @@ absl::Status ParseEndpoint(const std::string& text, NodePlan* plan) {
   int port = 0;
   if (host.empty() || !absl::SimpleAtoi(text.substr(colon + 1), &port) ||
       port < 1 || port > 65535) {
-    return Bad(absl::StrCat("--rdzv-endpoint '", text,
-                            "': give HOST:PORT with a port in [1, 65535]"));
+    return Bad(absl::StrCat("--rdzv-endpoint '", endpoint,
+                            "': give HOST:PORT with a port in [1, 65535], or "
+                            "a list IP:PORT,IP:PORT of elected controllers"));
   }
   plan->host = host;
   plan->port = port;

@@ -33,6 +33,10 @@ struct NodePlan {
   int node_rank = -1;  // -1: assigned at rendezvous
   std::string host;    // the endpoint's host
   int port = 0;        // and port
+  // Several controllers' addresses (IP:PORT,IP:PORT: the elected leader
+  // listens; docs/multi-node.md), else empty; host and port are the
+  // first's.
+  std::string controllers;
   std::string rdzv_id;
   std::string node_name;  // the host label of this node's processes
   // Slurm's variables that filled a gap, for the start-up line.

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # CTest's entry to the network tests (label `network`): runs
-# test_network.py and test_multinode.py with pytest, or exits 77 (CTest: skipped) with the
-# reason when test hosts cannot be made here (not root, no iproute2).
+# test_network.py, test_multinode.py and test_ha.py with pytest, or exits
+# 77 (CTest: skipped) with the reason when test hosts cannot be made here
+# (not root, no iproute2).
 #
 #   test/network/run.sh PYTHON [PYTEST ARGS...]
 set -u
@@ -14,4 +15,4 @@ if [ -n "$why" ]; then
   exit 77
 fi
 exec "$python" -m pytest -q -p no:cacheprovider "$here/test_network.py" \
-  "$here/test_multinode.py" "$@"
+  "$here/test_multinode.py" "$here/test_ha.py" "$@"

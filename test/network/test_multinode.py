@@ -13,7 +13,6 @@ the faults in replace mode; every case ends with the fault-free hash on
 all 6 slots.
 """
 
-import json
 import os
 import pathlib
 import re
@@ -25,7 +24,9 @@ import time
 import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "support"))
 import netns  # noqa: E402
+from jobs import controller_status  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BUILD = pathlib.Path(os.environ.get("HOLDFAST_BUILD_DIR", ROOT / "build")).resolve()
@@ -92,14 +93,7 @@ class Nodes:
             stderr=open(self.out / f"{name}.err", "w"))
 
     def status(self):
-        r = subprocess.run(
-            [str(BUILD / "holdfast"), "status", "--controller", self.endpoint,
-             "--json"],
-            env=dict(os.environ, HOLDFAST_JOB_TOKEN=TOKEN),
-            capture_output=True, text=True, timeout=20)
-        if r.returncode != 0:
-            raise RuntimeError(r.stderr)
-        return json.loads(r.stdout)
+        return controller_status(BUILD, self.endpoint, TOKEN)
 
     def step(self):
         """The highest step any worker has begun."""
@@ -179,7 +173,7 @@ class Nodes:
         for name, p in self.launchers.items():
             if p.poll() is None:
                 p.kill()
-        for host in HOSTS:
+        for host in self.net.hosts:
             self.kill_node(host)
         for p in self.launchers.values():
             p.wait()

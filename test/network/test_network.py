@@ -29,7 +29,7 @@ import pytest
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "support"))
 import netns  # noqa: E402
-from jobs import LaunchedProcesses  # noqa: E402
+from jobs import LaunchedProcesses, controller_status  # noqa: E402
 
 BUILD = pathlib.Path(os.environ.get(
     "HOLDFAST_BUILD_DIR",
@@ -132,14 +132,7 @@ class Job(LaunchedProcesses):
         raise AssertionError("the controller did not answer")
 
     def status(self):
-        r = subprocess.run(
-            [str(BUILD / "holdfast"), "status", "--controller", self.address,
-             "--json", "--incidents", "1000"],
-            env=dict(os.environ, HOLDFAST_JOB_TOKEN=TOKEN),
-            capture_output=True, text=True, timeout=20)
-        if r.returncode != 0:
-            raise RuntimeError(r.stderr)
-        return json.loads(r.stdout)
+        return controller_status(BUILD, self.address, TOKEN)
 
     def names(self):
         """pid -> process name (h1-w0, h2-s0, ...)."""

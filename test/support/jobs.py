@@ -11,10 +11,24 @@
   class takes it as a base, with `out` (that directory) and `launchers`
   (host name: its launcher's Popen)."""
 
+import json
 import os
 import signal
 import subprocess
 import time
+
+
+def controller_status(build, address, token):
+    """`holdfast status --json` of the controller at `address` (every
+    incident kept); RuntimeError with its stderr when it does not answer."""
+    r = subprocess.run(
+        [str(build / "holdfast"), "status", "--controller", address,
+         "--json", "--incidents", "1000"],
+        env=dict(os.environ, HOLDFAST_JOB_TOKEN=token),
+        capture_output=True, text=True, timeout=20)
+    if r.returncode != 0:
+        raise RuntimeError(r.stderr)
+    return json.loads(r.stdout)
 
 
 def launch(argv, env, timeout):

@@ -408,7 +408,8 @@ class AgentImpl final : public HostAgent, public BeatHandler {
     absl::StatusOr<std::thread> started =
         StartThread("the host agent's reader thread", [&] {
           HostResponse msg;
-          while (stream->Read(&msg)) Dispatch(msg);
+          while (stream->Read(&msg) && Dispatch(msg)) {
+          }
           absl::MutexLock lock(&mu_);
           broken_ = true;
         });
@@ -454,9 +455,19 @@ class AgentImpl final : public HostAgent, public BeatHandler {
     return FromGrpc(stream->Finish(), "HostStream");
   }
 
-  // The controller's messages to this host's members.
-  void Dispatch(const HostResponse& msg) {
+  // The controller's messages to this host's members; false (nothing
+  // done, and the stream ends) for a message from a deposed leader, whose
+  // epoch is below one seen before.
+  bool Dispatch(const HostResponse& msg) {
     absl::MutexLock lock(&mu_);
+    if (msg.epoch() < controller_epoch_) {
+      HOLDFAST_LOG_WARN(
+          "host agent {}: the controller at {} has epoch {}, below {}: a "
+          "deposed leader; its orders are refused",
+          options_.host, options_.controller, msg.epoch(), controller_epoch_);
+      return false;
+    }
+    controller_epoch_ = msg.epoch();
     for (const MemberPush& p : msg.pushes()) {
       auto it = local_.find(p.member_id());
       if (it != local_.end()) it->second.sink->Push(p.msg());
@@ -468,6 +479,7 @@ class AgentImpl final : public HostAgent, public BeatHandler {
           absl::Status(static_cast<absl::StatusCode>(c.code()), c.message()));
       local_.erase(it);
     }
+    return true;
   }
 
   AgentOptions options_;
@@ -482,6 +494,8 @@ class AgentImpl final : public HostAgent, public BeatHandler {
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<uint64_t, Local> local_ ABSL_GUARDED_BY(mu_);
+  // The highest controller epoch seen (HostResponse.epoch).
+  int64_t controller_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   // What the next flush sends: beats in the order they came, then ends.
   std::vector<HeartbeatRequest> beats_ ABSL_GUARDED_BY(mu_);
   std::vector<MemberGone> gone_ ABSL_GUARDED_BY(mu_);
@@ -577,7 +591,10 @@ absl::StatusOr<std::unique_ptr<HostAgent>> HostAgent::Start(
         "host agent: flush interval and quiet_after must be >= 0 and 0 < "
         "reconnect_min <= reconnect_max");
   }
-  auto agent = std::make_unique<AgentImpl>(options);
+  AgentOptions o = options;
+  o.reconnect_max = ReconnectCap(o.controller, o.reconnect_max);
+  o.reconnect_min = std::min(o.reconnect_min, o.reconnect_max);
+  auto agent = std::make_unique<AgentImpl>(o);
   HOLDFAST_RETURN_IF_ERROR(agent->Listen());
   return std::unique_ptr<HostAgent>(std::move(agent));
 }

@@ -104,8 +104,9 @@ class MembershipFeed final : public BeatHandler {
 class HostReactor final
     : public grpc::ServerBidiReactor<HostRequest, HostResponse> {
  public:
-  HostReactor(Membership* membership, MembershipFeed* feed, bool authorized)
-      : membership_(membership), feed_(feed) {
+  HostReactor(Membership* membership, MembershipFeed* feed, bool authorized,
+              int64_t epoch)
+      : membership_(membership), feed_(feed), epoch_(epoch) {
     if (!authorized) {
       {
         absl::MutexLock lock(&mu_);
@@ -267,7 +268,9 @@ class HostReactor final
     {
       absl::MutexLock lock(&mu_);
       if (finishing_) return;
-      MergePush(msg, &pending_[id]);
+      HeartbeatResponse& pending = pending_[id];
+      MergePush(msg, &pending);
+      if (epoch_ > 0) pending.set_epoch(epoch_);
     }
     // In a push to every member, the host's members go in one write.
     if (!PushBurst::Defer(this, [this] { Kick(); })) Kick();
@@ -323,13 +326,15 @@ class HostReactor final
     for (MemberClose& c : closes_) out_.add_closes()->Swap(&c);
     closes_.clear();
     closing_.clear();
+    out_.set_epoch(epoch_);
     return true;
   }
 
   Membership* const membership_;
   MembershipFeed* const feed_;
-  HostRequest req_;   // read side only
-  std::string host_;  // read side only
+  const int64_t epoch_;  // stamped on every push when > 0
+  HostRequest req_;      // read side only
+  std::string host_;     // read side only
   // When the stream last carried a message (read side; OnCancel and
   // OnDone come after the reads).
   absl::Time heard_at_ = absl::InfinitePast();
@@ -432,6 +437,7 @@ class Service final : public Controller::CallbackService {
  public:
   Service(const ControllerOptions& o)
       : token_(o.token),
+        epoch_(o.epoch),
         kv_(o.limits),
         membership_(o.world_size, o.detection, absl::Now(), o.membership_limits,
                     o.recovery),
@@ -447,18 +453,19 @@ class Service final : public Controller::CallbackService {
       auto r = membership_.Register(*req, absl::Now());
       if (!r.ok()) return r.status();
       *resp = std::move(*r);
+      resp->set_epoch(epoch_);
       return absl::OkStatus();
     });
   }
 
   grpc::ServerBidiReactor<HeartbeatRequest, HeartbeatResponse>* Heartbeat(
       grpc::CallbackServerContext* ctx) override {
-    return NewMemberStream(&feed_, Authorized(ctx));
+    return NewMemberStream(&feed_, Authorized(ctx), epoch_);
   }
 
   grpc::ServerBidiReactor<HostRequest, HostResponse>* HostStream(
       grpc::CallbackServerContext* ctx) override {
-    return new HostReactor(&membership_, &feed_, Authorized(ctx));
+    return new HostReactor(&membership_, &feed_, Authorized(ctx), epoch_);
   }
 
   grpc::ServerUnaryReactor* ReportFailure(
@@ -492,6 +499,7 @@ class Service final : public Controller::CallbackService {
             "max_incidents ", req->max_incidents(), " is negative"));
       }
       *resp = membership_.Status(*req, absl::Now());
+      resp->set_epoch(epoch_);
       return absl::OkStatus();
     });
   }
@@ -600,6 +608,7 @@ class Service final : public Controller::CallbackService {
   }
 
   const std::string token_;
+  const int64_t epoch_;  // ControllerOptions::epoch
   KvStore kv_;
   Membership membership_;
   MembershipFeed feed_;
@@ -632,15 +641,18 @@ class ServerImpl final : public ControllerServer {
   std::string address() const override {
     return absl::StrCat(host_, ":", port_);
   }
-  void Shutdown() override {
+  void Shutdown() override { Stop(absl::Seconds(1)); }
+  void Abandon() override { Stop(absl::ZeroDuration()); }
+
+  // Stops detection, then serving: calls in flight get `grace` to finish.
+  void Stop(absl::Duration grace) {
     if (server_ == nullptr) return;
     {
       absl::MutexLock lock(&mu_);
       stop_ = true;
     }
     detector_.join();
-    server_->Shutdown(std::chrono::system_clock::now() +
-                      std::chrono::seconds(1));
+    server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
     server_->Wait();
     server_.reset();
     exposer_.reset();

@@ -35,6 +35,10 @@ struct ControllerOptions {
   absl::Duration scan_interval = absl::Milliseconds(100);
   // Prometheus text endpoint on bind_address: -1 off, 0 any free port.
   int metrics_port = -1;
+  // The leader's epoch when controllers are elected (holdfast-controller
+  // --etcd); 0 for a lone controller. Members refuse a controller whose
+  // epoch is below one they have seen (a deposed leader).
+  int64_t epoch = 0;
 };
 
 class ControllerServer {
@@ -52,6 +56,9 @@ class ControllerServer {
   virtual std::string address() const = 0;
   // Stops serving; pending waits end with Cancelled or Unavailable.
   virtual void Shutdown() = 0;
+  // Stops acting at once, for a deposed leader: detection stops and every
+  // call in flight is cancelled now, with no grace for it to finish.
+  virtual void Abandon() = 0;
 };
 
 }  // namespace holdfast::control

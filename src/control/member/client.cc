@@ -16,9 +16,7 @@ int64_t ToMillis(absl::Duration d) {
 class ControllerStoreImpl final : public ControllerStore {
  public:
   explicit ControllerStoreImpl(const ClientOptions& o)
-      : options_(o),
-        stub_(Controller::NewStub(grpc::CreateChannel(
-            o.address, grpc::InsecureChannelCredentials()))) {}
+      : options_(o), stub_(Controller::NewStub(ControllerChannel(o.address))) {}
 
   absl::Status Set(absl::string_view key, absl::string_view value) override {
     SetRequest req;
@@ -135,8 +133,7 @@ absl::StatusOr<StatusResponse> FetchStatus(const ClientOptions& options,
     return absl::InvalidArgumentError(
         "status: a controller address and a job token are required");
   }
-  auto stub = Controller::NewStub(
-      grpc::CreateChannel(options.address, grpc::InsecureChannelCredentials()));
+  auto stub = Controller::NewStub(ControllerChannel(options.address));
   auto ctx = TokenContext(options.token, absl::Now() + options.rpc_slack);
   StatusResponse resp;
   absl::Status s = FromGrpc(stub->Status(ctx.get(), request, &resp), "Status");

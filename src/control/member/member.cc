@@ -297,6 +297,7 @@ class MemberClientImpl final : public MemberClient {
   // sees it.
   void Adopt(const RegisterResponse& r, absl::Time asked_at) {
     absl::MutexLock lock(&mu_);
+    epoch_ = std::max(epoch_, r.epoch());
     lease_ = absl::Milliseconds(std::max<int64_t>(0, r.lease_ms()));
     heard_from_ = std::max(heard_from_, asked_at);
     if (assignment_.member_id != 0 && r.generation() > assignment_.generation) {
@@ -397,6 +398,18 @@ class MemberClientImpl final : public MemberClient {
         absl::MutexLock lock(&mu_);
         health_ = absl::OkStatus();
         n = ++reconnects_;
+        // The asks on the broken stream are lost: the first beat on the
+        // new one asks again, so the lease is renewed within a round trip
+        // (a controller that failed over, or restarted).
+        last_ask_ = absl::InfinitePast();
+        report_now_ = true;
+        // So is an ack the old stream carried to a controller that died
+        // before it counted it (a restart, a failover): sent again unless
+        // committed, or a newer one waits, so commits go on.
+        if (!ack_.has_value() && sent_ack_.has_value() &&
+            sent_ack_->step() > assignment_.committed_step) {
+          ack_ = sent_ack_;
+        }
       }
       HOLDFAST_LOG_INFO("member {}: heartbeat stream back (reconnect {})",
                         assignment().member_id, n);
@@ -430,6 +443,7 @@ class MemberClientImpl final : public MemberClient {
       absl::MutexLock lock(&mu_);
       resume_ctx_ = nullptr;
     }
+    if (s.ok()) s = CheckEpoch(resp.epoch());
     if (s.ok()) Adopt(resp, asked_at);
     return s;
   }
@@ -469,6 +483,7 @@ class MemberClientImpl final : public MemberClient {
       if (ack_.has_value()) {
         if (ack_->step() > assignment_.committed_step) {
           *req->mutable_checkpoint_ack() = *ack_;
+          sent_ack_ = *ack_;
         }
         ack_.reset();
       }
@@ -496,7 +511,8 @@ class MemberClientImpl final : public MemberClient {
     absl::StatusOr<std::thread> started =
         StartThread("the heartbeat stream's reader thread", [&] {
           HeartbeatResponse msg;
-          while (stream->Read(&msg)) Dispatch(msg);
+          while (stream->Read(&msg) && Dispatch(msg)) {
+          }
           absl::MutexLock lock(&mu_);
           broken_ = true;
         });
@@ -545,7 +561,23 @@ class MemberClientImpl final : public MemberClient {
     return FromGrpc(stream->Finish(), "Heartbeat");
   }
 
-  void Dispatch(const HeartbeatResponse& msg) {
+  // Unavailable for a controller whose epoch is below one this member has
+  // seen: a deposed leader, whose orders are refused (the member waits for
+  // the current leader, as for a restarted controller).
+  absl::Status CheckEpoch(int64_t epoch) {
+    absl::MutexLock lock(&mu_);
+    if (epoch >= epoch_) return absl::OkStatus();
+    const std::string why = absl::StrCat(
+        "controller at ", options_.client.address, " has epoch ", epoch,
+        ", below ", epoch_, ": a deposed leader; its orders are refused");
+    HOLDFAST_LOG_WARN("member {}: {}", assignment_.member_id, why);
+    return absl::UnavailableError(why);
+  }
+
+  // Acts on one message of the stream; false (and nothing done) for one
+  // from a deposed leader, which ends the stream.
+  bool Dispatch(const HeartbeatResponse& msg) {
+    if (msg.has_epoch() && !CheckEpoch(msg.epoch()).ok()) return false;
     {
       absl::MutexLock lock(&mu_);
       if (msg.has_ack_seq()) {
@@ -588,6 +620,7 @@ class MemberClientImpl final : public MemberClient {
     if (msg.has_job_end() && callbacks_.on_job_end) {
       callbacks_.on_job_end(msg.job_end());
     }
+    return true;
   }
 
   void Fence(const absl::Status& why) {
@@ -633,6 +666,8 @@ class MemberClientImpl final : public MemberClient {
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   // A checkpoint ack for the next message on the stream.
   std::optional<CheckpointAck> ack_ ABSL_GUARDED_BY(mu_);
+  // The newest ack written to a stream (sent again after a reconnect).
+  std::optional<CheckpointAck> sent_ack_ ABSL_GUARDED_BY(mu_);
   // A thread of ours could not start: see ParkStub.
   bool thread_failed_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status health_ ABSL_GUARDED_BY(mu_);
@@ -643,6 +678,8 @@ class MemberClientImpl final : public MemberClient {
   // plus its silence threshold, which is longer than the lease.
   absl::Duration lease_ ABSL_GUARDED_BY(mu_);
   absl::Time heard_from_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // The highest controller epoch seen (RegisterResponse.epoch).
+  int64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   // Heartbeats that asked for an ack: seq -> send time.
   std::map<uint64_t, absl::Time> asked_ ABSL_GUARDED_BY(mu_);
   uint64_t seq_ ABSL_GUARDED_BY(mu_) = 0;
@@ -653,7 +690,12 @@ class MemberClientImpl final : public MemberClient {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<MemberClient>> MemberClient::Join(
-    const MemberOptions& options, MemberCallbacks callbacks) {
+    const MemberOptions& given, MemberCallbacks callbacks) {
+  MemberOptions options = given;
+  options.reconnect_max =
+      ReconnectCap(options.client.address, options.reconnect_max);
+  options.reconnect_min =
+      std::min(options.reconnect_min, options.reconnect_max);
   if (options.client.address.empty()) {
     return absl::InvalidArgumentError("member: empty controller address");
   }

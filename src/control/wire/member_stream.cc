@@ -24,6 +24,9 @@ void MergePush(const HeartbeatResponse& msg, HeartbeatResponse* pending) {
   }
   if (msg.has_ack_seq()) pending->set_ack_seq(msg.ack_seq());
   if (msg.has_job_end()) *pending->mutable_job_end() = msg.job_end();
+  if (msg.has_epoch() && msg.epoch() > pending->epoch()) {
+    pending->set_epoch(msg.epoch());
+  }
 }
 
 namespace {
@@ -32,7 +35,8 @@ class MemberStream final
     : public grpc::ServerBidiReactor<HeartbeatRequest, HeartbeatResponse>,
       public MemberSink {
  public:
-  MemberStream(BeatHandler* handler, bool authorized) : handler_(handler) {
+  MemberStream(BeatHandler* handler, bool authorized, int64_t epoch)
+      : handler_(handler), epoch_(epoch) {
     if (!authorized) {
       CloseStream(absl::UnauthenticatedError("missing or wrong job token"));
       return;
@@ -104,6 +108,7 @@ class MemberStream final
       absl::MutexLock lock(&mu_);
       if (closed_) return;
       MergePush(msg, &pending_);
+      if (epoch_ > 0) pending_.set_epoch(epoch_);
       has_pending_ = true;
       if (writing_ || !TakePendingLocked()) return;
       writing_ = true;
@@ -155,6 +160,7 @@ class MemberStream final
   }
 
   BeatHandler* const handler_;
+  const int64_t epoch_;   // stamped on every write when > 0
   HeartbeatRequest req_;  // read side only
   // Set by the read side, read by OnCancel too.
   std::atomic<uint64_t> member_id_{0};
@@ -175,8 +181,8 @@ class MemberStream final
 }  // namespace
 
 grpc::ServerBidiReactor<HeartbeatRequest, HeartbeatResponse>* NewMemberStream(
-    BeatHandler* handler, bool authorized) {
-  return new MemberStream(handler, authorized);
+    BeatHandler* handler, bool authorized, int64_t epoch) {
+  return new MemberStream(handler, authorized, epoch);
 }
 
 }  // namespace holdfast::control

@@ -38,12 +38,14 @@ class BeatHandler {
 
 // A reactor for one Heartbeat call; deletes itself when gRPC is done with
 // it. Unauthorized: ends at once with UNAUTHENTICATED. `handler` must
-// outlive the server.
+// outlive the server. An `epoch` above 0 (an elected controller's) is
+// stamped on every message written; a host agent passes 0 and forwards
+// the controller's.
 grpc::ServerBidiReactor<HeartbeatRequest, HeartbeatResponse>* NewMemberStream(
-    BeatHandler* handler, bool authorized);
+    BeatHandler* handler, bool authorized, int64_t epoch = 0);
 
 // Merges `msg` into `pending`: the latest membership, abort order, ack and
-// job end win, and the newest committed step.
+// job end win, and the newest committed step and epoch.
 void MergePush(const HeartbeatResponse& msg, HeartbeatResponse* pending);
 
 // A status as gRPC's, and back.

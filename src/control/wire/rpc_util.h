@@ -14,6 +14,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "src/control/wire/auth.h"
+#include "src/control/wire/target.h"
 
 namespace holdfast::control {
 
@@ -39,17 +40,22 @@ inline std::unique_ptr<grpc::ClientContext> TokenContext(
 // A channel to the controller, for a member or a host agent: it finds a
 // restarted controller quickly (gRPC's default back-off reaches two
 // minutes), and notices a frozen one without traffic.
+// A list of addresses (several controllers, of which the leader listens;
+// src/control/wire/target.h) expects a failover: it is retried faster, and
+// pinged every second, so that a leader cut off (whose connections see no
+// error) is left within two seconds, when its lease runs out too.
 inline std::shared_ptr<grpc::Channel> ControllerChannel(
     const std::string& address) {
+  const bool list = IsAddressList(address);
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, list ? 300 : 2000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, list ? 1000 : 10000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, list ? 1000 : 5000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
-                                   args);
+  return grpc::CreateCustomChannel(ChannelTarget(address),
+                                   grpc::InsecureChannelCredentials(), args);
 }
 
 // Whether a call on the serving side carries `token`.
