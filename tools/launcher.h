@@ -191,6 +191,9 @@ class Launcher {
   std::unique_ptr<control::ControllerServer> server_;  // when served here
   std::optional<NodePlan> plan_;                       // many nodes
   NodeLayout layout_;  // this node's slots (many nodes)
+  // HOLDFAST_BIND_ADDR for the members (many nodes, when not set): this
+  // node's address toward the controller.
+  std::string bind_addr_;
   absl::Time next_label_fetch_ = absl::InfinitePast();
   Timeline timeline_;  // DIR/timeline.html (with --log-dir)
 };

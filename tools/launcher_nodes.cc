@@ -38,18 +38,18 @@ absl::Status Launcher::StartController(const Flags& f,
   co.detection.silent_after = absl::Milliseconds(f.silent_ms);
   co.detection.gradient_outlier_factor = f.gradient_outlier_factor;
   co.detection.rendezvous_grace = absl::Milliseconds(f.rendezvous_grace_ms);
+  if (plan_ && !plan_->controllers.empty()) {
+    // Elected controllers (holdfast-controller --etcd): every node joins
+    // whichever leads.
+    client_.address = plan_->controllers;
+    return absl::OkStatus();
+  }
   if (plan_) {
     const std::string& host = plan_->host;
     client_.address = absl::StrCat(host.find(':') != std::string::npos
                                        ? absl::StrCat("[", host, "]")
                                        : host,
                                    ":", plan_->port);
-    // Elected controllers (holdfast-controller --etcd): every node joins
-    // whichever leads.
-    if (!plan_->controllers.empty()) {
-      client_.address = plan_->controllers;
-      return absl::OkStatus();
-    }
     // The node that can bind the endpoint serves it; the others (and
     // every node, when a holdfast-controller serves it) join it.
     if (!CanBind(host, plan_->port)) return absl::OkStatus();
@@ -123,6 +123,11 @@ absl::Status Launcher::JoinNodes(const Flags& f) {
     plan_->node_rank = static_cast<int>(count - 1);
   }
   layout_ = LayoutOf(*plan_, plan_->node_rank);
+  // The members' links bind to this node's address toward the controller
+  // unless told otherwise, not to loopback.
+  if (RealEnv("HOLDFAST_BIND_ADDR").empty()) {
+    bind_addr_ = LocalAddressToward(plan_->host, plan_->port);
+  }
   return absl::OkStatus();
 }
 

@@ -246,11 +246,8 @@ std::vector<std::string> Launcher::ProcEnv(const Flags& f, const Proc& p,
   env.push_back(absl::StrCat("HOLDFAST_PREFERRED_SLOT=",
                              p.slot >= 0 ? absl::StrCat(p.slot) : "standby"));
   if (!p.host.empty()) env.push_back(absl::StrCat("HOLDFAST_HOST=", p.host));
-  // Many nodes: the members' links bind to this node's address toward the
-  // controller unless told otherwise, not to loopback.
-  if (plan_ && RealEnv("HOLDFAST_BIND_ADDR").empty()) {
-    const std::string addr = LocalAddressToward(plan_->host, plan_->port);
-    if (!addr.empty()) env.push_back(absl::StrCat("HOLDFAST_BIND_ADDR=", addr));
+  if (!bind_addr_.empty()) {
+    env.push_back(absl::StrCat("HOLDFAST_BIND_ADDR=", bind_addr_));
   }
   if (!log_dir_.empty()) {
     env.push_back(absl::StrCat("HOLDFAST_TRACE_DIR=", log_dir_, "/trace"));
@@ -316,18 +313,17 @@ absl::Status Launcher::SpawnAll(const Flags& f, const std::string& token,
   const std::vector<std::pair<int, std::string>> order = LocalProcesses(f);
   int standbys = 0;
   for (const auto& [slot, host] : order) standbys += slot < 0;
-  for (size_t i = 0; i < order.size(); ++i) {
-    if (static_cast<int>(i) == standbys && standbys > 0) {
+  // Workers are numbered from 0, standbys after them.
+  int next_worker = 0, next_standby = static_cast<int>(order.size()) - standbys;
+  for (const auto& [slot, host] : order) {
+    if (slot >= 0 && next_worker == 0 && standbys > 0) {
       HOLDFAST_RETURN_IF_ERROR(
           AwaitStandbys(standbys, start_ + absl::Seconds(f.join_timeout_s)));
     }
     auto p = std::make_unique<Proc>();
-    // Workers are numbered from 0, standbys after them.
-    p->index = order[i].first >= 0 ? static_cast<int>(i) - standbys
-                                   : static_cast<int>(order.size()) - standbys +
-                                         static_cast<int>(i);
-    p->slot = order[i].first;
-    p->host = order[i].second;
+    p->index = slot >= 0 ? next_worker++ : next_standby++;
+    p->slot = slot;
+    p->host = host;
     if (!log_dir_.empty()) {
       p->log.open(absl::StrCat(log_dir_, "/proc", p->index, ".log"));
     }

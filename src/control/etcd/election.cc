@@ -74,12 +74,7 @@ class ElectionImpl final : public Election {
     stop_renewing_ = true;
     if (renewer_.joinable()) renewer_.join();
     stop_renewing_ = false;
-    if (id == 0) return;
-    pb::LeaseRevokeRequest req;
-    req.set_id(id);
-    pb::LeaseRevokeResponse resp;
-    auto ctx = Context(absl::Seconds(1));
-    (void)lease_->LeaseRevoke(ctx.get(), req, &resp);  // else it expires
+    if (id != 0) RevokeLease(id);
   }
 
   absl::StatusOr<std::string> Leader() override {
@@ -113,6 +108,15 @@ class ElectionImpl final : public Election {
     return ctx;
   }
 
+  // Best effort: a lease not revoked expires after its time to live.
+  void RevokeLease(int64_t id) {
+    pb::LeaseRevokeRequest req;
+    req.set_id(id);
+    pb::LeaseRevokeResponse resp;
+    auto ctx = Context(absl::Seconds(1));
+    (void)lease_->LeaseRevoke(ctx.get(), req, &resp);
+  }
+
   // One try: a fresh lease, and the key created under it if it is absent.
   absl::StatusOr<int64_t> TryLead() {
     const absl::Time sent = absl::Now();
@@ -139,11 +143,7 @@ class ElectionImpl final : public Election {
     auto tctx = Context(absl::Seconds(1));
     absl::Status s = FromGrpc(kv_->Txn(tctx.get(), txn, &done), "Txn");
     if (!s.ok() || !done.succeeded()) {
-      pb::LeaseRevokeRequest req;
-      req.set_id(granted.id());
-      pb::LeaseRevokeResponse resp;
-      auto rctx = Context(absl::Seconds(1));
-      (void)lease_->LeaseRevoke(rctx.get(), req, &resp);
+      RevokeLease(granted.id());
       return s.ok() ? absl::AlreadyExistsError("another candidate leads") : s;
     }
     {

@@ -50,7 +50,9 @@ inline std::shared_ptr<grpc::Channel> ControllerChannel(
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, list ? 300 : 2000);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
+              static_cast<int>(absl::ToInt64Milliseconds(
+                  ReconnectCap(address, absl::Seconds(2)))));
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, list ? 1000 : 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, list ? 1000 : 5000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);

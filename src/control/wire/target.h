@@ -24,14 +24,18 @@ inline std::string ChannelTarget(const std::string& address) {
 
 // Whether `address` names several servers (a list).
 inline bool IsAddressList(const std::string& address) {
-  return ChannelTarget(address) != address;
+  return address.find(',') != std::string::npos;
 }
 
-// The longest reconnect back-off toward `address`: a list's leader may
-// fail over to another address, which is tried within 300 ms.
+// The longest reconnect back-off toward a list: its leader may fail over
+// to another address, which is tried within this.
+inline constexpr absl::Duration kListReconnectMax = absl::Milliseconds(300);
+
+// The longest reconnect back-off toward `address`: `max`, or at most
+// kListReconnectMax for a list.
 inline absl::Duration ReconnectCap(const std::string& address,
                                    absl::Duration max) {
-  return IsAddressList(address) ? std::min(max, absl::Milliseconds(300)) : max;
+  return IsAddressList(address) ? std::min(max, kListReconnectMax) : max;
 }
 
 }  // namespace holdfast::control
