@@ -772,6 +772,72 @@ TEST_CASE("membership: shrink mode renumbers the survivors in order") {
 }
 
 TEST_CASE(
+    "membership: the world grows up to max_world with standbys that join "
+    "later, once the group is built and they settled") {
+  RecoveryPolicy p;
+  p.max_world = 4;  // above the start's 3
+  p.grow_settle = absl::Seconds(1);
+  Job job(3, Job::Defaults(), p);
+  for (const char* h : {"a", "b", "c"}) job.Join(h, kT0);
+  for (size_t i : {0, 1, 2})
+    REQUIRE(job.Beat(i, 5, kT0, 0, PHASE_COMPUTING, 0, 0).ok());
+  const absl::Time t = kT0 + absl::Seconds(1);
+  // No standby: slot 2's loss shrinks the world to 2 (generation 1).
+  job.m.Detach(job.ids[2], job.sinks[2].get(), false, false, "reset", t);
+  REQUIRE(job.m.world_size() == 2);
+  job.generation = 1;
+  job.Join("d", t);  // a node added: its standbys
+  // Not while the survivors rebuild generation 1's group.
+  job.m.Scan(t + absl::Milliseconds(1200));
+  CHECK(job.m.world_size() == 2);
+  for (size_t i : {0, 1}) {
+    REQUIRE(
+        job.Beat(i, 5, t + absl::Milliseconds(1200), 0, PHASE_COMPUTING, 0, 1)
+            .ok());
+  }
+  REQUIRE(job.Beat(3, -1, t + absl::Milliseconds(1200)).ok());
+  job.Join("e", t + absl::Milliseconds(1300));
+  // Not before the newest standby it would take joined grow_settle ago.
+  job.m.Scan(t + absl::Milliseconds(1500));
+  CHECK(job.m.world_size() == 2);
+  job.m.Scan(t + absl::Milliseconds(2400));
+  CHECK(job.m.world_size() == 4);
+  // The standby that waited longest takes slot 2, the next slot 3; the
+  // survivors keep theirs and abort generation 1 without a failed slot.
+  for (size_t i : {3, 4}) {
+    const MembershipUpdate* u = job.sinks[i]->LastUpdate();
+    REQUIRE(u != nullptr);
+    CHECK(u->generation() == 2);
+    CHECK(u->world_size() == 4);
+    CHECK(u->role() == ROLE_WORKER);
+    CHECK(u->slot() == static_cast<int>(i) - 1);
+  }
+  CHECK(job.sinks[0]->LastUpdate()->slot() == 0);
+  CHECK(job.sinks[1]->LastUpdate()->slot() == 1);
+  bool grew = false;
+  for (const auto& m : job.sinks[0]->pushed) {
+    grew = grew || (m.has_abort() && m.abort().generation() == 1 &&
+                    m.abort().failed_slot() == -1 &&
+                    m.abort().reason().find("the world grows from 2 to 4") !=
+                        std::string::npos);
+  }
+  CHECK(grew);
+  // At max_world a standby that joins stays one.
+  job.Join("f", t + absl::Milliseconds(2500));
+  job.generation = 2;
+  for (size_t i : {0, 1, 3, 4}) {
+    REQUIRE(
+        job.Beat(i, 5, t + absl::Seconds(3), 0, PHASE_COMPUTING, 0, 2).ok());
+  }
+  job.m.Scan(t + absl::Seconds(4));
+  StatusResponse s = job.m.Status({}, t + absl::Seconds(4));
+  CHECK(s.world_size() == 4);
+  CHECK(s.max_world() == 4);
+  CHECK(s.standbys() == 1);
+  CHECK(s.generation() == 2);
+}
+
+TEST_CASE(
     "membership: replace mode shrinks without a standby and stops below the "
     "minimum world") {
   RecoveryPolicy p;

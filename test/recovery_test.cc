@@ -532,6 +532,30 @@ TEST_CASE("recovery: shrink mode down to the minimum world") {
 }
 
 TEST_CASE(
+    "recovery: with --max-world a waiting standby grows a shrunk world back, "
+    "and takes its state") {
+  // Shrink mode: slot 1's loss shrinks the world to 3, then the standby
+  // that waited grows it back to 4 in a generation of its own. Every slot
+  // ends with one hash (replicated and ZeRO-1 sharded state put back into
+  // a larger world), near the fault-free run's loss.
+  const std::vector<std::string> trainer = {"--steps", "300", "--step-ms", "10",
+                                            "--zero1"};
+  JobRun ref = Launch({"-n", "4"}, trainer);
+  REQUIRE(ref.losses.size() == 4);
+  JobRun r = Launch({"-n", "4", "--standby", "1", "--mode", "shrink",
+                     "--max-world", "4", "--inject", "kill:slot=1:step=10"},
+                    trainer);
+  holdfast::test::CheckFinished(r, 4, 300);
+  REQUIRE(r.losses.size() == 4);
+  CHECK(r.losses[0] == Approx(ref.losses[0]).epsilon(0.01));
+  CHECK(r.summary.value("world_size_final", 0) == 4);
+  CHECK(r.err.find("the world shrinks to 3") != std::string::npos);
+  CHECK(r.err.find("the world grows from 3 to 4 workers") != std::string::npos);
+  // Without --max-world shrink mode never uses the standby (the test
+  // above): the growth is the flag's doing.
+}
+
+TEST_CASE(
     "recovery: below the minimum world the job stops cleanly with a report") {
   JobRun r =
       Launch({"-n", "3", "--mode", "shrink", "--min-world", "2", "--inject",
@@ -752,6 +776,10 @@ TEST_CASE("recovery: the launcher refuses bad many-node input by name") {
        "--node-rank 2 is not below the most nodes, 2", 2},
       {"SLURM_JOB_ID=7 SLURM_NTASKS=4 SLURM_NNODES=2",
        "--nproc-per-node 1 " + ep, "run one holdfast-run per node", 2},
+      {"", "-n 2 --max-world 1",
+       "--max-world 1 is out of range [2, 4096] (0: the world never grows)", 2},
+      {"", "--nnodes 2:3 --nproc-per-node 2 --max-world 7 --rdzv-id a " + ep,
+       "--max-world 7 is out of range [4, 6]", 2},
       // Nobody serves the endpoint (an address this machine does not have).
       {"",
        "--nnodes 2 --nproc-per-node 1 --rdzv-id a --join-timeout-s 2 "

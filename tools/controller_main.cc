@@ -122,6 +122,11 @@ int main(int argc, char** argv) {
                  "stop the job below this many workers")
       ->check(CLI::Range(1, 1 << 20));
   std::string stragglers = "report";
+  int max_world = 0;
+  app.add_option("--max-world", max_world,
+                 "grow the world up to this many workers with standbys that "
+                 "wait (0: never)")
+      ->check(CLI::Range(0, 1 << 20));
   app.add_option("--stragglers", stragglers,
                  "report a straggler, or replace it with a standby once it "
                  "has been slow for 16 steps (docs/gray-failures.md)")
@@ -215,6 +220,13 @@ int main(int argc, char** argv) {
   auto token = holdfast::control::LoadToken(token_file);
   if (!token.ok()) {
     std::fprintf(stderr, "holdfast-controller: %s\n",
+  if (max_world != 0 && max_world < world_size) {
+    std::fprintf(stderr,
+                 "holdfast-controller: --max-world %d is below --world-size "
+                 "%d (0: the world never grows)\n",
+                 max_world, world_size);
+    return 2;
+  }
                  std::string(token.status().message()).c_str());
     return 2;
   }
@@ -243,6 +255,7 @@ int main(int argc, char** argv) {
     eo.value = advertise.empty() ? absl::StrCat(bind, ":", port) : advertise;
     eo.ttl_s = lease_s;
     return LeadWhileElected(options, eo, stop);
+  options.recovery.max_world = max_world;
   }
   auto server = holdfast::control::ControllerServer::Start(options);
   if (!server.ok()) {

@@ -62,6 +62,7 @@ std::string DescribeExit(int status);
 struct Flags {
   int n = -1;  // -1: not given
   int standby = 0, min_world = 1, hosts = 0, replicas = 0;
+  int max_world = -1;  // -1: the default (Launcher::CheckFlags)
   std::string checkpoint_dir, verify_backups, log_dir;
   int64_t checkpoint_every = 0;
   std::string mode = "replace";
@@ -196,6 +197,7 @@ class Launcher {
   std::string bind_addr_;
   absl::Time next_label_fetch_ = absl::InfinitePast();
   Timeline timeline_;  // DIR/timeline.html (with --log-dir)
+  int max_world_ = 0;                    // the world grows up to it
 };
 
 }  // namespace holdfast::run

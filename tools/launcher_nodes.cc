@@ -65,6 +65,7 @@ absl::Status Launcher::StartController(const Flags& f,
     return absl::OkStatus();
   }
   HOLDFAST_ASSIGN_OR_RETURN(server_, control::ControllerServer::Start(co));
+  co.recovery.max_world = max_world_;
   client_.address = server_->address();
   return absl::OkStatus();
 }

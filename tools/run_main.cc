@@ -6,6 +6,7 @@
 //                --rdzv-endpoint HOST:PORT --rdzv-id ID [options] -- CMD
 //
 //   holdfast-run -n N [--standby K] [--mode replace|shrink] [--min-world M]
+//                [--max-world M]
 //                [--inject SPEC]... [--log-dir DIR] [--hosts H] [--agent]
 //                [--checkpoint-dir DIR | --no-disk-tier] [--fresh]
 //                [--heartbeat-ms MS] [--silent-after-ms MS]
@@ -91,6 +92,12 @@ std::optional<int> Launcher::ParseFlags(int argc, char** argv, Flags* f) {
   app.add_option("--min-world", f->min_world,
                  "stop the job below this many workers");
   app.add_option("--stragglers", f->stragglers,
+  app.add_option("--max-world", f->max_world,
+                 "grow the world up to this many workers with standbys that "
+                 "wait (a node added after a node was lost); 0: never "
+                 "(default: the start's world in replace mode, 0 in shrink "
+                 "mode)")
+      ->check(CLI::Range(0, 1 << 20));
                  "report a straggler, or replace it with a standby once it "
                  "has been slow for 16 steps (docs/gray-failures.md)")
       ->check(CLI::IsMember({"report", "replace"}));
@@ -181,6 +188,15 @@ std::optional<int> Launcher::CheckFlags(const Flags& f, std::string* faults) {
   absl::StatusOr<std::vector<fault::FaultSpec>> parsed = fault::Parse(*faults);
   if (!parsed.ok()) {
     return Usage(absl::StrCat("--inject: ", parsed.status().message()));
+  }
+  // Above the start's world: up to every node's workers (--nnodes' MAX).
+  const int most = plan_ ? plan_->max_nodes * plan_->nproc_per_node : 4096;
+  max_world_ = f.max_world >= 0 ? f.max_world : f.mode == "shrink" ? 0 : n;
+  if (max_world_ != 0 && (max_world_ < n || max_world_ > most)) {
+    return Usage(absl::StrCat(
+        "--max-world ", max_world_, " is out of range [", n, ", ", most,
+        "] (0: the world never grows)",
+        plan_ ? " (the start's workers to MAX nodes' workers)" : ""));
   }
   // Slots are 0..n-1 in every generation (a standby takes a lost slot's
   // number, a shrink renumbers below it): a fault on slot n or above would

@@ -9,8 +9,9 @@ environment, as on a cluster: the node's name (HOLDFAST_HOST, or Slurm's
 SLURMD_NODENAME) and its data address (HOLDFAST_BIND_ADDR).
 
 The trainer is holdfast-dp-trainer, whose final hash is the same whatever
-the faults in replace mode; every case ends with the fault-free hash on
-all 6 slots.
+the faults in replace mode while the world keeps its size; every case
+ends with the fault-free hash on all 6 slots but the last, where the
+world shrinks and grows back (the same hash on all 6 slots).
 """
 
 import os
@@ -77,10 +78,11 @@ class Nodes:
         env.update(extra)
         return env
 
-    def command(self):
+    def command(self, standbys=1):
         """The command every node runs: the same on each."""
         return [str(BUILD / "holdfast-run"), "--nnodes", f"{NODES}:4",
-                "--nproc-per-node", str(PER_NODE), "--standby-per-node", "1",
+                "--nproc-per-node", str(PER_NODE), "--standby-per-node",
+                str(standbys),
                 "--rdzv-endpoint", self.endpoint, "--rdzv-id", "mn-test",
                 "--no-disk-tier", "--", *trainer(self.out)]
 
@@ -307,3 +309,35 @@ def test_node_added_while_the_job_runs(nodes, fault_free):
     finals = assert_fault_free_end(j, fault_free, lost=("h1", "h2"))
     from_new = sorted(s for s, f in finals.items() if f[0] == "h3")
     assert len(from_new) == 3, finals
+
+
+def test_world_grows_back_when_a_node_joins(nodes):
+    """Without standbys a lost node shrinks the world from 6 to 4 slots; a
+    node added later (2 standbys: nproc-per-node on a spare node) grows it
+    back to 6 (--max-world defaults to the start's world in replace mode).
+    The steps done in the smaller world sum in another order, so the end
+    is not the fault-free hash, but every slot ends with the same one
+    (replicated state put back into the larger world)."""
+    j = nodes()
+    cmd = j.command(standbys=0)
+    for host in HOSTS[:NODES]:
+        j.start(host, cmd)
+    j.wait_step(150)
+    j.kill_node("h2")
+    deadline = time.time() + 60
+    while j.status().get("world_size") != WORLD - PER_NODE:
+        assert time.time() < deadline, f"no shrink\n{j.logs()}"
+        time.sleep(0.1)
+    j.start("h3", cmd)
+    rcs = j.wait(["h0", "h1", "h3"])
+    assert rcs == {"h0": 0, "h1": 0, "h3": 0}, j.logs()
+    finals = j.finals()
+    assert sorted(finals) == list(range(WORLD)), (finals, j.logs())
+    assert len({f[3] for f in finals.values()}) == 1, finals
+    for slot, (node, step, world, _) in finals.items():
+        assert (step, world) == (STEPS, WORLD), (slot, node, j.logs())
+    assert sorted(s for s, f in finals.items() if f[0] == "h3") == [4, 5]
+    served = (j.out / "h0.err").read_text()
+    assert "the world grows from 4 to 6 workers (2 standbys waited" in \
+        served, served
+

@@ -302,7 +302,7 @@ Membership::Member& Membership::AddMemberLocked(uint64_t id,
   m.pid = req.pid();
   m.failure_domain = req.failure_domain();
   m.topology_block = req.topology_block();
-  m.last_seen = m.step_changed_at = now;
+  m.last_seen = m.step_changed_at = m.joined = now;
   m.slot = slot;
   if (slot >= 0) {
     m.role = ROLE_WORKER;
@@ -695,13 +695,7 @@ void Membership::DeclareFencedLocked(Member& m, Incident incident,
 void Membership::OpenGenerationLocked(int lost_slot,
                                       const std::string& topology_block,
                                       AbortOrder abort, absl::Time now) {
-  // The generation that broke; every member of it aborts.
-  abort.set_generation(generation_);
-  ++generation_;
-  checkpoints_.NewGeneration();
-  replicas_.Restart(checkpoints_.committed());
-  norms_.Restart(checkpoints_.committed());
-  // Every slot's steps start over (StragglerWatch).
+  NextGenerationLocked(&abort);
   std::vector<SlotChange> changes;
   int removed = 0;  // slots a shrink took away
   // Replace: the standby that waited longest takes the slot, preferring
@@ -764,6 +758,66 @@ void Membership::OpenGenerationLocked(int lost_slot,
     return;
   }
   BroadcastGenerationLocked(changes, removed, &abort, now);
+}
+
+void Membership::NextGenerationLocked(AbortOrder* abort) {
+  // The generation that ends; every member of it aborts.
+  abort->set_generation(generation_);
+  ++generation_;
+  checkpoints_.NewGeneration();
+  replicas_.Restart(checkpoints_.committed());
+  norms_.Restart(checkpoints_.committed());
+}
+
+void Membership::ScanGrowthLocked(absl::Time now) {
+  const int world = slots_.world_size();
+  if (job_state_ != JOB_RUNNING || finished_workers_ > 0 ||
+      world >= policy_.max_world || slots_.vacant_count() > 0 ||
+      slots_.standbys().empty()) {
+    return;
+  }
+  // Not while the group is being built: every worker is in this
+  // generation's group.
+  for (uint64_t id : slots_.holders()) {
+    if (members_.at(id).rendezvous_generation < generation_) return;
+  }
+  // The standbys that waited longest, heartbeating and not cut off from
+  // the data network; none until the newest of them settled.
+  std::vector<std::pair<uint64_t, uint64_t>> picked;  // order, id
+  absl::Time newest = absl::InfinitePast();
+  for (const auto& [order, id] : slots_.standbys()) {
+    if (static_cast<int>(picked.size()) == policy_.max_world - world) break;
+    const Member& s = members_.at(id);
+    if (s.sink == nullptr || network_.IsCutOff(s.host)) continue;
+    picked.emplace_back(order, id);
+    newest = std::max(newest, s.joined);
+  }
+  if (picked.empty() || now - newest < policy_.grow_settle) return;
+  const int grown = world + static_cast<int>(picked.size());
+  AbortOrder abort;
+  abort.set_reason(absl::StrCat(
+      "the world grows from ", world, " to ", grown, " workers (",
+      picked.size() == 1 ? "a standby"
+                         : absl::StrCat(picked.size(), " standbys"),
+      " waited; --max-world ", policy_.max_world, ")"));
+  abort.set_failed_slot(-1);
+  NextGenerationLocked(&abort);
+  slots_.Resize(grown);
+  slots_changed_at_ = generation_;
+  std::vector<SlotChange> changes;
+  for (int i = 0; i < static_cast<int>(picked.size()); ++i) {
+    Member& s = members_.at(picked[i].second);
+    slots_.RemoveStandby(picked[i].first);
+    s.role = ROLE_WORKER;
+    s.slot = world + i;
+    s.step_changed_at = now;
+    slots_.Take(s.slot, s.id);
+    SlotChange& c = changes.emplace_back();
+    c.set_slot(s.slot);
+    c.set_member_id(s.id);
+  }
+  HOLDFAST_LOG_INFO("generation {}: {}", generation_, abort.reason());
+  BroadcastGenerationLocked(changes, 0, &abort, now);
 }
 
 void Membership::EndJobLocked(JobState state, std::string reason) {

@@ -86,6 +86,15 @@ struct RecoveryPolicy {
   bool shrink = false;
   // Below this many workers the job stops (JobEnd STOPPED), >= 1.
   int min_world = 1;
+  // The world grows up to this many workers when standbys wait and the
+  // world is smaller (after a shrink, or above the start's size when it
+  // is larger): a generation of its own gives the standbys that waited
+  // longest the new slots (the survivors keep theirs), once every worker
+  // came to the current generation's rendezvous and the newest of those
+  // standbys joined grow_settle ago (a node's standbys join together).
+  // 0: the world never grows.
+  int max_world = 0;
+  absl::Duration grow_settle = absl::Seconds(1);
   // Stragglers (DetectionOptions::straggler_*): false, report them only;
   // true, also replace one with a standby once the straggler rule holds
   // over the last straggler_replace_after steps every worker reported too
@@ -230,6 +239,7 @@ class Membership {
     absl::Time last_seen;
     absl::Time step_changed_at;
     uint64_t standby_order = 0;  // lower joined earlier
+    absl::Time joined;           // when it registered (or resumed)
     MemberSink* sink = nullptr;
     // The newest generation its heartbeats carried, and the newest whose
     // rendezvous it came to (-1: none), since when.
@@ -269,6 +279,13 @@ class Membership {
   void OpenGenerationLocked(int lost_slot, const std::string& topology_block,
                             AbortOrder abort, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the generation `abort` names (the current one) and starts the
+  // next: the ledgers that count per generation start over.
+  void NextGenerationLocked(AbortOrder* abort)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Grows the world toward policy_.max_world when standbys wait (the
+  // rules at RecoveryPolicy::max_world). Pushes it.
+  void ScanGrowthLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndJobLocked(JobState state, std::string reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends the job as finished once a worker has finished and none is left.

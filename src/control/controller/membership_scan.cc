@@ -46,6 +46,7 @@ void Membership::Scan(absl::Time now) {
   ScanLossLocked(now);
   ScanRendezvousLocked(now);
   ScanAnomaliesLocked(now);
+  ScanGrowthLocked(now);
 }
 
 void Membership::NoteQuiet(uint64_t member_id, MemberSink* sink,
@@ -187,6 +188,7 @@ StatusResponse Membership::Status(const StatusRequest& req,
   r.set_job_reason(job_reason_);
   r.set_shrink(policy_.shrink);
   r.set_min_world(policy_.min_world);
+  r.set_max_world(policy_.max_world);
   r.set_generation(generation_);
   r.set_committed_step(checkpoints_.committed());
   anomalies_.FillSkipData(r.mutable_skip_data());
