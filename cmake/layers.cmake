@@ -23,7 +23,7 @@ macro(holdfast_rule name)
 endmacro()
 
 holdfast_rule(common
-  HEADERS clock.h status.h trace.h types.h version.h testing/fake_clock.h)
+  HEADERS clock.h status.h tls.h trace.h types.h version.h testing/fake_clock.h)
 holdfast_rule(trace USES common)
 holdfast_rule(store USES common HEADERS store.h)
 holdfast_rule(fault USES common)

@@ -21,6 +21,7 @@
 #include "src/common/logging.h"
 #include "src/control/agent/agent.h"
 #include "src/control/wire/auth.h"
+#include "tools/tls_flags.h"
 
 int main(int argc, char** argv) {
   CLI::App app{
@@ -55,6 +56,8 @@ int main(int argc, char** argv) {
                  "a stopped or frozen process (0: the heartbeat interval "
                  "and half of it, at least 250 ms more; -1: never)")
       ->check(CLI::Range(int64_t{-1}, int64_t{3600000}));
+  holdfast::TlsFiles tls_files;
+  holdfast::tools::AddTlsFlags(app, &tls_files);
   CLI11_PARSE(app, argc, argv);
   options.flush_interval = absl::Milliseconds(flush_ms);
   options.quiet_after =
@@ -67,6 +70,13 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.token = *token;
+  auto tls = holdfast::control::LoadTls(tls_files);
+  if (!tls.ok()) {
+    std::fprintf(stderr, "holdfast-agent: %s\n",
+                 std::string(tls.status().message()).c_str());
+    return 2;
+  }
+  options.tls = *tls;
   if (options.controller.empty()) {
     std::fprintf(stderr,
                  "holdfast-agent: no controller address (--controller or "

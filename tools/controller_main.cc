@@ -24,6 +24,7 @@
 #include "src/control/controller/server.h"
 #include "src/control/etcd/election.h"
 #include "src/control/wire/auth.h"
+#include "tools/tls_flags.h"
 
 namespace {
 
@@ -121,12 +122,12 @@ int main(int argc, char** argv) {
   app.add_option("--min-world", min_world,
                  "stop the job below this many workers")
       ->check(CLI::Range(1, 1 << 20));
-  std::string stragglers = "report";
   int max_world = 0;
   app.add_option("--max-world", max_world,
                  "grow the world up to this many workers with standbys that "
                  "wait (0: never)")
       ->check(CLI::Range(0, 1 << 20));
+  std::string stragglers = "report";
   app.add_option("--stragglers", stragglers,
                  "report a straggler, or replace it with a standby once it "
                  "has been slow for 16 steps (docs/gray-failures.md)")
@@ -207,6 +208,8 @@ int main(int argc, char** argv) {
                  "with --etcd: the leader's lease; a lost leader is replaced "
                  "this long after its last renewal")
       ->check(CLI::Range(1, 600));
+  holdfast::TlsFiles tls_files;
+  holdfast::tools::AddTlsFlags(app, &tls_files);
   CLI11_PARSE(app, argc, argv);
   detection.push_merge = absl::Milliseconds(push_merge_ms);
   detection.rendezvous_grace = absl::Milliseconds(rendezvous_grace_ms);
@@ -217,9 +220,6 @@ int main(int argc, char** argv) {
   if (quiet_ms >= 0) detection.quiet_after = absl::Milliseconds(quiet_ms);
   detection.stall_floor = absl::Milliseconds(stall_floor_ms);
 
-  auto token = holdfast::control::LoadToken(token_file);
-  if (!token.ok()) {
-    std::fprintf(stderr, "holdfast-controller: %s\n",
   if (max_world != 0 && max_world < world_size) {
     std::fprintf(stderr,
                  "holdfast-controller: --max-world %d is below --world-size "
@@ -227,6 +227,15 @@ int main(int argc, char** argv) {
                  max_world, world_size);
     return 2;
   }
+  auto tls = holdfast::control::LoadTls(tls_files);
+  if (!tls.ok()) {
+    std::fprintf(stderr, "holdfast-controller: %s\n",
+                 std::string(tls.status().message()).c_str());
+    return 2;
+  }
+  auto token = holdfast::control::LoadToken(token_file);
+  if (!token.ok()) {
+    std::fprintf(stderr, "holdfast-controller: %s\n",
                  std::string(token.status().message()).c_str());
     return 2;
   }
@@ -241,10 +250,12 @@ int main(int argc, char** argv) {
   options.bind_address = bind;
   options.port = port;
   options.token = *token;
+  options.tls = *tls;
   options.world_size = world_size;
   options.detection = detection;
   options.recovery.shrink = mode == "shrink";
   options.recovery.min_world = min_world;
+  options.recovery.max_world = max_world;
   options.recovery.replace_stragglers = stragglers == "replace";
   options.scan_interval = absl::Milliseconds(scan_ms);
   options.metrics_port = metrics_port;
@@ -255,7 +266,6 @@ int main(int argc, char** argv) {
     eo.value = advertise.empty() ? absl::StrCat(bind, ":", port) : advertise;
     eo.ttl_s = lease_s;
     return LeadWhileElected(options, eo, stop);
-  options.recovery.max_world = max_world;
   }
   auto server = holdfast::control::ControllerServer::Start(options);
   if (!server.ok()) {

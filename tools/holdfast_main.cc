@@ -29,6 +29,7 @@
 #include "src/control/wire/auth.h"
 #include "src/diagnosis/diagnosis.h"
 #include "tools/diagnose.h"
+#include "tools/tls_flags.h"
 
 namespace {
 
@@ -161,6 +162,8 @@ int main(int argc, char** argv) {
                      "file whose first line is the job token (default: "
                      "HOLDFAST_JOB_TOKEN)");
   status->add_flag("--json", json, "print the status as JSON");
+  holdfast::TlsFiles tls_files;
+  holdfast::tools::AddTlsFlags(*status, &tls_files);
   status->add_option("--incidents", incidents, "recent incidents to show")
       ->check(CLI::Range(0, 1000));
   status
@@ -191,9 +194,16 @@ int main(int argc, char** argv) {
                  std::string(token.status().message()).c_str());
     return 2;
   }
+  auto tls = holdfast::control::LoadTls(tls_files);
+  if (!tls.ok()) {
+    std::fprintf(stderr, "holdfast status: %s\n",
+                 std::string(tls.status().message()).c_str());
+    return 2;
+  }
   holdfast::control::ClientOptions options;
   options.address = controller;
   options.token = *token;
+  options.tls = *tls;
   options.rpc_slack = absl::Milliseconds(timeout_ms);
   holdfast::control::StatusRequest req;
   req.set_include_members(true);

@@ -73,6 +73,10 @@ struct Flags {
   double gradient_outlier_factor = 1000.0;
   bool no_disk_tier = false, fresh = false;
   bool agent = false;  // members reach the controller through host agents
+  // The control plane's TLS files (--tls-*, else HOLDFAST_TLS_*); none on
+  // one machine: a private CA made here, unless no_tls.
+  TlsFiles tls;
+  bool no_tls = false;
   // Many nodes (tools/nodes.h): set by --nnodes, --rdzv-endpoint or
   // HOLDFAST_RDZV_ENDPOINT.
   NodeFlags nodes;
@@ -129,6 +133,10 @@ class Launcher {
   // node serving it waits (bounded) until every live node has.
   void FinishNodes(const StatusResponse& last);
   // With --agent: a host agent for each host label, in this process.
+  // The control plane's TLS (docs/security.md): the files given, else on
+  // one machine a private CA's, made in a private directory; loads them
+  // into client_.tls.
+  absl::Status SetUpTls(const Flags& f);
   absl::Status StartAgents(const Flags& f, const std::string& token);
   absl::Status StartAgent(const std::string& host, const std::string& token);
   // The start-up line: where the controller is, what runs here.
@@ -189,15 +197,19 @@ class Launcher {
   std::string checkpoint_dir_;           // empty: no disk tier
   bool default_checkpoint_dir_ = false;  // chosen here, removed on success
   int n_ = 0;                            // the job's slots at the start
+  int max_world_ = 0;                    // the world grows up to it
   std::unique_ptr<control::ControllerServer> server_;  // when served here
   std::optional<NodePlan> plan_;                       // many nodes
   NodeLayout layout_;  // this node's slots (many nodes)
   // HOLDFAST_BIND_ADDR for the members (many nodes, when not set): this
   // node's address toward the controller.
   std::string bind_addr_;
+  // The job's TLS files (empty: plain TCP), and the private directory
+  // holding the ones made here (removed at the end).
+  TlsFiles tls_files_;
+  std::string tls_dir_;
   absl::Time next_label_fetch_ = absl::InfinitePast();
   Timeline timeline_;  // DIR/timeline.html (with --log-dir)
-  int max_world_ = 0;                    // the world grows up to it
 };
 
 }  // namespace holdfast::run

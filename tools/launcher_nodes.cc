@@ -2,6 +2,10 @@
 // the controller it serves.
 #include <arpa/inet.h>
 
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <set>
 #include <string>
 
@@ -9,6 +13,7 @@
 #include "absl/time/clock.h"
 #include "holdfast/status.h"
 #include "tools/launcher.h"
+#include "tools/tls_ca.h"
 
 namespace holdfast::run {
 namespace {
@@ -26,13 +31,41 @@ bool IsNumericAddress(const std::string& host) {
 
 }  // namespace
 
+absl::Status Launcher::SetUpTls(const Flags& f) {
+  TlsFiles files = f.tls;
+  if (f.no_tls) {
+    files = TlsFiles();
+  } else if (files.empty() && plan_) {
+    std::fprintf(stderr,
+                 "holdfast-run: warning: the control plane is plain TCP: "
+                 "give every node the job's --tls-ca, --tls-cert and "
+                 "--tls-key (docs/security.md)\n");
+  } else if (files.empty()) {
+    // One machine: a private CA, in a directory only this user reads.
+    char dir[] = "/tmp/holdfast-tls-XXXXXX";
+    if (mkdtemp(dir) == nullptr) {
+      return absl::InternalError(
+          absl::StrCat("cannot make a directory for the job's certificates "
+                       "under /tmp: ",
+                       std::strerror(errno)));
+    }
+    tls_dir_ = dir;
+    HOLDFAST_ASSIGN_OR_RETURN(files, MakeJobCertificates(tls_dir_, {}));
+  }
+  HOLDFAST_ASSIGN_OR_RETURN(client_.tls, control::LoadTls(files));
+  tls_files_ = files;
+  return absl::OkStatus();
+}
+
 absl::Status Launcher::StartController(const Flags& f,
                                        const std::string& token) {
   control::ControllerOptions co;
   co.token = token;
+  co.tls = client_.tls;
   co.world_size = n_;
   co.recovery.shrink = f.mode == "shrink";
   co.recovery.min_world = f.min_world;
+  co.recovery.max_world = max_world_;
   co.recovery.replace_stragglers = f.stragglers == "replace";
   co.detection.heartbeat_interval = absl::Milliseconds(f.heartbeat_ms);
   co.detection.silent_after = absl::Milliseconds(f.silent_ms);
@@ -65,7 +98,6 @@ absl::Status Launcher::StartController(const Flags& f,
     return absl::OkStatus();
   }
   HOLDFAST_ASSIGN_OR_RETURN(server_, control::ControllerServer::Start(co));
-  co.recovery.max_world = max_world_;
   client_.address = server_->address();
   return absl::OkStatus();
 }

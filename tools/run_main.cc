@@ -50,6 +50,7 @@
 #include "src/control/controller/server.h"
 #include "src/fault/fault.h"
 #include "tools/launcher.h"
+#include "tools/tls_flags.h"
 
 namespace holdfast::run {
 namespace {
@@ -91,13 +92,13 @@ std::optional<int> Launcher::ParseFlags(int argc, char** argv, Flags* f) {
       ->check(CLI::IsMember({"replace", "shrink"}));
   app.add_option("--min-world", f->min_world,
                  "stop the job below this many workers");
-  app.add_option("--stragglers", f->stragglers,
   app.add_option("--max-world", f->max_world,
                  "grow the world up to this many workers with standbys that "
                  "wait (a node added after a node was lost); 0: never "
                  "(default: the start's world in replace mode, 0 in shrink "
                  "mode)")
       ->check(CLI::Range(0, 1 << 20));
+  app.add_option("--stragglers", f->stragglers,
                  "report a straggler, or replace it with a standby once it "
                  "has been slow for 16 steps (docs/gray-failures.md)")
       ->check(CLI::IsMember({"report", "replace"}));
@@ -114,6 +115,10 @@ std::optional<int> Launcher::ParseFlags(int argc, char** argv, Flags* f) {
                "members reach the controller through a host agent per host "
                "label, as on a cluster (a stopped member is then found in "
                "under a second; docs/controller.md)");
+  // Without TLS files, one machine's job makes a private CA.
+  tools::AddTlsFlags(app, &f->tls);
+  app.add_flag("--no-tls", f->no_tls,
+               "plain TCP on the control plane (no private CA)");
   app.add_option("--replicas", f->replicas,
                  "copies of each checkpoint piece on buddies "
                  "(HOLDFAST_REPLICAS; default 1)")
@@ -184,11 +189,6 @@ std::optional<int> Launcher::CheckFlags(const Flags& f, std::string* faults) {
     return Usage(absl::StrCat("--min-world ", f.min_world,
                               " is out of range [1, ", n, "]"));
   }
-  *faults = absl::StrJoin(f.inject, ",");
-  absl::StatusOr<std::vector<fault::FaultSpec>> parsed = fault::Parse(*faults);
-  if (!parsed.ok()) {
-    return Usage(absl::StrCat("--inject: ", parsed.status().message()));
-  }
   // Above the start's world: up to every node's workers (--nnodes' MAX).
   const int most = plan_ ? plan_->max_nodes * plan_->nproc_per_node : 4096;
   max_world_ = f.max_world >= 0 ? f.max_world : f.mode == "shrink" ? 0 : n;
@@ -197,6 +197,11 @@ std::optional<int> Launcher::CheckFlags(const Flags& f, std::string* faults) {
         "--max-world ", max_world_, " is out of range [", n, ", ", most,
         "] (0: the world never grows)",
         plan_ ? " (the start's workers to MAX nodes' workers)" : ""));
+  }
+  *faults = absl::StrJoin(f.inject, ",");
+  absl::StatusOr<std::vector<fault::FaultSpec>> parsed = fault::Parse(*faults);
+  if (!parsed.ok()) {
+    return Usage(absl::StrCat("--inject: ", parsed.status().message()));
   }
   // Slots are 0..n-1 in every generation (a standby takes a lost slot's
   // number, a shrink renumbers below it): a fault on slot n or above would
@@ -251,8 +256,14 @@ std::vector<std::string> Launcher::ProcEnv(const Flags& f, const Proc& p,
   if (!f.verify_backups.empty()) {
     env.push_back(absl::StrCat("HOLDFAST_VERIFY_BACKUPS=", f.verify_backups));
   }
-  // Set even when empty: --no-disk-tier wins over an inherited one.
+  // Set even when empty: --no-disk-tier wins over an inherited one, and
+  // --no-tls over inherited TLS files.
   env.push_back(absl::StrCat("HOLDFAST_CHECKPOINT_DIR=", checkpoint_dir_));
+  env.push_back(absl::StrCat("HOLDFAST_TLS_CA=", tls_files_.ca));
+  env.push_back(absl::StrCat("HOLDFAST_TLS_CERT=", tls_files_.cert));
+  env.push_back(absl::StrCat("HOLDFAST_TLS_KEY=", tls_files_.key));
+  env.push_back(
+      absl::StrCat("HOLDFAST_TLS_SERVER_NAME=", tls_files_.server_name));
   if (f.checkpoint_every > 0) {
     env.push_back(
         absl::StrCat("HOLDFAST_CHECKPOINT_EVERY=", f.checkpoint_every));
@@ -305,6 +316,7 @@ absl::Status Launcher::StartAgent(const std::string& host,
   control::AgentOptions o;
   o.controller = client_.address;
   o.token = token;
+  o.tls = client_.tls;
   o.host = host;  // "": this machine's name
   HOLDFAST_ASSIGN_OR_RETURN(agents_[host], control::HostAgent::Start(o));
   return absl::OkStatus();
@@ -437,6 +449,11 @@ void Launcher::StopAll(const std::string& outcome) {
 }
 
 void Launcher::PrintStart(const Flags& f, const std::string& faults) const {
+  std::fprintf(stderr, "holdfast-run: control plane: %s\n",
+               !client_.tls        ? "plain TCP"
+               : !tls_dir_.empty() ? "mutual TLS (a private CA made for "
+                                     "this job)"
+                                   : "mutual TLS (the certificates given)");
   if (plan_) {
     std::fprintf(
         stderr,
@@ -475,7 +492,8 @@ int Launcher::Main(int argc, char** argv) {
   }
   client_.token = token;
   client_.rpc_slack = absl::Seconds(5);
-  absl::Status joined = StartController(f, token);
+  absl::Status joined = SetUpTls(f);
+  if (joined.ok()) joined = StartController(f, token);
   if (joined.ok() && plan_) joined = JoinNodes(f);
   if (!joined.ok()) {
     std::fprintf(stderr, "holdfast-run: %s\n",
@@ -526,6 +544,10 @@ int Launcher::Main(int argc, char** argv) {
   if (plan_) FinishNodes(last);
   agents_.clear();
   if (server_) server_->Shutdown();
+  if (!tls_dir_.empty()) {
+    std::error_code ec;
+    std::filesystem::remove_all(tls_dir_, ec);
+  }
   return code;
 }
 

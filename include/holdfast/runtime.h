@@ -57,6 +57,7 @@
 #include "holdfast/communicator.h"
 #include "holdfast/options.h"
 #include "holdfast/state.h"
+#include "holdfast/tls.h"
 
 namespace holdfast {
 
@@ -83,6 +84,7 @@ enum class VerifyBackups {
 namespace defaults {
 std::string Controller();          // HOLDFAST_CONTROLLER ("")
 std::string JobToken();            // HOLDFAST_JOB_TOKEN ("")
+TlsFiles Tls();                    // HOLDFAST_TLS_CA, _CERT, _KEY, _SERVER_NAME
 std::string Host();                // HOLDFAST_HOST, else the host name
 std::string TopologyBlock();       // HOLDFAST_TOPOLOGY_BLOCK ("")
 absl::Duration RecoveryTimeout();  // HOLDFAST_RECOVERY_TIMEOUT_MS (300000)
@@ -113,6 +115,9 @@ struct RuntimeOptions {
   // token from its first line instead.
   std::string token = defaults::JobToken();
   std::string token_file;
+  // Mutual TLS to the controller (or the host agent): the job's CA and
+  // this process's certificate and key, all three or none (plain TCP).
+  TlsFiles tls = defaults::Tls();
   // Failure-domain labels: this member's machine and its rack or switch
   // (buddies are placed on other machines, and other blocks where they
   // can be).

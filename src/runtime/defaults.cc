@@ -13,6 +13,7 @@
 #include "absl/time/time.h"
 #include "holdfast/runtime.h"
 #include "src/common/config.h"
+#include "src/control/wire/tls.h"
 
 namespace holdfast::defaults {
 namespace {
@@ -27,6 +28,7 @@ int IntOf(const char* env) {
 
 std::string Controller() { return config::StringParam("HOLDFAST_CONTROLLER"); }
 std::string JobToken() { return config::StringParam("HOLDFAST_JOB_TOKEN"); }
+TlsFiles Tls() { return control::TlsFilesFromEnv(); }
 std::string Host() {
   std::string host = config::StringParam("HOLDFAST_HOST");
   if (host.empty()) {

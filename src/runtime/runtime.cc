@@ -34,6 +34,7 @@ absl::Status RuntimeImpl::Init() {
   control::ClientOptions client;
   client.address = options_.controller;
   client.token = options_.token;
+  HOLDFAST_ASSIGN_OR_RETURN(client.tls, control::LoadTls(options_.tls));
   HOLDFAST_ASSIGN_OR_RETURN(store_, control::ControllerStore::Connect(client));
   control::MemberOptions mo;
   mo.client = client;

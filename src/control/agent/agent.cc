@@ -123,7 +123,8 @@ class AgentImpl final : public HostAgent, public BeatHandler {
  public:
   explicit AgentImpl(AgentOptions o)
       : options_(std::move(o)),
-        stub_(Controller::NewStub(ControllerChannel(options_.controller))),
+        stub_(Controller::NewStub(
+            ControllerChannel(options_.controller, options_.tls))),
         service_(this, stub_.get(), options_.token) {
     if (options_.host.empty()) {
       char name[256] = {};
@@ -141,7 +142,7 @@ class AgentImpl final : public HostAgent, public BeatHandler {
   absl::Status Listen() {
     grpc::ServerBuilder builder;
     int port = 0;
-    builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(),
+    builder.AddListeningPort(options_.listen, ServerCredentials(options_.tls),
                              &port);
     builder.RegisterService(&service_);
     builder.AddChannelArgument(
@@ -350,7 +351,10 @@ class AgentImpl final : public HostAgent, public BeatHandler {
       HOLDFAST_LOG_WARN(
           "host agent {}: stream to the controller at {} ended ({}); its "
           "members resume when it is back",
-          options_.host, options_.controller, std::string(ended.message()));
+          options_.host, options_.controller,
+          std::string(
+              ExplainTls(ended, options_.controller, options_.tls.has_value())
+                  .message()));
       CloseLocal(absl::UnavailableError(
           absl::StrCat("the host agent lost its controller at ",
                        options_.controller, ": ", ended.message())));

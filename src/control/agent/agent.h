@@ -25,16 +25,21 @@
 #define HOLDFAST_SRC_CONTROL_AGENT_AGENT_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "src/control/wire/tls.h"
 
 namespace holdfast::control {
 
 struct AgentOptions {
   std::string controller;  // "host:port" of the controller
   std::string token;       // the job token (members must present it too)
+  // Mutual TLS toward the controller and toward the members (tls.h);
+  // nullopt: plain TCP.
+  std::optional<TlsConfig> tls;
   // Where members connect: "unix:PATH" (recommended: a restarted agent
   // finds the same address) or "HOST:PORT" (port 0: any free port).
   std::string listen = "127.0.0.1:0";

@@ -792,7 +792,7 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
   int bound_port = 0;
   builder.AddListeningPort(
       absl::StrCat(options.bind_address, ":", options.port),
-      grpc::InsecureServerCredentials(), &bound_port);
+      ServerCredentials(options.tls), &bound_port);
   builder.RegisterService(service.get());
   // One controller per address: a second one on the port must fail to
   // bind, not share it (holdfast-run's nodes decide who serves by it).

@@ -10,11 +10,13 @@
 #define HOLDFAST_SRC_CONTROL_CONTROLLER_SERVER_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "src/control/controller/kv_store.h"
 #include "src/control/controller/membership.h"
+#include "src/control/wire/tls.h"
 
 namespace holdfast::control {
 
@@ -25,6 +27,9 @@ struct ControllerOptions {
   int port = 0;
   // The job token every RPC must carry. Required (non-empty).
   std::string token;
+  // Mutual TLS (src/control/wire/tls.h): clients must present a
+  // certificate of the job's CA. nullopt: plain TCP.
+  std::optional<TlsConfig> tls;
   // Worker slots; registrants beyond them become standbys. Required (> 0).
   int world_size = 0;
   KvLimits limits;

@@ -15,8 +15,13 @@ int64_t ToMillis(absl::Duration d) {
 
 class ControllerStoreImpl final : public ControllerStore {
  public:
-  explicit ControllerStoreImpl(const ClientOptions& o)
-      : options_(o), stub_(Controller::NewStub(ControllerChannel(o.address))) {}
+  // Connects at once, in the background: a standby's first call comes in
+  // a recovery, which should not wait for a TLS handshake.
+  explicit ControllerStoreImpl(const ClientOptions& o) : options_(o) {
+    auto channel = ControllerChannel(o.address, o.tls);
+    channel->GetState(/*try_to_connect=*/true);
+    stub_ = Controller::NewStub(channel);
+  }
 
   absl::Status Set(absl::string_view key, absl::string_view value) override {
     SetRequest req;
@@ -110,7 +115,7 @@ class ControllerStoreImpl final : public ControllerStore {
   }
 
   const ClientOptions options_;
-  const std::unique_ptr<Controller::Stub> stub_;
+  std::unique_ptr<Controller::Stub> stub_;
 };
 
 }  // namespace
@@ -133,11 +138,14 @@ absl::StatusOr<StatusResponse> FetchStatus(const ClientOptions& options,
     return absl::InvalidArgumentError(
         "status: a controller address and a job token are required");
   }
-  auto stub = Controller::NewStub(ControllerChannel(options.address));
+  auto stub =
+      Controller::NewStub(ControllerChannel(options.address, options.tls));
   auto ctx = TokenContext(options.token, absl::Now() + options.rpc_slack);
   StatusResponse resp;
   absl::Status s = FromGrpc(stub->Status(ctx.get(), request, &resp), "Status");
-  if (!s.ok()) return s;
+  if (!s.ok()) {
+    return ExplainTls(s, options.address, options.tls.has_value());
+  }
   return resp;
 }
 

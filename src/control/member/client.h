@@ -7,6 +7,7 @@
 #define HOLDFAST_SRC_CONTROL_MEMBER_CLIENT_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -14,6 +15,7 @@
 #include "absl/time/time.h"
 #include "holdfast/store.h"
 #include "src/control/wire/controller.pb.h"
+#include "src/control/wire/tls.h"
 
 namespace holdfast::control {
 
@@ -22,6 +24,7 @@ struct ClientOptions {
   std::string token;    // the job token
   // Extra time allowed to an RPC beyond its own wait, for the network.
   absl::Duration rpc_slack = absl::Seconds(10);
+  std::optional<TlsConfig> tls = std::nullopt;  // nullopt: plain TCP
 };
 
 class ControllerStore : public Store {

@@ -724,9 +724,13 @@ absl::StatusOr<std::unique_ptr<MemberClient>> MemberClient::Join(
   if (options.preferred_slot.has_value()) {
     req.set_preferred_slot(*options.preferred_slot);
   }
-  auto stub = Controller::NewStub(ControllerChannel(options.client.address));
-  RegisterResponse resp;
+  auto channel = ControllerChannel(options.client.address, options.client.tls);
   const absl::Time asked_at = absl::Now();
+  HOLDFAST_RETURN_IF_ERROR(AwaitChannel(channel, options.client.address,
+                                        options.client.tls.has_value(),
+                                        asked_at + options.connect_timeout));
+  auto stub = Controller::NewStub(channel);
+  RegisterResponse resp;
   auto ctx =
       TokenContext(options.client.token, asked_at + options.connect_timeout);
   ctx->set_wait_for_ready(true);
@@ -736,7 +740,10 @@ absl::StatusOr<std::unique_ptr<MemberClient>> MemberClient::Join(
         "member: no controller answered at ", options.client.address,
         " within ", absl::FormatDuration(options.connect_timeout)));
   }
-  if (!s.ok()) return FromGrpc(s, "Register");
+  if (!s.ok()) {
+    return ExplainTls(FromGrpc(s, "Register"), options.client.address,
+                      options.client.tls.has_value());
+  }
   auto client = std::make_unique<MemberClientImpl>(
       options, std::move(callbacks), std::move(stub), std::move(req), resp,
       asked_at);

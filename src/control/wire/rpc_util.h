@@ -6,7 +6,10 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
+#include <climits>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -14,7 +17,9 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "src/control/wire/auth.h"
+#include "src/control/wire/controller.grpc.pb.h"
 #include "src/control/wire/target.h"
+#include "src/control/wire/tls.h"
 
 namespace holdfast::control {
 
@@ -44,8 +49,9 @@ inline std::unique_ptr<grpc::ClientContext> TokenContext(
 // src/control/wire/target.h) expects a failover: it is retried faster, and
 // pinged every second, so that a leader cut off (whose connections see no
 // error) is left within two seconds, when its lease runs out too.
+// `tls`: mutual TLS with the job's certificates (tls.h); nullopt: plain TCP.
 inline std::shared_ptr<grpc::Channel> ControllerChannel(
-    const std::string& address) {
+    const std::string& address, const std::optional<TlsConfig>& tls) {
   const bool list = IsAddressList(address);
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
@@ -56,8 +62,49 @@ inline std::shared_ptr<grpc::Channel> ControllerChannel(
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, list ? 1000 : 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, list ? 1000 : 5000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // Never idle: a channel that went idle (gRPC's default: after 30 min
+  // without a call, a standby's store) would reconnect, TLS handshake
+  // included, in the recovery that uses it next.
+  args.SetInt(GRPC_ARG_CLIENT_IDLE_TIMEOUT_MS, INT_MAX);
+  SetServerName(tls, &args);
   return grpc::CreateCustomChannel(ChannelTarget(address),
-                                   grpc::InsecureChannelCredentials(), args);
+                                   ClientCredentials(tls), args);
+}
+
+// Waits until `channel` (to `address`, with TLS or not) connects, or
+// `deadline`. A connection that fails its TLS handshake, or that the
+// server closes as it is made three times in a row (it refuses this
+// process's certificate, or a plain-TCP client), ends the wait at once
+// with an error that says what to check (ExplainTls); any other failure
+// (nobody listens yet) is waited out. OK when connected or at the deadline
+// (the caller's next call reports that).
+inline absl::Status AwaitChannel(const std::shared_ptr<grpc::Channel>& channel,
+                                 const std::string& address, bool tls,
+                                 absl::Time deadline) {
+  auto stub = Controller::NewStub(channel);
+  int closed = 0;
+  for (;;) {
+    const grpc_connectivity_state state = channel->GetState(true);
+    if (state == GRPC_CHANNEL_READY) return absl::OkStatus();
+    if (state == GRPC_CHANNEL_TRANSIENT_FAILURE) {
+      // A call that does not wait fails with the last attempt's error (a
+      // probe: it reaches no server while the channel is down).
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+      GetRequest req;
+      req.set_key("holdfast/connect-probe");
+      req.set_timeout_ms(1);
+      GetResponse resp;
+      const absl::Status s = FromGrpc(stub->Get(&ctx, req, &resp), "connect");
+      if (std::optional<absl::Status> p = TlsProblem(s, address)) return *p;
+      closed = ClosedByPeer(s) ? closed + 1 : 0;
+      if (closed == 3) return ExplainTls(s, address, tls);
+    }
+    const absl::Time now = absl::Now();
+    if (now >= deadline) return absl::OkStatus();
+    channel->WaitForStateChange(
+        state, absl::ToChronoTime(std::min(deadline, now + absl::Seconds(1))));
+  }
 }
 
 // Whether a call on the serving side carries `token`.
