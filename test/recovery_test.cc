@@ -780,6 +780,10 @@ TEST_CASE("recovery: the launcher refuses bad many-node input by name") {
        "--max-world 1 is out of range [2, 4096] (0: the world never grows)", 2},
       {"", "--nnodes 2:3 --nproc-per-node 2 --max-world 7 --rdzv-id a " + ep,
        "--max-world 7 is out of range [4, 6]", 2},
+      {"", "-n 2 --tls-ca /nonexistent/ca.pem",
+       "TLS: give the CA, the certificate and the key together; the "
+       "certificate (HOLDFAST_TLS_CERT, --tls-cert) is missing",
+       1},
       // Nobody serves the endpoint (an address this machine does not have).
       {"",
        "--nnodes 2 --nproc-per-node 1 --rdzv-id a --join-timeout-s 2 "
@@ -795,7 +799,17 @@ TEST_CASE("recovery: the launcher refuses bad many-node input by name") {
 
   // A node of another job (another id, so another token) at a served
   // endpoint, and a second node with the same name, are refused by name.
+  // An earlier job's connection on the endpoint, left in TIME_WAIT (its
+  // server's side closed first), must not stop n0 from serving it: it
+  // did, and every node waited for a controller nobody started.
   const std::string dir = holdfast::proc::MakeTempDir();
+  const std::string time_wait =
+      "python3 -c \"import socket; s = socket.socket(); "
+      "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+      "s.bind(('127.0.0.1', 29433)); s.listen(); "
+      "c = socket.create_connection(('127.0.0.1', 29433)); "
+      "a, _ = s.accept(); a.close(); c.close(); s.close()\"";
+  REQUIRE(std::system(time_wait.c_str()) == 0);
   const std::string serving = absl::StrCat(
       "cd ", dir, "; HOLDFAST_HOST=n0 setsid timeout -s KILL 30 ",
       HOLDFAST_RUN_BIN, " --nnodes 2 --nproc-per-node 1 --rdzv-id a ", ep,

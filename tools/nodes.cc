@@ -205,6 +205,11 @@ bool CanBind(const std::string& host, int port) {
   for (size_t i = 0; i < addrs.size(); ++i) {
     const int fd = socket(addrs[i].ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) continue;
+    // As the controller binds (gRPC sets it): connections of an earlier
+    // job on the port, in TIME_WAIT for a minute, do not count; a
+    // listener does.
+    const int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     const bool bound =
         bind(fd, reinterpret_cast<sockaddr*>(&addrs[i]), lens[i]) == 0;
     close(fd);
