@@ -102,7 +102,7 @@ TEST_CASE("tls: bad TLS settings are refused by name") {
 
 TEST_CASE(
     "tls: the controller takes only clients with the job's certificate and "
-    "token; the others are refused by name and change nothing") {
+    "token: the others are refused by name and change nothing") {
   const TlsConfig job = Certificates();
   const TlsConfig other = Certificates();  // another job's CA
   auto server = Serve(job);

@@ -70,13 +70,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.token = *token;
-  auto tls = holdfast::control::LoadTls(tls_files);
-  if (!tls.ok()) {
-    std::fprintf(stderr, "holdfast-agent: %s\n",
-                 std::string(tls.status().message()).c_str());
+  if (!holdfast::tools::LoadTlsFlags("holdfast-agent", tls_files,
+                                     &options.tls)) {
     return 2;
   }
-  options.tls = *tls;
   if (options.controller.empty()) {
     std::fprintf(stderr,
                  "holdfast-agent: no controller address (--controller or "

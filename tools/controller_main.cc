@@ -227,12 +227,6 @@ int main(int argc, char** argv) {
                  max_world, world_size);
     return 2;
   }
-  auto tls = holdfast::control::LoadTls(tls_files);
-  if (!tls.ok()) {
-    std::fprintf(stderr, "holdfast-controller: %s\n",
-                 std::string(tls.status().message()).c_str());
-    return 2;
-  }
   auto token = holdfast::control::LoadToken(token_file);
   if (!token.ok()) {
     std::fprintf(stderr, "holdfast-controller: %s\n",
@@ -250,7 +244,10 @@ int main(int argc, char** argv) {
   options.bind_address = bind;
   options.port = port;
   options.token = *token;
-  options.tls = *tls;
+  if (!holdfast::tools::LoadTlsFlags("holdfast-controller", tls_files,
+                                     &options.tls)) {
+    return 2;
+  }
   options.world_size = world_size;
   options.detection = detection;
   options.recovery.shrink = mode == "shrink";

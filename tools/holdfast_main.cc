@@ -194,16 +194,13 @@ int main(int argc, char** argv) {
                  std::string(token.status().message()).c_str());
     return 2;
   }
-  auto tls = holdfast::control::LoadTls(tls_files);
-  if (!tls.ok()) {
-    std::fprintf(stderr, "holdfast status: %s\n",
-                 std::string(tls.status().message()).c_str());
+  holdfast::control::ClientOptions options;
+  if (!holdfast::tools::LoadTlsFlags("holdfast status", tls_files,
+                                     &options.tls)) {
     return 2;
   }
-  holdfast::control::ClientOptions options;
   options.address = controller;
   options.token = *token;
-  options.tls = *tls;
   options.rpc_slack = absl::Milliseconds(timeout_ms);
   holdfast::control::StatusRequest req;
   req.set_include_members(true);

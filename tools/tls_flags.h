@@ -4,6 +4,9 @@
 #define HOLDFAST_TOOLS_TLS_FLAGS_H_
 
 #include <CLI/CLI.hpp>
+#include <cstdio>
+#include <optional>
+#include <string>
 
 #include "holdfast/tls.h"
 #include "src/control/wire/tls.h"
@@ -26,6 +29,21 @@ inline void AddTlsFlags(CLI::App& app, TlsFiles* files) {
   app.add_option("--tls-server-name", files->server_name,
                  "the name the server's certificate carries, when not the "
                  "host dialled (default: HOLDFAST_TLS_SERVER_NAME)");
+}
+
+// Loads `files` into `tls` (nullopt: none given); on an error prints it
+// after `tool` and returns false (the tool exits 2).
+inline bool LoadTlsFlags(const char* tool, const TlsFiles& files,
+                         std::optional<control::TlsConfig>* tls) {
+  absl::StatusOr<std::optional<control::TlsConfig>> loaded =
+      control::LoadTls(files);
+  if (!loaded.ok()) {
+    std::fprintf(stderr, "%s: %s\n", tool,
+                 std::string(loaded.status().message()).c_str());
+    return false;
+  }
+  *tls = *std::move(loaded);
+  return true;
 }
 
 }  // namespace holdfast::tools
