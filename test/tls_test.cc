@@ -185,3 +185,19 @@ TEST_CASE("tls: a host agent serves its members over TLS too") {
   CHECK(st->members_size() == 1);
   (*member)->Leave(/*finished=*/false);
 }
+
+TEST_CASE("tls: only TLS's own words make a failure a TLS problem") {
+  // gRPC calls plain TCP's connect steps handshakers too: a connect that
+  // timed out is no certificate problem, and a member must wait it out.
+  const absl::Status timeout = absl::UnavailableError(
+      "failed to connect to all addresses; last error: UNKNOWN: "
+      "ipv4:10.0.0.1:29400: tcp handshaker shutdown");
+  CHECK_FALSE(TlsProblem(timeout, "10.0.0.1:29400").has_value());
+  const absl::Status tls = absl::UnavailableError(
+      "failed to connect to all addresses; last error: UNKNOWN: "
+      "ipv4:10.0.0.1:29400: Ssl handshake failed: SSL_ERROR_SSL: "
+      "error:0A000086:SSL routines::certificate verify failed");
+  auto p = TlsProblem(tls, "10.0.0.1:29400");
+  REQUIRE(p.has_value());
+  CHECK(Has(*p, "the TLS handshake with 10.0.0.1:29400 failed"));
+}

@@ -55,7 +55,12 @@ inline std::shared_ptr<grpc::Channel> ControllerChannel(
   const bool list = IsAddressList(address);
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  // gRPC takes this as the least time a connection attempt gets (TCP, the
+  // TLS handshake, HTTP/2's settings): at 100 ms a TLS handshake on a
+  // loaded machine timed out, and a rendezvous' store call failed. A list
+  // keeps 100 ms, so that an address that does not answer (a leader cut
+  // off) is left fast for the next.
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, list ? 100 : 2000);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
               static_cast<int>(absl::ToInt64Milliseconds(
                   ReconnectCap(address, absl::Seconds(2)))));

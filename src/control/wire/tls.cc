@@ -104,11 +104,12 @@ bool ClosedByPeer(const absl::Status& s) {
 std::optional<absl::Status> TlsProblem(const absl::Status& s,
                                        const std::string& address) {
   const std::string m = absl::AsciiStrToLower(s.message());
-  const bool handshake = absl::StrContains(m, "ssl") ||
-                         absl::StrContains(m, "handshake") ||
-                         absl::StrContains(m, "certificate") ||
-                         absl::StrContains(m, "tlsv1 alert");
-  if (s.ok() || !handshake) return std::nullopt;
+  // TLS's own words only: gRPC names plain TCP's connect steps
+  // "handshakers" too ("tcp handshaker shutdown" is a connect timeout).
+  const bool tls = absl::StrContains(m, "ssl") ||
+                   absl::StrContains(m, "certificate") ||
+                   absl::StrContains(m, "tlsv1 alert");
+  if (s.ok() || !tls) return std::nullopt;
   return absl::Status(
       s.code(),
       absl::StrCat("the TLS handshake with ", address,
