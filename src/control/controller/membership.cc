@@ -714,17 +714,10 @@ void Membership::OpenGenerationLocked(int lost_slot,
   }
   if (lost_slot >= 0 && !policy_.shrink && pick != standbys.end()) {
     slots_changed_at_ = generation_;
-    Member& s = members_.at(pick->second);
-    slots_.RemoveStandby(pick->first);
-    s.role = ROLE_WORKER;
-    s.slot = lost_slot;
-    s.step_changed_at = now;
-    slots_.Take(lost_slot, s.id);
-    SlotChange& c = changes.emplace_back();
-    c.set_slot(lost_slot);
-    c.set_member_id(s.id);
+    const uint64_t id = pick->second;
+    PromoteStandbyLocked(pick->first, lost_slot, now, &changes);
     HOLDFAST_LOG_INFO("generation {}: standby {} takes slot {}", generation_,
-                      s.id, lost_slot);
+                      id, lost_slot);
   } else if (lost_slot >= 0) {
     // Shrink: the survivors are renumbered in their old order.
     removed = slots_.Compact();
@@ -769,6 +762,19 @@ void Membership::NextGenerationLocked(AbortOrder* abort) {
   norms_.Restart(checkpoints_.committed());
 }
 
+void Membership::PromoteStandbyLocked(uint64_t order, int slot, absl::Time now,
+                                      std::vector<SlotChange>* changes) {
+  Member& s = members_.at(slots_.standbys().at(order));
+  slots_.RemoveStandby(order);
+  s.role = ROLE_WORKER;
+  s.slot = slot;
+  s.step_changed_at = now;
+  slots_.Take(slot, s.id);
+  SlotChange& c = changes->emplace_back();
+  c.set_slot(slot);
+  c.set_member_id(s.id);
+}
+
 void Membership::ScanGrowthLocked(absl::Time now) {
   const int world = slots_.world_size();
   if (job_state_ != JOB_RUNNING || finished_workers_ > 0 ||
@@ -806,15 +812,7 @@ void Membership::ScanGrowthLocked(absl::Time now) {
   slots_changed_at_ = generation_;
   std::vector<SlotChange> changes;
   for (int i = 0; i < static_cast<int>(picked.size()); ++i) {
-    Member& s = members_.at(picked[i].second);
-    slots_.RemoveStandby(picked[i].first);
-    s.role = ROLE_WORKER;
-    s.slot = world + i;
-    s.step_changed_at = now;
-    slots_.Take(s.slot, s.id);
-    SlotChange& c = changes.emplace_back();
-    c.set_slot(s.slot);
-    c.set_member_id(s.id);
+    PromoteStandbyLocked(picked[i].first, world + i, now, &changes);
   }
   HOLDFAST_LOG_INFO("generation {}: {}", generation_, abort.reason());
   BroadcastGenerationLocked(changes, 0, &abort, now);

@@ -283,6 +283,11 @@ class Membership {
   // next: the ledgers that count per generation start over.
   void NextGenerationLocked(AbortOrder* abort)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The standby of `order` takes vacant `slot` (slot < world size); the
+  // change is appended to `changes`.
+  void PromoteStandbyLocked(uint64_t order, int slot, absl::Time now,
+                            std::vector<SlotChange>* changes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Grows the world toward policy_.max_world when standbys wait (the
   // rules at RecoveryPolicy::max_world). Pushes it.
   void ScanGrowthLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
