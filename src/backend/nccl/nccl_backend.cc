@@ -10,11 +10,12 @@
 // Stopping (HOLDFAST_NCCL_STOP): "abort" (the default) calls ncclCommAbort
 // at once (about half a second). "revoke", where the linked NCCL has
 // ncclCommRevoke (2.28.7), stops the communicator's kernels, waits until
-// it is quiescent, and leaves its teardown to the Reaper below, once a
-// newer communicator of the process has done an operation, so that
-// neither the member's sight of the failure nor the next communicator's
-// init waits for it (see docs/gpu.md for what it measured, and why it is
-// not the default).
+// its streams are idle, and leaves the rest to the Reaper below: the end
+// of the revoke (NCCL's own thread stops the proxy threads, whose poll
+// wakes every 500 ms) and the teardown, once a newer communicator of the
+// process has done an operation, so that neither the member's sight of
+// the failure nor the next communicator's init waits for them (see
+// docs/gpu.md for what it measured, and why it is not the default).
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
@@ -200,11 +201,13 @@ bool RevokeOnAbort() {
 }
 
 // Tears revoked communicators down (ncclCommAbort, then the scratch word's
-// cudaFree) on a thread of its own, each once an operation of the process
-// completed after it was handed over (a newer communicator is up and
-// connected), or 30 s after; at process exit, those left at once, before
-// CUDA's own teardown (atexit runs in reverse order of registration, and
-// CUDA registered first).
+// cudaFree) on a thread of its own, each once its revoke has ended (its
+// state is no longer ncclInProgress: NCCL allows management calls only
+// then) and an operation of the process completed after it was handed
+// over (a newer communicator is up and connected), or 30 s after; at
+// process exit, those left at once (each given up to 2 s to end its
+// revoke), before CUDA's own teardown (atexit runs in reverse order of
+// registration, and CUDA registered first).
 class Reaper {
  public:
   static Reaper& Get() {
@@ -212,11 +215,12 @@ class Reaper {
     return *reaper;
   }
 
-  void Add(ncclComm_t comm, void* scratch, int device) {
+  // `revoked_at`: when ncclCommRevoke was called.
+  void Add(ncclComm_t comm, void* scratch, int device, absl::Time revoked_at) {
     absl::MutexLock lock(&mu_);
     if (!started_) Start();
-    dead_.push_back(
-        Dead{comm, scratch, device, g_ops_done.load(), absl::Now()});
+    dead_.push_back(Dead{comm, scratch, device, g_ops_done.load(), absl::Now(),
+                         revoked_at});
   }
 
  private:
@@ -226,6 +230,7 @@ class Reaper {
     int device;
     int64_t ops_at;  // g_ops_done when handed over
     absl::Time at;
+    absl::Time revoked_at;
   };
 
   void Start() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -257,8 +262,10 @@ class Reaper {
     absl::MutexLock lock(&mu_);
     if (dead_.empty()) return std::nullopt;
     const Dead& d = dead_.front();
-    if (!all && g_ops_done.load() <= d.ops_at &&
-        absl::Now() - d.at < absl::Seconds(30)) {
+    const bool waited = absl::Now() - d.at >= absl::Seconds(30);
+    if (!all && !waited &&
+        (g_ops_done.load() <= d.ops_at ||
+         CommState(d.comm) == ncclInProgress)) {
       return std::nullopt;
     }
     Dead out = d;
@@ -268,8 +275,25 @@ class Reaper {
 
   static void Reap(const Dead& d) {
     cudaSetDevice(d.device);
+    const bool ended =
+        PollUntil(absl::Now() + absl::Seconds(2), absl::Microseconds(50),
+                  absl::Milliseconds(2), "",
+                  [&]() -> std::optional<absl::Status> {
+                    if (CommState(d.comm) == ncclInProgress) {
+                      return std::nullopt;
+                    }
+                    return absl::OkStatus();
+                  })
+            .ok();
+    const absl::Time t0 = absl::Now();
     ncclCommAbort(d.comm);
     if (d.scratch != nullptr) cudaFree(d.scratch);
+    HOLDFAST_LOG_INFO(
+        "nccl: a revoked communicator torn down {} ms after its revoke{} "
+        "(ncclCommAbort took {} ms)",
+        absl::ToInt64Milliseconds(absl::Now() - d.revoked_at),
+        ended ? "" : ", which had not ended",
+        absl::ToInt64Milliseconds(absl::Now() - t0));
   }
 
   absl::Mutex reap_mu_;  // held while one is torn down
@@ -317,12 +341,14 @@ class NcclBackend final : public Backend {
   ~NcclBackend() override {
     Abort("communicator destroyed");
     bool revoked = false;
+    absl::Time revoked_at;
     {
       absl::MutexLock lock(&mu_);
       revoked = revoked_;
+      revoked_at = revoked_at_;
     }
     if (revoked) {
-      Reaper::Get().Add(comm_, scratch_, options_.device);
+      Reaper::Get().Add(comm_, scratch_, options_.device, revoked_at);
     } else if (scratch_ != nullptr) {
       cudaFree(scratch_);
     }
@@ -432,21 +458,21 @@ class NcclBackend final : public Backend {
     aborted_ = true;
     reason_ = std::string(reason);
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 7)
-    // Stops the kernels and returns; the teardown is the Reaper's (see
-    // the top of this file).
-    // Until the communicator is quiescent its kernels may still write the
-    // buffers of the ops they ran, which the caller owns again once Abort
-    // returns: wait for it, up to kQuiesce, and abort if it does not come.
+    // Stops the kernels and returns; the end of the revoke and the
+    // teardown are the Reaper's (see the top of this file).
+    // Until the streams are idle the kernels may still write the buffers
+    // of the ops they ran, which the caller owns again once Abort returns:
+    // wait for that, up to kQuiesce, and abort if it does not come.
     if (RevokeOnAbort()) {
       constexpr absl::Duration kQuiesce = absl::Seconds(2);
-      const absl::Time t0 = absl::Now();
+      revoked_at_ = absl::Now();
       const ncclResult_t r = ncclCommRevoke(comm_, NCCL_REVOKE_DEFAULT);
       revoked_ = (r == ncclSuccess || r == ncclInProgress) &&
-                 AwaitRevoked(t0 + kQuiesce).ok();
-      HOLDFAST_LOG_INFO(
-          "nccl: rank {}: {} after {} ms", options_.rank,
-          revoked_ ? "revoked, quiescent" : "revoke did not end: aborting",
-          absl::ToInt64Milliseconds(absl::Now() - t0));
+                 AwaitKernelsStopped(revoked_at_ + kQuiesce).ok();
+      HOLDFAST_LOG_INFO("nccl: rank {}: {} after {} ms", options_.rank,
+                        revoked_ ? "revoked, its kernels stopped"
+                                 : "revoke did not stop the kernels: aborting",
+                        absl::ToInt64Milliseconds(absl::Now() - revoked_at_));
       if (revoked_) return;
     }
 #endif
@@ -455,20 +481,18 @@ class NcclBackend final : public Backend {
     ncclCommAbort(comm_);
   }
 
-  // After ncclCommRevoke: OK once the revoke has ended (the state is no
-  // longer ncclInProgress) and the communicator's streams are idle, so no
-  // kernel of it runs or will write an op's buffers. A communicator that
-  // had already failed (a peer that died: its state stays that error, the
-  // ncclSuccess of a quiescent one never comes) is quiescent so too.
+  // After ncclCommRevoke: OK once the communicator's streams are idle.
+  // Only its kernels, which run on them, write an op's buffers (holdfast
+  // registers no buffer with NCCL, so no proxy thread writes one), and
+  // the revoke's abort flag ends them; the rest of the revoke (stopping
+  // the proxy threads) touches no buffer of the caller's.
   // DeadlineExceeded at `deadline`.
-  absl::Status AwaitRevoked(absl::Time deadline)
+  absl::Status AwaitKernelsStopped(absl::Time deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return PollUntil(deadline, absl::Microseconds(20), absl::Milliseconds(1),
-                     "nccl: ncclCommRevoke: not quiescent by its deadline",
+                     "nccl: ncclCommRevoke: kernels still running by its "
+                     "deadline",
                      [&]() -> std::optional<absl::Status> {
-                       if (CommState(comm_) == ncclInProgress) {
-                         return std::nullopt;
-                       }
                        if (cudaStreamQuery(stream_) == cudaErrorNotReady ||
                            cudaStreamQuery(p2p_stream_) == cudaErrorNotReady) {
                          return std::nullopt;
@@ -643,6 +667,7 @@ class NcclBackend final : public Backend {
   bool aborted_ ABSL_GUARDED_BY(mu_) = false;
   // Aborted by ncclCommRevoke: comm_ still to be torn down (the Reaper).
   bool revoked_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time revoked_at_ ABSL_GUARDED_BY(mu_);
   std::string reason_ ABSL_GUARDED_BY(mu_);
 };
 
