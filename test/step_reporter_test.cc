@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 #include <cstdint>
+#include <deque>
 #include <utility>
 #include <vector>
 
@@ -53,6 +54,30 @@ TEST_CASE(
   CHECK(t.inside == absl::ZeroDuration());
   CHECK(t.arrival == absl::ZeroDuration());
   CHECK(t.next_seq == 6);
+}
+
+TEST_CASE(
+    "step reporter: time the process was paused inside a collective is not "
+    "time spent waiting there") {
+  // Paused 1250-1450 (inside op 2, 1300-1700: 150 of it) and 1750-1900
+  // (inside op 3, 1700-1800: 50 of it; the rest between the ops).
+  const std::deque<holdfast::Pause> pauses = {
+      {100, 200}, {1250, 1450}, {1750, 1900}};
+  CHECK(holdfast::PausedWithin(pauses, 1300, 1700) == 150);
+  CHECK(holdfast::PausedWithin(pauses, 1700, 1800) == 50);
+  CHECK(holdfast::PausedWithin(pauses, 0, 5000) == 100 + 200 + 150);
+  CHECK(holdfast::PausedWithin(pauses, 200, 1250) == 0);
+  CHECK(holdfast::PausedWithin(pauses, 1800, 1700) == 0);
+  const std::vector<TraceRecord> trace = {
+      Op(2, OpType::kAllReduce, OpState::kCompleted, 1200, 1300, 1700),
+      Op(3, OpType::kBroadcast, OpState::kCompleted, 1600, 1700, 1800),
+  };
+  const holdfast::CollectiveTimes t =
+      holdfast::TimeCollectives(trace, 2, 1000, [&](int64_t from, int64_t to) {
+        return holdfast::PausedWithin(pauses, from, to);
+      });
+  CHECK(t.inside == absl::Nanoseconds(400 - 150 + 100 - 50));
+  CHECK(t.arrival == absl::Nanoseconds((200 + 600) / 2));
 }
 
 TEST_CASE(

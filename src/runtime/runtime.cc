@@ -65,7 +65,8 @@ absl::Status RuntimeImpl::Init() {
                             control::MemberClient::Join(mo, std::move(cb)));
   const control::Assignment a = member_->assignment();
   gens_.Join(a);
-  reporter_ = std::make_unique<StepReporter>(&gens_, member_.get());
+  reporter_ = std::make_unique<StepReporter>(&gens_, member_.get(),
+                                             PauseClock::Process());
   comms_ = std::make_unique<CommSet>(
       options_, store_, &gens_, &snapshots_, faults_,
       [member = member_.get()](int64_t gen) { member->AtRendezvous(gen); });

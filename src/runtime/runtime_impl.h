@@ -19,11 +19,12 @@
 //   checkpoints.cc    the restore, as this member runs it
 //   numerics.cc       anomaly reports and the data position
 //   StepReporter     (step_reporter.h) what heartbeats say of each step
+//   PauseClock       (pause_clock.h) when the process was not running
 //   report.cc         what a member publishes in the controller's store
 //
 // Threads: the training thread (Run and the API), the backup thread
-// (BackupPipeline), the abort thread (AbortQueue), and the member client's
-// thread (the membership callbacks).
+// (BackupPipeline), the abort thread (AbortQueue), the member client's
+// thread (the membership callbacks), and the process' pause clock.
 #ifndef HOLDFAST_SRC_RUNTIME_RUNTIME_IMPL_H_
 #define HOLDFAST_SRC_RUNTIME_RUNTIME_IMPL_H_
 

@@ -10,8 +10,9 @@
 
 namespace holdfast {
 
-CollectiveTimes TimeCollectives(const std::vector<TraceRecord>& trace,
-                                uint64_t from, int64_t step_start_ns) {
+CollectiveTimes TimeCollectives(
+    const std::vector<TraceRecord>& trace, uint64_t from, int64_t step_start_ns,
+    const std::function<int64_t(int64_t, int64_t)>& paused) {
   int64_t inside_ns = 0, arrival_ns = 0, issued = 0;
   CollectiveTimes out;
   out.next_seq = from;
@@ -20,7 +21,11 @@ CollectiveTimes TimeCollectives(const std::vector<TraceRecord>& trace,
         r.started_ns <= 0) {
       continue;
     }
-    inside_ns += std::max<int64_t>(0, r.ended_ns - r.started_ns);
+    int64_t inside = std::max<int64_t>(0, r.ended_ns - r.started_ns);
+    if (paused && inside > 0) {
+      inside -= std::min(inside, paused(r.started_ns, r.ended_ns));
+    }
+    inside_ns += inside;
     out.next_seq = std::max(out.next_seq, r.seq + 1);
     if (r.enqueued_ns >= step_start_ns) {
       arrival_ns += r.enqueued_ns - step_start_ns;
@@ -73,7 +78,13 @@ void StepReporter::Report(int64_t step, absl::Time t0, absl::Time t1,
       timed_generation_ = comm->generation();
       timed_seq_ = 0;
     }
-    c = TimeCollectives(comm->TraceSnapshot(), timed_seq_, start_ns);
+    std::function<int64_t(int64_t, int64_t)> paused;
+    if (pauses_ != nullptr) {
+      paused = [this](int64_t from, int64_t to) {
+        return pauses_->PausedNs(from, to);
+      };
+    }
+    c = TimeCollectives(comm->TraceSnapshot(), timed_seq_, start_ns, paused);
     timed_seq_ = c.next_seq;
   }
   // A syscall per peer: a few times a second is enough for a rate.

@@ -8,6 +8,8 @@
 //   - a step counts the collectives that completed since the last step's
 //     report, on the communicator of the generation it ran in (a new one
 //     starts the count over);
+//   - the time inside them leaves out the time the process was paused
+//     there (pause_clock.h);
 //   - its arrival is the mean time from the step's start to the issue of
 //     the collectives issued since then (zero if none);
 //   - retransmissions are read at most every 200 ms (a syscall per peer),
@@ -20,6 +22,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -29,20 +32,25 @@
 #include "holdfast/trace.h"
 #include "src/control/member/member.h"
 #include "src/runtime/generation_view.h"
+#include "src/runtime/pause_clock.h"
 
 namespace holdfast {
 
 // The collectives of `trace` with a sequence number of at least `from`
-// that completed: the time spent inside them, the mean time from
-// `step_start_ns` (the trace's clock) to the issue of those issued since
-// then, and the sequence number after the newest counted (`from` if none).
+// that completed: the time spent inside them, less the time this process
+// was paused in them (`paused(from_ns, to_ns)`, on the trace's clock;
+// none if empty: a pause inside a collective is the paused rank's own
+// time, not a wait for its peers), the mean time from `step_start_ns` to
+// the issue of those issued since then, and the sequence number after the
+// newest counted (`from` if none).
 struct CollectiveTimes {
   absl::Duration inside;
   absl::Duration arrival;
   uint64_t next_seq = 0;
 };
-CollectiveTimes TimeCollectives(const std::vector<TraceRecord>& trace,
-                                uint64_t from, int64_t step_start_ns);
+CollectiveTimes TimeCollectives(
+    const std::vector<TraceRecord>& trace, uint64_t from, int64_t step_start_ns,
+    const std::function<int64_t(int64_t, int64_t)>& paused = nullptr);
 // The coll_seq of the collective `trace` is inside (started, not ended),
 // or -1: what heartbeats report as PHASE_COLLECTIVE.
 int64_t CollectiveInside(const std::vector<TraceRecord>& trace);
@@ -55,9 +63,10 @@ std::vector<std::pair<int, int64_t>> MostRetransmits(
 
 class StepReporter {
  public:
-  // Both must outlive this object.
-  StepReporter(const GenerationView* gens, control::MemberClient* client)
-      : gens_(gens), client_(client) {}
+  // All must outlive this object; `pauses` may be null (no pause counted).
+  StepReporter(const GenerationView* gens, control::MemberClient* client,
+               const PauseClock* pauses)
+      : gens_(gens), client_(client), pauses_(pauses) {}
 
   // Reports step `step`, which ran from `t0` to `t1`, with `metrics`.
   void Report(int64_t step, absl::Time t0, absl::Time t1,
@@ -66,6 +75,7 @@ class StepReporter {
  private:
   const GenerationView* const gens_;
   control::MemberClient* const client_;
+  const PauseClock* const pauses_;
   // The generation and the next op seq to count.
   int64_t timed_generation_ = -1;
   uint64_t timed_seq_ = 0;
