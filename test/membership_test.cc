@@ -1370,6 +1370,58 @@ TEST_CASE(
   }
 }
 
+TEST_CASE(
+    "membership: the two sides of a host cut off are not taken for a link "
+    "between equals before a third host had time to report") {
+  // Slots 0-1 on h0, 2-3 on h1 (cut off), 4-5 on h2; a standby on h2.
+  Job job(6);
+  for (const char* h : {"h0", "h0", "h1", "h1", "h2", "h2", "h2"}) {
+    job.Join(h, kT0);
+  }
+  // h0 and h1 report each other first: alone, that is the link between
+  // two equal hosts, and a side would be picked by name.
+  REQUIRE(ReportUnreachable(job, 0, 0, {2, 3}, kT0).ok());
+  // (A late report of generation 0: refused as such, its evidence kept.)
+  (void)ReportUnreachable(job, 2, 0, {0, 1}, kT0 + absl::Milliseconds(100));
+  for (const Incident& i : job.Incidents(kT0)) CHECK_FALSE(i.evicted());
+  // h2's word comes a second later: h1 is the host cut off.
+  auto r = ReportUnreachable(job, 4, 0, {2, 3}, kT0 + absl::Seconds(1));
+  REQUIRE(r.ok());
+  CHECK(*r);
+  int fenced = 0;
+  for (const Incident& i : job.Incidents(kT0)) {
+    if (!i.evicted()) continue;
+    ++fenced;
+    CHECK(i.host() == "h1");
+    CHECK(i.evidence().find("host cut off: host h1") != std::string::npos);
+  }
+  CHECK(fenced == 2);
+}
+
+TEST_CASE(
+    "membership: a link between two equal hosts is acted on once the other "
+    "hosts had time to report and did not") {
+  Job job(4);
+  for (const char* h : {"a", "a", "b", "b", "c"})
+    job.Join(h, kT0);  // c: standby
+  REQUIRE(ReportUnreachable(job, 0, 0, {2, 3}, kT0).ok());
+  (void)ReportUnreachable(job, 2, 0, {0, 1}, kT0 + absl::Milliseconds(50));
+  for (const Incident& i : job.Incidents(kT0)) CHECK_FALSE(i.evicted());
+  // The rebuilt group fails the same way past the settle time.
+  const absl::Time later = kT0 + Job::Defaults().link_settle;
+  auto r = ReportUnreachable(job, 0, 1, {2, 3}, later);
+  REQUIRE(r.ok());
+  CHECK(*r);
+  int fenced = 0;
+  for (const Incident& i : job.Incidents(later)) {
+    if (!i.evicted()) continue;
+    ++fenced;
+    CHECK(i.host() == "b");  // the later name
+    CHECK(i.evidence().find("link: hosts a and b") != std::string::npos);
+  }
+  CHECK(fenced == 2);
+}
+
 TEST_CASE("membership: out-of-range unreachable slots are refused by name") {
   Job job(2);
   job.Join("a", kT0);

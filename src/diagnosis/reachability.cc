@@ -114,6 +114,7 @@ std::optional<ReachVerdict> Link(const ReachInput& in, Edges& e) {
   ReachVerdict v;
   v.culprits = evict_a ? sa : sb;
   v.rule = "link";
+  v.tie = sa.size() == sb.size();
   v.evidence = absl::StrCat(
       "hosts ", a, " and ", b,
       " failed to reach each other and nobody else: the link between "

@@ -37,6 +37,10 @@ struct ReachVerdict {
   // "host cut off", "bad NIC", "link" or "undecided".
   std::string rule;
   std::string evidence;  // in words
+  // A link between two hosts with as many members each: the evicted side
+  // is picked by name. A host cut off looks so until a third host reports
+  // it, so the caller waits a little for more reports (Membership).
+  bool tie = false;
 };
 
 ReachVerdict Triangulate(const ReachInput& in);

@@ -56,6 +56,8 @@
 #include "src/control/wire/controller.pb.h"
 #include "src/control/wire/member_sink.h"
 #include "src/diagnosis/diagnosis.h"
+#include "src/diagnosis/reachability.h"
+#include "src/diagnosis/reachability.h"
 
 namespace holdfast::control {
 
@@ -403,6 +405,10 @@ class Membership {
   bool NoteUnreachableLocked(const Member& reporter,
                              const ReportFailureRequest& req, bool force,
                              absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The evidence since the last commit between live workers, by slot and
+  // host, and how many members gave it (`reporters`).
+  diagnosis::ReachInput ReachInputLocked(size_t* reporters) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Pushes the committed step to one stream (one that may have missed
   // the push of the commit).
   void PushCommittedLocked(MemberSink* sink) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -11,6 +11,29 @@
 
 namespace holdfast::control {
 
+diagnosis::ReachInput Membership::ReachInputLocked(size_t* reporters) const {
+  diagnosis::ReachInput in;
+  const std::vector<uint64_t>& holders = slots_.holders();
+  in.host_of_slot.assign(holders.size(), "");
+  for (size_t s = 0; s < holders.size(); ++s) {
+    if (holders[s] != 0) in.host_of_slot[s] = members_.at(holders[s]).host;
+  }
+  std::set<uint64_t> from_ids;
+  for (const auto& [from, to] : network_.lost()) {
+    auto f = members_.find(from);
+    auto t = members_.find(to);
+    if (f == members_.end() || t == members_.end() ||
+        f->second.state != STATE_ALIVE || t->second.state != STATE_ALIVE ||
+        f->second.slot < 0 || t->second.slot < 0) {
+      continue;
+    }
+    in.failed.emplace_back(f->second.slot, t->second.slot);
+    from_ids.insert(from);
+  }
+  *reporters = from_ids.size();
+  return in;
+}
+
 bool Membership::NoteUnreachableLocked(const Member& reporter,
                                        const ReportFailureRequest& req,
                                        bool force, absl::Time now) {
@@ -21,37 +44,28 @@ bool Membership::NoteUnreachableLocked(const Member& reporter,
     for (int u : req.unreachable_slots()) {
       const uint64_t target = slots_.holder(u);
       if (target != 0 && target != reporter.id) {
-        network_.Lost(reporter.id, target);
+        network_.Lost(reporter.id, target, now);
       }
     }
   }
-  diagnosis::ReachInput in;
-  const std::vector<uint64_t>& holders = slots_.holders();
-  in.host_of_slot.assign(holders.size(), "");
-  for (size_t s = 0; s < holders.size(); ++s) {
-    if (holders[s] != 0) in.host_of_slot[s] = members_.at(holders[s]).host;
-  }
-  std::set<uint64_t> reporters;
-  for (const auto& [from, to] : network_.lost()) {
-    auto f = members_.find(from);
-    auto t = members_.find(to);
-    if (f == members_.end() || t == members_.end() ||
-        f->second.state != STATE_ALIVE || t->second.state != STATE_ALIVE ||
-        f->second.slot < 0 || t->second.slot < 0) {
-      continue;
-    }
-    in.failed.emplace_back(f->second.slot, t->second.slot);
-    reporters.insert(from);
-  }
+  size_t reporters = 0;
+  const diagnosis::ReachInput in = ReachInputLocked(&reporters);
   // One member's word is not enough to fence anyone, unless the loop
   // bound asks for the best evidence there is.
-  if (in.failed.empty() || (!force && reporters.size() < 2)) return false;
+  if (in.failed.empty() || (!force && reporters < 2)) return false;
   const diagnosis::ReachVerdict v = diagnosis::Triangulate(in);
   if (v.culprits.empty()) {
     if (force) {
       HOLDFAST_LOG_WARN("data network: no culprit from the evidence: {}",
                         v.evidence);
     }
+    return false;
+  }
+  if (v.tie && !force && now - network_.first_lost() < detection_.link_settle) {
+    HOLDFAST_LOG_INFO(
+        "data network: {} (waiting up to {} since the first report for "
+        "another host's word before a side is picked by name)",
+        v.evidence, absl::FormatDuration(detection_.link_settle));
     return false;
   }
   if (v.rule != "bad NIC") {

@@ -20,14 +20,19 @@
 #include <string>
 #include <utility>
 
+#include "absl/time/time.h"
+
 namespace holdfast::control {
 
 class NetworkEvidence {
  public:
-  // Member `reporter` could not reach member `target`.
-  void Lost(uint64_t reporter, uint64_t target) {
+  // Member `reporter` could not reach member `target`, reported at `now`.
+  void Lost(uint64_t reporter, uint64_t target, absl::Time now) {
+    if (lost_.empty()) first_lost_ = now;
     lost_.insert({reporter, target});
   }
+  // When the first of lost() was reported.
+  absl::Time first_lost() const { return first_lost_; }
   // (reporter, target) pairs since the evidence was last spent.
   const std::set<std::pair<uint64_t, uint64_t>>& lost() const { return lost_; }
 
@@ -48,6 +53,7 @@ class NetworkEvidence {
 
  private:
   std::set<std::pair<uint64_t, uint64_t>> lost_;
+  absl::Time first_lost_;
   int rebuilds_ = 0;
   std::set<std::string> cut_hosts_;
 };
