@@ -57,7 +57,6 @@
 #include "src/control/wire/member_sink.h"
 #include "src/diagnosis/diagnosis.h"
 #include "src/diagnosis/reachability.h"
-#include "src/diagnosis/reachability.h"
 
 namespace holdfast::control {
 
