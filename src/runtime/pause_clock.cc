@@ -66,6 +66,7 @@ std::string CpuStatPath() {
     if (b == std::string::npos) continue;
     const std::string controllers = line.substr(a + 1, b - a - 1);
     const std::string path = line.substr(b + 1);
+    if (path == "/") continue;  // the root group has no quota
     if (controllers.empty()) {
       v2 = "/sys/fs/cgroup" + path + "/cpu.stat";
       continue;

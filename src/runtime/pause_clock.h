@@ -12,9 +12,9 @@
 // one) mostly runs on the slice its CPU still holds while the busy
 // threads wait. So the clock also reads its cgroup's throttling
 // (cpu.stat's nr_throttled, and throttled_time in v1 or throttled_usec in
-// v2; the group found again every 250 ms, as a process may be moved)
-// every `stat_every`, and takes a throttle that ended since the last read
-// as a pause ending now.
+// v2; the group found again every 250 ms, as a process may be moved; the
+// root group, which has no quota, is not read) every `stat_every`, and
+// takes a throttle that ended since the last read as a pause ending now.
 //
 // The straggler rule needs it (StepReporter): a rank stopped while it is
 // inside a collective makes every rank wait there alike, so the step time
@@ -51,14 +51,14 @@ int64_t PausedWithin(const std::deque<Pause>& pauses, int64_t from_ns,
 class PauseClock {
  public:
   struct Options {
-    absl::Duration period = absl::Milliseconds(5);
+    absl::Duration period = absl::Milliseconds(10);
     // A wake-up later than this is a pause (a loaded machine's scheduler
     // delays a thread by a millisecond or two).
     absl::Duration slack = absl::Milliseconds(2);
     // The newest pauses kept (older ones are forgotten).
     size_t keep = 4096;
     // How often the cgroup's throttled time is read (0: never).
-    absl::Duration stat_every = absl::Milliseconds(20);
+    absl::Duration stat_every = absl::Milliseconds(50);
   };
 
   // The process' clock, started on the first call (nullptr where the
