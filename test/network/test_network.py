@@ -138,7 +138,9 @@ class Job(LaunchedProcesses):
         """pid -> process name (h1-w0, h2-s0, ...)."""
         found = {}
         for f in self.out.glob("*.pid"):
-            found[int(f.read_text())] = f.stem
+            text = f.read_text().strip()
+            if text.isdigit():  # else still being written
+                found[int(text)] = f.stem
         return found
 
     def progress(self):
