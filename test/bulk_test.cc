@@ -1,17 +1,20 @@
 // The backup links (src/checkpoint/bulk.h) on real loopback sockets: pieces
 // and checksums arrive intact and hashed as the runtime expects, and every
 // way a link can go wrong (a stray connection, a wrong token or generation,
-// a peer that closes mid-piece, a mismatched header, an abort, a stalled
-// peer) ends in an error that names it, never a hang.
+// a replayed handshake, a peer that closes mid-piece, a mismatched header,
+// an abort, a stalled peer) ends in an error that names it, never a hang.
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -25,7 +28,7 @@ namespace {
 namespace bulk = holdfast::bulk;
 namespace pieces = holdfast::pieces;
 
-constexpr uint64_t kToken = 0x1234;
+const std::string kToken = "the job's token";
 
 absl::Time Soon() { return absl::Now() + absl::Seconds(10); }
 
@@ -43,20 +46,36 @@ Pair Connect(absl::Duration io_timeout = absl::Seconds(10)) {
   p.listener = std::move(*l);
   p.owner = std::make_unique<bulk::Links>(7, 0, kToken, io_timeout);
   p.buddy = std::make_unique<bulk::Links>(7, 1, kToken, io_timeout);
-  REQUIRE(p.owner->ConnectTo(1, p.listener->address(), Soon()).ok());
-  REQUIRE(p.buddy->AcceptFrom(*p.listener, {0}, Soon(), nullptr).ok());
+  absl::Status accepted;
+  std::thread acceptor([&] {
+    accepted = p.buddy->AcceptFrom(*p.listener, {0}, Soon(), nullptr);
+  });
+  const absl::Status connected =
+      p.owner->ConnectTo(1, p.listener->address(), Soon());
+  acceptor.join();
+  REQUIRE(connected.ok());
+  REQUIRE(accepted.ok());
   return p;
 }
 
-// A plain TCP connection to `address` ("127.0.0.1:port").
-int RawConnect(const std::string& address) {
+// A plain TCP connection to `address` ("127.0.0.1:port"), or -1.
+int TryConnect(const std::string& address) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   a.sin_port = htons(
       static_cast<uint16_t>(std::stoi(address.substr(address.rfind(':') + 1))));
-  REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+int RawConnect(const std::string& address) {
+  const int fd = TryConnect(address);
+  REQUIRE(fd >= 0);
   return fd;
 }
 
@@ -171,15 +190,27 @@ TEST_CASE("strays are refused and the expected owner still gets through") {
   const int garbage = RawConnect((*l)->address());
   const char junk[40] = "GET / HTTP/1.0\r\n\r\n";
   REQUIRE(write(garbage, junk, sizeof(junk)) == sizeof(junk));
-  bulk::Links wrong_token(7, 0, kToken + 1, absl::Seconds(10));
+  absl::Status accepted;
+  std::thread acceptor(
+      [&] { accepted = buddy.AcceptFrom(**l, {0}, Soon(), nullptr); });
+  bulk::Links wrong_token(7, 0, kToken + "!", absl::Seconds(10));
   bulk::Links old_generation(6, 0, kToken, absl::Seconds(10));
   bulk::Links unexpected(7, 2, kToken, absl::Seconds(10));
   bulk::Links owner(7, 0, kToken, absl::Seconds(10));
-  REQUIRE(wrong_token.ConnectTo(1, (*l)->address(), Soon()).ok());
-  REQUIRE(old_generation.ConnectTo(1, (*l)->address(), Soon()).ok());
-  REQUIRE(unexpected.ConnectTo(1, (*l)->address(), Soon()).ok());
+  // Each is told so: the buddy's proof fails under a wrong token, and the
+  // others are closed at their hello.
+  absl::Status s = wrong_token.ConnectTo(1, (*l)->address(), Soon());
+  CHECK(s.code() == absl::StatusCode::kPermissionDenied);
+  CHECK_THAT(std::string(s.message()),
+             Catch::Contains("did not prove the job's token"));
+  s = old_generation.ConnectTo(1, (*l)->address(), Soon());
+  CHECK(s.code() == absl::StatusCode::kUnavailable);
+  CHECK_THAT(std::string(s.message()),
+             Catch::Contains("slot 1 closed its backup link"));
+  CHECK_FALSE(unexpected.ConnectTo(1, (*l)->address(), Soon()).ok());
   REQUIRE(owner.ConnectTo(1, (*l)->address(), Soon()).ok());
-  REQUIRE(buddy.AcceptFrom(**l, {0}, Soon(), nullptr).ok());
+  acceptor.join();
+  REQUIRE(accepted.ok());
   close(garbage);
   // The accepted link is the owner's: a piece crosses it.
   std::vector<uint8_t> out(100, 9), in(100);
@@ -188,6 +219,86 @@ TEST_CASE("strays are refused and the expected owner still gets through") {
   CHECK(buddy.RecvPiece(0, 1, in.data(), in.size(), nullptr).ok());
   sender.join();
   CHECK(in == out);
+}
+
+namespace {
+
+// Relays one connection accepted on `front` to `back` ("127.0.0.1:port")
+// until either end closes, keeping what the client sent. (Runs on a thread
+// of its own: no Catch assertions.)
+std::string Relay(bulk::Listener& front, const std::string& back) {
+  const int a = accept(front.fd(), nullptr, nullptr);
+  const int b = a < 0 ? -1 : TryConnect(back);
+  std::string sent;
+  char buf[4096];
+  for (bool open = a >= 0 && b >= 0; open;) {
+    pollfd p[2] = {{a, POLLIN, 0}, {b, POLLIN, 0}};
+    if (poll(p, 2, 5000) <= 0) break;
+    for (int i = 0; i < 2 && open; ++i) {
+      if ((p[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
+      const ssize_t n = read(p[i].fd, buf, sizeof(buf));
+      open = n > 0 && write(i == 0 ? b : a, buf, static_cast<size_t>(n)) == n;
+      if (open && i == 0) sent.append(buf, static_cast<size_t>(n));
+    }
+  }
+  if (a >= 0) close(a);
+  if (b >= 0) close(b);
+  return sent;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a handshake recorded on the wire and replayed does not open a link") {
+  // A real handshake through a relay that records the owner's bytes.
+  auto l = bulk::Listener::Open("127.0.0.1", "");
+  auto front = bulk::Listener::Open("127.0.0.1", "");
+  REQUIRE(l.ok());
+  REQUIRE(front.ok());
+  bulk::Links buddy(7, 1, kToken, absl::Seconds(10));
+  bulk::Links owner(7, 0, kToken, absl::Seconds(10));
+  std::string recorded;
+  std::thread relay([&] { recorded = Relay(**front, (*l)->address()); });
+  absl::Status accepted;
+  std::thread acceptor(
+      [&] { accepted = buddy.AcceptFrom(**l, {0}, Soon(), nullptr); });
+  REQUIRE(owner.ConnectTo(1, (*front)->address(), Soon()).ok());
+  acceptor.join();
+  REQUIRE(accepted.ok());
+  owner.Abort("done");
+  buddy.Abort("done");
+  relay.join();
+  // Hello (48 bytes) and proof (32), and nothing else.
+  REQUIRE(recorded.size() == 80);
+  // The same bytes, replayed to a buddy of the same generation and slots,
+  // meet a new challenge: the link is refused and the wait goes on.
+  bulk::Links again(7, 1, kToken, absl::Seconds(10));
+  // (Catch's assertions stay on this thread.)
+  const int fd = RawConnect((*l)->address());
+  const timeval three_s{3, 0};  // a link wrongly opened leaves read waiting
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &three_s, sizeof(three_s));
+  size_t got = 0;
+  ssize_t after = -1;
+  std::thread replay([&] {
+    char challenge[48];
+    if (write(fd, recorded.data(), 48) != 48) return;
+    while (got < sizeof(challenge)) {
+      const ssize_t n = read(fd, challenge + got, sizeof(challenge) - got);
+      if (n <= 0) break;
+      got += static_cast<size_t>(n);
+    }
+    if (write(fd, recorded.data() + 48, 32) != 32) return;
+    char byte;
+    after = read(fd, &byte, 1);
+  });
+  const absl::Status s =
+      again.AcceptFrom(**l, {0}, absl::Now() + absl::Seconds(1), nullptr);
+  replay.join();
+  close(fd);
+  CHECK(got == 48);   // a challenge came
+  CHECK(after == 0);  // and the link was closed after the replayed proof
+  CHECK(s.code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK_THAT(std::string(s.message()), Catch::Contains("no link from slot 0"));
 }
 
 TEST_CASE("an owner that never connects is named when the wait ends") {

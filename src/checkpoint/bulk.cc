@@ -5,15 +5,22 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstring>
 #include <set>
+#include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -24,18 +31,52 @@
 namespace holdfast::bulk {
 namespace {
 
-constexpr char kHelloMagic[8] = {'H', 'F', 'B', 'U', 'L', 'K', '0', '1'};
+constexpr char kHelloMagic[8] = {'H', 'F', 'B', 'U', 'L', 'K', '0', '2'};
 constexpr char kPieceMagic[8] = {'H', 'F', 'B', 'P', 'I', 'E', 'C', 'E'};
 // How long an accepted connection may take to say who it is.
 constexpr absl::Duration kHelloTimeout = absl::Seconds(2);
+constexpr size_t kNonce = 16;
+constexpr size_t kMac = 32;  // HMAC-SHA256
 
+// Owner to buddy.
 struct Hello {
   char magic[8];
   int64_t generation;
-  int64_t slot;
-  uint64_t token;
+  int64_t from_slot;
+  int64_t to_slot;
+  uint8_t nonce[kNonce];
 };
-static_assert(sizeof(Hello) == 32, "the hello layout is fixed");
+static_assert(sizeof(Hello) == 48, "the hello layout is fixed");
+// Buddy to owner.
+struct Challenge {
+  uint8_t nonce[kNonce];
+  uint8_t mac[kMac];  // Mac(token, "buddy", hello, nonce)
+};
+static_assert(sizeof(Challenge) == 48, "the challenge layout is fixed");
+// Owner to buddy: Mac(token, "owner", hello, challenge's nonce).
+struct Proof {
+  uint8_t mac[kMac];
+};
+
+// HMAC-SHA256 under `key` of `role`, the hello's bytes and `nonce`.
+std::array<uint8_t, kMac> Mac(const std::string& key, absl::string_view role,
+                              const Hello& hello, const uint8_t* nonce) {
+  std::string msg(role);
+  msg.append(reinterpret_cast<const char*>(&hello), sizeof(hello));
+  msg.append(reinterpret_cast<const char*>(nonce), kNonce);
+  std::array<uint8_t, kMac> out{};
+  unsigned int len = 0;
+  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+       reinterpret_cast<const unsigned char*>(msg.data()), msg.size(),
+       out.data(), &len);
+  return out;
+}
+
+bool MacEqual(const uint8_t* a, const uint8_t* b) {
+  return CRYPTO_memcmp(a, b, kMac) == 0;
+}
+
+bool Nonce(uint8_t* out) { return RAND_bytes(out, kNonce) == 1; }
 
 struct PieceHeader {
   char magic[8];
@@ -161,17 +202,41 @@ Listener::~Listener() { close(fd_); }
 
 // ---- Links ------------------------------------------------------------------
 
-Links::Links(int64_t generation, int slot, uint64_t token,
+Links::Links(int64_t generation, int slot, std::string token,
              absl::Duration io_timeout)
     : generation_(generation),
       slot_(slot),
-      token_(token),
+      token_(std::move(token)),
       io_timeout_(io_timeout) {}
 
 Links::~Links() {
   absl::MutexLock lock(&mu_);
   for (const auto& [peer, fd] : out_) close(fd);
   for (const auto& [peer, fd] : in_) close(fd);
+}
+
+absl::Status Links::Handshake(int fd, int peer) {
+  Hello h{};
+  std::memcpy(h.magic, kHelloMagic, sizeof(h.magic));
+  h.generation = generation_;
+  h.from_slot = slot_;
+  h.to_slot = peer;
+  if (!Nonce(h.nonce)) {
+    return absl::InternalError("bulk: no random bytes for a nonce (OpenSSL)");
+  }
+  HOLDFAST_RETURN_IF_ERROR(Write(fd, peer, &h, sizeof(h)));
+  Challenge c{};
+  HOLDFAST_RETURN_IF_ERROR(Read(fd, peer, &c, sizeof(c)));
+  if (!MacEqual(c.mac, Mac(token_, "buddy", h, c.nonce).data())) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("bulk: slot ", peer,
+                     "'s backup link did not prove the job's token "
+                     "(another job's process on its port, or a wrong token)"));
+  }
+  Proof p{};
+  const std::array<uint8_t, kMac> mac = Mac(token_, "owner", h, c.nonce);
+  std::memcpy(p.mac, mac.data(), kMac);
+  return Write(fd, peer, &p, sizeof(p));
 }
 
 absl::Status Links::ConnectTo(int peer, const std::string& address,
@@ -204,11 +269,6 @@ absl::Status Links::ConnectTo(int peer, const std::string& address,
   int ok = connect(fd, res->ai_addr, res->ai_addrlen);
   const int err = errno;
   freeaddrinfo(res);
-  Hello h{};
-  std::memcpy(h.magic, kHelloMagic, sizeof(h.magic));
-  h.generation = generation_;
-  h.slot = slot_;
-  h.token = token_;
   absl::Status s;
   if (ok != 0) {
     s = absl::UnavailableError(absl::StrCat("bulk: cannot connect to slot ",
@@ -216,10 +276,19 @@ absl::Status Links::ConnectTo(int peer, const std::string& address,
                                             Errno(err)));
   } else {
     NoDelay(fd);
+    // The buddy answers once it accepts, which may be the deadline away;
+    // Abort() wakes the wait.
+    SetTimeouts(fd, std::max(deadline - absl::Now(), io_timeout_));
+    {
+      absl::MutexLock lock(&mu_);
+      if (aborted_) s = absl::AbortedError(*aborted_);
+      handshaking_.insert(fd);
+    }
+    if (s.ok()) s = Handshake(fd, peer);
     SetTimeouts(fd, io_timeout_);
-    s = Write(fd, peer, &h, sizeof(h));
   }
   absl::MutexLock lock(&mu_);
+  handshaking_.erase(fd);
   if (s.ok() && aborted_) s = absl::AbortedError(*aborted_);
   if (s.ok() && out_.count(peer) != 0) {
     s = absl::FailedPreconditionError(
@@ -264,19 +333,8 @@ absl::Status Links::AcceptFrom(const Listener& listener,
     const int fd = accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) continue;
     SetTimeouts(fd, std::min(kHelloTimeout, left));
-    Hello h{};
-    std::string why;
-    size_t got = 0;
-    if (RecvAll(fd, &h, sizeof(h), &got) != 0 ||
-        std::memcmp(h.magic, kHelloMagic, sizeof(h.magic)) != 0) {
-      why = "it did not open with a holdfast hello";
-    } else if (h.token != token_) {
-      why = "wrong job token";
-    } else if (h.generation != generation_) {
-      why = absl::StrCat("it is of generation ", h.generation);
-    } else if (want.count(static_cast<int>(h.slot)) == 0) {
-      why = absl::StrCat("slot ", h.slot, " is not expected (or came twice)");
-    }
+    int from = -1;
+    const std::string why = Admit(fd, want, &from);
     if (!why.empty()) {
       HOLDFAST_LOG_WARN(
           "bulk: slot {} of generation {} refused a backup link: {}", slot_,
@@ -286,7 +344,6 @@ absl::Status Links::AcceptFrom(const Listener& listener,
     }
     NoDelay(fd);
     SetTimeouts(fd, io_timeout_);
-    const int from = static_cast<int>(h.slot);
     absl::MutexLock lock(&mu_);
     if (aborted_) {
       close(fd);
@@ -296,6 +353,43 @@ absl::Status Links::AcceptFrom(const Listener& listener,
     want.erase(from);
   }
   return absl::OkStatus();
+}
+
+std::string Links::Admit(int fd, const std::set<int>& want, int* from) {
+  Hello h{};
+  size_t got = 0;
+  if (RecvAll(fd, &h, sizeof(h), &got) != 0 ||
+      std::memcmp(h.magic, kHelloMagic, sizeof(h.magic)) != 0) {
+    return "it did not open with a holdfast hello";
+  }
+  if (h.generation != generation_) {
+    return absl::StrCat("it is of generation ", h.generation);
+  }
+  if (h.to_slot != slot_) {
+    return absl::StrCat("it is for slot ", h.to_slot);
+  }
+  if (want.count(static_cast<int>(h.from_slot)) == 0) {
+    return absl::StrCat("slot ", h.from_slot,
+                        " is not expected (or came twice)");
+  }
+  Challenge c{};
+  if (!Nonce(c.nonce)) return "no random bytes for a nonce (OpenSSL)";
+  const std::array<uint8_t, kMac> mine = Mac(token_, "buddy", h, c.nonce);
+  std::memcpy(c.mac, mine.data(), kMac);
+  Proof p{};
+  if (send(fd, &c, sizeof(c), MSG_NOSIGNAL) !=
+          static_cast<ssize_t>(sizeof(c)) ||
+      RecvAll(fd, &p, sizeof(p), &got) != 0) {
+    return absl::StrCat("slot ", h.from_slot, " did not answer the challenge");
+  }
+  if (!MacEqual(p.mac, Mac(token_, "owner", h, c.nonce).data())) {
+    return absl::StrCat(
+        "its proof of the job's token is wrong (a wrong "
+        "token, or a replayed handshake) for slot ",
+        h.from_slot);
+  }
+  *from = static_cast<int>(h.from_slot);
+  return "";
 }
 
 absl::StatusOr<int> Links::Fd(int peer, bool out) {
@@ -423,6 +517,7 @@ void Links::Abort(absl::string_view reason) {
   // closed descriptor's number could be reused under it.
   for (const auto& [peer, fd] : out_) shutdown(fd, SHUT_RDWR);
   for (const auto& [peer, fd] : in_) shutdown(fd, SHUT_RDWR);
+  for (int fd : handshaking_) shutdown(fd, SHUT_RDWR);
 }
 
 }  // namespace holdfast::bulk

@@ -9,8 +9,16 @@
 // the two directions of an exchange run on two threads.
 //
 // Wire format (little-endian hosts only, like the rest of the wire formats
-// here). A connection opens with a Hello from its owner; then, per round, a
-// PieceHeader, the piece's bytes, and the owner's 8-byte checksum of them.
+// here). A connection opens with a handshake that proves both ends know the
+// job's token and names the generation and both slots: the owner's Hello
+// (magic, generation, its slot, the buddy's slot, a fresh nonce), the
+// buddy's Challenge (its own fresh nonce and an HMAC-SHA256 under the token
+// of both), and the owner's Proof (its HMAC of both). A replayed Hello and
+// Proof fail against the buddy's new nonce; a link from another generation
+// is refused by name; nothing of a link that fails the handshake reaches a
+// restore. Then, per round, a PieceHeader, the piece's bytes, and the
+// owner's 8-byte checksum of them. The pieces themselves are not
+// encrypted or signed (docs/security.md).
 //
 // Failure model: a read or write that makes no progress for `io_timeout`
 // fails with DeadlineExceeded; a peer that closes or resets its end fails
@@ -27,6 +35,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -78,15 +87,17 @@ static_assert(sizeof(PieceTrailer) == 32, "the wire layout is fixed");
 
 class Links {
  public:
-  // The links of member `slot` in `generation`. `token` (a hash of the
-  // job's token) must match on both ends of a link.
-  Links(int64_t generation, int slot, uint64_t token,
+  // The links of member `slot` in `generation`. `token` (the job's token,
+  // the handshake's key) must be the same on both ends of a link.
+  Links(int64_t generation, int slot, std::string token,
         absl::Duration io_timeout);
   ~Links();
   Links(const Links&) = delete;
   Links& operator=(const Links&) = delete;
 
-  // Opens the link to buddy `peer`, listening at `address`.
+  // Opens the link to buddy `peer`, listening at `address`: waits for the
+  // buddy's challenge, so the buddy must be accepting (AcceptFrom on
+  // another thread) for it to return before `deadline`.
   absl::Status ConnectTo(int peer, const std::string& address,
                          absl::Time deadline);
   // Accepts one link from each owner in `peers` on `listener`. Strays (a
@@ -114,6 +125,11 @@ class Links {
   void Abort(absl::string_view reason);
 
  private:
+  // The owner's side of the handshake on `fd`, connected to buddy `peer`.
+  absl::Status Handshake(int fd, int peer);
+  // The buddy's side on accepted `fd`: "" once an owner in `want` proved
+  // the token (its slot in *from), else why it is refused.
+  std::string Admit(int fd, const std::set<int>& want, int* from);
   // The socket of the link to (out) or from (in) `peer`, or an error.
   absl::StatusOr<int> Fd(int peer, bool out);
   // Moves all `size` bytes; an error counts them as bytes `at`.. of a
@@ -129,12 +145,13 @@ class Links {
 
   const int64_t generation_;
   const int slot_;
-  const uint64_t token_;
+  const std::string token_;
   const absl::Duration io_timeout_;
 
   absl::Mutex mu_;
-  std::map<int, int> out_ ABSL_GUARDED_BY(mu_);  // buddy slot -> socket
-  std::map<int, int> in_ ABSL_GUARDED_BY(mu_);   // owner slot -> socket
+  std::map<int, int> out_ ABSL_GUARDED_BY(mu_);     // buddy slot -> socket
+  std::map<int, int> in_ ABSL_GUARDED_BY(mu_);      // owner slot -> socket
+  std::set<int> handshaking_ ABSL_GUARDED_BY(mu_);  // ConnectTo's sockets
   std::optional<std::string> aborted_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <optional>
+#include <string>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -12,6 +14,7 @@
 #include "src/comm/create.h"
 #include "src/common/logging.h"
 #include "src/common/status_util.h"
+#include "src/common/thread_util.h"
 #include "src/store/keys.h"
 #include "src/store/store_util.h"
 
@@ -204,17 +207,10 @@ absl::Status CommSet::ConnectLinks(Store& store, const bulk::Listener& listener,
                                    int slot,
                                    const std::vector<std::vector<int>>& buddies,
                                    const bulk::Cancelled& cancelled) {
-  auto links = std::make_shared<bulk::Links>(
-      gen, slot, XXH3_64bits(options_.token.data(), options_.token.size()),
-      options_.comm.timeout);
+  auto links = std::make_shared<bulk::Links>(gen, slot, options_.token,
+                                             options_.comm.timeout);
   HOLDFAST_RETURN_IF_ERROR(gens_->SetLinks(gen, links));
   const absl::Time deadline = absl::Now() + kSideConnectTimeout;
-  for (int b : buddies[static_cast<size_t>(slot)]) {
-    HOLDFAST_ASSIGN_OR_RETURN(
-        std::string address,
-        store.Get(absl::StrCat(key, b), deadline - absl::Now()));
-    HOLDFAST_RETURN_IF_ERROR(links->ConnectTo(b, address, deadline));
-  }
   std::vector<int> owners;
   for (size_t o = 0; o < buddies.size(); ++o) {
     const std::vector<int>& bs = buddies[o];
@@ -222,7 +218,30 @@ absl::Status CommSet::ConnectLinks(Store& store, const bulk::Listener& listener,
       owners.push_back(static_cast<int>(o));
     }
   }
-  return links->AcceptFrom(listener, owners, deadline, cancelled);
+  // A link's owner waits for its buddy's challenge: the accepts run on a
+  // thread of their own while this one connects (in any order of slots).
+  std::atomic<bool> connects_failed{false};
+  const bulk::Cancelled accept_cancelled = [&]() -> std::optional<std::string> {
+    if (connects_failed) return "this member's backup links failed to connect";
+    return cancelled ? cancelled() : std::nullopt;
+  };
+  absl::Status accepted;
+  HOLDFAST_ASSIGN_OR_RETURN(
+      std::thread acceptor, StartThread("the backup links' accepts", [&] {
+        accepted =
+            links->AcceptFrom(listener, owners, deadline, accept_cancelled);
+      }));
+  absl::Status connected;
+  for (int b : buddies[static_cast<size_t>(slot)]) {
+    absl::StatusOr<std::string> address =
+        store.Get(absl::StrCat(key, b), deadline - absl::Now());
+    connected = address.ok() ? links->ConnectTo(b, *address, deadline)
+                             : address.status();
+    if (!connected.ok()) break;
+  }
+  connects_failed = !connected.ok();
+  acceptor.join();
+  return connected.ok() ? accepted : connected;
 }
 
 }  // namespace holdfast
