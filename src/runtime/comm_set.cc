@@ -218,30 +218,32 @@ absl::Status CommSet::ConnectLinks(Store& store, const bulk::Listener& listener,
       owners.push_back(static_cast<int>(o));
     }
   }
-  // A link's owner waits for its buddy's challenge: the accepts run on a
-  // thread of their own while this one connects (in any order of slots).
+  // A link's owner waits for its buddy's challenge: the connects run on a
+  // thread of their own while this one accepts (in any order of slots).
   std::atomic<bool> connects_failed{false};
   const bulk::Cancelled accept_cancelled = [&]() -> std::optional<std::string> {
     if (connects_failed) return "this member's backup links failed to connect";
     return cancelled ? cancelled() : std::nullopt;
   };
-  absl::Status accepted;
-  HOLDFAST_ASSIGN_OR_RETURN(
-      std::thread acceptor, StartThread("the backup links' accepts", [&] {
-        accepted =
-            links->AcceptFrom(listener, owners, deadline, accept_cancelled);
-      }));
-  absl::Status connected;
-  for (int b : buddies[static_cast<size_t>(slot)]) {
-    absl::StatusOr<std::string> address =
-        store.Get(absl::StrCat(key, b), deadline - absl::Now());
-    connected = address.ok() ? links->ConnectTo(b, *address, deadline)
-                             : address.status();
-    if (!connected.ok()) break;
-  }
-  connects_failed = !connected.ok();
-  acceptor.join();
-  return connected.ok() ? accepted : connected;
+  auto connect = [&]() -> absl::Status {
+    absl::Status connected;
+    for (int b : buddies[static_cast<size_t>(slot)]) {
+      absl::StatusOr<std::string> address =
+          store.Get(absl::StrCat(key, b), deadline - absl::Now());
+      connected = address.ok() ? links->ConnectTo(b, *address, deadline)
+                               : address.status();
+      if (!connected.ok()) break;
+    }
+    connects_failed = !connected.ok();
+    return connected;
+  };
+  auto accept = [&] {
+    return links->AcceptFrom(listener, owners, deadline, accept_cancelled);
+  };
+  // The connects' error first: a failed accept may only follow from it.
+  // (With two jobs, none has started when a thread cannot.)
+  return RunJobs("the backup links' connects", {connect, accept},
+                 [](absl::string_view) {});
 }
 
 }  // namespace holdfast

@@ -102,7 +102,8 @@ PauseClock::Throttle ReadThrottled(const std::string& path) {
 
 PauseClock::Throttle PauseClock::Throttled(int64_t now_ns, bool* moved) {
   *moved = false;
-  if (stat_found_ns_ == 0 || now_ns - stat_found_ns_ >= 250000000) {
+  constexpr int64_t kFindEvery = 250000000;  // 250 ms
+  if (stat_found_ns_ == 0 || now_ns - stat_found_ns_ >= kFindEvery) {
     std::string path = CpuStatPath();
     *moved = path != stat_path_;
     stat_path_ = std::move(path);
