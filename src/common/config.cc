@@ -135,11 +135,12 @@ const std::vector<Entry>& Registry() {
       {{"HOLDFAST_DEVICE", "",
         "CUDA device of the NCCL backend (default: LOCAL_RANK, else 0)"},
        Kind::kString},
-      {{"HOLDFAST_NCCL_STOP", "abort",
+      {{"HOLDFAST_NCCL_STOP", "revoke",
         "how an NCCL communicator stops when its generation ends in a "
-        "fault: abort (ncclCommAbort at once) or revoke (ncclCommRevoke, "
-        "where the NCCL has it: the kernels stop, the teardown waits until "
-        "the next communicator works; experimental, see docs/gpu.md)"},
+        "fault: revoke (ncclCommRevoke, where the NCCL has it, else an "
+        "abort: the kernels stop at once, the teardown follows in the "
+        "background) or abort (ncclCommAbort at once, about half a second); "
+        "see docs/gpu.md"},
        Kind::kString,
        {"revoke", "abort"}},
       {{"HOLDFAST_MUTEX_DEADLOCK_CHECK", "off",

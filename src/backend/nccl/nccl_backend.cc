@@ -7,15 +7,16 @@
 // mutex, marks the backend aborted and stops the communicator; after that
 // no operation touches the communicator handle again.
 //
-// Stopping (HOLDFAST_NCCL_STOP): "abort" (the default) calls ncclCommAbort
-// at once (about half a second). "revoke", where the linked NCCL has
-// ncclCommRevoke (2.28.7), stops the communicator's kernels, waits until
+// Stopping (HOLDFAST_NCCL_STOP): "abort" calls ncclCommAbort at once
+// (about half a second: it joins NCCL's proxy threads). "revoke" (the
+// default), where the loaded NCCL has ncclCommRevoke (2.28.7; else it
+// aborts), stops the communicator's kernels, waits until
 // its streams are idle, and leaves the rest to the Reaper below: the end
 // of the revoke (NCCL's own thread stops the proxy threads, whose poll
 // wakes every 500 ms) and the teardown, once a newer communicator of the
 // process has done an operation, so that neither the member's sight of
 // the failure nor the next communicator's init waits for them (see
-// docs/gpu.md for what it measured, and why it is not the default).
+// docs/gpu.md for what each measured).
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
