@@ -194,11 +194,11 @@ TEST_CASE(
   const std::string dir = holdfast::proc::MakeTempDir();
   DutyCycle throttle(dir, 1, 60, 100);
   JobRun r = Launch({"-n", "4", "--silent-after-ms", "5000"},
-                    {"--steps", "80", "--step-ms", "20"}, "", dir);
+                    {"--steps", "160", "--step-ms", "20"}, "", dir);
   throttle.Stop();
   INFO("summary: " << r.summary.dump(1));
   REQUIRE(throttle.pid() > 0);
-  CheckReportedStraggler(r, 1, 80);
+  CheckReportedStraggler(r, 1, 160);
 }
 
 TEST_CASE(

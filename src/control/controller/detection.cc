@@ -183,7 +183,7 @@ int StragglerWindow(const DetectionOptions& d, absl::Duration median_step) {
   }
   const auto span = static_cast<int>(
       std::ceil(absl::FDivDuration(d.straggler_span, median_step)));
-  return std::clamp(span, least, 4 * least);
+  return std::clamp(span, least, 16 * least);
 }
 
 }  // namespace holdfast::control

@@ -109,7 +109,7 @@ struct DetectionOptions {
   absl::Duration straggler_floor = absl::Milliseconds(5);
   // Short steps make a window of 8 a fraction of a second, in which one
   // worker's share of a busy machine is noise: the window grows to cover
-  // this much of the job's time at its median step, up to 4 x
+  // this much of the job's time at its median step, up to 16 x
   // straggler_window steps (StragglerWindow). Zero: straggler_window.
   absl::Duration straggler_span = absl::Seconds(1);
   // A numeric anomaly (ReportFailureRequest::anomaly) is decided once
@@ -270,7 +270,7 @@ struct SlowWindow {
 bool Slow(const SlowWindow& w, double factor, int64_t floor_us);
 // The straggler rule's window, in steps, at the job's median step time:
 // straggler_span of it, no fewer than straggler_window steps and no more
-// than 4 x straggler_window.
+// than 16 x straggler_window (a samples deque of that many per slot).
 int StragglerWindow(const DetectionOptions& d, absl::Duration median_step);
 
 // Where a worker is: its step and the last collective it entered.
