@@ -4,7 +4,8 @@
 //
 // For each world size N and state size M it runs, through holdfast-run and
 // the example trainer (examples/cpp/dp_trainer.cc, --state-mb M):
-//   1. holdfast: N workers + 1 standby; slot 1 is killed in step K = 5,
+//   1. holdfast: N workers + 1 standby; slot 1 is killed in step K
+//      (--kill-step, 5 unless given; the job runs K + 3 steps),
 //      once step --committed C (1 unless given) or a later one is committed,
 //      and --kill-ms D later (0 unless given); the others wait in the
 //      step meanwhile. With the default 20 ms steps the backups lag (a
@@ -35,10 +36,15 @@
 //      polling its children would see the death later), so it is a lower
 //      bound on a real restart.
 // Prints holdfast's recovery time (from the kill to the first step done),
-// the baseline's detection part and total, and baseline / holdfast.
+// the baseline's detection part and total, and baseline / holdfast; and
+// whether the standby was warm when the kill came (its "waiting for a
+// slot" line; a standby still warming up, as NCCL's can for 2 s after the
+// start on a GPU, makes the rebuild wait for it: give a later
+// --kill-step).
 //
 //   recovery_bench [--ranks 2,4,8] [--state-mb 1,16,256,1024] [--json]
 //                  [--step-ms 20] [--committed 1] [--kill-ms 0]
+//                  [--kill-step 5]
 //                  [--run BIN] [--trainer BIN] [--trainer-args "..."]
 //
 // The trainer fences its writes (BeginStateUpdate()), so by default its
@@ -55,12 +61,14 @@
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "test/support/process_group.h"
 
 using nlohmann::json;
@@ -88,6 +96,33 @@ int64_t FaultFiredMs(const std::string& log_path) {
   return 0;
 }
 
+// Milliseconds from the standby's "waiting for a slot" line (its warm-up
+// done) to the kill at `killed_unix_ms`, from the line's local timestamp;
+// negative where it came after the kill, nullopt where there is none.
+std::optional<int64_t> StandbyWarmBeforeKillMs(const std::string& log_path,
+                                               int64_t killed_unix_ms) {
+  std::ifstream in(log_path);
+  for (std::string line; std::getline(in, line);) {
+    if (line.find("runtime: standby, waiting for a slot") == std::string::npos)
+      continue;
+    // "[standby] 2026-11-28T06:45:08.125 holdfast[3281] info: ..."
+    const size_t from = line.find("] ");
+    const size_t to = line.find(" holdfast[");
+    if (from == std::string::npos || to == std::string::npos || to <= from) {
+      continue;
+    }
+    absl::Time t;
+    std::string err;
+    if (!absl::ParseTime("%Y-%m-%dT%H:%M:%E*S",
+                         line.substr(from + 2, to - from - 2),
+                         absl::LocalTimeZone(), &t, &err)) {
+      continue;
+    }
+    return killed_unix_ms - absl::ToUnixMillis(t);
+  }
+  return std::nullopt;
+}
+
 int System(const std::string& cmd) {
   const int st = std::system(cmd.c_str());
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
@@ -108,26 +143,36 @@ struct Result {
   int64_t restart_detect_ms = 0;  // from the kill to the detection
   int64_t lost_steps = 0;
   int64_t restored_step = 0;
+  std::optional<int64_t> standby_warm_ms;  // StandbyWarmBeforeKillMs
+};
+
+// How each run is driven: the trainer's step, the kill's condition.
+struct Plan {
+  int64_t step_ms = 20;
+  int64_t committed = 1;
+  int64_t kill_ms = 0;
+  int64_t kill_step = 5;
 };
 
 Result Measure(const std::string& run, const std::string& trainer, int n,
-               const std::string& extra_args, int64_t mb, int64_t step_ms,
-               int64_t committed, int64_t kill_ms) {
+               const std::string& extra_args, int64_t mb, const Plan& plan) {
   Result r;
   r.ranks = n;
   r.state_mb = mb;
   const std::string dir = holdfast::proc::MakeTempDir();
   const std::string ckpt = dir + "/checkpoint.bin";
   // Enough steps that the kill lands after a few committed snapshots.
-  const int steps = 8, kill_at = 5;
+  const int64_t steps = plan.kill_step + 3;
   const std::string trainer_args =
       absl::StrCat(extra_args.empty() ? "" : " ", extra_args, " --state-mb ",
-                   mb, " --step-ms ", step_ms, " --steps ");
-  const std::string inject = absl::StrCat(
-      " --inject kill:slot=1:step=", kill_at, ":committed=", committed,
-      kill_ms > 0 ? absl::StrCat(":ms=", kill_ms) : "");
+                   mb, " --step-ms ", plan.step_ms, " --steps ");
+  const std::string inject =
+      absl::StrCat(" --inject kill:slot=1:step=", plan.kill_step,
+                   ":committed=", plan.committed,
+                   plan.kill_ms > 0 ? absl::StrCat(":ms=", plan.kill_ms) : "");
+  // Info: the standby's "waiting for a slot" line.
   const std::string hf =
-      absl::StrCat("HOLDFAST_LOG_LEVEL=warn ", run, " -n ", n,
+      absl::StrCat("HOLDFAST_LOG_LEVEL=info ", run, " -n ", n,
                    " --no-disk-tier --standby 1 --log-dir ", dir, "/hf", inject,
                    " -- ", trainer, trainer_args, steps, " --save ", ckpt,
                    " > ", dir, "/hf.out 2> ", dir, "/hf.err");
@@ -158,6 +203,7 @@ Result Measure(const std::string& run, const std::string& trainer, int n,
     return r;
   }
   r.detect_ms = detected - killed;
+  r.standby_warm_ms = StandbyWarmBeforeKillMs(dir + "/hf.err", killed);
   // The member's view starts when it saw the failure (at or a little after
   // the detection); stages are measured from there.
   r.abort_ms = at("aborted_ms") - at("seen_ms");
@@ -222,21 +268,24 @@ int main(int argc, char** argv) {
   std::string run = HOLDFAST_RUN_BIN, trainer = HOLDFAST_DP_TRAINER_BIN;
   std::string trainer_args;
   bool as_json = false;
-  int64_t step_ms = 20, committed = 1, kill_ms = 0;
+  Plan plan;
   app.add_option("--ranks", ranks, "world sizes")->delimiter(',');
   app.add_option("--state-mb", sizes, "state sizes in MiB")->delimiter(',');
   app.add_option("--run", run, "holdfast-run binary");
   app.add_option("--trainer", trainer, "trainer binary");
   app.add_option("--trainer-args", trainer_args,
                  "more arguments for the trainer (every run of it)");
-  app.add_option("--step-ms", step_ms,
+  app.add_option("--step-ms", plan.step_ms,
                  "the trainer's compute time per step (--step-ms)")
       ->check(CLI::Range(int64_t{0}, int64_t{60000}));
-  app.add_option("--committed", committed,
+  app.add_option("--committed", plan.committed,
                  "kill slot 1 once this step is committed (1 to 4)")
       ->check(CLI::Range(int64_t{1}, int64_t{4}));
-  app.add_option("--kill-ms", kill_ms, "and this many ms after that")
+  app.add_option("--kill-ms", plan.kill_ms, "and this many ms after that")
       ->check(CLI::Range(int64_t{0}, int64_t{60000}));
+  app.add_option("--kill-step", plan.kill_step,
+                 "kill slot 1 in this step (5 to 100000)")
+      ->check(CLI::Range(int64_t{5}, int64_t{100000}));
   app.add_flag("--json", as_json, "print JSON");
   CLI11_PARSE(app, argc, argv);
 
@@ -268,8 +317,7 @@ int main(int argc, char** argv) {
         out.push_back({{"ranks", n}, {"state_mb", mb}, {"skipped", "memory"}});
         continue;
       }
-      Result r = Measure(run, trainer, n, trainer_args, mb, step_ms, committed,
-                         kill_ms);
+      Result r = Measure(run, trainer, n, trainer_args, mb, plan);
       const double ratio =
           r.ok && r.recovery_ms > 0
               ? static_cast<double>(r.baseline_ms) / r.recovery_ms
@@ -285,9 +333,13 @@ int main(int argc, char** argv) {
                 {"restore_ms", r.restore_ms},
                 {"first_step_ms", r.first_step_ms},
                 {"lost_steps", r.lost_steps},
-                {"step_ms", step_ms},
-                {"committed", committed},
-                {"kill_ms", kill_ms},
+                {"step_ms", plan.step_ms},
+                {"committed", plan.committed},
+                {"kill_ms", plan.kill_ms},
+                {"kill_step", plan.kill_step},
+                {"standby_warm_before_kill_ms", r.standby_warm_ms.has_value()
+                                                    ? json(*r.standby_warm_ms)
+                                                    : json(nullptr)},
                 {"trainer_args", trainer_args},
                 {"restored_step", r.restored_step},
                 {"recovery_ms", r.recovery_ms},
@@ -317,6 +369,12 @@ int main(int argc, char** argv) {
           static_cast<long long>(r.recovery_ms),
           static_cast<long long>(r.restart_detect_ms),
           static_cast<long long>(r.baseline_ms), ratio);
+      if (r.standby_warm_ms.has_value() && *r.standby_warm_ms < 0) {
+        std::printf(
+            "      the standby was warm only %lld ms after the kill: its "
+            "warm-up is in the rebuild (give a later --kill-step)\n",
+            static_cast<long long>(-*r.standby_warm_ms));
+      }
       std::fflush(stdout);
     }
   }

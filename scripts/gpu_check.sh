@@ -12,7 +12,9 @@
 # GDB_TARGET: a test to rerun under cuda-gdb when the Python tests fail;
 # REPEAT_FROZEN: runs of nccl_job_test's frozen-rank case after the rest
 # (default 0); BENCH_STOPS: the HOLDFAST_NCCL_STOP of each recovery_bench
-# run (default "revoke abort revoke"); HOLDFAST_NCCL_STOP: how every test
+# run (default "revoke abort revoke"); BENCH_KILL_STEP: its kill's step
+# (default 100: about 2 s in, once the standby's NCCL is warm; at step 5
+# the rebuild waited for the warm-up); HOLDFAST_NCCL_STOP: how every test
 # job's NCCL communicators stop (default abort); BUDGET: seconds for the
 # whole script (see check).
 #
@@ -147,6 +149,7 @@ part_bench() {
       HOLDFAST_NCCL_STOP=$stop NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 \
       check "recovery-bench-$i-$stop" 120 \
       .gpu/bin/recovery_bench --ranks 4 --state-mb 256 --json \
+      --kill-step "${BENCH_KILL_STEP:-100}" \
       --trainer /tmp/holdfast-trainer-nccl.sh || failed=1
   done
   # One such recovery with every member's info log and NCCL's init timings
@@ -156,8 +159,9 @@ part_bench() {
     NCCL_DEBUG_SUBSYS=INIT HOLDFAST_LOG_LEVEL=info \
     check recovery-trace 60 .gpu/bin/holdfast-run -n 4 --standby 1 \
     --no-disk-tier --log-dir "$out/recovery-trace" \
-    --inject kill:slot=1:step=5:committed=1 -- /tmp/holdfast-trainer-nccl.sh \
-    --state-mb 256 --step-ms 20 --steps 8 || failed=1
+    --inject "kill:slot=1:step=${BENCH_KILL_STEP:-100}:committed=1" \
+    -- /tmp/holdfast-trainer-nccl.sh --state-mb 256 --step-ms 20 \
+    --steps $((${BENCH_KILL_STEP:-100} + 3)) || failed=1
 }
 for part in "${parts[@]}"; do
   case "$part" in
