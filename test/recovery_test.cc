@@ -384,6 +384,27 @@ TEST_CASE(
   CHECK_KINDS(r, {"comm_failed"});
 }
 
+TEST_CASE(
+    "recovery: a collective that fails before the start is committed starts "
+    "the job afresh in the next generation") {
+  // seq 0 is the start's own check of the start step (SameStartStep), seq
+  // 1 the replicated state's: the first generation fails before its
+  // starting state is committed, so no member has a step to restore from.
+  // Every member left with DATA_LOSS ("step 0 cannot be restored") and the
+  // job stopped with exit code 3 before the fresh start in the recovery.
+  const std::string ref = Reference(3);
+  for (const char* fault : {"fail-op:slot=1:seq=0", "fail-op:slot=2:seq=1"}) {
+    INFO(fault);
+    JobRun r =
+        Launch({"-n", "3", "--standby", "1", "--inject", fault}, kTrainer);
+    CHECK(r.rc == 0);
+    CheckConsistent(r, 3);
+    CHECK(r.hashes[0] == ref);
+    CHECK_KINDS(r, {"comm_failed"});
+    CHECK(r.err.find("no member has a committed step") != std::string::npos);
+  }
+}
+
 // What a run's recovery at generation 1 logged: the slots that found
 // pieces of the restored step live, that step, and the bytes each slot
 // received.

@@ -1,5 +1,8 @@
 #include "src/runtime/runtime_impl.h"
 
+#include <algorithm>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 #include "holdfast/status.h"
 #include "src/checkpoint/pieces.h"
@@ -37,6 +40,19 @@ absl::StatusOr<int64_t> RuntimeImpl::Restore(RecoveryRecord* rec) {
   // A rollback restores its step, whatever newer commit this member heard
   // of before it (every member caps alike).
   int64_t committed = committed_step();
+  // When no member has a committed step, the first generation failed
+  // before its starting state was committed: none has trained, so every
+  // member starts afresh (all of them take this branch alike).
+  std::vector<int64_t> all(static_cast<size_t>(v.world));
+  HOLDFAST_RETURN_IF_ERROR(
+      comm->AllGather(&committed, all.data(), 1, DataType::kInt64)->Wait());
+  if (*std::max_element(all.begin(), all.end()) < 0) {
+    HOLDFAST_LOG_WARN(
+        "runtime: slot {}: no member has a committed step (a generation "
+        "before {} failed before its start was committed): starting afresh",
+        v.slot, v.generation);
+    return FreshStart(v, start_step_);
+  }
   if (v.rollback_to >= 0) committed = std::min(committed, v.rollback_to);
   std::optional<checkpoint::Restored> ahead;
   if (options_.live_restore && v.rollback_to < 0) {

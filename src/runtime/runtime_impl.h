@@ -207,6 +207,11 @@ class RuntimeImpl final : public Runtime,
   // recovered. Returns the step the state is at: `fresh_step` when this
   // is a fresh job and no disk checkpoint is there.
   absl::StatusOr<int64_t> Start(int64_t fresh_step);
+  // Start's fresh part, in generation `v`: the disk tier's checkpoint or
+  // `fresh_step`, checked alike on every member, snapshotted and committed.
+  // Also a recovery's, when no member has a committed step (the first
+  // generation failed before its starting state was committed).
+  absl::StatusOr<int64_t> FreshStart(const View& v, int64_t fresh_step);
   // Numeric anomalies (numerics.cc; NumericGuard checks the numbers).
   // Reports one and waits for the controller's rollback (the next
   // generation); Aborted, naming it, for the recovery that follows.
@@ -297,7 +302,8 @@ class RuntimeImpl final : public Runtime,
   bool started_ = false;
   bool finished_ = false;
   bool left_ = false;
-  int restores_ = 0;  // Restore calls, for the restore=N fault point
+  int restores_ = 0;        // Restore calls, for the restore=N fault point
+  int64_t start_step_ = 0;  // RunOptions::start_step of this Run
   // Whether a completed step called BeginStateUpdate(): then a step that
   // fails before it did has not written registered state.
   bool fences_ = false;

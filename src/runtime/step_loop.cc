@@ -99,6 +99,7 @@ absl::Status RuntimeImpl::CheckRunOptions(const RunOptions& options,
 
 absl::Status RuntimeImpl::Begin(Loop* loop, const RunOptions& options) {
   HOLDFAST_RETURN_IF_ERROR(AwaitSlot());
+  start_step_ = options.start_step;
   absl::StatusOr<int64_t> started = Start(options.start_step);
   if (started.ok()) return ResumeAt(loop, options, *started);
   if (!IsRecoverable(started.status()) && gens_.CommHealth().ok()) {
@@ -409,12 +410,10 @@ absl::StatusOr<int64_t> RuntimeImpl::Start(int64_t fresh_step) {
   // second rendezvous of the same generation would meet the first one's
   // addresses in the store.
   HOLDFAST_RETURN_IF_ERROR(communicator().status());
-  int64_t at = 0;
-  bool resumed = false;  // from the disk tier
   if (v.generation > 0 || committed_step() >= 0) {
     const absl::Time t0 = absl::Now();
     RecoveryRecord rec;
-    HOLDFAST_ASSIGN_OR_RETURN(at, Restore(&rec));
+    HOLDFAST_ASSIGN_OR_RETURN(const int64_t at, Restore(&rec));
     HOLDFAST_LOG_INFO(
         "runtime: slot {} of {} joined at generation {}: step {} restored "
         "({}) in {} ms",
@@ -422,6 +421,13 @@ absl::StatusOr<int64_t> RuntimeImpl::Start(int64_t fresh_step) {
         absl::ToInt64Milliseconds(absl::Now() - t0));
     return at;
   }
+  return FreshStart(v, fresh_step);
+}
+
+absl::StatusOr<int64_t> RuntimeImpl::FreshStart(const View& v,
+                                                int64_t fresh_step) {
+  int64_t at = 0;
+  bool resumed = false;  // from the disk tier
   if (!options_.checkpoint_dir.empty()) {
     HOLDFAST_ASSIGN_OR_RETURN(Communicator * host, gens_.HostComm());
     HOLDFAST_ASSIGN_OR_RETURN(const std::optional<checkpoint::Restored> d,
