@@ -221,6 +221,34 @@ TEST_CASE("strays are refused and the expected owner still gets through") {
   CHECK(in == out);
 }
 
+TEST_CASE("a silent connection does not hold the owner behind it") {
+  // Each accepted connection has its handshake on a thread of its own; one
+  // at a time, a connection that sent nothing held the owner that came
+  // next for the hello's timeout (2 s).
+  auto l = bulk::Listener::Open("127.0.0.1", "");
+  REQUIRE(l.ok());
+  bulk::Links buddy(7, 1, kToken, absl::Seconds(10));
+  absl::Status accepted;
+  std::thread acceptor(
+      [&] { accepted = buddy.AcceptFrom(**l, {0}, Soon(), nullptr); });
+  const int silent = RawConnect((*l)->address());
+  absl::SleepFor(absl::Milliseconds(50));  // accepted first
+  bulk::Links owner(7, 0, kToken, absl::Seconds(10));
+  const absl::Time t0 = absl::Now();
+  REQUIRE(owner.ConnectTo(1, (*l)->address(), Soon()).ok());
+  const absl::Duration took = absl::Now() - t0;
+  acceptor.join();
+  REQUIRE(accepted.ok());
+  CHECK(took < absl::Milliseconds(500));
+  close(silent);
+  std::vector<uint8_t> out(100, 5), in(100);
+  std::thread sender(
+      [&] { (void)owner.SendPiece(1, 1, out.data(), out.size(), nullptr); });
+  CHECK(buddy.RecvPiece(0, 1, in.data(), in.size(), nullptr).ok());
+  sender.join();
+  CHECK(in == out);
+}
+
 namespace {
 
 // Relays one connection accepted on `front` to `back` ("127.0.0.1:port")

@@ -1,6 +1,7 @@
 #include "src/checkpoint/bulk.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <ifaddrs.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -18,9 +19,12 @@
 #include <array>
 #include <cerrno>
 #include <cstring>
+#include <map>
 #include <set>
 #include <string>
+#include <thread>  // NOLINT(build/c++11)
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -35,6 +39,8 @@ constexpr char kHelloMagic[8] = {'H', 'F', 'B', 'U', 'L', 'K', '0', '2'};
 constexpr char kPieceMagic[8] = {'H', 'F', 'B', 'P', 'I', 'E', 'C', 'E'};
 // How long an accepted connection may take to say who it is.
 constexpr absl::Duration kHelloTimeout = absl::Seconds(2);
+// Accepted connections in their handshake at once (AcceptFrom).
+constexpr size_t kMaxAdmissions = 16;
 constexpr size_t kNonce = 16;
 constexpr size_t kMac = 32;  // HMAC-SHA256
 
@@ -302,12 +308,44 @@ absl::Status Links::ConnectTo(int peer, const std::string& address,
   return absl::OkStatus();
 }
 
+// AcceptFrom's handshakes, each on a thread of its own: a connection that
+// sends nothing holds only itself, not the owners that come after it.
+struct Links::Admissions {
+  struct Ended {
+    int fd = -1;
+    int from = -1;
+    std::string why;  // "" once an owner proved the token
+  };
+  Admissions() {
+    if (pipe2(wake, O_CLOEXEC | O_NONBLOCK) != 0) wake[0] = wake[1] = -1;
+  }
+  ~Admissions() {
+    for (int fd : wake) {
+      if (fd >= 0) close(fd);
+    }
+  }
+  int wake[2] = {-1, -1};              // a byte for each handshake that ended
+  std::map<int, std::thread> threads;  // by socket; joined when taken
+  absl::Mutex mu;
+  std::set<int> running ABSL_GUARDED_BY(mu);
+  std::vector<Ended> ended ABSL_GUARDED_BY(mu);
+};
+
 absl::Status Links::AcceptFrom(const Listener& listener,
                                const std::vector<int>& peers,
                                absl::Time deadline,
                                const Cancelled& cancelled) {
   std::set<int> want(peers.begin(), peers.end());
-  while (!want.empty()) {
+  Admissions a;
+  absl::Status s = AcceptLoop(listener, &want, deadline, cancelled, a);
+  EndAdmissions(a);
+  return s;
+}
+
+absl::Status Links::AcceptLoop(const Listener& listener, std::set<int>* want,
+                               absl::Time deadline, const Cancelled& cancelled,
+                               Admissions& a) {
+  while (!want->empty()) {
     {
       absl::MutexLock lock(&mu_);
       if (aborted_) return absl::AbortedError(*aborted_);
@@ -321,38 +359,109 @@ absl::Status Links::AcceptFrom(const Listener& listener,
     if (left <= absl::ZeroDuration()) {
       absl::Status s = absl::DeadlineExceededError(
           absl::StrCat("bulk: slot ", slot_, " of generation ", generation_,
-                       ": no link from slot", want.size() > 1 ? "s " : " ",
-                       absl::StrJoin(want, ", "), " by the deadline"));
-      SetAbsent(&s, *want.begin());  // the recovery blames it
+                       ": no link from slot", want->size() > 1 ? "s " : " ",
+                       absl::StrJoin(*want, ", "), " by the deadline"));
+      SetAbsent(&s, *want->begin());  // the recovery blames it
       return s;
     }
-    pollfd p{listener.fd(), POLLIN, 0};
+    // A negative descriptor (no wake pipe) is ignored: 100 ms polls then.
+    pollfd p[2] = {{listener.fd(), POLLIN, 0}, {a.wake[0], POLLIN, 0}};
     const int ms = static_cast<int>(
         std::min<int64_t>(100, absl::ToInt64Milliseconds(left) + 1));
-    if (poll(&p, 1, ms) <= 0) continue;
-    const int fd = accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) continue;
-    SetTimeouts(fd, std::min(kHelloTimeout, left));
-    int from = -1;
-    const std::string why = Admit(fd, want, &from);
-    if (!why.empty()) {
-      HOLDFAST_LOG_WARN(
-          "bulk: slot {} of generation {} refused a backup link: {}", slot_,
-          generation_, why);
-      close(fd);
-      continue;
+    if (poll(p, 2, ms) > 0 && (p[0].revents & POLLIN) != 0) {
+      const int fd = accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd >= 0) StartAdmission(a, fd, *want, left);
     }
-    NoDelay(fd);
-    SetTimeouts(fd, io_timeout_);
-    absl::MutexLock lock(&mu_);
-    if (aborted_) {
-      close(fd);
-      return absl::AbortedError(*aborted_);
-    }
-    in_[from] = fd;
-    want.erase(from);
+    HOLDFAST_RETURN_IF_ERROR(TakeAdmissions(a, want));
   }
   return absl::OkStatus();
+}
+
+void Links::StartAdmission(Admissions& a, int fd, const std::set<int>& want,
+                           absl::Duration left) {
+  {
+    absl::MutexLock lock(&a.mu);
+    if (a.running.size() >= kMaxAdmissions) {
+      HOLDFAST_LOG_WARN(
+          "bulk: slot {} of generation {} refused a backup link: {} "
+          "handshakes are in progress",
+          slot_, generation_, a.running.size());
+      close(fd);
+      return;
+    }
+    a.running.insert(fd);
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    handshaking_.insert(fd);  // Abort() wakes it
+    if (aborted_) shutdown(fd, SHUT_RDWR);
+  }
+  SetTimeouts(fd, std::min(kHelloTimeout, left));
+  a.threads.emplace(fd, std::thread([this, &a, fd, want] {
+                      Admissions::Ended e{fd, -1, ""};
+                      e.why = Admit(fd, want, &e.from);
+                      {
+                        absl::MutexLock lock(&mu_);
+                        handshaking_.erase(fd);
+                      }
+                      {
+                        absl::MutexLock lock(&a.mu);
+                        a.running.erase(fd);
+                        a.ended.push_back(std::move(e));
+                      }
+                      const char byte = 1;
+                      (void)!write(a.wake[1], &byte, 1);
+                    }));
+}
+
+absl::Status Links::TakeAdmissions(Admissions& a, std::set<int>* want) {
+  std::vector<Admissions::Ended> ended;
+  {
+    absl::MutexLock lock(&a.mu);
+    ended.swap(a.ended);
+  }
+  char drain[64];
+  while (read(a.wake[0], drain, sizeof(drain)) > 0) {
+  }
+  absl::Status s;
+  for (Admissions::Ended& e : ended) {
+    auto t = a.threads.find(e.fd);
+    t->second.join();
+    a.threads.erase(t);
+    if (e.why.empty() && want->count(e.from) == 0) {
+      e.why = absl::StrCat("slot ", e.from, " came twice");
+    }
+    if (!e.why.empty()) {
+      HOLDFAST_LOG_WARN(
+          "bulk: slot {} of generation {} refused a backup link: {}", slot_,
+          generation_, e.why);
+      close(e.fd);
+      continue;
+    }
+    NoDelay(e.fd);
+    SetTimeouts(e.fd, io_timeout_);
+    absl::MutexLock lock(&mu_);
+    if (aborted_) {
+      close(e.fd);
+      s = absl::AbortedError(*aborted_);
+      continue;
+    }
+    in_[e.from] = e.fd;
+    want->erase(e.from);
+  }
+  return s;
+}
+
+void Links::EndAdmissions(Admissions& a) {
+  {
+    absl::MutexLock lock(&a.mu);
+    for (int fd : a.running) shutdown(fd, SHUT_RDWR);
+  }
+  for (auto& [fd, t] : a.threads) t.join();
+  a.threads.clear();
+  absl::MutexLock lock(&a.mu);
+  for (const Admissions::Ended& e : a.ended) close(e.fd);
+  a.ended.clear();
 }
 
 std::string Links::Admit(int fd, const std::set<int>& want, int* from) {

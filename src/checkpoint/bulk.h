@@ -130,6 +130,24 @@ class Links {
   // The buddy's side on accepted `fd`: "" once an owner in `want` proved
   // the token (its slot in *from), else why it is refused.
   std::string Admit(int fd, const std::set<int>& want, int* from);
+  // AcceptFrom's handshakes in progress (bulk.cc).
+  struct Admissions;
+  // AcceptFrom's loop: accepts until every owner in `want` has a link (each
+  // is erased as it comes), the deadline, Abort() or `cancelled`.
+  absl::Status AcceptLoop(const Listener& listener, std::set<int>* want,
+                          absl::Time deadline, const Cancelled& cancelled,
+                          Admissions& a);
+  // Starts the handshake of accepted `fd` on a thread of its own (refused
+  // when kMaxAdmissions are in progress), bounded by kHelloTimeout.
+  void StartAdmission(Admissions& a, int fd, const std::set<int>& want,
+                      absl::Duration left);
+  // Takes the handshakes that ended: an owner in `want` that proved the
+  // token becomes a link (and leaves `want`); the others are logged and
+  // closed.
+  absl::Status TakeAdmissions(Admissions& a, std::set<int>* want);
+  // Shuts down the handshakes still in progress, joins their threads and
+  // closes what they admitted that was not taken.
+  void EndAdmissions(Admissions& a);
   // The socket of the link to (out) or from (in) `peer`, or an error.
   absl::StatusOr<int> Fd(int peer, bool out);
   // Moves all `size` bytes; an error counts them as bytes `at`.. of a
@@ -149,9 +167,10 @@ class Links {
   const absl::Duration io_timeout_;
 
   absl::Mutex mu_;
-  std::map<int, int> out_ ABSL_GUARDED_BY(mu_);     // buddy slot -> socket
-  std::map<int, int> in_ ABSL_GUARDED_BY(mu_);      // owner slot -> socket
-  std::set<int> handshaking_ ABSL_GUARDED_BY(mu_);  // ConnectTo's sockets
+  std::map<int, int> out_ ABSL_GUARDED_BY(mu_);  // buddy slot -> socket
+  std::map<int, int> in_ ABSL_GUARDED_BY(mu_);   // owner slot -> socket
+  // ConnectTo's and AcceptFrom's sockets in their handshake.
+  std::set<int> handshaking_ ABSL_GUARDED_BY(mu_);
   std::optional<std::string> aborted_ ABSL_GUARDED_BY(mu_);
 };
 
