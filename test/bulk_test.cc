@@ -79,6 +79,17 @@ int RawConnect(const std::string& address) {
   return fd;
 }
 
+// A piece of 100 bytes crosses the link from `owner` (slot 0) to `buddy`
+// (slot 1).
+void PieceCrosses(bulk::Links& owner, bulk::Links& buddy) {
+  std::vector<uint8_t> out(100, 9), in(100);
+  std::thread sender(
+      [&] { (void)owner.SendPiece(1, 1, out.data(), out.size(), nullptr); });
+  CHECK(buddy.RecvPiece(0, 1, in.data(), in.size(), nullptr).ok());
+  sender.join();
+  CHECK(in == out);
+}
+
 }  // namespace
 
 TEST_CASE(
@@ -213,12 +224,7 @@ TEST_CASE("strays are refused and the expected owner still gets through") {
   REQUIRE(accepted.ok());
   close(garbage);
   // The accepted link is the owner's: a piece crosses it.
-  std::vector<uint8_t> out(100, 9), in(100);
-  std::thread sender(
-      [&] { (void)owner.SendPiece(1, 1, out.data(), out.size(), nullptr); });
-  CHECK(buddy.RecvPiece(0, 1, in.data(), in.size(), nullptr).ok());
-  sender.join();
-  CHECK(in == out);
+  PieceCrosses(owner, buddy);
 }
 
 TEST_CASE("a silent connection does not hold the owner behind it") {
@@ -241,12 +247,7 @@ TEST_CASE("a silent connection does not hold the owner behind it") {
   REQUIRE(accepted.ok());
   CHECK(took < absl::Milliseconds(500));
   close(silent);
-  std::vector<uint8_t> out(100, 5), in(100);
-  std::thread sender(
-      [&] { (void)owner.SendPiece(1, 1, out.data(), out.size(), nullptr); });
-  CHECK(buddy.RecvPiece(0, 1, in.data(), in.size(), nullptr).ok());
-  sender.join();
-  CHECK(in == out);
+  PieceCrosses(owner, buddy);
 }
 
 namespace {
