@@ -183,7 +183,7 @@ int StragglerWindow(const DetectionOptions& d, absl::Duration median_step) {
   }
   const auto span = static_cast<int>(
       std::ceil(absl::FDivDuration(d.straggler_span, median_step)));
-  return std::clamp(span, least, 16 * least);
+  return std::clamp(span, least, kStragglerWindowGrowth * least);
 }
 
 }  // namespace holdfast::control

@@ -270,7 +270,9 @@ struct SlowWindow {
 bool Slow(const SlowWindow& w, double factor, int64_t floor_us);
 // The straggler rule's window, in steps, at the job's median step time:
 // straggler_span of it, no fewer than straggler_window steps and no more
-// than 16 x straggler_window (a samples deque of that many per slot).
+// than kStragglerWindowGrowth x straggler_window (StragglerWatch keeps that
+// many samples per slot).
+inline constexpr int kStragglerWindowGrowth = 16;
 int StragglerWindow(const DetectionOptions& d, absl::Duration median_step);
 
 // Where a worker is: its step and the last collective it entered.

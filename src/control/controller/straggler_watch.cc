@@ -89,8 +89,8 @@ void StragglerWatch::NoteStepEnd(int slot, int64_t generation,
   }
   step_ends_ = true;
   s.work.push_back(sample);
-  const auto keep = static_cast<size_t>(
-      std::max(16 * detection_.straggler_window, replace_after_));
+  const auto keep = static_cast<size_t>(std::max(
+      kStragglerWindowGrowth * detection_.straggler_window, replace_after_));
   while (s.work.size() > keep) s.work.pop_front();
 }
 
