@@ -6,7 +6,8 @@ While the job runs, test/support/fuzz.py's PortFuzzer attacks every
 port that holdfast-run (the controller) and the processes under it (the
 members: their Gloo pairs' and backup links' listeners, open while a
 generation is being built) listen on: random bytes, HTTP/2's preface and
-garbage, a backup link's magic and garbage, silent connections. The
+garbage, backup-link and Gloo-link hellos with garbage, replays of the
+job's own handshakes recorded on lo (as root), silent connections. The
 same job without the fuzzer, in the same run, gives the reference
 hash. The job is holdfast-run -n 4 --standby 1 with holdfast-dp-trainer
 (--steps 300 --step-ms 5) and slot 1 killed at step 150 (--inject; a
@@ -65,6 +66,7 @@ def run_job(out, inject, fuzzed):
         "recoveries": len(s.get("recoveries", [])),
         "ports_hit": {k: len(v) for k, v in fuzzer.hits.items()},
         "connections": fuzzer.connections(),
+        "replays": fuzzer.replays,
         "first_errors": [ln for ln in lines if "] error: " in ln][:6],
         "last_lines": lines[-15:],
     }
@@ -93,7 +95,8 @@ def main():
         for r in runs:
             print(f"{'survived' if r['survived'] else 'FAILED'}: rc "
                   f"{r['rc']}, {r['outcome']}, {r['connections']} hostile "
-                  f"connections to {r['ports_hit']} ports, incidents "
+                  f"connections to {r['ports_hit']} ports ({r['replays']} "
+                  f"replayed handshakes), incidents "
                   f"{r['incidents']}, {r['recoveries']} recoveries")
             if not r["survived"]:
                 print("  " + "\n  ".join(r["first_errors"] + r["last_lines"]))

@@ -57,6 +57,13 @@ struct CommunicatorOptions {
   std::string backend = defaults::Backend();
   int device = defaults::Device();
 
+  // The job's secret. Every Gloo pair starts with a handshake that proves
+  // it and names the generation and both ranks (an HMAC-SHA256 over fresh
+  // nonces): a connection that cannot is closed before Gloo reads a byte of
+  // it. The runtime sets it to the job's token. Empty: the handshake still
+  // names the generation and ranks, but proves nothing.
+  std::string link_secret;
+
   // Entries in the per-rank trace ring, and the directory the ring is
   // written to as JSON when the communicator aborts (created if missing;
   // "" writes no file).

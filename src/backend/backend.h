@@ -57,6 +57,8 @@ struct BackendOptions {
   std::string interface;
   absl::Duration connect_timeout = absl::Seconds(60);
   int device = 0;  // CUDA device (NCCL)
+  // The key of the Gloo pairs' handshake (CommunicatorOptions::link_secret).
+  std::string link_secret;
   // Polled while the rendezvous waits; a reason stops it with Aborted.
   std::function<std::optional<std::string>()> cancelled;
 };

@@ -6,10 +6,6 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <openssl/crypto.h>
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
-#include <openssl/rand.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -29,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "holdfast/status.h"
+#include "src/common/link_auth.h"
 #include "src/common/logging.h"
 #include "src/common/status_util.h"
 
@@ -41,8 +38,8 @@ constexpr char kPieceMagic[8] = {'H', 'F', 'B', 'P', 'I', 'E', 'C', 'E'};
 constexpr absl::Duration kHelloTimeout = absl::Seconds(2);
 // Accepted connections in their handshake at once (AcceptFrom).
 constexpr size_t kMaxAdmissions = 16;
-constexpr size_t kNonce = 16;
-constexpr size_t kMac = 32;  // HMAC-SHA256
+using link_auth::kMac;
+using link_auth::kNonce;
 
 // Owner to buddy.
 struct Hello {
@@ -65,24 +62,13 @@ struct Proof {
 };
 
 // HMAC-SHA256 under `key` of `role`, the hello's bytes and `nonce`.
-std::array<uint8_t, kMac> Mac(const std::string& key, absl::string_view role,
-                              const Hello& hello, const uint8_t* nonce) {
-  std::string msg(role);
-  msg.append(reinterpret_cast<const char*>(&hello), sizeof(hello));
-  msg.append(reinterpret_cast<const char*>(nonce), kNonce);
-  std::array<uint8_t, kMac> out{};
-  unsigned int len = 0;
-  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
-       reinterpret_cast<const unsigned char*>(msg.data()), msg.size(),
-       out.data(), &len);
-  return out;
+link_auth::Mac Mac(const std::string& key, absl::string_view role,
+                   const Hello& hello, const uint8_t* nonce) {
+  return link_auth::Sign(
+      key, role,
+      absl::string_view(reinterpret_cast<const char*>(&hello), sizeof(hello)),
+      nonce);
 }
-
-bool MacEqual(const uint8_t* a, const uint8_t* b) {
-  return CRYPTO_memcmp(a, b, kMac) == 0;
-}
-
-bool Nonce(uint8_t* out) { return RAND_bytes(out, kNonce) == 1; }
 
 struct PieceHeader {
   char magic[8];
@@ -227,20 +213,20 @@ absl::Status Links::Handshake(int fd, int peer) {
   h.generation = generation_;
   h.from_slot = slot_;
   h.to_slot = peer;
-  if (!Nonce(h.nonce)) {
+  if (!link_auth::Nonce(h.nonce)) {
     return absl::InternalError("bulk: no random bytes for a nonce (OpenSSL)");
   }
   HOLDFAST_RETURN_IF_ERROR(Write(fd, peer, &h, sizeof(h)));
   Challenge c{};
   HOLDFAST_RETURN_IF_ERROR(Read(fd, peer, &c, sizeof(c)));
-  if (!MacEqual(c.mac, Mac(token_, "buddy", h, c.nonce).data())) {
+  if (!link_auth::Equal(c.mac, Mac(token_, "buddy", h, c.nonce).data())) {
     return absl::PermissionDeniedError(
         absl::StrCat("bulk: slot ", peer,
                      "'s backup link did not prove the job's token "
                      "(another job's process on its port, or a wrong token)"));
   }
   Proof p{};
-  const std::array<uint8_t, kMac> mac = Mac(token_, "owner", h, c.nonce);
+  const link_auth::Mac mac = Mac(token_, "owner", h, c.nonce);
   std::memcpy(p.mac, mac.data(), kMac);
   return Write(fd, peer, &p, sizeof(p));
 }
@@ -482,8 +468,9 @@ std::string Links::Admit(int fd, const std::set<int>& want, int* from) {
                         " is not expected (or came twice)");
   }
   Challenge c{};
-  if (!Nonce(c.nonce)) return "no random bytes for a nonce (OpenSSL)";
-  const std::array<uint8_t, kMac> mine = Mac(token_, "buddy", h, c.nonce);
+  if (!link_auth::Nonce(c.nonce))
+    return "no random bytes for a nonce (OpenSSL)";
+  const link_auth::Mac mine = Mac(token_, "buddy", h, c.nonce);
   std::memcpy(c.mac, mine.data(), kMac);
   Proof p{};
   if (send(fd, &c, sizeof(c), MSG_NOSIGNAL) !=
@@ -491,7 +478,7 @@ std::string Links::Admit(int fd, const std::set<int>& want, int* from) {
       RecvAll(fd, &p, sizeof(p), &got) != 0) {
     return absl::StrCat("slot ", h.from_slot, " did not answer the challenge");
   }
-  if (!MacEqual(p.mac, Mac(token_, "owner", h, c.nonce).data())) {
+  if (!link_auth::Equal(p.mac, Mac(token_, "owner", h, c.nonce).data())) {
     return absl::StrCat(
         "its proof of the job's token is wrong (a wrong "
         "token, or a replayed handshake) for slot ",

@@ -685,6 +685,7 @@ backend::BackendOptions ToBackendOptions(const CommunicatorOptions& options) {
   bo.interface = options.interface;
   bo.connect_timeout = options.connect_timeout;
   bo.device = options.device;
+  bo.link_secret = options.link_secret;
   bo.cancelled = options.rendezvous_cancelled;
   return bo;
 }

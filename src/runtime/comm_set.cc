@@ -44,6 +44,7 @@ absl::StatusOr<std::shared_ptr<Communicator>> CommSet::CreateComm(
   o.generation = gen;
   o.connect_timeout = std::min(o.connect_timeout, connect_timeout);
   o.rendezvous_cancelled = cancelled;
+  o.link_secret = options_.token;
   absl::StatusOr<std::unique_ptr<Communicator>> c =
       comm::Create(std::move(store), o, side ? nullptr : faults_);
   if (!c.ok()) {

@@ -84,13 +84,14 @@ def test_hostile_connections_to_every_port_leave_the_fault_free_hash(
     standby, and slot 1 is killed at step 15, every port that holdfast-run
     and the processes under it listen on (the controller's; the Gloo pairs'
     and backup links' listeners of each generation being built) takes
-    random bytes, HTTP/2's preface and garbage, a backup link's magic and
-    garbage, and silent connections (test/support/fuzz.py). The job ends
-    with the fault-free hash, and no process but the killed one is lost: a
-    hostile connection may fail a generation being built (a Gloo pair
-    takes the first connection to its listener), which is rebuilt. Before
-    the fresh start after a failed first generation, 2 of 2 such runs of
-    the same job stopped at step 0 (every member left with DataLoss)."""
+    random bytes, HTTP/2's preface and garbage, backup-link and Gloo-link
+    hellos with garbage, replayed copies of the job's own handshakes
+    recorded on lo, and silent connections (test/support/fuzz.py). The job
+    ends with the fault-free hash, and no process but the killed one is
+    lost. Before the fresh start after a failed first generation, 2 of 2
+    such runs stopped at step 0 (every member left with DataLoss); before
+    the Gloo pairs' handshake, a hostile connection took a pair and failed
+    its generation, now it is refused and the pair waits for its peer."""
     job = DDP + ["--step-ms", "100"]
     ref = fault_free_hash(4, job)
     fuzzer = PortFuzzer(os.getpid()).start()
@@ -102,7 +103,8 @@ def test_hostile_connections_to_every_port_leave_the_fault_free_hash(
         hits = fuzzer.stop()
     # (gRPC logs each refused TLS handshake.)
     out = "\n".join([ln for ln in lines if "ssl_transport_security" not in ln]
-                    [-60:]) + f"\nports hit: {hits}"
+                    [-60:]) + (f"\nports hit: {hits}, replays: "
+                               f"{fuzzer.replays} ({fuzzer.recorder.error})")
     assert rc == 0, out
     finals = final_lines(lines)
     assert len(finals) == 4 and set(finals) == {ref}, out
@@ -111,6 +113,10 @@ def test_hostile_connections_to_every_port_leave_the_fault_free_hash(
     assert kinds.count("crashed") == 1, out  # the kill
     assert set(kinds) <= {"crashed", "comm_failed"}, out
     assert fuzzer.connections("controller") > 0, out
+    assert fuzzer.connections("member") > 0, out
+    # Replays need a packet socket (root, as CI runs).
+    if fuzzer.recorder.error is None:
+        assert fuzzer.replays > 0, out
 
 
 def run_one_flip(tmp_path, fault, extra_env=None):

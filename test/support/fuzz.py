@@ -8,19 +8,108 @@ on each port it finds it opens connections that send
   random:  4 KiB of random bytes, then close;
   h2:      HTTP/2's client preface, then 1 KiB of random bytes;
   hello:   a backup link's magic (HFBULK02) and random bytes;
-  silent:  nothing, held open until the fuzzer stops."""
+  gloo:    a Gloo link's hello (HFGLOO01, a generation and ranks of a
+           small job, a fresh nonce) and a random proof;
+  replay:  the hello and proof of a real handshake (a Gloo pair's or a
+           backup link's) that HandshakeRecorder saw on the loopback
+           interface earlier in the job, sent again as they were;
+  silent:  nothing, held open until the fuzzer stops.
+Replays need root (a packet socket on lo); without it there are none, and
+`recorder.error` says why."""
 
 import os
 import pathlib
 import re
+import random
 import socket
+import struct
 import threading
 import time
 
 from jobs import descendants
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-KINDS = ("random", "h2", "hello", "silent")
+KINDS = ("random", "h2", "hello", "gloo", "replay", "silent")
+# A handshake's hello starts with its magic; the connecting side's next
+# message is its proof (an HMAC-SHA256).
+HELLO_SIZES = {b"HFGLOO01": 40, b"HFBULK02": 48}
+PROOF_SIZE = 32
+ETH_P_ALL = 0x0003
+PACKET_OUTGOING = 4
+
+
+class HandshakeRecorder:
+    """Records the hellos and proofs of real link handshakes on the
+    loopback interface (a packet socket: needs root), on a thread of its
+    own. `recorded`: (hello, proof) byte pairs, newest last."""
+
+    def __init__(self):
+        self.recorded = []
+        self.error = None
+        self._hellos = {}  # flow -> its hello, until its proof comes
+        self._stop = threading.Event()
+        try:
+            self._sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW,
+                                       socket.htons(ETH_P_ALL))
+            self._sock.bind(("lo", 0))
+            self._sock.settimeout(0.1)
+        except OSError as e:
+            self._sock = None
+            self.error = f"no packet socket on lo: {e}"
+            return
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def stop(self):
+        self._stop.set()
+        if self._sock is not None:
+            self._thread.join()
+            self._sock.close()
+
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                frame, addr = self._sock.recvfrom(65536)
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            if addr[2] != PACKET_OUTGOING:  # lo shows each one twice
+                self._take(frame)
+
+    def _take(self, frame):
+        """Files the TCP payload of one Ethernet frame."""
+        if len(frame) < 34 or frame[12:14] != b"\x08\x00":  # IPv4
+            return
+        ip = frame[14:]
+        ihl = (ip[0] & 0x0F) * 4
+        if ip[9] != 6:  # TCP
+            return
+        tcp = ip[ihl:]
+        if len(tcp) < 20:
+            return
+        payload = tcp[(tcp[12] >> 4) * 4:]
+        if not payload:
+            return
+        flow = (ip[12:16], ip[16:20], tcp[0:4])
+        size = HELLO_SIZES.get(payload[:8])
+        if size is not None and len(payload) >= size:
+            self._hellos[flow] = payload[:size]
+            rest = payload[size:]
+            if len(rest) >= PROOF_SIZE:  # hello and proof in one segment
+                self.recorded.append((payload[:size], rest[:PROOF_SIZE]))
+                self._hellos.pop(flow)
+        elif flow in self._hellos and len(payload) >= PROOF_SIZE:
+            self.recorded.append((self._hellos.pop(flow),
+                                  payload[:PROOF_SIZE]))
+        self.recorded = self.recorded[-16:]
+
+
+def gloo_hello():
+    """A plausible Gloo link hello and a random proof."""
+    return (b"HFGLOO01" + struct.pack("<qii", random.randrange(4),
+                                      random.randrange(5), random.randrange(5))
+            + os.urandom(16) + os.urandom(PROOF_SIZE))
 
 
 def listening_ports(pid):
@@ -52,9 +141,15 @@ def listening_ports(pid):
     return ports
 
 
-def attack(port, kind, held):
+def attack(port, kind, held, recorded=()):
     """One hostile connection of `kind` to 127.0.0.1:`port` (a silent one
-    goes into `held`); False when it could not connect."""
+    goes into `held`); False when it could not connect, or when a replay
+    has nothing recorded to replay."""
+    if kind == "replay":
+        if not recorded:
+            return False
+        hello, proof = recorded[-1]
+        payload = hello + proof
     try:
         s = socket.create_connection(("127.0.0.1", port), timeout=0.5)
     except OSError:
@@ -62,9 +157,11 @@ def attack(port, kind, held):
     if kind == "silent":
         held.append(s)
         return True
-    payload = {"random": os.urandom(4096),
-               "h2": PREFACE + os.urandom(1024),
-               "hello": b"HFBULK02" + os.urandom(64)}[kind]
+    if kind != "replay":
+        payload = {"random": lambda: os.urandom(4096),
+                   "h2": lambda: PREFACE + os.urandom(1024),
+                   "hello": lambda: b"HFBULK02" + os.urandom(64),
+                   "gloo": gloo_hello}[kind]()
     try:
         s.sendall(payload)
     except OSError:
@@ -84,22 +181,27 @@ def _owner(pid):
 class PortFuzzer:
     """Attacks the ports of `root` and the processes under it, on a thread
     of its own, from start() to stop(). `hits`: owner ("controller" for
-    holdfast-run, else "member") -> port -> connections made."""
+    holdfast-run, else "member") -> port -> connections made; `replays`:
+    recorded handshakes replayed."""
 
     def __init__(self, root):
         self.root = root
         self.hits = {}
+        self.replays = 0
+        self.recorder = None
         self._held = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def start(self):
+        self.recorder = HandshakeRecorder()
         self._thread.start()
         return self
 
     def stop(self):
         self._stop.set()
         self._thread.join()
+        self.recorder.stop()
         for s in self._held:
             s.close()
         self._held.clear()
@@ -114,7 +216,9 @@ class PortFuzzer:
             for pid in [self.root] + descendants(self.root):
                 for port in listening_ports(pid):
                     for kind in KINDS:
-                        if attack(port, kind, self._held):
+                        if attack(port, kind, self._held,
+                                  self.recorder.recorded):
+                            self.replays += kind == "replay"
                             ports = self.hits.setdefault(_owner(pid), {})
                             ports[port] = ports.get(port, 0) + 1
             time.sleep(0.005)

@@ -39,6 +39,7 @@
 #include "absl/time/time.h"
 #include "holdfast/status.h"
 #include "src/backend/backend.h"
+#include "src/backend/gloo/auth_link.h"
 #include "src/backend/gloo/gloo_access.h"
 #include "src/backend/gloo/reduce.h"
 #include "src/common/config.h"
@@ -930,7 +931,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateGlooBackend(
   }
   std::shared_ptr<::gloo::transport::Device> device;
   try {
-    device = tcp::CreateDevice(attr);
+    device = CreateAuthDevice(attr, {options.generation, options.link_secret});
   } catch (const std::system_error& e) {
     // Its event loop's thread could not start (a pids limit).
     return absl::ResourceExhaustedError(
