@@ -203,6 +203,20 @@ TEST_CASE(
     "hostile connections to a pair's listener are refused and the real peer "
     "gets the pair") {
   Acceptor a;
+  // A burst of connections at once that say nothing: each is accepted at
+  // once (with Gloo's backlog of 1, some waited for TCP to retry their SYN,
+  // a second).
+  const auto burst_start = std::chrono::steady_clock::now();
+  std::vector<int> burst(12);
+  {
+    std::vector<std::thread> threads;
+    for (int& fd : burst) {
+      threads.emplace_back([&fd, &a] { fd = Connect(a.port); });
+    }
+    for (std::thread& t : threads) t.join();
+  }
+  CHECK(std::chrono::steady_clock::now() - burst_start <
+        std::chrono::milliseconds(900));
   // Random bytes, another generation, other ranks, a wrong secret, and one
   // that says nothing at all, all before the real peer.
   const int noise = Connect(a.port);
@@ -242,6 +256,7 @@ TEST_CASE(
   // The silent one was closed once the pair had its peer.
   CHECK(ClosedWithin(silent, std::chrono::milliseconds(2000)));
   for (int fd : {noise, stale, misrouted, silent, wrong, real}) close(fd);
+  for (int fd : burst) close(fd);
 }
 
 TEST_CASE("a replayed handshake is refused") {
@@ -379,4 +394,52 @@ TEST_CASE(
                           std::string(bad[2].message());
   INFO(all);
   CHECK(all.find("did not prove the job's secret") != std::string::npos);
+}
+
+TEST_CASE(
+    "a connect whose peer's kernel answers but whose process does not "
+    "fails in time and says it reached the peer") {
+  using holdfast::backend::ConnectReachedPeer;
+  auto device = Device();
+  auto context = device->createContext(1, 2);
+  context->setTimeout(std::chrono::milliseconds(200));  // connect: 5x that
+  auto* pair = context->createPair(0).get();
+  const auto own = tcp::Address(pair->address().bytes()).getSockaddr();
+  const uint16_t own_port = reinterpret_cast<const sockaddr_in&>(own).sin_port;
+  // A listener that never accepts (a stopped process), at an address that
+  // sorts below this pair's, so that this pair connects (Gloo compares the
+  // ports as stored, in network byte order).
+  int silent = -1;
+  sockaddr_in at{};
+  for (int tries = 0; tries < 64 && silent < 0; ++tries) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+    REQUIRE(listen(fd, 8) == 0);
+    getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    if (own_port - a.sin_port > 0) {
+      silent = fd;
+      at = a;
+    } else {
+      close(fd);
+    }
+  }
+  REQUIRE(silent >= 0);
+  const std::vector<char> peer =
+      tcp::Address(reinterpret_cast<const sockaddr*>(&at), sizeof(at)).bytes();
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string error;
+  try {
+    pair->connect(peer);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  INFO(error);
+  CHECK_FALSE(error.empty());
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(4));
+  if (!Plain()) CHECK(ConnectReachedPeer(pair));
+  close(silent);
 }

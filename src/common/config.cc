@@ -37,6 +37,12 @@ const std::vector<Entry>& Registry() {
       {{"HOLDFAST_CONNECT_THREADS", "64",
         "a rank with at most this many peers connects its pairs at once"},
        Kind::kInt},
+      {{"HOLDFAST_LINK_HANDSHAKE", "1",
+        "0 turns off the Gloo pairs' handshake that proves the job's "
+        "secret (to measure its cost; then any process that reaches a "
+        "pair's listener during a rendezvous can take the pair)"},
+       Kind::kString,
+       {"1", "0"}},
       {{"HOLDFAST_TCP_USER_TIMEOUT_MS", "4000",
         "a Gloo connection whose sent data stays unacknowledged this long "
         "fails (a peer cut off on the data network); 0: the kernel's "

@@ -20,6 +20,7 @@ import time
 import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "support"))
+from fuzz import PortFuzzer  # noqa: E402
 from jobs import LaunchedProcesses  # noqa: E402
 
 BUILD = pathlib.Path(os.environ.get(
@@ -38,14 +39,15 @@ STEPS = 600
 class Job(LaunchedProcesses):
     """A controller, an agent per host, and each host's launcher."""
 
-    def __init__(self, out):
+    def __init__(self, out, metrics=False):
         self.out = out
         out.mkdir(parents=True, exist_ok=True)
         (out / "token").write_text(TOKEN)
         self.controller = subprocess.Popen(
             [str(BUILD / "holdfast-controller"), "--world-size", str(WORLD),
              "--port", "0", "--port-file", str(out / "port"), "--token-file",
-             str(out / "token")],
+             str(out / "token")] + (["--metrics-port", "0"] if metrics
+                                    else []),
             stdout=subprocess.DEVNULL,
             stderr=open(out / "controller.log", "w"))
         self.address = f"127.0.0.1:{self._wait_file(out / 'port')}"
@@ -142,8 +144,8 @@ class Job(LaunchedProcesses):
 def job(tmp_path):
     jobs = []
 
-    def make():
-        j = Job(tmp_path / f"job{len(jobs)}")
+    def make(**kw):
+        j = Job(tmp_path / f"job{len(jobs)}", **kw)
         jobs.append(j)
         return j
 
@@ -282,3 +284,34 @@ def test_agent_restart_loses_nothing(job, fault_free):
     for n in [n for n in j.all_names() if n.startswith("h1-")]:
         err = (j.out / f"{n}.err").read_text()
         assert "heartbeat stream back" in err, (n, err[-2000:])
+
+
+def test_hostile_connections_to_every_port_and_socket(job, fault_free):
+    """Issue 59's fuzzing with host agents: every TCP port and Unix socket
+    that the controller (its gRPC port and its Prometheus metrics port),
+    the three host agents (their sockets) and the members under the hosts'
+    launchers (Gloo pairs' and backup links' listeners) listen on takes
+    random bytes, HTTP/2's preface and garbage, link hellos with garbage,
+    replayed handshakes and silent connections (test/support/fuzz.py),
+    while a member is killed at step 100. The job ends with the fault-free
+    hash, and the only incident is the kill."""
+    j = job(metrics=True)
+    fuzzer = PortFuzzer(j.controller.pid,
+                        *[p.pid for p in j.agents.values()],
+                        *[p.pid for p in j.launchers.values()]).start()
+    try:
+        j.wait_step(100)
+        os.kill(j.pid("h1-w0"), signal.SIGKILL)
+        j.wait_end()
+    finally:
+        hits = fuzzer.stop()
+    st = j.status()
+    found = [i["kind"] for i in st.get("incidents", [])]
+    assert found == ["INCIDENT_CRASHED"], (found, hits, j.logs())
+    assert_finished_equal(j, fault_free, lost=("h1-w0",))
+    # The controller's two ports and every agent's socket were attacked.
+    assert len(hits.get("controller", {})) >= 2, hits
+    assert len(hits.get("agent", {})) == len(HOSTS), hits
+    for h in HOSTS:
+        assert j.agents[h].poll() is None, f"agent {h} died"
+    assert j.controller.poll() is None, "the controller died"

@@ -110,8 +110,8 @@ def test_hostile_connections_to_every_port_leave_the_fault_free_hash(
     assert len(finals) == 4 and set(finals) == {ref}, out
     summary = json.loads((tmp_path / "summary.json").read_text())
     kinds = sorted(i["kind"] for i in summary["incidents"])
-    assert kinds.count("crashed") == 1, out  # the kill
-    assert set(kinds) <= {"crashed", "comm_failed"}, out
+    # The kill alone: no hostile connection takes a Gloo pair any more.
+    assert kinds == ["crashed"], out
     assert fuzzer.connections("controller") > 0, out
     assert fuzzer.connections("member") > 0, out
     # Replays need a packet socket (root, as CI runs).

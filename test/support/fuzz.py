@@ -1,10 +1,12 @@
-"""Hostile connections to the TCP ports a job listens on (issue 59), for
-test/python/test_security.py and benchmarks/fuzz_ports.py.
+"""Hostile connections to the TCP ports and Unix sockets a job listens on
+(issue 59), for test/python/test_jobs.py, test/agent/test_agent.py and
+benchmarks/fuzz_ports.py.
 
-PortFuzzer lists, every 5 ms, the listening TCP sockets of a process and
-every process under it (holdfast-run's controller; the members' Gloo pair
-and backup-link listeners, open while a generation is being built), and
-on each port it finds it opens connections that send
+PortFuzzer lists, every 5 ms, the listening TCP and Unix sockets of some
+processes and every process under them (holdfast-run's or
+holdfast-controller's controller and metrics ports; host agents' sockets;
+the members' Gloo pair and backup-link listeners, open while a generation
+is being built), and on each one it finds it opens connections that send
   random:  4 KiB of random bytes, then close;
   h2:      HTTP/2's client preface, then 1 KiB of random bytes;
   hello:   a backup link's magic (HFBULK02) and random bytes;
@@ -112,9 +114,8 @@ def gloo_hello():
             + os.urandom(16) + os.urandom(PROOF_SIZE))
 
 
-def listening_ports(pid):
-    """The TCP ports process `pid` listens on (its socket inodes matched
-    against /proc/PID/net/tcp and tcp6)."""
+def _socket_inodes(pid):
+    """The inodes of the sockets process `pid` has open."""
     inodes = set()
     try:
         fds = os.listdir(f"/proc/{pid}/fd")
@@ -128,6 +129,13 @@ def listening_ports(pid):
             continue
         if m:
             inodes.add(m.group(1))
+    return inodes
+
+
+def listening_ports(pid):
+    """The TCP ports process `pid` listens on (its socket inodes matched
+    against /proc/PID/net/tcp and tcp6)."""
+    inodes = _socket_inodes(pid)
     ports = set()
     for table in ("tcp", "tcp6"):
         try:
@@ -141,17 +149,41 @@ def listening_ports(pid):
     return ports
 
 
-def attack(port, kind, held, recorded=()):
-    """One hostile connection of `kind` to 127.0.0.1:`port` (a silent one
-    goes into `held`); False when it could not connect, or when a replay
-    has nothing recorded to replay."""
+def listening_unix(pid):
+    """The paths of the Unix stream sockets process `pid` listens on (a
+    host agent's, for one)."""
+    inodes = _socket_inodes(pid)
+    paths = set()
+    try:
+        rows = pathlib.Path(f"/proc/{pid}/net/unix").read_text()
+    except OSError:
+        return paths
+    for row in rows.splitlines()[1:]:
+        f = row.split()
+        # Flags __SO_ACCEPTCON: listening; a path, not an abstract name.
+        if (len(f) >= 8 and int(f[3], 16) & 0x10000 and f[6] in inodes
+                and f[7].startswith("/")):
+            paths.add(f[7])
+    return paths
+
+
+def attack(target, kind, held, recorded=()):
+    """One hostile connection of `kind` to 127.0.0.1:`target` (a port), or
+    to the Unix socket at path `target` (a silent one goes into `held`);
+    False when it could not connect, or when a replay has nothing recorded
+    to replay."""
     if kind == "replay":
         if not recorded:
             return False
         hello, proof = recorded[-1]
         payload = hello + proof
     try:
-        s = socket.create_connection(("127.0.0.1", port), timeout=0.5)
+        if isinstance(target, str):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.settimeout(0.5)
+            s.connect(target)
+        else:
+            s = socket.create_connection(("127.0.0.1", target), timeout=0.5)
     except OSError:
         return False
     if kind == "silent":
@@ -175,17 +207,21 @@ def _owner(pid):
         name = pathlib.Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
         return "gone"
-    return "controller" if name == "holdfast-run" else "member"
+    if name in ("holdfast-run", "holdfast-contro"):  # comm: 15 characters
+        return "controller"
+    return "agent" if name == "holdfast-agent" else "member"
 
 
 class PortFuzzer:
-    """Attacks the ports of `root` and the processes under it, on a thread
-    of its own, from start() to stop(). `hits`: owner ("controller" for
-    holdfast-run, else "member") -> port -> connections made; `replays`:
-    recorded handshakes replayed."""
+    """Attacks the TCP ports and Unix sockets of the processes `roots` and
+    the processes under them, on a thread of its own, from start() to
+    stop(). `hits`: owner ("controller" for holdfast-run and
+    holdfast-controller, "agent" for holdfast-agent, else "member") ->
+    port or socket path -> connections made; `replays`: recorded
+    handshakes replayed."""
 
-    def __init__(self, root):
-        self.root = root
+    def __init__(self, *roots):
+        self.roots = roots
         self.hits = {}
         self.replays = 0
         self.recorder = None
@@ -213,12 +249,13 @@ class PortFuzzer:
 
     def _run(self):
         while not self._stop.is_set():
-            for pid in [self.root] + descendants(self.root):
-                for port in listening_ports(pid):
+            pids = [p for r in self.roots for p in [r] + descendants(r)]
+            for pid in pids:
+                for target in listening_ports(pid) | listening_unix(pid):
                     for kind in KINDS:
-                        if attack(port, kind, self._held,
+                        if attack(target, kind, self._held,
                                   self.recorder.recorded):
                             self.replays += kind == "replay"
-                            ports = self.hits.setdefault(_owner(pid), {})
-                            ports[port] = ports.get(port, 0) + 1
+                            hit = self.hits.setdefault(_owner(pid), {})
+                            hit[target] = hit.get(target, 0) + 1
             time.sleep(0.005)

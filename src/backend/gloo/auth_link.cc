@@ -132,6 +132,11 @@ class AuthPair final : public tcp::Pair {
     DropCandidates();
   }
 
+  bool ConnectReachedPeer() {
+    std::lock_guard<std::mutex> lock(m_);
+    return hello_sent_;
+  }
+
   // Gloo's event loop: the handshake on either side, then Gloo's own reads
   // and writes. Nothing thrown here may reach the loop (it would end the
   // process): it fails the pair instead.
@@ -509,6 +514,11 @@ class AuthDevice final : public tcp::Device {
 };
 
 }  // namespace
+
+bool ConnectReachedPeer(::gloo::transport::Pair* pair) {
+  auto* p = dynamic_cast<AuthPair*>(pair);
+  return p != nullptr && p->ConnectReachedPeer();
+}
 
 std::shared_ptr<::gloo::transport::Device> CreateAuthDevice(
     const tcp::attr& attr, LinkIdentity identity) {

@@ -47,6 +47,11 @@ struct LinkIdentity {
 std::shared_ptr<::gloo::transport::Device> CreateAuthDevice(
     const ::gloo::transport::tcp::attr& attr, LinkIdentity identity);
 
+// Whether `pair` (of a CreateAuthDevice device), as the connecting side,
+// reached its peer: the TCP connect completed, so the peer's kernel
+// answered, even if the process did not (stopped). False for other pairs.
+bool ConnectReachedPeer(::gloo::transport::Pair* pair);
+
 // The wire format, for the handshake's tests.
 namespace gloo_link {
 

@@ -73,6 +73,14 @@ bool NetworkFailure(absl::string_view what) {
          absl::StrContains(what, "Connection timed out");
 }
 
+// How long a failed connect of `pair`, begun at `started`, waited for
+// its peer's answer: zero when the TCP connect completed (the peer's kernel
+// answered; its process did not answer the link handshake).
+absl::Duration Unanswered(::gloo::transport::Pair* pair, absl::Time started) {
+  return ConnectReachedPeer(pair) ? absl::ZeroDuration()
+                                  : absl::Now() - started;
+}
+
 // Whether it says the peer refused, reset or closed the connection: the
 // peer's doing (it aborted, or died), which says nothing of the network.
 bool PeerEnded(absl::string_view what) {
@@ -279,7 +287,9 @@ class MeshContext final : public ::gloo::rendezvous::Context {
     // How long each failed connect lasted: one still waiting for the peer's
     // answer after kPendingIsUnreachable, when the rendezvous gave up on it,
     // went unanswered (a listening peer's kernel answers at once, even
-    // while the process is stopped): the network.
+    // while the process is stopped): the network. Not one whose TCP
+    // connect completed and that waited for the link handshake's answer:
+    // the peer's kernel answered, its process did not.
     std::vector<absl::Duration> lasted(static_cast<size_t>(size));
     const absl::Time started = absl::Now();
     auto connect = [&](int j) {
@@ -287,7 +297,8 @@ class MeshContext final : public ::gloo::rendezvous::Context {
         tc.getPair(j)->connect(addr[static_cast<size_t>(j)]);
         return true;
       } catch (const std::exception& e) {
-        lasted[static_cast<size_t>(j)] = absl::Now() - started;
+        lasted[static_cast<size_t>(j)] =
+            Unanswered(tc.getPair(j).get(), started);
         absl::Status s = absl::UnavailableError(
             absl::StrCat("connecting to rank ", j, ": ", e.what()));
         SetAbsent(&s, j);
@@ -931,7 +942,10 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateGlooBackend(
   }
   std::shared_ptr<::gloo::transport::Device> device;
   try {
-    device = CreateAuthDevice(attr, {options.generation, options.link_secret});
+    device =
+        config::StringParam("HOLDFAST_LINK_HANDSHAKE") == "0"
+            ? tcp::CreateDevice(attr)
+            : CreateAuthDevice(attr, {options.generation, options.link_secret});
   } catch (const std::system_error& e) {
     // Its event loop's thread could not start (a pids limit).
     return absl::ResourceExhaustedError(
