@@ -137,13 +137,14 @@ bool ClosedWithin(int fd, std::chrono::milliseconds within) {
   return false;
 }
 
-link::Hello MakeHello(int64_t generation = kGeneration, int from = 1,
+link::Hello MakeHello(int port, int64_t generation = kGeneration, int from = 1,
                       int to = 0) {
   link::Hello h{};
   std::memcpy(h.magic, link::kMagic, sizeof(h.magic));
   h.generation = generation;
   h.from_rank = from;
   h.to_rank = to;
+  h.to_port = static_cast<uint32_t>(port);
   REQUIRE(holdfast::link_auth::Nonce(h.nonce));
   return h;
 }
@@ -154,8 +155,8 @@ struct Recorded {
   link::Hello hello;
   link::Proof proof;
 };
-Recorded Handshake(int fd, const std::string& secret = kSecret) {
-  Recorded r{MakeHello(), {}};
+Recorded Handshake(int fd, int port, const std::string& secret = kSecret) {
+  Recorded r{MakeHello(port), {}};
   if (Plain()) return r;
   Send(fd, &r.hello, sizeof(r.hello));
   link::Challenge c{};
@@ -225,15 +226,20 @@ TEST_CASE(
   for (char& c : junk) c = static_cast<char>(rng());
   Send(noise, junk.data(), junk.size());
   const int stale = Connect(a.port);
-  const link::Hello old = MakeHello(kGeneration - 1);
+  const link::Hello old = MakeHello(a.port, kGeneration - 1);
   Send(stale, &old, sizeof(old));
   const int misrouted = Connect(a.port);
-  const link::Hello other = MakeHello(kGeneration, 2, 0);
+  const link::Hello other = MakeHello(a.port, kGeneration, 2, 0);
+  // The right generation and ranks, for another listener (the pair of the
+  // other communicator of the generation, say).
+  const int redirected = Connect(a.port);
+  const link::Hello elsewhere = MakeHello(a.port + 1);
+  Send(redirected, &elsewhere, sizeof(elsewhere));
   Send(misrouted, &other, sizeof(other));
   const int silent = Connect(a.port);
   const int wrong = Connect(a.port);
   if (!Plain()) {
-    const link::Hello h = MakeHello();
+    const link::Hello h = MakeHello(a.port);
     Send(wrong, &h, sizeof(h));
     link::Challenge c{};
     REQUIRE(Recv(wrong, &c, sizeof(c)));
@@ -244,18 +250,20 @@ TEST_CASE(
         link::ConnectorMac("another secret", h, c.nonce);
     Send(wrong, mac.data(), mac.size());
   }
-  for (int fd : {noise, stale, misrouted, wrong}) {
+  for (int fd : {noise, stale, misrouted, redirected, wrong}) {
     CHECK(ClosedWithin(fd, std::chrono::milliseconds(2000)));
   }
   CHECK_FALSE(a.Connected(std::chrono::milliseconds(0)));
 
   const int real = Connect(a.port);
-  Handshake(real);
+  Handshake(real, a.port);
   REQUIRE(a.Connected(std::chrono::milliseconds(5000)));
   ExpectPairCarries(a, real, 42);
   // The silent one was closed once the pair had its peer.
   CHECK(ClosedWithin(silent, std::chrono::milliseconds(2000)));
-  for (int fd : {noise, stale, misrouted, silent, wrong, real}) close(fd);
+  for (int fd : {noise, stale, misrouted, redirected, silent, wrong, real}) {
+    close(fd);
+  }
   for (int fd : burst) close(fd);
 }
 
@@ -264,25 +272,38 @@ TEST_CASE("a replayed handshake is refused") {
   {
     Acceptor first;
     const int fd = Connect(first.port);
-    recorded = Handshake(fd);
+    recorded = Handshake(fd, first.port);
     REQUIRE(first.Connected(std::chrono::milliseconds(5000)));
     close(fd);
   }
-  // The same generation and ranks: the recorded hello is acceptable, but
-  // its proof answers an old challenge.
   Acceptor a;
+  // A whole handshake that succeeded, sent again to a new pair of the same
+  // generation and ranks: its hello names the old listener's port.
   const int replay = Connect(a.port);
   Send(replay, &recorded.hello, sizeof(recorded.hello));
-  link::Challenge c{};
-  if (!Plain()) REQUIRE(Recv(replay, &c, sizeof(c)));
   Send(replay, &recorded.proof, sizeof(recorded.proof));
   CHECK(ClosedWithin(replay, std::chrono::milliseconds(2000)));
+  // One to this very listener, cut before its proof was sent (a recorder
+  // saw the hello and the proof): the proof answers an old challenge.
+  link::Hello h = MakeHello(a.port);
+  const int cut = Connect(a.port);
+  Send(cut, &h, sizeof(h));
+  link::Challenge old{};
+  if (!Plain()) REQUIRE(Recv(cut, &old, sizeof(old)));
+  const holdfast::link_auth::Mac proof =
+      link::ConnectorMac(kSecret, h, old.nonce);
+  close(cut);
+  const int again = Connect(a.port);
+  Send(again, &h, sizeof(h));
+  Send(again, proof.data(), proof.size());
+  CHECK(ClosedWithin(again, std::chrono::milliseconds(2000)));
   CHECK_FALSE(a.Connected(std::chrono::milliseconds(200)));
   const int real = Connect(a.port);
-  Handshake(real);
+  Handshake(real, a.port);
   REQUIRE(a.Connected(std::chrono::milliseconds(5000)));
   ExpectPairCarries(a, real, 43);
   close(replay);
+  close(again);
   close(real);
 }
 
@@ -314,7 +335,7 @@ TEST_CASE(
     SECTION(k.name) {
       Acceptor a;
       const int fd = Connect(a.port);
-      Handshake(fd);
+      Handshake(fd, a.port);
       REQUIRE(a.Connected(std::chrono::milliseconds(5000)));
       // A receive of 8 bytes on slot 5, which the peer hears of.
       char into[8] = {};

@@ -11,7 +11,7 @@ is being built), and on each one it finds it opens connections that send
   h2:      HTTP/2's client preface, then 1 KiB of random bytes;
   hello:   a backup link's magic (HFBULK02) and random bytes;
   gloo:    a Gloo link's hello (HFGLOO01, a generation and ranks of a
-           small job, a fresh nonce) and a random proof;
+           small job, the port, a fresh nonce) and a random proof;
   replay:  the hello and proof of a real handshake (a Gloo pair's or a
            backup link's) that HandshakeRecorder saw on the loopback
            interface earlier in the job, sent again as they were;
@@ -34,7 +34,7 @@ PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 KINDS = ("random", "h2", "hello", "gloo", "replay", "silent")
 # A handshake's hello starts with its magic; the connecting side's next
 # message is its proof (an HMAC-SHA256).
-HELLO_SIZES = {b"HFGLOO01": 40, b"HFBULK02": 48}
+HELLO_SIZES = {b"HFGLOO01": 48, b"HFBULK02": 48}
 PROOF_SIZE = 32
 ETH_P_ALL = 0x0003
 PACKET_OUTGOING = 4
@@ -107,10 +107,11 @@ class HandshakeRecorder:
         self.recorded = self.recorded[-16:]
 
 
-def gloo_hello():
-    """A plausible Gloo link hello and a random proof."""
-    return (b"HFGLOO01" + struct.pack("<qii", random.randrange(4),
-                                      random.randrange(5), random.randrange(5))
+def gloo_hello(port):
+    """A plausible Gloo link hello for `port` and a random proof."""
+    return (b"HFGLOO01" + struct.pack("<qiiII", random.randrange(4),
+                                      random.randrange(5), random.randrange(5),
+                                      port, 0)
             + os.urandom(16) + os.urandom(PROOF_SIZE))
 
 
@@ -193,7 +194,8 @@ def attack(target, kind, held, recorded=()):
         payload = {"random": lambda: os.urandom(4096),
                    "h2": lambda: PREFACE + os.urandom(1024),
                    "hello": lambda: b"HFBULK02" + os.urandom(64),
-                   "gloo": gloo_hello}[kind]()
+                   "gloo": lambda: gloo_hello(
+                       0 if isinstance(target, str) else target)}[kind]()
     try:
         s.sendall(payload)
     except OSError:

@@ -1,6 +1,7 @@
 #include "src/backend/gloo/auth_link.h"
 
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -98,6 +99,15 @@ bool SendAll(int fd, const void* data, size_t size) {
   // buffer, so a short send means the connection failed.
   return send(fd, data, size, MSG_NOSIGNAL | MSG_DONTWAIT) ==
          static_cast<ssize_t>(size);
+}
+
+// The port of `a` (IPv4 or IPv6), in host order.
+uint32_t Port(const tcp::Address& a) {
+  const sockaddr_storage& ss = a.getSockaddr();
+  if (ss.ss_family == AF_INET6) {
+    return ntohs(reinterpret_cast<const sockaddr_in6&>(ss).sin6_port);
+  }
+  return ntohs(reinterpret_cast<const sockaddr_in&>(ss).sin_port);
 }
 
 std::string PeerName(int fd) {
@@ -342,6 +352,10 @@ class AuthPair final : public tcp::Pair {
           absl::StrCat("it links rank ", h.from_rank, " to rank ", h.to_rank);
       return Step::kRefused;
     }
+    if (h.to_port != Port(self_)) {
+      *why = absl::StrCat("it is for port ", h.to_port, ", not ", Port(self_));
+      return Step::kRefused;
+    }
     if (!link_auth::Nonce(c.challenge.nonce)) {
       *why = "no random bytes for a nonce (OpenSSL)";
       return Step::kRefused;
@@ -421,6 +435,7 @@ class AuthPair final : public tcp::Pair {
       h.generation = id_->generation;
       h.from_rank = self_rank_;
       h.to_rank = rank_;
+      h.to_port = Port(peer_);
       if (!link_auth::Nonce(h.nonce)) {
         Fail("holdfast: no random bytes for a link nonce (OpenSSL)");
         return;

@@ -6,10 +6,11 @@
 // The handshake (the connecting side of a pair is Gloo's: the one whose
 // address sorts higher):
 //   1. the connecting rank sends a Hello: the generation, its rank, the
-//      accepting rank and a fresh nonce;
-//   2. the accepting rank refuses a hello of another generation or for
-//      other ranks; else it answers with a Challenge: its own fresh nonce
-//      and an HMAC-SHA256 of the hello and that nonce under the secret;
+//      accepting rank, the port it connects to and a fresh nonce;
+//   2. the accepting rank refuses a hello of another generation, for
+//      other ranks or for another port; else it answers with a Challenge: its
+//      own fresh nonce and an HMAC-SHA256 of the hello and that nonce under the
+//      secret;
 //   3. the connecting rank checks that MAC (a peer that cannot prove the
 //      secret fails the connect) and answers with a Proof, its own MAC;
 //   4. the accepting rank checks the proof; a wrong one (a wrong secret, or
@@ -62,9 +63,14 @@ struct Hello {
   int64_t generation;
   int32_t from_rank;  // the connecting rank
   int32_t to_rank;    // the accepting rank
+  // The port of the listener it connects to: a hello redirected to another
+  // listener of the same ranks (the other communicator of the generation)
+  // is refused.
+  uint32_t to_port;
+  uint32_t reserved;  // 0
   uint8_t nonce[link_auth::kNonce];
 };
-static_assert(sizeof(Hello) == 40, "the hello layout is fixed");
+static_assert(sizeof(Hello) == 48, "the hello layout is fixed");
 
 struct Challenge {
   uint8_t nonce[link_auth::kNonce];
