@@ -198,6 +198,16 @@ void ExpectPairCarries(Acceptor& a, int fd, uint64_t slot) {
   buf->waitSend(std::chrono::seconds(5));
 }
 
+// The real peer connects, proves the secret, and the pair is its own: it
+// carries data on `slot`. Returns the peer's socket.
+int RealPeerTakesPair(Acceptor& a, uint64_t slot) {
+  const int real = Connect(a.port);
+  Handshake(real, a.port);
+  REQUIRE(a.Connected(std::chrono::milliseconds(5000)));
+  ExpectPairCarries(a, real, slot);
+  return real;
+}
+
 }  // namespace
 
 TEST_CASE(
@@ -255,10 +265,7 @@ TEST_CASE(
   }
   CHECK_FALSE(a.Connected(std::chrono::milliseconds(0)));
 
-  const int real = Connect(a.port);
-  Handshake(real, a.port);
-  REQUIRE(a.Connected(std::chrono::milliseconds(5000)));
-  ExpectPairCarries(a, real, 42);
+  const int real = RealPeerTakesPair(a, 42);
   // The silent one was closed once the pair had its peer.
   CHECK(ClosedWithin(silent, std::chrono::milliseconds(2000)));
   for (int fd : {noise, stale, misrouted, redirected, silent, wrong, real}) {
@@ -298,10 +305,7 @@ TEST_CASE("a replayed handshake is refused") {
   Send(again, proof.data(), proof.size());
   CHECK(ClosedWithin(again, std::chrono::milliseconds(2000)));
   CHECK_FALSE(a.Connected(std::chrono::milliseconds(200)));
-  const int real = Connect(a.port);
-  Handshake(real, a.port);
-  REQUIRE(a.Connected(std::chrono::milliseconds(5000)));
-  ExpectPairCarries(a, real, 43);
+  const int real = RealPeerTakesPair(a, 43);
   close(replay);
   close(again);
   close(real);
