@@ -12,7 +12,8 @@
 # GDB_TARGET: a test to rerun under cuda-gdb when the Python tests fail;
 # REPEAT_FROZEN: runs of nccl_job_test's frozen-rank case after the rest
 # (default 0); BENCH_STOPS: the HOLDFAST_NCCL_STOP of each recovery_bench
-# run (default "revoke abort revoke"); BENCH_KILL_STEP: its kill's step
+# run, each optionally with /P for HOLDFAST_NCCL_PRECONNECT=P (default
+# "revoke revoke/0 revoke": an A/B of the preconnect); BENCH_KILL_STEP: its kill's step
 # (default 100: about 2 s in, once the standby's NCCL is warm; at step 5
 # the rebuild waited for the warm-up); HOLDFAST_NCCL_STOP: how every test
 # job's NCCL communicators stop (default abort); BUDGET: seconds for the
@@ -23,8 +24,7 @@
 #         DDP and FSDP2 on CUDA with a SIGKILL and a SIGSTOP, a shrink);
 # cpp:    nccl_test [gpu] and [gpu-sticky], nccl_job_test [gpu];
 # bench:  nccl_bench; recovery_bench (4 ranks x 256 MiB, NCCL, with its
-#         restart baseline) with HOLDFAST_NCCL_STOP=revoke, =abort and
-#         revoke again (an A/B in one run); and one such recovery with
+#         restart baseline) as BENCH_STOPS says (an A/B in one run); and one such recovery with
 #         info logs and NCCL's init timings (recovery-trace.log), for
 #         where the time goes.
 set -uo pipefail
@@ -142,12 +142,16 @@ part_bench() {
   LD_LIBRARY_PATH="$LD_LIBRARY_PATH_CPP" check nccl-bench 60 .gpu/bin/nccl_bench --json || failed=1
   printf '#!/bin/sh\nNCCL_HOSTID=holdfast-$$ exec %s "$@"\n' "$root/build/holdfast-dp-trainer-nccl" > /tmp/holdfast-trainer-nccl.sh
   chmod +x /tmp/holdfast-trainer-nccl.sh
-  local stop i=0
-  for stop in ${BENCH_STOPS:-revoke abort revoke}; do
+  local run stop pre i=0
+  for run in ${BENCH_STOPS:-revoke revoke/0 revoke}; do
     i=$((i + 1))
+    stop=${run%%/*}
+    pre=1
+    [ "$run" != "$stop" ] && pre=${run#*/}
     LD_LIBRARY_PATH="$LD_LIBRARY_PATH_CPP" HOLDFAST_BACKEND=nccl HOLDFAST_DEVICE=0 \
-      HOLDFAST_NCCL_STOP=$stop NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 \
-      check "recovery-bench-$i-$stop" 120 \
+      HOLDFAST_NCCL_STOP=$stop HOLDFAST_NCCL_PRECONNECT=$pre \
+      NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 \
+      check "recovery-bench-$i-$stop-pre$pre" 120 \
       .gpu/bin/recovery_bench --ranks 4 --state-mb 256 --json \
       --kill-step "${BENCH_KILL_STEP:-100}" \
       --trainer /tmp/holdfast-trainer-nccl.sh || failed=1

@@ -18,6 +18,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <regex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -131,6 +133,43 @@ TEST_CASE(
   ExpectFaultFreeHash(
       {"-n", "3", "--standby", "1", "--inject", "kill:slot=1:step=10"},
       kTrainer, "crashed");
+}
+
+TEST_CASE(
+    "nccl job: after a kill every slot's new NCCL communicator connects its "
+    "peers while the state is restored, not in the first step",
+    "[gpu]") {
+  const std::string ref = Reference(kTrainer);
+  setenv("HOLDFAST_LOG_LEVEL", "info", 1);
+  JobRun r =
+      Launch({"-n", "3", "--standby", "1", "--inject", "kill:slot=1:step=10"},
+             kTrainer);
+  unsetenv("HOLDFAST_LOG_LEVEL");
+  CHECK(r.rc == 0);
+  CheckFinished(r, 3, 30);
+  CHECK(r.hashes[0] == ref);
+  CHECK_KINDS(r, {"crashed"});
+  // NcclBackend::AwaitPreconnect's line, one per slot and generation.
+  static const std::regex kConnected(
+      R"(rank (\d+) of 3 \(generation (\d+)\): peers connected (\d+) ms )"
+      R"(after init[^;]*; the first call waited (\d+) ms)");
+  std::set<int> slots;
+  for (std::sregex_iterator it(r.err.begin(), r.err.end(), kConnected), end;
+       it != end; ++it) {
+    if (std::stoll((*it)[2]) == 0) continue;
+    const int64_t connected = std::stoll((*it)[3]);
+    const int64_t waited = std::stoll((*it)[4]);
+    std::printf(
+        "nccl_job_test: rank %s, generation %s: connected %lld ms "
+        "after init, the first call waited %lld ms\n",
+        std::string((*it)[1]).c_str(), std::string((*it)[2]).c_str(),
+        static_cast<long long>(connected), static_cast<long long>(waited));
+    CHECK(waited <= connected);
+    slots.insert(std::stoi((*it)[1]));
+  }
+  INFO("stderr: " << r.err.substr(r.err.size() > 8000 ? r.err.size() - 8000
+                                                      : 0));
+  CHECK(slots == std::set<int>{0, 1, 2});
 }
 
 TEST_CASE(

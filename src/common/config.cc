@@ -149,6 +149,13 @@ const std::vector<Entry>& Registry() {
         "see docs/gpu.md"},
        Kind::kString,
        {"revoke", "abort"}},
+      {{"HOLDFAST_NCCL_PRECONNECT", "1",
+        "1: a new NCCL communicator connects its peers at once, in the "
+        "background, while the runtime restores state (NCCL would connect "
+        "them in the first step); 0: NCCL's own, at the first call that "
+        "needs them; see docs/gpu.md"},
+       Kind::kString,
+       {"1", "0"}},
       {{"HOLDFAST_MUTEX_DEADLOCK_CHECK", "off",
         "Abseil's mutex deadlock detector: off or on. Debian builds libabsl "
         "with it on, which takes one process-wide lock on every mutex "

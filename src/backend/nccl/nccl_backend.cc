@@ -17,6 +17,14 @@
 // process has done an operation, so that neither the member's sight of
 // the failure nor the next communicator's init waits for them (see
 // docs/gpu.md for what each measured).
+//
+// Connecting (HOLDFAST_NCCL_PRECONNECT): NCCL connects a communicator's
+// peers for an algorithm at the first call that uses it (its "runtime
+// connect"), which would put that cost into the first step of every new
+// generation. So a new communicator issues, at once and without waiting,
+// an all-reduce and an all-gather of a few scratch words; NCCL connects on
+// its own thread while the runtime restores state (over the host side
+// communicator), and the first real operation waits only for what is left.
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
@@ -201,6 +209,13 @@ bool RevokeOnAbort() {
   return revoke;
 }
 
+// Whether a new communicator connects its peers at once
+// (HOLDFAST_NCCL_PRECONNECT; see the top of this file).
+bool PreconnectEnabled() {
+  static const bool on = config::StringParam("HOLDFAST_NCCL_PRECONNECT") == "1";
+  return on;
+}
+
 // Tears revoked communicators down (ncclCommAbort, then the scratch word's
 // cudaFree) on a thread of its own, each once its revoke has ended (its
 // state is no longer ncclInProgress: NCCL allows management calls only
@@ -331,12 +346,43 @@ class NcclBackend final : public Backend {
     HOLDFAST_ASSIGN_OR_RETURN(stream_, Streams().Take(options_.device));
     HOLDFAST_ASSIGN_OR_RETURN(p2p_stream_, Streams().Take(options_.device));
     e = cudaEventCreateWithFlags(&done_, cudaEventDisableTiming);
-    if (e == cudaSuccess) e = cudaMalloc(&scratch_, sizeof(float));
+    // The barrier's word, then the preconnect all-gather's send word and
+    // its receive buffer (a word per rank).
+    if (e == cudaSuccess) {
+      e = cudaMalloc(&scratch_, sizeof(float) * (2 + options_.size));
+    }
     if (e != cudaSuccess) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "nccl: cannot set up device ", options_.device, ": ", CudaError(e)));
     }
     return absl::OkStatus();
+  }
+
+  // Issues the preconnect (see the top of this file) and returns without
+  // waiting: the next call waits until NCCL has taken it (AwaitPreconnect).
+  // Every rank issues it right after its init, so the group's order of
+  // calls is the same everywhere. An error here is left to that call.
+  void Preconnect() {
+    if (!PreconnectEnabled()) return;
+    absl::MutexLock lock(&mu_);
+    if (aborted_) return;
+    cudaSetDevice(options_.device);
+    float* words = static_cast<float*>(scratch_);
+    preconnect_at_ = absl::Now();
+    ncclResult_t r = ncclGroupStart();
+    if (r == ncclSuccess) {
+      r = ncclAllReduce(words, words, 1, ncclFloat32, ncclSum, comm_, stream_);
+    }
+    if (r == ncclSuccess || r == ncclInProgress) {
+      r = ncclAllGather(words + 1, words + 2, 1, ncclFloat32, comm_, stream_);
+    }
+    const ncclResult_t end = ncclGroupEnd();
+    if (r == ncclSuccess || r == ncclInProgress) r = end;
+    preconnect_pending_ = r == ncclInProgress;
+    if (r != ncclSuccess && r != ncclInProgress) {
+      HOLDFAST_LOG_WARN("nccl: rank {}: the preconnect failed: {}",
+                        options_.rank, NcclError(r, comm_));
+    }
   }
 
   ~NcclBackend() override {
@@ -419,10 +465,13 @@ class NcclBackend final : public Backend {
   // still be connected. One that has failed, or does not finalize within
   // `timeout`, is aborted.
   void Close(absl::Duration timeout) override {
+    // Peers never connected (or connecting failed): aborted, below.
+    const bool connected =
+        AwaitPreconnect(absl::Now() + timeout, "closing").ok();
     {
       absl::MutexLock lock(&mu_);
       if (aborted_) return;
-      bool finalizing = !Failed(CommState(comm_));
+      bool finalizing = connected && !Failed(CommState(comm_));
       if (finalizing) {
         const ncclResult_t r = ncclCommFinalize(comm_);
         finalizing = r == ncclSuccess || r == ncclInProgress;
@@ -506,6 +555,8 @@ class NcclBackend final : public Backend {
   // after which the caller falls back to a fresh init.
   absl::StatusOr<ncclComm_t> ShrinkComm(const std::vector<int>& exclude,
                                         absl::Duration timeout) {
+    HOLDFAST_RETURN_IF_ERROR(
+        AwaitPreconnect(absl::Now() + timeout, "ncclCommShrink"));
     ncclComm_t fresh = nullptr;
     {
       absl::MutexLock lock(&mu_);
@@ -590,11 +641,43 @@ class NcclBackend final : public Backend {
     return r == ncclSuccess || r == ncclInProgress ? end : r;
   }
 
+  // Until the preconnect has been taken by NCCL (its connections are set
+  // up), or `deadline`; then its error, if it failed. Logs how long the
+  // connections took and how long the caller waited for them.
+  absl::Status AwaitPreconnect(absl::Time deadline, absl::string_view what) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!preconnect_pending_) return absl::OkStatus();
+    }
+    const absl::Time t0 = absl::Now();
+    absl::Status s = PollUntil(
+        deadline, absl::Microseconds(20), absl::Milliseconds(1),
+        absl::StrCat("nccl: ", what,
+                     ": the communicator's peers were not connected by its "
+                     "deadline"),
+        [&]() -> std::optional<absl::Status> {
+          absl::MutexLock lock(&mu_);
+          if (aborted_) return Aborted();
+          return CallDone(comm_, "connecting the peers");
+        });
+    absl::MutexLock lock(&mu_);
+    if (s.ok() || !absl::IsDeadlineExceeded(s)) preconnect_pending_ = false;
+    HOLDFAST_LOG_INFO(
+        "nccl: rank {} of {} (generation {}): peers connected {} ms after "
+        "init{}; the first call waited {} ms for it",
+        options_.rank, options_.size, options_.generation,
+        absl::ToInt64Milliseconds(absl::Now() - preconnect_at_),
+        s.ok() ? "" : absl::StrCat(" (", s.message(), ")"),
+        absl::ToInt64Milliseconds(absl::Now() - t0));
+    return s;
+  }
+
   // Issues `op` on `stream` and waits until NCCL has taken it (the call of
   // a non-blocking communicator may still be in progress when it returns).
   absl::Status Enqueue(const OpSpec& op, cudaStream_t stream,
                        absl::Time deadline) {
     HOLDFAST_ASSIGN_OR_RETURN(ncclDataType_t dt, ToNccl(op.dtype));
+    HOLDFAST_RETURN_IF_ERROR(AwaitPreconnect(deadline, OpTypeName(op.type)));
     ncclResult_t r = ncclSuccess;
     {
       absl::MutexLock lock(&mu_);
@@ -668,6 +751,9 @@ class NcclBackend final : public Backend {
   bool aborted_ ABSL_GUARDED_BY(mu_) = false;
   // Aborted by ncclCommRevoke: comm_ still to be torn down (the Reaper).
   bool revoked_ ABSL_GUARDED_BY(mu_) = false;
+  // The preconnect's group call may still be in progress (Preconnect).
+  bool preconnect_pending_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time preconnect_at_ ABSL_GUARDED_BY(mu_);
   absl::Time revoked_at_ ABSL_GUARDED_BY(mu_);
   std::string reason_ ABSL_GUARDED_BY(mu_);
 };
@@ -770,6 +856,7 @@ absl::StatusOr<std::unique_ptr<Backend>> Wrap(ncclComm_t comm,
                                               const BackendOptions& options) {
   auto backend = std::make_unique<NcclBackend>(comm, options);
   HOLDFAST_RETURN_IF_ERROR(backend->Init());
+  backend->Preconnect();
   return std::unique_ptr<Backend>(std::move(backend));
 }
 
