@@ -86,6 +86,9 @@ def main():
                     "model, momentum, data position and step)")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                     help="where the model trains: cpu (Gloo) or cuda (NCCL)")
+    ap.add_argument("--standby-warmup", choices=("on", "off"), default="on",
+                    help="a standby runs a forward and backward pass before "
+                    "it waits for a slot (run's standby_warmup)")
     args = ap.parse_args()
     if args.steps < 0 or args.batch < 1:
         ap.error("--steps must be >= 0 and --batch >= 1")
@@ -142,13 +145,28 @@ def main():
         data_pos.add_(1)
         last_loss[0] = float(loss)
 
+    def warmup():
+        # A standby's forward and backward on batch 1's rows, outside DDP,
+        # before it waits for a slot (run's standby_warmup): on a GPU its
+        # first step would load cuBLAS and CUDA's kernels while the
+        # survivors wait. It leaves no gradient and the RNGs as they were.
+        rows = max(1, args.batch // max(1, rt.world_size))
+        x, y = make_batch(1, args.batch)
+        with torch.random.fork_rng(
+                devices=[device] if device.type == "cuda" else []):
+            loss = torch.nn.functional.mse_loss(
+                model(x[:rows].to(device)), y[:rows].to(device))
+            loss.backward()
+        opt.zero_grad(set_to_none=True)
+
     skip = [tuple(int(v) for v in r.split(":"))
             for r in args.skip_data.split(",") if r]
     result, code = example_run.run("ddp_train", lambda: rt.run(
         step, args.steps,
         metrics=lambda: {"loss": last_loss[0], "grad_norm": last_grad_norm[0]},
         skip_data=skip, spike_factor=args.spike_factor, start_step=start_step,
-        dcp_dir=args.dcp_dir or None, dcp_every=args.dcp_every))
+        dcp_dir=args.dcp_dir or None, dcp_every=args.dcp_every,
+        standby_warmup=warmup if args.standby_warmup == "on" else None))
     if result is None:
         return code
 

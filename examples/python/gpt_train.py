@@ -109,6 +109,9 @@ def main():
     ap.add_argument("--device", choices=("cpu", "cuda"), default=(
         "cuda" if torch.cuda.is_available() else "cpu"),
         help="cpu (Gloo) or cuda (NCCL); default: cuda where there is a GPU")
+    ap.add_argument("--standby-warmup", choices=("on", "off"), default="on",
+                    help="a standby runs a forward and backward pass before "
+                    "it waits for a slot (run's standby_warmup)")
     args = ap.parse_args()
     if (args.steps < 0 or args.batch < 1 or args.seq < 2 or args.layers < 1
             or args.dim % args.heads):
@@ -166,8 +169,24 @@ def main():
             print(f"step {ctx.step} loss {last['loss']:.4f} "
                   f"({last['loss'] / math.log(2):.3f} bits/byte)", flush=True)
 
+    def warmup():
+        # A standby's forward and backward on batch 1's rows, outside DDP,
+        # before it waits for a slot (run's standby_warmup): on a GPU its
+        # first step would load cuBLAS and CUDA's kernels while the
+        # survivors wait. It leaves no gradient and the RNGs as they were.
+        rows = max(1, args.batch // max(1, rt.world_size))
+        x, y = make_batch(corpus, 1, args.batch, args.seq)
+        with torch.random.fork_rng(
+                devices=[device] if device.type == "cuda" else []):
+            logits = model(x[:rows].to(device))
+            torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]),
+                y[:rows].to(device).reshape(-1)).backward()
+        opt.zero_grad(set_to_none=True)
+
     result, code = example_run.run("gpt_train", lambda: rt.run(
-        step, args.steps, metrics=lambda: dict(last)))
+        step, args.steps, metrics=lambda: dict(last),
+        standby_warmup=warmup if args.standby_warmup == "on" else None))
     if result is None:
         return code
     example_run.report(result, last["loss"], state_sha256(model, opt, data_pos))

@@ -258,6 +258,16 @@ struct RunOptions {
   // overlaps the next step. An error drops that snapshot, and fails a
   // snapshot taken between the steps, or a restore, with it.
   std::function<absl::Status()> state_ready;
+  // Optional: called once in a standby, before it waits for a slot. A
+  // trainer runs here what a step computes, on throwaway inputs (a forward
+  // and backward pass of the model, without communicating), so that what
+  // a process pays at its first step (on a GPU: CUDA's lazily loaded
+  // kernels, cuBLAS's handles, the caching allocator's blocks) is paid
+  // before the standby takes a slot, and not while the survivors wait for
+  // its first step. It must not change registered state (a job that fails
+  // before its first commit starts afresh from every member's own), nor
+  // communicate. An error is logged and the standby waits as usual.
+  std::function<absl::Status()> standby_warmup;
   // Where each snapshot is copied out of the registered buffers: on the
   // training thread between the steps, or on the background thread while
   // the next step computes (as CheckFreq does: a step reads the state long

@@ -687,7 +687,7 @@ class Runtime:
     def run(self, step_fn, steps, snapshot_every=1, metrics=None,
             on_restore=None, snapshot_copy="auto", skip_data=(),
             spike_factor=0.0, start_step=0, dcp_dir=None, dcp_every=0,
-            dcp_keep=3):
+            dcp_keep=3, standby_warmup=None):
         """Runs steps committed+1 .. `steps` with automatic recovery.
 
         `step_fn(ctx)` gets a StepContext. A holdfast error it raises (or
@@ -697,6 +697,18 @@ class Runtime:
         RunResult (final_step, world_size, slot, recoveries, ...).
         `on_restore(step)` runs whenever the registered tensors were restored
         (at the start and after each recovery), before the next step.
+
+        `standby_warmup()` runs once in a standby, before it waits for a
+        slot: a forward and backward pass of the model on throwaway inputs,
+        say, without communicating, so that what a process pays at its
+        first step on a GPU (CUDA's lazily loaded kernels, cuBLAS's
+        handles, the caching allocator's blocks) is paid before the standby
+        takes a slot rather than while the survivors wait for it. It must
+        not change registered state (a job that fails before its first
+        commit starts afresh from every member's own) and should leave the
+        random number generators as it found them
+        (`torch.random.fork_rng`). What it raises is logged, and the
+        standby waits for a slot as usual.
 
         `snapshot_copy` says where each snapshot is copied out of the
         registered tensors:
@@ -799,7 +811,8 @@ class Runtime:
                             restored, str(snapshot_copy),
                             [(int(b), int(e)) for b, e in skip_data],
                             float(spike_factor), int(start_step),
-                            self._device_state.event_handles())
+                            self._device_state.event_handles(),
+                            standby_warmup)
 
     def begin_state_update(self):
         """Call in every step before the first write to registered state,

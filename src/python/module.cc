@@ -317,6 +317,21 @@ std::function<absl::Status()> StateReady(const std::vector<uintptr_t>& events) {
 #endif
 }
 
+// RunOptions::standby_warmup from Python's callable (None: none). What it
+// raises becomes the error the runtime logs; the standby goes on.
+std::function<absl::Status()> StandbyWarmup(const py::object& fn) {
+  if (fn.is_none()) return nullptr;
+  return [&fn]() -> absl::Status {
+    py::gil_scoped_acquire gil;
+    try {
+      fn();
+      return absl::OkStatus();
+    } catch (py::error_already_set& e) {
+      return absl::UnknownError(absl::StrCat("the warm-up raised ", e.what()));
+    }
+  };
+}
+
 // Runtime.run: runs the loop with the GIL released, the step function,
 // the metrics and the restore hook taking it back; a Python exception of
 // the step function or the hook ends the run and is raised again here.
@@ -326,8 +341,10 @@ RunResult RunFromPython(Runtime& rt, const py::function& step_fn, int64_t steps,
                         const std::string& snapshot_copy,
                         const DataRanges& skip_data, double spike_factor,
                         int64_t start_step,
-                        const std::vector<uintptr_t>& state_events) {
+                        const std::vector<uintptr_t>& state_events,
+                        const py::object& standby_warmup) {
   RunOptions ro;
+  ro.standby_warmup = StandbyWarmup(standby_warmup);
   ro.state_ready = StateReady(state_events);
   ro.skip_data = skip_data;
   ro.start_step = start_step;
@@ -631,7 +648,8 @@ void BindRuntime(py::module_& m) {
            py::arg("skip_data") = DataRanges{},
            py::arg("spike_factor") = NumericChecks().spike_factor,
            py::arg("start_step") = 0,
-           py::arg("state_events") = std::vector<uintptr_t>{})
+           py::arg("state_events") = std::vector<uintptr_t>{},
+           py::arg("standby_warmup") = py::none())
       .def(
           "register_data_position",
           [](Runtime& rt, const std::string& name, uintptr_t data) {

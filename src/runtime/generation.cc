@@ -43,7 +43,7 @@ absl::Status RuntimeImpl::AwaitLease(int64_t step) {
   return absl::OkStatus();
 }
 
-absl::Status RuntimeImpl::AwaitSlot() {
+absl::Status RuntimeImpl::AwaitSlot(const RunOptions& options) {
   if (gens_.Current().standby) {
     // The first communicator of a backend can cost a process more than
     // the next ones (NCCL loads its device code); a standby's would be on
@@ -58,6 +58,19 @@ absl::Status RuntimeImpl::AwaitSlot() {
       HOLDFAST_LOG_INFO("runtime: standby: NCCL warmed up on device {} in {}",
                         options_.comm.device,
                         absl::FormatDuration(absl::Now() - t0));
+    }
+    if (options.standby_warmup) {
+      const absl::Time w0 = absl::Now();
+      const absl::Status trainer = options.standby_warmup();
+      if (!trainer.ok()) {
+        HOLDFAST_LOG_WARN(
+            "runtime: standby: the trainer's warm-up failed after {} (it "
+            "waits for a slot all the same): {}",
+            absl::FormatDuration(absl::Now() - w0), trainer.ToString());
+      } else {
+        HOLDFAST_LOG_INFO("runtime: standby: the trainer's warm-up took {}",
+                          absl::FormatDuration(absl::Now() - w0));
+      }
     }
     HOLDFAST_LOG_INFO("runtime: standby, waiting for a slot");
   }

@@ -240,7 +240,7 @@ class RuntimeImpl final : public Runtime,
   absl::Status AwaitLease(int64_t step);
 
   // A standby parks here until it is given a slot.
-  absl::Status AwaitSlot();
+  absl::Status AwaitSlot(const RunOptions& options);
   // Waits until step `s` of generation `gen` is committed, or cannot be
   // (a newer generation, this member fenced, the job ended, the backup
   // pipeline stopping), or until `deadline`; whether either came first.
@@ -314,6 +314,15 @@ class RuntimeImpl final : public Runtime,
   int64_t snapshots_skipped_ = 0;
   int64_t snapshots_unfenced_ = 0;  // copied during a step: no fence
   std::optional<RecoveryRecord> pending_record_;
+  // Set by ResumeAt, logged and cleared by the next CompleteStep: when
+  // the trainer's on_restore began and how long it took.
+  struct Resumed {
+    absl::Time at;
+    absl::Duration on_restore;
+  };
+  std::optional<Resumed> resumed_;
+  // Logs resumed_ for the step [t0, t1] and clears it (when set).
+  void NoteResumed(absl::Time t0, absl::Time t1);
   // Numeric checks, the data position, the data skipped from the start
   // (RunOptions::skip_data) and by the controller, and the step under way.
   // Whether the replicated state held the same bytes on every slot at

@@ -98,7 +98,7 @@ absl::Status RuntimeImpl::CheckRunOptions(const RunOptions& options,
 }
 
 absl::Status RuntimeImpl::Begin(Loop* loop, const RunOptions& options) {
-  HOLDFAST_RETURN_IF_ERROR(AwaitSlot());
+  HOLDFAST_RETURN_IF_ERROR(AwaitSlot(options));
   start_step_ = options.start_step;
   absl::StatusOr<int64_t> started = Start(options.start_step);
   if (started.ok()) return ResumeAt(loop, options, *started);
@@ -180,9 +180,11 @@ absl::StatusOr<RunResult> RuntimeImpl::RunLoop(
 absl::Status RuntimeImpl::ResumeAt(Loop* loop, const RunOptions& options,
                                    int64_t restored) {
   SkipData();
+  const absl::Time t0 = absl::Now();
   if (options.on_restore) {
     HOLDFAST_RETURN_IF_ERROR(options.on_restore(restored));
   }
+  resumed_ = Resumed{t0, absl::Now() - t0};
   loop->step = restored + 1;
   return absl::OkStatus();
 }
@@ -275,11 +277,26 @@ absl::Status RuntimeImpl::CallStep(
   return s;
 }
 
+void RuntimeImpl::NoteResumed(absl::Time t0, absl::Time t1) {
+  if (!resumed_.has_value()) return;
+  // Where a (re)start's time goes after the restore, on every member (a
+  // standby's first step included): the trainer's hook, then the step.
+  HOLDFAST_LOG_INFO(
+      "runtime: slot {} (generation {}): after the restore, on_restore "
+      "took {} ms and the first step {} ms (done {} ms after the restore)",
+      slot(), gens_.Current().generation,
+      absl::ToInt64Milliseconds(resumed_->on_restore),
+      absl::ToInt64Milliseconds(t1 - t0),
+      absl::ToInt64Milliseconds(t1 - resumed_->at));
+  resumed_.reset();
+}
+
 absl::Status RuntimeImpl::CompleteStep(const RunOptions& options, int64_t step,
                                        absl::Time t0, bool fenced) {
   fences_ = fences_ || fenced;
   progress_.live_step = step;
   const absl::Time t1 = absl::Now();
+  NoteResumed(t0, t1);
   if (pending_record_.has_value()) {
     // The first training step after the recovery is done (its snapshot is
     // the loop's usual per-step work).

@@ -1,7 +1,7 @@
 """What the small summing test jobs share (late_death_job.py,
-stale_group_job.py, verdict_job.py): a runtime with 4 float64 of
-replicated state, and a run that prints `final step=<N> world=<W>
-sum=<x>`."""
+stale_group_job.py, verdict_job.py, warmup_job.py): a runtime with 4
+float64 of replicated state, and a run that prints `final step=<N>
+world=<W> sum=<x>`."""
 
 import sys
 
@@ -18,11 +18,11 @@ def runtime_with_state():
     return rt, state
 
 
-def run_and_report(rt, step, steps, state):
-    """rt.run(step, steps), then the final line; returns the RunResult. A
-    standby that was never needed exits 0."""
+def run_and_report(rt, step, steps, state, **run_args):
+    """rt.run(step, steps, **run_args), then the final line; returns the
+    RunResult. A standby that was never needed exits 0."""
     try:
-        result = rt.run(step, steps)
+        result = rt.run(step, steps, **run_args)
     except holdfast.CancelledError:
         sys.exit(0)
     print(f"final step={result.final_step} world={result.world_size} "

@@ -54,6 +54,17 @@ def test_ddp_on_cuda_survives_a_fault_with_the_fault_free_hash(fault):
     assert_survives(3, fault, DDP_CUDA, extra_env=GPU_ENV)
 
 
+@pytest.mark.parametrize("warmup", ["on", "off"])
+def test_ddp_on_cuda_recovers_with_and_without_the_standby_warmup(warmup):
+    """An A/B of run's standby_warmup (the DDP example's --standby-warmup),
+    with info logs: the warm-up's time and every member's first step after
+    the restore are in the job's log (HOLDFAST_TEST_JOB_LOG_DIR). The
+    fault-free hash both ways."""
+    assert_survives(3, "kill:slot=1:step=9",
+                    DDP_CUDA + ["--standby-warmup", warmup],
+                    extra_env=dict(GPU_ENV, HOLDFAST_LOG_LEVEL="info"))
+
+
 @pytest.mark.parametrize("fault", ["kill:slot=1:step=9", "hang:slot=0:step=14"])
 def test_fsdp2_on_cuda_survives_a_fault_with_the_fault_free_hash(fault):
     assert_survives(3, fault, FSDP_CUDA, extra_env=GPU_ENV)

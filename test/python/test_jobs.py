@@ -229,6 +229,49 @@ def test_a_loss_after_the_last_step_is_recovered_not_left_hanging(tmp_path):
     assert sorted(final_lines(lines)) == ["final step=12 world=2 sum=936.0"] * 2, out
 
 
+def _standby_pids(lines):
+    """The pids in the standby's log lines ("[standby] ... holdfast[PID]")."""
+    return {int(m.group(1)) for line in lines if line.startswith("[standby]")
+            for m in [re.search(r"holdfast\[(\d+)\]", line)] if m}
+
+
+def test_the_standby_alone_runs_the_trainers_warmup_once_before_it_waits():
+    """run(standby_warmup=...) in the DDP example: the standby runs it once,
+    before it waits for a slot, and nobody else does; after slot 1's kill it
+    takes the slot, and the job ends with the fault-free hash."""
+    expected = fault_free_hash(3, DDP)
+    rc, lines = run_job(["-n", "3", "--standby", "1", "--inject",
+                         "kill:slot=1:step=9"], DDP,
+                        extra_env={"HOLDFAST_LOG_LEVEL": "info"})
+    out = "\n".join(lines[-60:])
+    assert rc == 0, out
+    assert set(final_lines(lines)) == {expected}, out
+    assert len(final_lines(lines)) == 3, out
+    took = [i for i, line in enumerate(lines)
+            if "the trainer's warm-up took" in line]
+    waiting = [i for i, line in enumerate(lines)
+               if "standby, waiting for a slot" in line]
+    assert len(took) == 1 and lines[took[0]].startswith("[standby]"), out
+    assert len(waiting) == 1 and took[0] < waiting[0], out
+
+
+def test_a_standby_warmup_that_raises_is_logged_and_the_standby_serves(
+        tmp_path):
+    calls = tmp_path / "calls"
+    rc, lines = run_job(
+        ["-n", "3", "--standby", "1", "--inject", "kill:slot=2:step=6"],
+        [PYTHON, str(HERE / "warmup_job.py"), "10", str(calls), "raise"],
+        timeout=120)
+    out = "\n".join(lines[-60:])
+    assert rc == 0, out
+    pids = [int(p) for p in calls.read_text().split()]
+    assert len(pids) == 1 and {pids[0]} == _standby_pids(lines), out
+    failed = [line for line in lines if "warm-up failed" in line]
+    assert len(failed) == 1 and "warm-up broke on purpose" in failed[0], out
+    # 10 steps of (1 + 2 + 3) * step on a world of 3, the standby in slot 2.
+    assert sorted(final_lines(lines)) == ["final step=10 world=3 sum=1320.0"] * 3, out
+
+
 def test_a_group_op_issued_after_the_next_generation_opened_fails_the_step():
     """A torch.distributed op issued in a step after the controller opened
     the next generation (slot 1 was killed as the step began; a DDP hook
