@@ -87,6 +87,14 @@ def test_gpt_on_cuda_survives_a_kill_with_the_fault_free_hash():
     assert_survives(3, "kill:slot=1:step=12", GPT_CUDA, extra_env=GPU_ENV)
 
 
+def test_gpt_fsdp2_on_cuda_survives_a_kill_with_the_fault_free_hash():
+    """gpt_train.py --parallel fsdp2 on CUDA: FSDP's device shards copied
+    to the registered host partitions after each step and back after a
+    restore."""
+    assert_survives(3, "kill:slot=1:step=12", GPT_CUDA + ["--parallel", "fsdp2"],
+                    extra_env=GPU_ENV)
+
+
 def test_ddp_on_cuda_shrinks_from_3_to_2():
     rc, lines = run_job(
         ["-n", "3", "--mode", "shrink", "--inject", "kill:slot=2:step=10"],
