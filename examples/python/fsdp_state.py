@@ -44,9 +44,6 @@ class ShardedTensor:
     def save(self, local):
         self.rt.shard(self.name)[:local.numel()].copy_(local.reshape(-1))
 
-    def load(self, local):
-        local.copy_(self.rt.shard(self.name)[:local.numel()].view_as(local))
-
     def in_place(self, local):
         """Whether `local` (a local shard) is a view of the partition."""
         return (local.untyped_storage().data_ptr() ==

@@ -27,11 +27,12 @@ partition (fully_shard allocates its own; the example points FSDP at the
 partition before the first step, and drops FSDP's). optimizer.step()
 updates the registered state in place (behind begin_state_update()), and
 a restore writes into FSDP's shards: nothing is copied in either
-direction. On a GPU (--device cuda) the partitions are the host copy of
-FSDP's device shards: each step copies its new shards in after
-optimizer.step(), and a restore copies them back. FSDP is built once this
-process has a slot (a standby builds it when it takes one, after its
-partition was restored).
+direction. On a GPU (--device cuda) the partitions are the host copies
+of FSDP's device shards (Runtime.mirror_shard): each step's end starts
+copying the new shards into them while the next step computes, and a
+restore copies them back; the device holds one copy. FSDP is built once
+this process has a slot (a standby builds it when it takes one, after
+its partition was restored).
 
 Each rank prints one line at the end, with the hash of the whole state
 (every parameter and momentum shard, gathered, and the data position):
@@ -132,21 +133,25 @@ def main():
                 opt.state[p]["momentum_buffer"] = momentum
                 pairs.append((params[n], p))
                 pairs.append((momenta[n], momentum))
+            if not in_place:
+                # The partitions become the host copies of the device
+                # shards (and fill them now).
+                for state, tensor in pairs:
+                    rt.mirror_shard(state.name, tensor.to_local())
             built["opt"], built["pairs"] = opt, pairs
+            built["locals"] = [t.to_local().data_ptr() for _, t in pairs]
         return built["opt"]
 
     def restored(step):
-        fsdp()
-        if not in_place:
-            with torch.no_grad():
-                for state, tensor in built["pairs"]:
-                    state.load(tensor.to_local())
+        fsdp()  # a restore writes the mirrored device shards itself
 
     def check_in_place():
         """Every shard FSDP and SGD use is still the registered partition
-        (the runtime moves partitions only after a shrink)."""
-        for state, tensor in built["pairs"]:
-            if in_place and not state.in_place(tensor.to_local()):
+        on the CPU, or the device tensor it mirrors on a GPU (the runtime
+        moves partitions only after a shrink)."""
+        for (state, tensor), ptr in zip(built["pairs"], built["locals"]):
+            if (not state.in_place(tensor.to_local()) if in_place
+                    else tensor.to_local().data_ptr() != ptr):
                 raise RuntimeError(
                     f"fsdp_train: '{state.name}' is no longer FSDP's shard")
 
@@ -175,16 +180,17 @@ def main():
             [p.grad.to_local().norm() for p in model.parameters()])))
         ctx.runtime.begin_state_update()  # the first write comes next
         opt.step()
-        if not in_place:
-            with torch.no_grad():
-                for state, tensor in built["pairs"]:
-                    state.save(tensor.to_local())
         data_pos.add_(1)
         last_loss[0] = float(loss.detach())
         if ctx.step == args.steps:
             # The runtime's communicator ends with run(): the full model's
-            # hash is taken in the last step.
+            # hash is taken in the last step (on a GPU, the partitions get
+            # this step's shards first: the runtime's copy comes after it).
             # Parameters, then momentum, then the data position.
+            if not in_place:
+                with torch.no_grad():
+                    for state, tensor in built["pairs"]:
+                        state.save(tensor.to_local())
             digest = hashlib.sha256()
             for state in [params[n] for n in names] + [momenta[n] for n in names]:
                 digest.update(tensor_bytes(state.gather_full(ctx.comm, device)))

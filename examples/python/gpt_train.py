@@ -156,9 +156,10 @@ class Fsdp2:
     moments, registered as sharded state (fsdp_state.py); AdamW's step
     counts are replicated. On the CPU FSDP's and AdamW's shards are the
     registered partitions (one copy); on a GPU the partitions are their
-    host copy, written after each optimizer step and read back after a
-    restore. FSDP is built once this process has a slot. The world size
-    must stay the same: run it with standbys."""
+    host copies (Runtime.mirror_shard: copied at each step's end while
+    the next step computes, and back after a restore). FSDP is built once
+    this process has a slot. The world size must stay the same: run it
+    with standbys."""
 
     MOMENTS = ("exp_avg", "exp_avg_sq")
 
@@ -213,6 +214,12 @@ class Fsdp2:
                 self.pairs.append((self.moments[n, k], state[k]))
             self.opt.state[p] = state
             self.pairs.append((self.params[n], p))
+        if not self.in_place:
+            # The partitions become the host copies of the device shards
+            # (and fill them now).
+            for state, tensor in self.pairs:
+                self.rt.mirror_shard(state.name, tensor.to_local())
+        self.locals = [t.to_local().data_ptr() for _, t in self.pairs]
 
     def begin(self, ctx):
         if self.opt is None:
@@ -222,21 +229,24 @@ class Fsdp2:
                 f"gpt_train: the world shrank from {self.world} to "
                 f"{ctx.world_size} slots; --parallel fsdp2 needs a world of "
                 "a fixed size: run it with standbys")
-        for state, tensor in self.pairs:
-            if self.in_place and not state.in_place(tensor.to_local()):
+        for (state, tensor), ptr in zip(self.pairs, self.locals):
+            if (not state.in_place(tensor.to_local()) if self.in_place
+                    else tensor.to_local().data_ptr() != ptr):
                 raise RuntimeError(
                     f"gpt_train: '{state.name}' is no longer FSDP's shard")
         return self.model, self.opt
 
     def end(self, ctx, data_pos):
-        if not self.in_place:
-            with torch.no_grad():
-                for state, tensor in self.pairs:
-                    state.save(tensor.to_local())
         if ctx.step == self.args.steps:
             # The runtime's communicator ends with run(): the hash is
             # taken in the last step, of the full tensors (parameters,
-            # moments), then the step counts and the data position.
+            # moments), then the step counts and the data position. On a
+            # GPU the partitions get this step's shards first (the
+            # runtime's own copy comes after the step).
+            if not self.in_place:
+                with torch.no_grad():
+                    for state, tensor in self.pairs:
+                        state.save(tensor.to_local())
             self.final = hashlib.sha256()
             for state in ([self.params[n] for n in self.names] +
                           [self.moments[n, k] for n in self.names
@@ -249,11 +259,7 @@ class Fsdp2:
 
     def restored(self, step):
         if self.opt is None:
-            self._build()
-        if not self.in_place:
-            with torch.no_grad():
-                for state, tensor in self.pairs:
-                    state.load(tensor.to_local())
+            self._build()  # a restore writes the mirrored shards itself
 
     def grad_norm(self):
         return float(torch.norm(torch.stack(

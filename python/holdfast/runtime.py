@@ -2,7 +2,9 @@
 optimizers, a communicator on torch tensors, and the step loop."""
 
 import atexit
+import ctypes
 import math
+import mmap
 import os
 import queue
 import threading
@@ -176,6 +178,31 @@ class _HostStaging:
             cpu.copy_(copy)
 
 
+def _loaded_cudart():
+    """The CUDA runtime library torch loaded (ctypes), or None: its
+    cudaHostRegister, and its cudaGetLastError to clear a refusal."""
+    global _cudart
+    if _cudart is None:
+        _cudart = False
+        try:
+            with open("/proc/self/maps") as maps:
+                paths = {line.split()[-1] for line in maps
+                         if "/libcudart.so" in line}
+            if len(paths) == 1:
+                lib = ctypes.CDLL(paths.pop())
+                lib.cudaHostRegister.restype = ctypes.c_int
+                lib.cudaHostRegister.argtypes = [
+                    ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint]
+                lib.cudaGetLastError.restype = ctypes.c_int
+                _cudart = lib
+        except (OSError, AttributeError):
+            pass
+    return _cudart or None
+
+
+_cudart = None
+
+
 class _DeviceState:
     """Registered CUDA tensors and their pinned host copies, which the
     runtime snapshots and restores as if they were the tensors.
@@ -191,16 +218,68 @@ class _DeviceState:
         self._pairs = {}  # name -> (device tensor, pinned host tensor)
         self._streams = {}  # device -> the copy stream
         self._events = {}  # device -> the event the copies record
+        self._pinned = []  # [begin, end) byte ranges this pinned
+        self.unpinned = 0  # mirrors whose partition could not be pinned
 
     def add(self, name, tensor):
         host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
         host.copy_(tensor)  # the values at registration, synchronously
         self._pairs[name] = (tensor, host)
-        if tensor.device not in self._events:
+        self.prepare(tensor.device)
+
+    def prepare(self, device):
+        """The event of `device`'s copies, made now if it is new (its handle
+        goes to the runtime when run() starts)."""
+        if device not in self._events:
             event = torch.cuda.Event()
-            event.record(torch.cuda.current_stream(tensor.device))
+            event.record(torch.cuda.current_stream(device))
             event.synchronize()  # created now: its handle is fixed
-            self._events[tensor.device] = event
+            self._events[device] = event
+
+    def add_mirror(self, name, tensor, host, running):
+        """`host` (a view of a sharded array's partition, in the runtime's
+        memory) becomes the host copy of `tensor`. Its pages are pinned
+        where CUDA allows (else the copies into it are synchronous). While
+        run() is under way only a device whose event the runtime has can
+        take one."""
+        if running and tensor.device not in self._events:
+            raise InvalidArgumentError(
+                f"mirror_shard: '{name}' is on {tensor.device}, which had no "
+                "CUDA state when run() started: make it the current device "
+                "(torch.cuda.set_device) before run()")
+        if not self._pin(host):
+            self.unpinned += 1
+        with torch.no_grad():
+            tensor.copy_(host)  # the partition's values, synchronously
+        self._pairs[name] = (tensor, host)
+        self.prepare(tensor.device)
+
+    def _pin(self, host):
+        """Pins the pages under `host` that no earlier call pinned (two
+        partitions may share a page); False if CUDA refused."""
+        page = mmap.PAGESIZE
+        begin = host.data_ptr() // page * page
+        end = -(-(host.data_ptr() + host.numel() * host.element_size())
+                // page) * page
+        todo = [(begin, end)]
+        for b, e in self._pinned:
+            todo = [piece for lo, hi in todo
+                    for piece in ((lo, min(hi, b)), (max(lo, e), hi))
+                    if piece[0] < piece[1]]
+        cudart = _loaded_cudart()
+        if cudart is None:
+            return not todo
+        ok = True
+        for lo, hi in todo:
+            if cudart.cudaHostRegister(ctypes.c_void_p(lo),
+                                       ctypes.c_size_t(hi - lo), 0) == 0:
+                self._pinned.append((lo, hi))
+            else:
+                # Not sticky, but left as the thread's last error it would
+                # fail torch's next launch check.
+                cudart.cudaGetLastError()
+                ok = False
+        return ok
 
     def host(self, name):
         return self._pairs[name][1]
@@ -504,6 +583,9 @@ class Runtime:
         self._versions = None
         self._fence_checked = False
         self._device_state = _DeviceState()  # registered CUDA tensors
+        self._running = False  # in run()
+        self._backend = (options.get("backend")
+                         or os.environ.get("HOLDFAST_BACKEND", "gloo"))
         _current = self
         # The C++ runtime's threads (NCCL's among them) must end before the
         # interpreter and the CUDA runtime shut down: process groups refer
@@ -616,6 +698,47 @@ class Runtime:
                                         unit_numel * size)
         self._sharded[name] = (dtype, int(global_numel))
         return self.shard(name, dtype)
+
+    def mirror_shard(self, name, tensor):
+        """Makes the partition of the sharded array `name` the host copy of
+        `tensor`, a contiguous CUDA tensor of the array's dtype with at most
+        the partition's elements: FSDP2's local shard of a parameter or of
+        its optimizer state, for one. As for a CUDA tensor given to
+        register_tensor, each step's end starts copying the tensor into the
+        partition's first elements on a stream of its own, while the next
+        step computes, the runtime reads the partition only once that copy
+        is done, and each restore writes the partition back into the
+        tensor; the device holds no second copy. The call itself writes
+        the partition's values (a fresh start's, or restored ones) into the
+        tensor. The partition's pages are pinned where CUDA allows (else
+        the copies wait).
+
+        Call it before the first step ends (in on_restore, say), with the
+        tensor's device current when run() started. The partition must not
+        move, so the world must keep its size (run with standbys)."""
+        if name not in self._sharded:
+            raise InvalidArgumentError(
+                f"mirror_shard: '{name}' is not a sharded array "
+                "(register_sharded_state)")
+        dtype, _ = self._sharded[name]
+        data = tensor.data if isinstance(tensor, torch.nn.Parameter) else tensor
+        if not isinstance(data, torch.Tensor) or data.device.type != "cuda":
+            raise InvalidArgumentError(
+                f"mirror_shard: '{name}' needs a CUDA tensor, not one on "
+                f"{getattr(data, 'device', type(data).__name__)}; on the CPU, "
+                "train on the partition itself (shard(name))")
+        if data.dtype != dtype:
+            raise InvalidArgumentError(
+                f"mirror_shard: '{name}' holds {dtype}, the tensor is "
+                f"{data.dtype}")
+        buffer(data, f"shard '{name}'", device_memory=True)
+        part = self.shard(name, dtype)
+        if data.numel() > part.numel():
+            raise InvalidArgumentError(
+                f"mirror_shard: the tensor has {data.numel()} elements, the "
+                f"partition of '{name}' {part.numel()}")
+        self._device_state.add_mirror(
+            name, data, part[:data.numel()].view(data.shape), self._running)
 
     def shard(self, name, dtype=torch.float32):
         """The current partition of a sharded array: a tensor view of it,
@@ -807,12 +930,22 @@ class Runtime:
             if on_restore is not None:
                 on_restore(step)
 
-        return self._rt.run(step, int(steps), int(snapshot_every), metrics,
-                            restored, str(snapshot_copy),
-                            [(int(b), int(e)) for b, e in skip_data],
-                            float(spike_factor), int(start_step),
-                            self._device_state.event_handles(),
-                            standby_warmup)
+        if self._sharded and self._backend == "nccl":
+            # Partitions may become host copies of CUDA shards once the
+            # run has begun (mirror_shard): the runtime gets the event
+            # their copies will record now.
+            self._device_state.prepare(
+                torch.device("cuda", torch.cuda.current_device()))
+        self._running = True
+        try:
+            return self._rt.run(step, int(steps), int(snapshot_every),
+                                metrics, restored, str(snapshot_copy),
+                                [(int(b), int(e)) for b, e in skip_data],
+                                float(spike_factor), int(start_step),
+                                self._device_state.event_handles(),
+                                standby_warmup)
+        finally:
+            self._running = False
 
     def begin_state_update(self):
         """Call in every step before the first write to registered state,

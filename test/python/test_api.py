@@ -131,6 +131,61 @@ def test_bad_state_is_refused_by_name(controller):
         rt.shard("nope")
 
 
+def test_mirror_shard_refuses_what_it_cannot_mirror_by_name(controller):
+    address, token = controller
+    rt = holdfast.Runtime(controller=address, token=token)
+    rt.register_sharded_state("w", 8)
+    with pytest.raises(holdfast.InvalidArgumentError,
+                       match="'nope' is not a sharded array"):
+        rt.mirror_shard("nope", torch.zeros(4))
+    with pytest.raises(holdfast.InvalidArgumentError,
+                       match="needs a CUDA tensor.*partition itself"):
+        rt.mirror_shard("w", torch.zeros(4))
+
+
+class _FakeCudart:
+    """cudaHostRegister and cudaGetLastError as _DeviceState._pin calls
+    them: records each range, refuses the ones in `refuse`."""
+
+    def __init__(self, refuse=()):
+        self.ranges, self.cleared, self.refuse = [], 0, set(refuse)
+
+    def cudaHostRegister(self, ptr, size, flags):
+        self.ranges.append((ptr.value, size.value))
+        return 712 if ptr.value in self.refuse else 0
+
+    def cudaGetLastError(self):
+        self.cleared += 1
+        return 0
+
+
+def test_mirrored_partitions_pin_each_page_once(monkeypatch):
+    """Two partitions that share a page: the second pins only its own
+    pages (CUDA refuses a page registered twice); a refusal is counted and
+    cleared from CUDA's last error, which torch's next launch check would
+    otherwise raise."""
+    import mmap
+    from holdfast import runtime as hr
+    page = mmap.PAGESIZE
+    fake = _FakeCudart()
+    monkeypatch.setattr(hr, "_loaded_cudart", lambda: fake)
+    memory = torch.zeros(4 * page, dtype=torch.uint8)
+    base = -(-memory.data_ptr() // page) * page - memory.data_ptr()
+    state = hr._DeviceState()
+    first = memory[base:base + page + 100]  # pages 0 and 1
+    second = memory[base + page + 100:base + 3 * page]  # pages 1 and 2
+    assert state._pin(first) and state._pin(second)
+    start = memory.data_ptr() + base
+    assert fake.ranges == [(start, 2 * page), (start + 2 * page, page)]
+    assert state._pin(first)  # all pinned already: nothing to do
+    assert len(fake.ranges) == 2
+    refused = _FakeCudart(refuse={start + 3 * page})
+    monkeypatch.setattr(hr, "_loaded_cudart", lambda: refused)
+    third = memory[base + 3 * page:base + 3 * page + 10]
+    assert not state._pin(third)
+    assert refused.cleared == 1
+
+
 def test_step_loop_restores_nothing_and_runs(controller):
     """One slot: steps run in order, the communicator works on tensors and
     refuses bad ones, and the registered state is what the loop left."""
