@@ -135,10 +135,41 @@ int FreePort() {
 }  // namespace
 
 TEST_CASE(
+    "detection: a SIGKILLed member on the controller's machine is declared "
+    "crashed as its process begins to exit, named as seen in /proc") {
+  ControllerOptions o = Options(3);  // the process watch on, by default
+  auto server = ControllerServer::Start(o);
+  REQUIRE(server.ok());
+  const std::string addr = (*server)->address();
+  proc::ProcessGroup g({Member(addr), Member(addr), Member(addr)});
+  std::vector<Registered> reg;
+  for (int r = 0; r < 3; ++r) reg.push_back(WaitRegistered(g, r));
+  for (int r = 0; r < 3; ++r) REQUIRE(g.WaitEvent(r, "step", kLong));
+  g.Signal(2, SIGKILL);
+  auto inc = WaitIncident(addr, reg[2].member, kLong);
+  REQUIRE(inc.has_value());
+  CHECK(inc->kind() == INCIDENT_CRASHED);
+  CHECK(inc->slot() == reg[2].slot);
+  CHECK_THAT(inc->evidence(),
+             Catch::Contains("seen in /proc by the controller"));
+  for (int r : {0, 1}) {
+    auto abort = g.WaitEvent(r, "abort", kLong);
+    REQUIRE(abort.has_value());
+    CHECK(abort->at("failed_member") == std::to_string(reg[2].member));
+  }
+  // Nobody else: the survivors and the job go on.
+  const StatusResponse s = GetStatus(addr);
+  CHECK(s.alive() == 2);
+  CHECK(s.dead() == 1);
+}
+
+TEST_CASE(
     "detection: a SIGKILLed member is declared crashed and the "
     "survivors get an abort order") {
   ControllerOptions o = Options(3);
   o.metrics_port = 0;
+  // As a controller on another machine sees it: by the stream's end.
+  o.detection.exit_watch_interval = absl::ZeroDuration();
   auto server = ControllerServer::Start(o);
   REQUIRE(server.ok());
   const std::string addr = (*server)->address();

@@ -7,6 +7,7 @@
 //                  [--token-file FILE]     (or HOLDFAST_JOB_TOKEN)
 //                  [--address-file FILE]   (the address members use)
 //                  [--host NAME] [--flush-ms MS] [--quiet-after-ms MS]
+//                  [--exit-watch-ms MS]
 // SIGTERM or SIGINT is a restart: the controller keeps this host's members,
 // which resume through the next agent at the same address. Its death by
 // any other means (SIGKILL, a crash) is the loss of the host.
@@ -56,10 +57,18 @@ int main(int argc, char** argv) {
                  "a stopped or frozen process (0: the heartbeat interval "
                  "and half of it, at least 250 ms more; -1: never)")
       ->check(CLI::Range(int64_t{-1}, int64_t{3600000}));
+  int64_t exit_watch_ms =
+      absl::ToInt64Milliseconds(options.exit_watch_interval);
+  app.add_option("--exit-watch-ms", exit_watch_ms,
+                 "read /proc this often for the members: one whose process "
+                 "begins to exit is reported then, not when its stream ends "
+                 "after its memory's teardown (0: off)")
+      ->check(CLI::Range(int64_t{0}, int64_t{10000}));
   holdfast::TlsFiles tls_files;
   holdfast::tools::AddTlsFlags(app, &tls_files);
   CLI11_PARSE(app, argc, argv);
   options.flush_interval = absl::Milliseconds(flush_ms);
+  options.exit_watch_interval = absl::Milliseconds(exit_watch_ms);
   options.quiet_after =
       quiet_ms < 0 ? absl::InfiniteDuration() : absl::Milliseconds(quiet_ms);
 

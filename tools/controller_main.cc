@@ -186,6 +186,13 @@ int main(int argc, char** argv) {
                  "heartbeat interval and half of it, at least 250 ms more, "
                  "at most --silent-after-ms; 0: off)")
       ->check(CLI::Range(int64_t{-1}, int64_t{3600000}));
+  int64_t exit_watch_ms =
+      absl::ToInt64Milliseconds(detection.exit_watch_interval);
+  app.add_option("--exit-watch-ms", exit_watch_ms,
+                 "read /proc this often for the members on this machine: one "
+                 "whose process begins to exit is declared crashed then, not "
+                 "when its stream ends after its memory's teardown (0: off)")
+      ->check(CLI::Range(int64_t{0}, int64_t{10000}));
   int64_t push_merge_ms = absl::ToInt64Milliseconds(detection.push_merge);
   app.add_option("--push-merge-ms", push_merge_ms,
                  "generations opened within this of the last push go to the "
@@ -212,6 +219,7 @@ int main(int argc, char** argv) {
   holdfast::tools::AddTlsFlags(app, &tls_files);
   CLI11_PARSE(app, argc, argv);
   detection.push_merge = absl::Milliseconds(push_merge_ms);
+  detection.exit_watch_interval = absl::Milliseconds(exit_watch_ms);
   detection.rendezvous_grace = absl::Milliseconds(rendezvous_grace_ms);
   detection.rendezvous_timeout = absl::Milliseconds(rendezvous_timeout_ms);
   detection.heartbeat_interval = absl::Milliseconds(heartbeat_ms);

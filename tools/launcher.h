@@ -69,6 +69,7 @@ struct Flags {
   std::string stragglers = "report";
   std::vector<std::string> inject;
   int64_t heartbeat_ms = 500, silent_ms = 3000, join_timeout_s = 60;
+  int64_t exit_watch_ms = 5;
   int64_t rendezvous_grace_ms = 1000;
   double gradient_outlier_factor = 1000.0;
   bool no_disk_tier = false, fresh = false;
@@ -138,7 +139,8 @@ class Launcher {
   // into client_.tls.
   absl::Status SetUpTls(const Flags& f);
   absl::Status StartAgents(const Flags& f, const std::string& token);
-  absl::Status StartAgent(const std::string& host, const std::string& token);
+  absl::Status StartAgent(const Flags& f, const std::string& host,
+                          const std::string& token);
   // The start-up line: where the controller is, what runs here.
   void PrintStart(const Flags& f, const std::string& faults) const;
   // Starts the standbys, waits for them to register, then the workers.

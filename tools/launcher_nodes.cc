@@ -69,6 +69,7 @@ absl::Status Launcher::StartController(const Flags& f,
   co.recovery.replace_stragglers = f.stragglers == "replace";
   co.detection.heartbeat_interval = absl::Milliseconds(f.heartbeat_ms);
   co.detection.silent_after = absl::Milliseconds(f.silent_ms);
+  co.detection.exit_watch_interval = absl::Milliseconds(f.exit_watch_ms);
   co.detection.gradient_outlier_factor = f.gradient_outlier_factor;
   co.detection.rendezvous_grace = absl::Milliseconds(f.rendezvous_grace_ms);
   if (plan_ && !plan_->controllers.empty()) {

@@ -9,7 +9,8 @@
 //                [--max-world M]
 //                [--inject SPEC]... [--log-dir DIR] [--hosts H] [--agent]
 //                [--checkpoint-dir DIR | --no-disk-tier] [--fresh]
-//                [--heartbeat-ms MS] [--silent-after-ms MS]
+//                [--heartbeat-ms MS] [--silent-after-ms MS] [--exit-watch-ms
+//                MS]
 //                [--rendezvous-grace-ms MS] [--join-timeout-s S]
 //                -- CMD ARGS...
 //
@@ -144,6 +145,12 @@ std::optional<int> Launcher::ParseFlags(int argc, char** argv, Flags* f) {
   app.add_option("--silent-after-ms", f->silent_ms,
                  "declare a member silent after this long")
       ->check(CLI::Range(int64_t{50}, int64_t{3600000}));
+  app.add_option("--exit-watch-ms", f->exit_watch_ms,
+                 "the controller reads /proc this often for the processes on "
+                 "its machine: one that begins to exit is declared crashed "
+                 "then, not when its stream ends after its memory's teardown "
+                 "(0: off)")
+      ->check(CLI::Range(int64_t{0}, int64_t{10000}));
   app.add_option("--gradient-outlier-factor", f->gradient_outlier_factor,
                  "name a slot whose local gradient norm of a step is above "
                  "this many times the median of the others' (a bit flipped "
@@ -310,7 +317,7 @@ bool Launcher::OnThisNode(const control::MemberInfo& m) const {
   return !plan_ || m.host() == plan_->node_name;
 }
 
-absl::Status Launcher::StartAgent(const std::string& host,
+absl::Status Launcher::StartAgent(const Flags& f, const std::string& host,
                                   const std::string& token) {
   if (agents_.count(host) > 0) return absl::OkStatus();
   control::AgentOptions o;
@@ -318,6 +325,7 @@ absl::Status Launcher::StartAgent(const std::string& host,
   o.token = token;
   o.tls = client_.tls;
   o.host = host;  // "": this machine's name
+  o.exit_watch_interval = absl::Milliseconds(f.exit_watch_ms);
   HOLDFAST_ASSIGN_OR_RETURN(agents_[host], control::HostAgent::Start(o));
   return absl::OkStatus();
 }
@@ -325,10 +333,10 @@ absl::Status Launcher::StartAgent(const std::string& host,
 absl::Status Launcher::StartAgents(const Flags& f, const std::string& token) {
   // Many nodes: each node's launcher runs the node's agent, so a node lost
   // whole is seen as one (docs/multi-node.md).
-  if (plan_) return StartAgent(plan_->node_name, token);
+  if (plan_) return StartAgent(f, plan_->node_name, token);
   if (!f.agent) return absl::OkStatus();
   for (int i = 0; i < f.n + f.standby; ++i) {
-    HOLDFAST_RETURN_IF_ERROR(StartAgent(HostOf(f, i), token));
+    HOLDFAST_RETURN_IF_ERROR(StartAgent(f, HostOf(f, i), token));
   }
   return absl::OkStatus();
 }

@@ -46,8 +46,11 @@ class Job(LaunchedProcesses):
         self.controller = subprocess.Popen(
             [str(BUILD / "holdfast-controller"), "--world-size", str(WORLD),
              "--port", "0", "--port-file", str(out / "port"), "--token-file",
-             str(out / "token")] + (["--metrics-port", "0"] if metrics
-                                    else []),
+             str(out / "token"),
+             # As a controller on another machine than the members: only
+             # their agents see their processes.
+             "--exit-watch-ms", "0"] + (["--metrics-port", "0"] if metrics
+                                        else []),
             stdout=subprocess.DEVNULL,
             stderr=open(out / "controller.log", "w"))
         self.address = f"127.0.0.1:{self._wait_file(out / 'port')}"
@@ -199,6 +202,8 @@ def test_member_crash_is_seen_at_once(job, fault_free):
     assert inc["kind"] == "INCIDENT_CRASHED", inc
     assert inc["host"] == "h1" and inc.get("evicted"), inc
     assert "on host agent h1" in inc["evidence"], inc
+    # The agent saw the process begin to exit (not its stream's end).
+    assert "seen in /proc by the host agent" in inc["evidence"], inc
     detect_s = int(inc["detected_unix_ms"]) / 1000 - killed_at
     print(f"agent-case member SIGKILL: detect_s={detect_s:.3f}")
     assert detect_s < 1.0, inc

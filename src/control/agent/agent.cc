@@ -22,6 +22,7 @@
 #include "src/control/wire/auth.h"
 #include "src/control/wire/controller.grpc.pb.h"
 #include "src/control/wire/member_stream.h"
+#include "src/control/wire/process_watch.h"
 #include "src/control/wire/quiet.h"
 #include "src/control/wire/rpc_util.h"
 
@@ -125,7 +126,11 @@ class AgentImpl final : public HostAgent, public BeatHandler {
       : options_(std::move(o)),
         stub_(Controller::NewStub(
             ControllerChannel(options_.controller, options_.tls))),
-        service_(this, stub_.get(), options_.token) {
+        service_(this, stub_.get(), options_.token),
+        exits_(options_.exit_watch_interval,
+               [this](uint64_t id, const std::string& why) {
+                 ProcessExiting(id, why);
+               }) {
     if (options_.host.empty()) {
       char name[256] = {};
       gethostname(name, sizeof(name) - 1);
@@ -248,6 +253,24 @@ class AgentImpl final : public HostAgent, public BeatHandler {
     }
     if (urgent || beats_.size() >= kMaxPendingBeats) urgent_ = true;
     return absl::OkStatus();
+  }
+
+  // A member registered through this agent: watched until its process
+  // exits (ProcessWatch), when it is reported gone at once.
+  void WatchMember(uint64_t member_id, const ProcessIdentity& who) {
+    exits_.Watch(member_id, who);
+  }
+
+  void ProcessExiting(uint64_t member_id, const std::string& why) {
+    absl::MutexLock lock(&mu_);
+    auto it = local_.find(member_id);
+    if (it == local_.end()) return;  // not on a stream here (or gone)
+    local_.erase(it);                // its stream's end is not news any more
+    MemberGone g;
+    g.set_member_id(member_id);
+    g.set_why(absl::StrCat(why, " (seen in /proc by the host agent)"));
+    gone_.push_back(std::move(g));
+    urgent_ = true;
   }
 
   void OnGone(uint64_t member_id, MemberSink* sink, bool leaving, bool finished,
@@ -514,6 +537,8 @@ class AgentImpl final : public HostAgent, public BeatHandler {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool handover_ ABSL_GUARDED_BY(mu_) = false;
   grpc::ClientContext* stream_ctx_ ABSL_GUARDED_BY(mu_) = nullptr;
+  // Last: its thread, which calls ProcessExiting, ends first.
+  ProcessWatch exits_;
 };
 
 grpc::ServerBidiReactor<HeartbeatRequest, HeartbeatResponse>*
@@ -532,7 +557,11 @@ grpc::ServerUnaryReactor* AgentService::Register(
                         std::function<void(grpc::Status)> done) {
         stub_->async()->Register(c, req, resp, std::move(done));
       },
-      [this, resp] { agent_->LearnInterval(resp->heartbeat_interval_ms()); });
+      [this, req, resp] {
+        agent_->LearnInterval(resp->heartbeat_interval_ms());
+        agent_->WatchMember(resp->member_id(),
+                            {req->pid(), req->process_start(), req->boot_id()});
+      });
 }
 
 grpc::ServerUnaryReactor* AgentService::Forward(

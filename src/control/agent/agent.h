@@ -7,7 +7,9 @@
 // per host on the way back.
 //
 // - A member whose process dies breaks its local stream; the agent tells
-//   the controller at once (MemberGone), which declares it crashed.
+//   the controller at once (MemberGone), which declares it crashed. The
+//   agent watches its members' processes too, and tells it as soon as
+//   one begins to exit (process_watch.h), before the stream breaks.
 // - A member whose local stream goes quiet while the agent runs (a stopped
 //   or frozen process: a local stream has no link to blip) is reported to
 //   the controller (MemberQuiet), which declares it silent well before the
@@ -58,6 +60,11 @@ struct AgentOptions {
   // (src/control/wire/quiet.h) of the heartbeat interval learned from the
   // members' registrations (750 ms at 500 ms). Infinite: never.
   absl::Duration quiet_after = absl::ZeroDuration();
+  // How often the agent reads /proc for its members (process_watch.h): one
+  // whose process begins to exit is reported gone then, not when its local
+  // stream ends after its memory's teardown (about 60 ms per GiB after a
+  // SIGKILL). Zero: off.
+  absl::Duration exit_watch_interval = absl::Milliseconds(5);
   // Reconnect back-off after the stream to the controller breaks.
   absl::Duration reconnect_min = absl::Milliseconds(50);
   absl::Duration reconnect_max = absl::Seconds(2);

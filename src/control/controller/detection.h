@@ -38,6 +38,12 @@ std::string CheckGradientOutlierFactor(const std::string& text);
 struct DetectionOptions {
   // How often members send a periodic report (told to them at Register).
   absl::Duration heartbeat_interval = absl::Milliseconds(500);
+  // How often the controller reads /proc for the members that run on its
+  // own machine (src/control/wire/process_watch.h): one whose process
+  // begins to exit is declared crashed then, instead of when its stream
+  // ends, which a SIGKILL delays by the teardown of its memory (about
+  // 60 ms per GiB). Zero: off.
+  absl::Duration exit_watch_interval = absl::Milliseconds(5);
   // silent: no heartbeat for this long. This is the grace of a link blip
   // too: a member whose link is down for less costs no fence. A blip of
   // b silences a member for up to b + heartbeat_interval + TCP's

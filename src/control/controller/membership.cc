@@ -471,6 +471,19 @@ void Membership::Detach(uint64_t member_id, MemberSink* sink, bool clean,
                 0, now);
 }
 
+void Membership::ProcessExiting(uint64_t member_id, absl::string_view why,
+                                absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  auto it = members_.find(member_id);
+  if (it == members_.end() || it->second.state != STATE_ALIVE ||
+      job_state_ != JOB_RUNNING) {
+    return;
+  }
+  DeclareLocked(it->second, INCIDENT_CRASHED,
+                absl::StrCat(why, " (seen in /proc by the controller)"),
+                it->second.last_seen, 0, now);
+}
+
 absl::StatusOr<bool> Membership::CommFailedLocked(
     Member& r, const ReportFailureRequest& req, absl::Time now) {
   if (r.role != ROLE_WORKER) {

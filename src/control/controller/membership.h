@@ -162,6 +162,12 @@ class Membership {
               absl::string_view why, absl::Time now,
               absl::Time heard_at = absl::InfinitePast());
 
+  // The process of a live member is exiting or gone, as this machine's
+  // /proc shows (ProcessWatch: `why`): declared crashed while the job runs,
+  // without waiting for its stream to end.
+  void ProcessExiting(uint64_t member_id, absl::string_view why,
+                      absl::Time now);
+
   // The host agent carrying `sink` has heard nothing from the member on
   // its local stream for `quiet`: at DetectionOptions::quiet_after or
   // more, a live member still bound to `sink` is declared silent (a

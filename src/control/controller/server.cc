@@ -23,6 +23,7 @@
 #include "src/control/wire/auth.h"
 #include "src/control/wire/controller.grpc.pb.h"
 #include "src/control/wire/member_stream.h"
+#include "src/control/wire/process_watch.h"
 #include "src/control/wire/rpc_util.h"
 #include "src/diagnosis/diagnosis.h"
 #include "src/store/keys.h"
@@ -441,7 +442,11 @@ class Service final : public Controller::CallbackService {
         kv_(o.limits),
         membership_(o.world_size, o.detection, absl::Now(), o.membership_limits,
                     o.recovery),
-        feed_(&membership_) {}
+        feed_(&membership_),
+        exits_(o.detection.exit_watch_interval,
+               [this](uint64_t id, const std::string& why) {
+                 membership_.ProcessExiting(id, why, absl::Now());
+               }) {}
 
   Membership& membership() { return membership_; }
   KvStore& kv() { return kv_; }
@@ -454,6 +459,9 @@ class Service final : public Controller::CallbackService {
       if (!r.ok()) return r.status();
       *resp = std::move(*r);
       resp->set_epoch(epoch_);
+      // A member on this machine is watched until its process exits.
+      exits_.Watch(resp->member_id(),
+                   {req->pid(), req->process_start(), req->boot_id()});
       return absl::OkStatus();
     });
   }
@@ -612,6 +620,8 @@ class Service final : public Controller::CallbackService {
   KvStore kv_;
   Membership membership_;
   MembershipFeed feed_;
+  // After membership_: its thread, which calls into it, ends first.
+  ProcessWatch exits_;
 };
 
 class ServerImpl final : public ControllerServer {

@@ -20,6 +20,7 @@
 #include "src/common/logging.h"
 #include "src/common/thread_util.h"
 #include "src/control/wire/controller.grpc.pb.h"
+#include "src/control/wire/process_watch.h"
 #include "src/control/wire/rpc_util.h"
 
 namespace holdfast::control {
@@ -717,7 +718,10 @@ absl::StatusOr<std::unique_ptr<MemberClient>> MemberClient::Join(
   } else {
     req.set_host(options.host);
   }
-  req.set_pid(getpid());
+  const ProcessIdentity me = SelfIdentity();
+  req.set_pid(me.pid);
+  req.set_process_start(me.start);
+  req.set_boot_id(me.boot_id);
   req.set_failure_domain(
       options.failure_domain.empty() ? req.host() : options.failure_domain);
   req.set_topology_block(options.topology_block);
