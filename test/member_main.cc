@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -40,7 +41,8 @@ void Emit(const std::string& line) {
 int main(int argc, char** argv) {
   CLI::App app{"fake trainer for controller tests"};
   std::string controller, host, token_file;
-  int64_t steps = -1, step_ms = 20, stall_at = -1, hb_ms = 0, nproc = 0;
+  int64_t steps = -1, step_ms = 20, stall_at = -1, hb_ms = 0, nproc = 0,
+          hold_mb = 0;
   bool uneven = false, ack = false;
   app.add_option("--controller", controller)->required();
   app.add_option("--steps", steps, "-1: until killed");
@@ -54,7 +56,11 @@ int main(int argc, char** argv) {
   app.add_flag("--ack", ack, "ack a checkpoint after every step");
   app.add_option("--nproc-limit", nproc,
                  "run as uid 65501 with at most this many threads (root)");
+  app.add_option("--hold-mb", hold_mb,
+                 "touch this many MiB first and keep them (a killed "
+                 "process's files close after its memory's teardown)");
   CLI11_PARSE(app, argc, argv);
+  std::vector<char> held(static_cast<size_t>(hold_mb) << 20, 1);
 
   auto token = holdfast::control::LoadToken(token_file);
   if (!token.ok()) {

@@ -202,10 +202,12 @@ def test_member_crash_is_seen_at_once(job, fault_free):
     assert inc["kind"] == "INCIDENT_CRASHED", inc
     assert inc["host"] == "h1" and inc.get("evicted"), inc
     assert "on host agent h1" in inc["evidence"], inc
-    # The agent saw the process begin to exit (not its stream's end).
-    assert "seen in /proc by the host agent" in inc["evidence"], inc
+    # The agent sees the process begin to exit, or its local stream end,
+    # whichever comes first: a small process's teardown can beat the
+    # 5 ms poll (detection_test has the deterministic case, 1 GiB held).
     detect_s = int(inc["detected_unix_ms"]) / 1000 - killed_at
-    print(f"agent-case member SIGKILL: detect_s={detect_s:.3f}")
+    print(f"agent-case member SIGKILL: detect_s={detect_s:.3f} "
+          f"(seen in /proc: {'seen in /proc' in inc['evidence']})")
     assert detect_s < 1.0, inc
     assert_finished_equal(j, fault_free, lost=("h1-w0",))
 

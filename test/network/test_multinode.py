@@ -84,6 +84,10 @@ class Nodes:
                 "--nproc-per-node", str(PER_NODE), "--standby-per-node",
                 str(standbys),
                 "--rdzv-endpoint", self.endpoint, "--rdzv-id", "mn-test",
+                # The test nodes share one kernel: h0's controller would see
+                # the other "nodes'" processes exit in /proc, which it
+                # cannot on machines of their own.
+                "--exit-watch-ms", "0",
                 "--no-disk-tier", "--", *trainer(self.out)]
 
     def start(self, host, cmd=None, env=None, name=None):

@@ -75,7 +75,11 @@ class Job(LaunchedProcesses):
             ctl.exec_prefix() + [
                 str(BUILD / "holdfast-controller"), "--world-size", str(WORLD),
                 "--bind", ctl.addr["c"], "--port", str(PORT), "--token-file",
-                str(out / "token"), *controller_args],
+                str(out / "token"),
+                # The test hosts share one kernel: the controller would see
+                # the other "machines'" processes exit in /proc, which a
+                # controller on a machine of its own cannot.
+                "--exit-watch-ms", "0", *controller_args],
             stdout=subprocess.DEVNULL,
             stderr=open(out / "controller.log", "w"))
         self._wait_status()
