@@ -483,14 +483,9 @@ class NcclBackend final : public Backend {
         return;
       }
     }
-    absl::Status done = PollUntil(absl::Now() + timeout, absl::Microseconds(20),
-                                  absl::Milliseconds(1),
-                                  "nccl: ncclCommFinalize did not finish",
-                                  [&]() -> std::optional<absl::Status> {
-                                    absl::MutexLock lock(&mu_);
-                                    if (aborted_) return Aborted();
-                                    return CallDone(comm_, "ncclCommFinalize");
-                                  });
+    absl::Status done = AwaitCallDone(absl::Now() + timeout,
+                                      "nccl: ncclCommFinalize did not finish",
+                                      "ncclCommFinalize");
     absl::MutexLock lock(&mu_);
     if (aborted_) return;
     aborted_ = true;
@@ -641,6 +636,19 @@ class NcclBackend final : public Backend {
     return r == ncclSuccess || r == ncclInProgress ? end : r;
   }
 
+  // Until comm_'s last call is done: OK, or its error (naming `what`);
+  // Aborted once the backend is; DeadlineExceeded(`late`) at `deadline`.
+  // Polls under the mutex per poll, so Abort can slip in.
+  absl::Status AwaitCallDone(absl::Time deadline, const std::string& late,
+                             absl::string_view what) {
+    return PollUntil(deadline, absl::Microseconds(20), absl::Milliseconds(1),
+                     late, [&]() -> std::optional<absl::Status> {
+                       absl::MutexLock lock(&mu_);
+                       if (aborted_) return Aborted();
+                       return CallDone(comm_, what);
+                     });
+  }
+
   // Until the preconnect has been taken by NCCL (its connections are set
   // up), or `deadline`; then its error, if it failed. Logs how long the
   // connections took and how long the caller waited for them.
@@ -650,16 +658,12 @@ class NcclBackend final : public Backend {
       if (!preconnect_pending_) return absl::OkStatus();
     }
     const absl::Time t0 = absl::Now();
-    absl::Status s = PollUntil(
-        deadline, absl::Microseconds(20), absl::Milliseconds(1),
+    absl::Status s = AwaitCallDone(
+        deadline,
         absl::StrCat("nccl: ", what,
                      ": the communicator's peers were not connected by its "
                      "deadline"),
-        [&]() -> std::optional<absl::Status> {
-          absl::MutexLock lock(&mu_);
-          if (aborted_) return Aborted();
-          return CallDone(comm_, "connecting the peers");
-        });
+        "connecting the peers");
     absl::MutexLock lock(&mu_);
     if (s.ok() || !absl::IsDeadlineExceeded(s)) preconnect_pending_ = false;
     HOLDFAST_LOG_INFO(
@@ -700,16 +704,11 @@ class NcclBackend final : public Backend {
       }
     }
     if (r == ncclInProgress) {
-      // Poll (under the mutex per poll, so Abort can slip in).
       HOLDFAST_RETURN_IF_ERROR(
-          PollUntil(deadline, absl::Microseconds(20), absl::Milliseconds(1),
-                    absl::StrCat("nccl: ", OpTypeName(op.type),
-                                 " was not taken by its deadline"),
-                    [&]() -> std::optional<absl::Status> {
-                      absl::MutexLock lock(&mu_);
-                      if (aborted_) return Aborted();
-                      return CallDone(comm_, OpTypeName(op.type));
-                    }));
+          AwaitCallDone(deadline,
+                        absl::StrCat("nccl: ", OpTypeName(op.type),
+                                     " was not taken by its deadline"),
+                        OpTypeName(op.type)));
     }
     // On the stream now: the caller may order its own work after it.
     if (op.on_queued) op.on_queued(stream);
