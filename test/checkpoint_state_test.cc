@@ -181,6 +181,49 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "checkpoint state: the live hash is one value however many threads "
+    "compute it, and a receiver's block checksums give it") {
+  // Buffers of 2.5 blocks, of half a block, and a sharded one between
+  // (not part of it): blocks 0-2 of the first, block 3 of the second.
+  constexpr size_t kBlock = StateRegistry::kLiveBlock;
+  std::vector<uint8_t> big(2 * kBlock + kBlock / 2), small(kBlock / 2);
+  uint32_t x = 7;  // no two blocks alike
+  for (auto* v : {&big, &small}) {
+    for (uint8_t& byte : *v)
+      byte = static_cast<uint8_t>((x = x * 1103515245 + 12345) >> 16);
+  }
+  StateRegistry reg;
+  REQUIRE(reg.AddReplicated("big", big.data(), big.size()).ok());
+  REQUIRE(reg.AddSharded("s", 4 * 1000, 4, 2, 0).ok());
+  REQUIRE(reg.AddReplicated("small", small.data(), small.size()).ok());
+  const std::vector<StateRegistry::LiveBlock> blocks = reg.LiveBlocks();
+  REQUIRE(blocks.size() == 4);
+  CHECK(reg.FirstLiveBlock(0) == 0);
+  CHECK(reg.FirstLiveBlock(2) == 3);
+  CHECK(blocks[2].offset == 2 * kBlock);
+  CHECK(blocks[2].bytes == kBlock / 2);
+  CHECK(blocks[3].buffer == 2);
+  const uint64_t one = reg.LiveHash(1);
+  CHECK(reg.LiveHash(4) == one);
+  std::vector<uint64_t> sums;
+  for (const auto& k : blocks) {
+    const uint8_t* data = k.buffer == 0 ? big.data() : small.data();
+    sums.push_back(holdfast::pieces::Checksum(data + k.offset, k.bytes));
+  }
+  CHECK(StateRegistry::CombineLive(sums) == one);
+  // Every block counts, the short last one too; the sharded array not.
+  big.back() ^= 1;
+  CHECK(reg.LiveHash(4) != one);
+  big.back() ^= 1;
+  std::swap(sums[0], sums[1]);
+  CHECK(StateRegistry::CombineLive(sums) != one);
+  auto shard = reg.Shard("s");
+  REQUIRE(shard.ok());
+  shard->data[0] ^= 1;
+  CHECK(reg.LiveHash(2) == one);
+}
+
+TEST_CASE(
     "checkpoint state: the live hash follows the replicated bytes and the "
     "layout hash follows names and sizes") {
   Member x(2, 0, 1), y(2, 0, 1);

@@ -21,17 +21,15 @@
 namespace holdfast::checkpoint {
 namespace {
 
-// The words each member contributes to a restore's first all-gather.
+// The words each member contributes to a restore's first all-gather:
+// these, then its same-host words (Restore::HostWord).
 enum RestoreWord {
   kCommitted,
   kHigh,
   kLayout,
   kHeld,
-  kHostKey,  // 0: this member offers no reads in place
-  kPid,
-  kProbeAddress,  // of the probe word, 0 with kHostKey
-  kProbeValue,
-  kRestoreWords
+  kHost,
+  kRestoreWords = kHost + Restore::kHostWords
 };
 
 // A hash of a buffer: the whole of it up to 1 MiB (which covers per-slot
@@ -154,27 +152,19 @@ Restore::Restore(Communicator* comm, int world, int slot, StateRegistry* state,
 
 absl::StatusOr<Restore::Gathered> Restore::Gather(int64_t committed) {
   const uint64_t layout = state_->LayoutHash();
-  // With this member's host key, pid and probe word (zeros when reads in
-  // place are off), for InPlaceReach.
-  const bool offer = options_.read_in_place && peer_memory::HostKey() != 0;
   int64_t mine[kRestoreWords];
   mine[kCommitted] = committed;
   mine[kHigh] = progress_->high_step;
   mine[kLayout] = static_cast<int64_t>(layout);
   mine[kHeld] = static_cast<int64_t>(snapshots_->count());
-  mine[kHostKey] = offer ? static_cast<int64_t>(peer_memory::HostKey()) : 0;
-  mine[kPid] = static_cast<int64_t>(getpid());
-  mine[kProbeAddress] =
-      offer ? static_cast<int64_t>(
-                  reinterpret_cast<uintptr_t>(options_.probe_word))
-            : 0;
-  mine[kProbeValue] = static_cast<int64_t>(*options_.probe_word);
+  FillHostWords(&mine[kHost]);
   Gathered g;
   std::vector<int64_t> all(static_cast<size_t>(world_) * kRestoreWords);
   HOLDFAST_RETURN_IF_ERROR(
       comm_->AllGather(mine, all.data(), kRestoreWords, DataType::kInt64)
           ->Wait());
-  HOLDFAST_ASSIGN_OR_RETURN(g.in_place, InPlaceReach(all));
+  HOLDFAST_ASSIGN_OR_RETURN(g.in_place,
+                            InPlaceReach(all, kRestoreWords, kHost));
   g.highs.resize(static_cast<size_t>(world_));
   g.states.resize(static_cast<size_t>(world_));
   for (int r = 0; r < world_; ++r) {
@@ -403,19 +393,28 @@ Restored Restore::LiveLanded(int64_t step, int64_t received, bool receive) {
   return out;
 }
 
-// Which members may read which members' memory in place in this
-// restore, from the first all-gather's entries (RestoreWord: the host
-// key, the pid, the probe word's address and value). Each member reads
-// the probe word of every other member with its own host key (one small
-// process_vm_readv each) and the results are all-gathered, when any two
-// members share a host key at all (every member knows whether they do,
-// so all take part or none).
+void Restore::FillHostWords(int64_t* words) const {
+  // Zeros but the pid when reads in place are off.
+  const bool offer = options_.read_in_place && peer_memory::HostKey() != 0;
+  words[kHostKey] = offer ? static_cast<int64_t>(peer_memory::HostKey()) : 0;
+  words[kPid] = static_cast<int64_t>(getpid());
+  words[kProbeAddress] =
+      offer ? static_cast<int64_t>(
+                  reinterpret_cast<uintptr_t>(options_.probe_word))
+            : 0;
+  words[kProbeValue] = static_cast<int64_t>(*options_.probe_word);
+}
+
+// Each member reads the probe word of every other member with its own
+// host key (one small process_vm_readv each) and the results are
+// all-gathered, when any two members share a host key at all (every
+// member knows whether they do, so all take part or none).
 absl::StatusOr<Restore::InPlace> Restore::InPlaceReach(
-    const std::vector<int64_t>& all) {
+    const std::vector<int64_t>& all, size_t stride, size_t first) {
   Communicator* const comm = comm_;
   InPlace in_place;
-  auto at = [&](int r, RestoreWord word) {
-    return all[static_cast<size_t>(r) * kRestoreWords + word];
+  auto at = [&](int r, HostWord word) {
+    return all[static_cast<size_t>(r) * stride + first + word];
   };
   std::set<int64_t> keys;
   bool shared = false;

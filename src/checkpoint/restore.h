@@ -116,6 +116,12 @@ class Restore {
   // there is none and it is not `required` (else DataLoss).
   absl::StatusOr<std::optional<Restored>> FromDisk(bool required);
 
+  // The words a member says about itself so that peers on its host may
+  // read its memory in place: its host key (0: it offers no reads in
+  // place), its pid, and the address (0 with no host key) and value of
+  // its probe word (RestoreOptions::probe_word).
+  enum HostWord { kHostKey, kPid, kProbeAddress, kProbeValue, kHostWords };
+
   // Transfers between members go in chunks of kChunkBytes, so one op stays
   // well inside its deadline and the receiver's progress shows in the
   // trace.
@@ -171,13 +177,62 @@ class Restore {
   // And then: the live state is at `step`, `received` bytes of it
   // received (`receive`: this member took it from others).
   Restored LiveLanded(int64_t step, int64_t received, bool receive);
+  // Who may read whose live state in place in FromLiveAhead, and where
+  // each member's buffers lie (none: no receiver may read a holder).
+  struct LiveReach {
+    InPlace in_place;
+    size_t buffers = 0;              // per member
+    std::vector<int64_t> addresses;  // member m's buffer b: [m * buffers + b]
+    bool Reads(int m, int from) const {
+      return !addresses.empty() && in_place.reach.Has(m, from);
+    }
+    uint64_t Address(int m, size_t b) const {
+      return static_cast<uint64_t>(
+          addresses[static_cast<size_t>(m) * buffers + b]);
+    }
+  };
+  // From FromLiveAhead's all-gathered words: who may read whom; and, when
+  // any receiver may read a holder, every member's buffer addresses (one
+  // all-gather).
+  absl::StatusOr<LiveReach> LiveReachOf(const std::vector<int64_t>& all,
+                                        const std::vector<int>& holders,
+                                        const std::vector<int>& receivers);
+  // What MoveLiveShares brought this member: bytes, of them read in
+  // place, and (a receiver's) the checksums of the live state's blocks
+  // (StateRegistry::LiveBlocks) as they landed.
+  struct LiveMoved {
+    int64_t received = 0;
+    int64_t read_in_place = 0;
+    std::vector<uint64_t> checksums;
+  };
+  // Blocks [first, first + count) of buffer `buffer`
+  // (StateRegistry::LiveBlock), from member `from`.
+  struct LiveRun {
+    int from;
+    size_t buffer;
+    size_t first;
+    size_t count;
+  };
+  // A receiver's end of MoveLiveShares: reads `reads` in place on its
+  // threads while `works` (its receives of `arrivals`) go on, waits for
+  // them, and checksums every block into moved->checksums as it lands.
+  absl::Status LandLive(const std::vector<LiveRun>& reads,
+                        const std::vector<LiveRun>& arrivals,
+                        const LiveReach& reach,
+                        std::vector<std::shared_ptr<Work>>* works,
+                        LiveMoved* moved);
   // FromLiveAhead's transfers: each receiver takes holder h's share of
-  // every buffer from it; `holder`: whether this member is one. The bytes
-  // this member received.
-  absl::StatusOr<int64_t> MoveLiveShares(const std::vector<int>& holders,
-                                         const std::vector<int>& receivers,
-                                         bool holder);
-  absl::StatusOr<InPlace> InPlaceReach(const std::vector<int64_t>& all);
+  // every buffer from it, read in place where `reach` allows it, else over
+  // the communicator; `holder`: whether this member is one.
+  absl::StatusOr<LiveMoved> MoveLiveShares(const std::vector<int>& holders,
+                                           const std::vector<int>& receivers,
+                                           bool holder, const LiveReach& reach);
+  // This member's same-host words (HostWord) into words[0, kHostWords).
+  void FillHostWords(int64_t* words) const;
+  // Which members may read which members' memory in place, from the
+  // all-gathered same-host words: member r's at all[r * stride + first].
+  absl::StatusOr<InPlace> InPlaceReach(const std::vector<int64_t>& all,
+                                       size_t stride, size_t first);
   absl::StatusOr<PieceSets> LivePieces(
       int64_t target, const std::vector<int64_t>& highs, int old_world,
       const std::vector<uint64_t>& checksums,

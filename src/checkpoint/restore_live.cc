@@ -7,57 +7,175 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "holdfast/status.h"
+#include "src/checkpoint/peer_memory.h"
+#include "src/checkpoint/pieces.h"
 #include "src/checkpoint/restore.h"
 #include "src/common/logging.h"
+#include "src/common/thread_util.h"
 
 namespace holdfast::checkpoint {
 namespace {
 
 // The words each member offers: its live step, the hash of its live state
-// (0 unless that step is past the committed one) and its layout.
-enum LiveWord { kLiveStep = 0, kLiveHash, kLiveLayout, kLiveWords };
+// (0 unless that step is past the committed one), its layout, and its
+// same-host words.
+enum LiveWord {
+  kLiveStep = 0,
+  kLiveHash,
+  kLiveLayout,
+  kLiveHost,
+  kLiveWords = kLiveHost + Restore::kHostWords
+};
 
-// Holder `h` of `holders` sends (or a receiver receives from it) the h-th
-// of `holders` nearly equal ranges of each buffer: [first, first + bytes).
+// Holder `h` of `holders` sends (or a receiver receives from it, or reads
+// in place) the h-th of `holders` nearly equal runs of each buffer's
+// blocks (StateRegistry::LiveBlock): blocks [first, first + count) of it.
 struct Range {
   size_t first = 0;
-  size_t bytes = 0;
+  size_t count = 0;
 };
-Range Share(size_t total, size_t holders, size_t h) {
-  const size_t base = total / holders, extra = total % holders;
+Range Share(size_t blocks, size_t holders, size_t h) {
+  const size_t base = blocks / holders, extra = blocks % holders;
   return {h * base + std::min(h, extra), base + (h < extra ? 1 : 0)};
 }
 
+// A receiver reads a holder's share in place in parts of this many
+// blocks, spread over its threads, each block checksummed as it lands.
+constexpr size_t kReadPartBlocks = 16;
+
 }  // namespace
 
-absl::StatusOr<int64_t> Restore::MoveLiveShares(
+absl::StatusOr<Restore::LiveMoved> Restore::MoveLiveShares(
     const std::vector<int>& holders, const std::vector<int>& receivers,
-    bool holder) {
+    bool holder, const LiveReach& reach) {
   // Every receiver takes an equal share of every buffer from each holder,
-  // all at once.
+  // all at once: it reads the shares of the holders it may read in place
+  // (LiveReach), on its threads, while the others' arrive over the
+  // communicator; then it checksums the blocks that arrived so.
   OpOptions oo;
   oo.tag = kRestoreTag;
+  constexpr size_t kBlock = StateRegistry::kLiveBlock;
   std::vector<std::shared_ptr<Work>> works;
-  int64_t received = 0;
-  for (const StateBuffer& b : state_->buffers()) {
+  std::vector<LiveRun> reads, arrivals;
+  LiveMoved moved;
+  const std::vector<StateBuffer>& buffers = state_->buffers();
+  for (size_t b = 0; b < buffers.size(); ++b) {
+    const StateBuffer& buf = buffers[b];
+    const size_t blocks = (buf.global + kBlock - 1) / kBlock;
     for (size_t h = 0; h < holders.size(); ++h) {
-      const Range r = Share(b.global, holders.size(), h);
-      for (size_t off = 0; off < r.bytes; off += kChunkBytes) {
-        const size_t n = std::min(kChunkBytes, r.bytes - off);
-        uint8_t* p = b.data + r.first + off;
-        if (holders[h] == slot_) {
+      const Range r = Share(blocks, holders.size(), h);
+      const int from = holders[h];
+      if (r.count == 0) continue;
+      const size_t first = r.first * kBlock;
+      const size_t bytes =
+          std::min(buf.global, (r.first + r.count) * kBlock) - first;
+      if (!holder && reach.Reads(slot_, from)) {
+        for (size_t i = 0; i < r.count; i += kReadPartBlocks) {
+          reads.push_back(
+              {from, b, r.first + i, std::min(kReadPartBlocks, r.count - i)});
+        }
+        moved.read_in_place += static_cast<int64_t>(bytes);
+        continue;
+      }
+      if (!holder) arrivals.push_back({from, b, r.first, r.count});
+      for (size_t off = 0; off < bytes; off += kChunkBytes) {
+        const size_t n = std::min(kChunkBytes, bytes - off);
+        uint8_t* p = buf.data + first + off;
+        if (from == slot_) {
           for (int to : receivers) {
+            if (reach.Reads(to, slot_)) continue;
             works.push_back(comm_->Send(p, n, DataType::kUInt8, to, oo));
           }
         } else if (!holder) {
-          works.push_back(comm_->Recv(p, n, DataType::kUInt8, holders[h], oo));
-          received += static_cast<int64_t>(n);
+          works.push_back(comm_->Recv(p, n, DataType::kUInt8, from, oo));
         }
       }
     }
+    if (!holder) moved.received += static_cast<int64_t>(buf.global);
+  }
+  if (!holder) {
+    moved.checksums.resize(state_->LiveBlocks().size());
+    HOLDFAST_RETURN_IF_ERROR(LandLive(reads, arrivals, reach, &works, &moved));
   }
   for (const auto& w : works) HOLDFAST_RETURN_IF_ERROR(w->Wait());
-  return received;
+  return moved;
+}
+
+absl::Status Restore::LandLive(const std::vector<LiveRun>& reads,
+                               const std::vector<LiveRun>& arrivals,
+                               const LiveReach& reach,
+                               std::vector<std::shared_ptr<Work>>* works,
+                               LiveMoved* moved) {
+  constexpr size_t kBlock = StateRegistry::kLiveBlock;
+  const std::vector<StateBuffer>& buffers = state_->buffers();
+  std::vector<size_t> base(buffers.size());  // each buffer's first block
+  for (size_t b = 0; b < buffers.size(); ++b) {
+    base[b] = state_->FirstLiveBlock(b);
+  }
+  auto sum_run = [&](const LiveRun& run, bool read) -> absl::Status {
+    const StateBuffer& buf = buffers[run.buffer];
+    for (size_t k = run.first; k < run.first + run.count; ++k) {
+      const size_t off = k * kBlock, n = std::min(kBlock, buf.global - off);
+      if (read) {
+        HOLDFAST_RETURN_IF_ERROR(peer_memory::Read(
+            reach.in_place.pids[static_cast<size_t>(run.from)],
+            reach.Address(run.from, run.buffer) + off, buf.data + off, n));
+      }
+      moved->checksums[base[run.buffer] + k] =
+          pieces::Checksum(buf.data + off, n);
+    }
+    return absl::OkStatus();
+  };
+  std::vector<absl::Status> read_out(reads.size());
+  ForEachOnThreads(reads.size(), kRestoreThreads,
+                   [&](size_t i) { read_out[i] = sum_run(reads[i], true); });
+  // The communicator's works are waited for before any error is returned
+  // (their buffers are the live state).
+  for (const auto& w : *works) HOLDFAST_RETURN_IF_ERROR(w->Wait());
+  works->clear();
+  for (size_t i = 0; i < reads.size(); ++i) {
+    if (!read_out[i].ok()) {
+      return absl::UnavailableError(absl::StrCat(
+          "restore: the live state could not be read from slot ", reads[i].from,
+          " on this host: ", read_out[i].message()));
+    }
+  }
+  ForEachOnThreads(arrivals.size(), kRestoreThreads,
+                   [&](size_t i) { (void)sum_run(arrivals[i], false); });
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Restore::LiveReach> Restore::LiveReachOf(
+    const std::vector<int64_t>& all, const std::vector<int>& holders,
+    const std::vector<int>& receivers) {
+  LiveReach reach;
+  HOLDFAST_ASSIGN_OR_RETURN(reach.in_place,
+                            InPlaceReach(all, kLiveWords, kLiveHost));
+  bool any = false;
+  for (int r : receivers) {
+    for (int h : holders) any = any || reach.in_place.reach.Has(r, h);
+  }
+  // Every member knows `any` alike: all exchange their buffers' addresses,
+  // or none does.
+  if (!any) {
+    reach.in_place.reach = PieceSets{};
+    return reach;
+  }
+  const std::vector<StateBuffer>& buffers = state_->buffers();
+  reach.buffers = buffers.size();
+  std::vector<int64_t> mine;
+  for (const StateBuffer& b : buffers) {
+    mine.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(b.data)));
+  }
+  reach.addresses.resize(reach.buffers * static_cast<size_t>(world_));
+  if (reach.buffers > 0) {
+    HOLDFAST_RETURN_IF_ERROR(comm_
+                                 ->AllGather(mine.data(),
+                                             reach.addresses.data(),
+                                             reach.buffers, DataType::kInt64)
+                                 ->Wait());
+  }
+  return reach;
 }
 
 absl::StatusOr<std::optional<Restored>> Restore::FromLiveAhead(
@@ -65,6 +183,7 @@ absl::StatusOr<std::optional<Restored>> Restore::FromLiveAhead(
   if (!state_->ReplicatedOnly()) return std::nullopt;  // alike on every member
   int64_t mine[kLiveWords] = {progress_->live_step, 0,
                               static_cast<int64_t>(state_->LayoutHash())};
+  FillHostWords(&mine[kLiveHost]);
   if (progress_->live_step > committed) {
     mine[kLiveHash] = static_cast<int64_t>(state_->LiveHash());
   }
@@ -100,11 +219,14 @@ absl::StatusOr<std::optional<Restored>> Restore::FromLiveAhead(
   const bool holder = progress_->live_step == step;
   if (!holder) progress_->live_step = -1;  // until its copy has landed
 
+  HOLDFAST_ASSIGN_OR_RETURN(const LiveReach reach,
+                            LiveReachOf(all, holders, receivers));
   if (hooks_.before_transfers) hooks_.before_transfers();
-  HOLDFAST_ASSIGN_OR_RETURN(const int64_t received,
-                            MoveLiveShares(holders, receivers, holder));
+  HOLDFAST_ASSIGN_OR_RETURN(const LiveMoved moved,
+                            MoveLiveShares(holders, receivers, holder, reach));
   HOLDFAST_RETURN_IF_ERROR(ShareLedger(holders[0]));
-  int64_t ok = holder || state_->LiveHash() == want ? 1 : 0;
+  int64_t ok =
+      holder || StateRegistry::CombineLive(moved.checksums) == want ? 1 : 0;
   std::vector<int64_t> oks(static_cast<size_t>(world_));
   HOLDFAST_RETURN_IF_ERROR(
       comm_->AllGather(&ok, oks.data(), 1, DataType::kInt64)->Wait());
@@ -123,8 +245,12 @@ absl::StatusOr<std::optional<Restored>> Restore::FromLiveAhead(
       "restore: slot {}: step {} goes on from the live state of slots {} "
       "(committed: {}){}",
       slot_, step, absl::StrJoin(holders, ", "), committed,
-      holder ? "" : absl::StrCat("; received ", received, " bytes"));
-  return std::optional<Restored>(LiveLanded(step, received, !holder));
+      holder ? ""
+             : absl::StrCat("; received ", moved.received, " bytes, ",
+                            moved.read_in_place, " of them read in place"));
+  Restored out = LiveLanded(step, moved.received, !holder);
+  out.bytes_read_in_place = moved.read_in_place;
+  return std::optional<Restored>(out);
 }
 
 }  // namespace holdfast::checkpoint

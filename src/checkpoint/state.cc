@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "holdfast/status.h"
+#include "src/common/thread_util.h"
 
 namespace holdfast::checkpoint {
 
@@ -208,12 +209,41 @@ uint64_t StateRegistry::LayoutHash() const {
   return h;
 }
 
-uint64_t StateRegistry::LiveHash() const {
-  pieces::CopyHasher h;
-  for (const StateBuffer& b : buffers_) {
-    if (!b.sharded) h.Update(b.data, b.global);
+std::vector<StateRegistry::LiveBlock> StateRegistry::LiveBlocks() const {
+  std::vector<LiveBlock> out;
+  for (size_t b = 0; b < buffers_.size(); ++b) {
+    if (buffers_[b].sharded) continue;
+    const size_t global = buffers_[b].global;
+    for (size_t off = 0; off < global; off += kLiveBlock) {
+      out.push_back({b, off, std::min(kLiveBlock, global - off)});
+    }
   }
-  return h.Digest();
+  return out;
+}
+
+size_t StateRegistry::FirstLiveBlock(size_t b) const {
+  size_t first = 0;
+  for (size_t i = 0; i < b && i < buffers_.size(); ++i) {
+    if (!buffers_[i].sharded) {
+      first += (buffers_[i].global + kLiveBlock - 1) / kLiveBlock;
+    }
+  }
+  return first;
+}
+
+uint64_t StateRegistry::CombineLive(const std::vector<uint64_t>& checksums) {
+  return pieces::Checksum(checksums.data(),
+                          checksums.size() * sizeof(uint64_t));
+}
+
+uint64_t StateRegistry::LiveHash(size_t threads) const {
+  const std::vector<LiveBlock> blocks = LiveBlocks();
+  std::vector<uint64_t> sums(blocks.size());
+  ForEachOnThreads(blocks.size(), threads, [&](size_t i) {
+    const LiveBlock& k = blocks[i];
+    sums[i] = pieces::Checksum(buffers_[k.buffer].data + k.offset, k.bytes);
+  });
+  return CombineLive(sums);
 }
 
 uint64_t StateRegistry::ShardedHash() const {

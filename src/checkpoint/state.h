@@ -103,8 +103,26 @@ class StateRegistry {
 
   // A hash of the names, kinds and sizes, in order.
   uint64_t LayoutHash() const;
-  // A hash of the live replicated state.
-  uint64_t LiveHash() const;
+  // The live replicated state in blocks of kLiveBlock bytes (a buffer's
+  // last one may be shorter), buffer by buffer: LiveHash is the hash of
+  // their checksums, in order, so that threads share the work and a
+  // receiver hashes each block as it lands. A block of buffer b covers
+  // [offset, offset + bytes) of it; a buffer's first block is
+  // FirstLiveBlock(b).
+  static constexpr size_t kLiveBlock = size_t{1} << 20;
+  struct LiveBlock {
+    size_t buffer;
+    size_t offset;
+    size_t bytes;
+  };
+  std::vector<LiveBlock> LiveBlocks() const;
+  size_t FirstLiveBlock(size_t b) const;
+  // LiveHash from the blocks' checksums (pieces::Checksum), in order.
+  static uint64_t CombineLive(const std::vector<uint64_t>& checksums);
+  // A hash of the live replicated state, computed on up to `threads`
+  // threads.
+  uint64_t LiveHash(size_t threads = kLiveHashThreads) const;
+  static constexpr size_t kLiveHashThreads = 4;
   // A hash of this member's partitions of the sharded state.
   uint64_t ShardedHash() const;
 
