@@ -22,6 +22,7 @@
 #include "src/checkpoint/peer_memory.h"
 #include "src/checkpoint/pieces.h"
 #include "src/checkpoint/xxh3_variants.h"
+#include "src/common/host_key.h"
 #include "src/fault/fault.h"
 #include "test/support/job_run.h"
 #include "test/support/process_group.h"
@@ -227,7 +228,7 @@ TEST_CASE("checkpoint: one failure domain still gets buddies and a warning") {
 TEST_CASE(
     "checkpoint: a process on this host is read in place, and a gone one is "
     "named") {
-  CHECK(holdfast::peer_memory::HostKey() != 0);
+  CHECK(holdfast::HostKey() != 0);
   // The child's copy of `word` sits at the same address as the parent's.
   static uint64_t word = 0x5eedf00dcafe1234;
   int gate[2];

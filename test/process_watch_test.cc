@@ -16,6 +16,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "src/common/host_key.h"
 #include "src/control/wire/process_watch.h"
 
 using holdfast::control::ProcessIdentity;
@@ -59,7 +60,7 @@ struct Child {
     ProcessIdentity who;
     who.pid = pid;
     who.start = ReadProcStat(pid).value().start;
-    who.boot_id = SelfIdentity().boot_id;
+    who.host_key = SelfIdentity().host_key;
     return who;
   }
   // Blocks until the child's files are closed.
@@ -101,7 +102,8 @@ TEST_CASE("process watch: this process's identity is what /proc shows") {
   const ProcessIdentity me = SelfIdentity();
   CHECK(me.pid == getpid());
   CHECK(me.start > 0);
-  CHECK(me.boot_id.size() == 36);  // a UUID
+  CHECK(me.host_key != 0);
+  CHECK(me.host_key == holdfast::HostKey());
   CHECK_FALSE(ReadProcStat(0).has_value());
   CHECK(ReadProcStat(me.pid)->state == 'R');
 }
@@ -143,7 +145,7 @@ TEST_CASE(
   reused.start += 1;  // the pid names another process than registered
   CHECK_FALSE(watch.Watch(1, reused));
   ProcessIdentity elsewhere = who;
-  elsewhere.boot_id = "00000000-0000-0000-0000-000000000000";
+  elsewhere.host_key = who.host_key ^ 1;  // another kernel or pid namespace
   CHECK_FALSE(watch.Watch(2, elsewhere));
   ProcessIdentity unknown = who;
   unknown.start = 0;  // a member that did not say

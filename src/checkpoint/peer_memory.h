@@ -8,7 +8,8 @@
 // other (no Yama restriction, no seccomp filter against the call, the
 // target dumpable). Whether it does here is found out, not assumed: a
 // member publishes its pid and the address and value of a random probe
-// word, and a peer with the same host key reads the word back (Probe).
+// word, and a peer with the same host key (src/common/host_key.h) reads
+// the word back (Probe).
 // Anything else (another host, another pid namespace, a refusal) falls
 // back to the communicator.
 #ifndef HOLDFAST_SRC_CHECKPOINT_PEER_MEMORY_H_
@@ -20,10 +21,6 @@
 #include "absl/status/status.h"
 
 namespace holdfast::peer_memory {
-
-// Equal for processes of one kernel boot and one pid namespace (where a
-// pid names the same process); 0 when that cannot be told (no /proc).
-uint64_t HostKey();
 
 // Whether the 8 bytes at `address` of process `pid` read as `value`.
 bool Probe(int64_t pid, uint64_t address, uint64_t value);

@@ -14,6 +14,7 @@
 #include "holdfast/status.h"
 #include "src/checkpoint/peer_memory.h"
 #include "src/checkpoint/pieces.h"
+#include "src/common/host_key.h"
 #include "src/common/logging.h"
 #include "src/common/status_util.h"
 #include "src/common/thread_util.h"
@@ -395,8 +396,8 @@ Restored Restore::LiveLanded(int64_t step, int64_t received, bool receive) {
 
 void Restore::FillHostWords(int64_t* words) const {
   // Zeros but the pid when reads in place are off.
-  const bool offer = options_.read_in_place && peer_memory::HostKey() != 0;
-  words[kHostKey] = offer ? static_cast<int64_t>(peer_memory::HostKey()) : 0;
+  const bool offer = options_.read_in_place && HostKey() != 0;
+  words[kHostKey] = offer ? static_cast<int64_t>(HostKey()) : 0;
   words[kPid] = static_cast<int64_t>(getpid());
   words[kProbeAddress] =
       offer ? static_cast<int64_t>(

@@ -559,8 +559,9 @@ grpc::ServerUnaryReactor* AgentService::Register(
       },
       [this, req, resp] {
         agent_->LearnInterval(resp->heartbeat_interval_ms());
-        agent_->WatchMember(resp->member_id(),
-                            {req->pid(), req->process_start(), req->boot_id()});
+        agent_->WatchMember(
+            resp->member_id(),
+            {req->pid(), req->process_start(), req->host_key()});
       });
 }
 

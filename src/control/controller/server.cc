@@ -461,7 +461,7 @@ class Service final : public Controller::CallbackService {
       resp->set_epoch(epoch_);
       // A member on this machine is watched until its process exits.
       exits_.Watch(resp->member_id(),
-                   {req->pid(), req->process_start(), req->boot_id()});
+                   {req->pid(), req->process_start(), req->host_key()});
       return absl::OkStatus();
     });
   }

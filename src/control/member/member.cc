@@ -721,7 +721,7 @@ absl::StatusOr<std::unique_ptr<MemberClient>> MemberClient::Join(
   const ProcessIdentity me = SelfIdentity();
   req.set_pid(me.pid);
   req.set_process_start(me.start);
-  req.set_boot_id(me.boot_id);
+  req.set_host_key(me.host_key);
   req.set_failure_domain(
       options.failure_domain.empty() ? req.host() : options.failure_domain);
   req.set_topology_block(options.topology_block);

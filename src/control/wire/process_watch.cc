@@ -10,7 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
+#include "src/common/host_key.h"
 #include "src/common/logging.h"
 #include "src/common/thread_util.h"
 
@@ -19,13 +19,6 @@ namespace {
 
 // PF_EXITING (include/linux/sched.h): set by do_exit() as it begins.
 constexpr uint64_t kExiting = 0x4;
-
-std::string BootId() {
-  std::ifstream in("/proc/sys/kernel/random/boot_id");
-  std::string id;
-  std::getline(in, id);
-  return std::string(absl::StripAsciiWhitespace(id));
-}
 
 }  // namespace
 
@@ -57,14 +50,14 @@ ProcessIdentity SelfIdentity() {
   me.pid = getpid();
   if (std::optional<ProcStat> s = ReadProcStat(me.pid)) {
     me.start = s->start;
-    me.boot_id = BootId();
+    me.host_key = HostKey();
   }
   return me;
 }
 
 ProcessWatch::ProcessWatch(absl::Duration interval, OnExit on_exit)
-    : interval_(interval), on_exit_(std::move(on_exit)), boot_id_(BootId()) {
-  if (interval_ <= absl::ZeroDuration() || boot_id_.empty()) return;
+    : interval_(interval), on_exit_(std::move(on_exit)), host_key_(HostKey()) {
+  if (interval_ <= absl::ZeroDuration() || host_key_ == 0) return;
   absl::StatusOr<std::thread> t =
       StartThread("the process watch", [this] { Loop(); });
   if (t.ok()) {
@@ -84,7 +77,7 @@ ProcessWatch::~ProcessWatch() {
 }
 
 bool ProcessWatch::Watch(uint64_t id, const ProcessIdentity& who) {
-  if (!thread_.joinable() || who.boot_id != boot_id_ || who.start == 0) {
+  if (!thread_.joinable() || who.host_key != host_key_ || who.start == 0) {
     return false;
   }
   std::optional<ProcStat> s = ReadProcStat(who.pid);

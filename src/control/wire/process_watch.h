@@ -11,9 +11,11 @@
 // when they begin to exit; the stream's end stays the rule elsewhere.
 //
 // A process is identified by its pid, its start time (clock ticks after
-// boot, /proc/PID/stat field 22) and the kernel's boot id: a member whose
-// identity this machine does not show (another machine, another pid
-// namespace, a reused pid) is not watched.
+// boot, /proc/PID/stat field 22) and its host key (the kernel's boot id
+// and its pid namespace, src/common/host_key.h): a member whose identity
+// the watch does not see as its own (another machine, another pid
+// namespace, where its pid names another process, a reused pid) is not
+// watched.
 //
 // Threading: thread-safe; the callback runs on the watch's own thread.
 #ifndef HOLDFAST_SRC_CONTROL_WIRE_PROCESS_WATCH_H_
@@ -39,11 +41,12 @@ namespace holdfast::control {
 
 struct ProcessIdentity {
   int64_t pid = 0;
-  uint64_t start = 0;   // /proc/PID/stat field 22
-  std::string boot_id;  // /proc/sys/kernel/random/boot_id
+  uint64_t start = 0;     // /proc/PID/stat field 22
+  uint64_t host_key = 0;  // HostKey()
 };
 
-// This process's identity (boot_id empty where /proc does not tell).
+// This process's identity (start and host_key 0 where /proc does not
+// tell).
 ProcessIdentity SelfIdentity();
 
 // What /proc/PID/stat says of `pid`: nullopt if it does not exist or
@@ -88,7 +91,7 @@ class ProcessWatch {
 
   const absl::Duration interval_;
   const OnExit on_exit_;
-  const std::string boot_id_;
+  const uint64_t host_key_;
   mutable absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::map<Key, std::set<uint64_t>> processes_ ABSL_GUARDED_BY(mu_);
