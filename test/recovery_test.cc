@@ -180,6 +180,36 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "recovery: a holder whose live state refuses reads in place sends its "
+    "share over the communicator") {
+  // As the previous case, and the standby's first read in place of a
+  // holder's live state is refused (as the CUDA driver's pinned memory
+  // may refuse process_vm_readv): that holder's share comes over the
+  // communicator, the other two are read in place.
+  const std::vector<std::string> trainer = {
+      "--steps",   "40", "--snapshot-every", "5",
+      "--step-ms", "10", "--state-mb",       "3"};
+  const std::string ref = holdfast::test::FaultFreeHash(4, trainer, 40);
+  JobRun r = Launch(
+      {"-n", "4", "--standby", "1", "--inject",
+       "kill:slot=1:step=13:committed=10", "--inject", "refuse-read:slot=1"},
+      trainer);
+  CHECK(r.rc == 0);
+  CheckConsistent(r, 4);
+  CHECK(r.hashes[0] == ref);
+  INFO("stderr: " << r.err);
+  CHECK(r.err.find("restore: slot 1 refused a read in place of process") !=
+        std::string::npos);
+  static const std::regex kStandby(
+      R"(slot 1 of 4 joined at generation 1: step (\d+) restored \(([0-9]+) bytes received, ([0-9]+) of them read in place on this host\))");
+  std::smatch m;
+  REQUIRE(std::regex_search(r.err, m, kStandby));
+  const int64_t received = std::stoll(m[2]), read = std::stoll(m[3]);
+  CHECK(read > 0);
+  CHECK(read < received);
+}
+
+TEST_CASE(
     "recovery: survivors whose live states differ go back to the committed "
     "step") {
   // A bit of slot 0's parameters flips after step 10 (in a byte its own

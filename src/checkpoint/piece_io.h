@@ -51,6 +51,12 @@ class PieceIo {
                             uint8_t* dst, size_t n) {
     return peer_memory::Read(pid, address, dst, n);
   }
+  // Reads `n` bytes of a holder's live state in place from process `pid`
+  // at `address` into `dst`, in a live restore of `step`.
+  virtual absl::Status ReadLive(int64_t /*step*/, int64_t pid, uint64_t address,
+                                uint8_t* dst, size_t n) {
+    return peer_memory::Read(pid, address, dst, n);
+  }
   // Piece `piece`, received over the communicator, is whole at `data`
   // (`n` bytes) and about to be checked.
   virtual void Received(int /*piece*/, uint8_t* /*data*/, size_t /*n*/) {}

@@ -180,6 +180,7 @@ class Restore {
   // Who may read whose live state in place in FromLiveAhead, and where
   // each member's buffers lie (none: no receiver may read a holder).
   struct LiveReach {
+    int64_t step = -1;  // the live step restored
     InPlace in_place;
     size_t buffers = 0;              // per member
     std::vector<int64_t> addresses;  // member m's buffer b: [m * buffers + b]
@@ -193,8 +194,9 @@ class Restore {
   };
   // From FromLiveAhead's all-gathered words: who may read whom; and, when
   // any receiver may read a holder, every member's buffer addresses (one
-  // all-gather).
-  absl::StatusOr<LiveReach> LiveReachOf(const std::vector<int64_t>& all,
+  // all-gather), and who can read whose buffers indeed (one more).
+  absl::StatusOr<LiveReach> LiveReachOf(int64_t step,
+                                        const std::vector<int64_t>& all,
                                         const std::vector<int>& holders,
                                         const std::vector<int>& receivers);
   // What MoveLiveShares brought this member: bytes, of them read in

@@ -7,7 +7,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "holdfast/status.h"
-#include "src/checkpoint/peer_memory.h"
 #include "src/checkpoint/pieces.h"
 #include "src/checkpoint/restore.h"
 #include "src/common/logging.h"
@@ -117,8 +116,8 @@ absl::Status Restore::LandLive(const std::vector<LiveRun>& reads,
     for (size_t k = run.first; k < run.first + run.count; ++k) {
       const size_t off = k * kBlock, n = std::min(kBlock, buf.global - off);
       if (read) {
-        HOLDFAST_RETURN_IF_ERROR(peer_memory::Read(
-            reach.in_place.pids[static_cast<size_t>(run.from)],
+        HOLDFAST_RETURN_IF_ERROR(io()->ReadLive(
+            reach.step, reach.in_place.pids[static_cast<size_t>(run.from)],
             reach.Address(run.from, run.buffer) + off, buf.data + off, n));
       }
       moved->checksums[base[run.buffer] + k] =
@@ -146,9 +145,10 @@ absl::Status Restore::LandLive(const std::vector<LiveRun>& reads,
 }
 
 absl::StatusOr<Restore::LiveReach> Restore::LiveReachOf(
-    const std::vector<int64_t>& all, const std::vector<int>& holders,
-    const std::vector<int>& receivers) {
+    int64_t step, const std::vector<int64_t>& all,
+    const std::vector<int>& holders, const std::vector<int>& receivers) {
   LiveReach reach;
+  reach.step = step;
   HOLDFAST_ASSIGN_OR_RETURN(reach.in_place,
                             InPlaceReach(all, kLiveWords, kLiveHost));
   bool any = false;
@@ -175,6 +175,31 @@ absl::StatusOr<Restore::LiveReach> Restore::LiveReachOf(
                                              reach.buffers, DataType::kInt64)
                                  ->Wait());
   }
+  // The probe word is ordinary memory; the live buffers may not be (pinned
+  // host copies of device memory, which the CUDA driver maps, may refuse
+  // process_vm_readv). So a receiver reads the first and last bytes of
+  // each buffer of each holder it reaches, and the members agree on who
+  // reads whom from what worked (one all-gather); the rest go over the
+  // communicator.
+  std::vector<int64_t> readable = PieceSets::Mine(world_);
+  const bool receiver =
+      std::find(receivers.begin(), receivers.end(), slot_) != receivers.end();
+  for (int h : holders) {
+    if (!receiver || !reach.in_place.reach.Has(slot_, h)) continue;
+    bool ok = true;
+    for (size_t b = 0; b < buffers.size() && ok; ++b) {
+      const size_t n = std::min<size_t>(8, buffers[b].global);
+      if (n == 0) continue;
+      uint8_t probe[8];
+      const int64_t pid = reach.in_place.pids[static_cast<size_t>(h)];
+      const uint64_t at = reach.Address(h, b);
+      ok = io()->ReadLive(step, pid, at, probe, n).ok() &&
+           io()->ReadLive(step, pid, at + buffers[b].global - n, probe, n).ok();
+    }
+    if (ok) PieceSets::Add(&readable, h);
+  }
+  HOLDFAST_ASSIGN_OR_RETURN(reach.in_place.reach,
+                            PieceSets::Exchange(comm_, world_, readable));
   return reach;
 }
 
@@ -220,7 +245,7 @@ absl::StatusOr<std::optional<Restored>> Restore::FromLiveAhead(
   if (!holder) progress_->live_step = -1;  // until its copy has landed
 
   HOLDFAST_ASSIGN_OR_RETURN(const LiveReach reach,
-                            LiveReachOf(all, holders, receivers));
+                            LiveReachOf(step, all, holders, receivers));
   if (hooks_.before_transfers) hooks_.before_transfers();
   HOLDFAST_ASSIGN_OR_RETURN(const LiveMoved moved,
                             MoveLiveShares(holders, receivers, holder, reach));

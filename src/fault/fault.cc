@@ -33,6 +33,7 @@ absl::Status Bad(absl::string_view spec, absl::string_view why) {
                    "fail-op:slot=2:seq=120, mismatch:slot=2:seq=120, "
                    "corrupt-piece:slot=1:step=20, "
                    "corrupt-backup:slot=1:step=10, corrupt-restore:slot=1, "
+                   "refuse-read:slot=1, "
                    "nan:slot=1:step=20, spike:slot=1:step=20, "
                    "bitflip:slot=1:step=20 or gradflip:slot=1:step=20)"));
 }
@@ -42,8 +43,8 @@ constexpr Kind kKinds[] = {
     Kind::kKill,           Kind::kHang,         Kind::kStall,
     Kind::kExit,           Kind::kSlow,         Kind::kFailOp,
     Kind::kMismatch,       Kind::kCorruptPiece, Kind::kCorruptBackup,
-    Kind::kCorruptRestore, Kind::kNan,          Kind::kSpike,
-    Kind::kBitflip,        Kind::kGradflip,
+    Kind::kCorruptRestore, Kind::kRefuseRead,   Kind::kNan,
+    Kind::kSpike,          Kind::kBitflip,      Kind::kGradflip,
 };
 
 // Sets the field of `f` that `key` names to `v`; an error for a key that
@@ -117,7 +118,8 @@ absl::Status CheckRequired(absl::string_view text, const FaultSpec& f) {
       if (f.step < 0) return Bad(text, "step=N is required");
       break;
     case Kind::kCorruptRestore:
-      break;  // step=N is optional: any restore that receives a piece
+    case Kind::kRefuseRead:
+      break;  // step=N is optional: any restore that receives or reads
   }
   return absl::OkStatus();
 }
@@ -178,6 +180,8 @@ const char* KindName(Kind kind) {
       return "corrupt-backup";
     case Kind::kCorruptRestore:
       return "corrupt-restore";
+    case Kind::kRefuseRead:
+      return "refuse-read";
     case Kind::kNan:
       return "nan";
     case Kind::kSpike:
@@ -302,6 +306,7 @@ void Injector::Fire(const FaultSpec& f, absl::string_view where) {
     case Kind::kCorruptPiece:
     case Kind::kCorruptBackup:
     case Kind::kCorruptRestore:
+    case Kind::kRefuseRead:
     case Kind::kNan:
     case Kind::kSpike:
     case Kind::kBitflip:

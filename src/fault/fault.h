@@ -45,6 +45,12 @@
 //                            the restore must refuse it and receive it
 //                            again from its next holder, or with none stop
 //                            with DataLoss
+//   refuse-read:slot=1[:step=12]
+//                            in a live restore (of step 12 if given),
+//                            slot 1's first read in place of a holder's
+//                            live state is refused, as the CUDA driver's
+//                            pinned memory may refuse process_vm_readv: that
+//                            holder's share must come over the communicator
 //   nan:slot=1:step=20       the values slot 1 hands to Runtime::CheckFinite
 //                            at step 20 (its local gradients) become NaN
 //   spike:slot=1:step=20     the loss slot 1 reports at step 20 is 1000
@@ -144,7 +150,8 @@ class Injector final : public Hooks {
   // (mismatch); claims the fault when so.
   bool MismatchAt(int slot, int64_t seq) override;
   // True once when a fault of `kind` that the caller carries out
-  // (corrupt-piece, corrupt-backup, corrupt-restore, nan, spike) fires for
+  // (corrupt-piece, corrupt-backup, corrupt-restore, refuse-read, nan,
+  // spike) fires for
   // this slot at `step`.
   bool FiresAt(Kind kind, int slot, int64_t step) override;
   int FlipBitAt(int slot, int64_t step) override;

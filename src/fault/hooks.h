@@ -23,6 +23,7 @@ enum class Kind {
   kCorruptPiece,
   kCorruptBackup,
   kCorruptRestore,
+  kRefuseRead,
   kNan,
   kSpike,
   kBitflip,

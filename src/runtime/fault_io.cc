@@ -41,6 +41,18 @@ absl::Status FaultyPieceIo::Read(int piece, int64_t pid, uint64_t address,
   return s;
 }
 
+absl::Status FaultyPieceIo::ReadLive(int64_t step, int64_t pid,
+                                     uint64_t address, uint8_t* dst, size_t n) {
+  if (faults_->FiresAt(fault::Kind::kRefuseRead, slot_(), step)) {
+    HOLDFAST_LOG_WARN(
+        "restore: slot {} refused a read in place of process {}'s live state "
+        "of step {} (injected)",
+        slot_(), pid, step);
+    return absl::UnavailableError("refused (injected: refuse-read)");
+  }
+  return PieceIo::ReadLive(step, pid, address, dst, n);
+}
+
 void FaultyPieceIo::Received(int piece, uint8_t* data, size_t n) {
   if (n > 0) DamageTaken(piece, data + n / 2);
 }

@@ -1,7 +1,8 @@
 // The piece I/O of a member with test faults: corrupt-backup damages the
 // first copy it receives in a backup round, corrupt-restore the first
 // piece it takes in a restore round (fault/fault.h), as the bytes land and
-// before they are checked.
+// before they are checked; refuse-read refuses a read in place of a
+// holder's live state.
 #ifndef HOLDFAST_SRC_RUNTIME_FAULT_IO_H_
 #define HOLDFAST_SRC_RUNTIME_FAULT_IO_H_
 
@@ -29,6 +30,8 @@ class FaultyPieceIo final : public checkpoint::PieceIo {
   absl::Status Read(int piece, int64_t pid, uint64_t address, uint8_t* dst,
                     size_t n) override;
   void Received(int piece, uint8_t* data, size_t n) override;
+  absl::Status ReadLive(int64_t step, int64_t pid, uint64_t address,
+                        uint8_t* dst, size_t n) override;
 
  private:
   // Damages the byte at `at` of piece `piece` once (the restore's hit).
