@@ -57,6 +57,7 @@
 #include <sys/wait.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -135,6 +136,9 @@ struct Result {
   std::string error;
   int64_t detect_ms = 0, abort_ms = 0, agree_ms = 0, rebuild_ms = 0,
           restore_ms = 0, first_step_ms = 0;
+  // Of the first step: the wait, after the restore, for a training
+  // communicator built during it (NCCL, HOLDFAST_SIDE_EXCHANGES).
+  int64_t comm_wait_ms = 0;
   int64_t recovery_ms = 0;  // from the kill to the first step done
   // The controller's own figure: from the rank's last heartbeat, which
   // may be before the kill.
@@ -211,6 +215,7 @@ Result Measure(const std::string& run, const std::string& trainer, int n,
   r.rebuild_ms = at("rebuilt_ms") - at("agreed_ms");
   r.restore_ms = at("restored_ms") - at("rebuilt_ms");
   r.first_step_ms = at("first_step_ms") - at("restored_ms");
+  r.comm_wait_ms = std::max<int64_t>(0, at("comm_up_ms") - at("restored_ms"));
   r.recovery_ms = at("first_step_ms") - killed;
 
   // The restart baseline: the same loss stops the job (it exits non-zero),
@@ -332,6 +337,7 @@ int main(int argc, char** argv) {
                 {"rebuild_ms", r.rebuild_ms},
                 {"restore_ms", r.restore_ms},
                 {"first_step_ms", r.first_step_ms},
+                {"comm_wait_ms", r.comm_wait_ms},
                 {"lost_steps", r.lost_steps},
                 {"step_ms", plan.step_ms},
                 {"committed", plan.committed},

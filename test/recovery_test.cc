@@ -53,9 +53,10 @@ TEST_CASE("recovery: fault specs parse and bad ones are refused by name") {
       "kill:slot=2:step=30, hang:slot=1:step=50;exit:slot=0:step=10:code=7,"
       "slow:slot=3:ms=300,fail-op:slot=2:seq=120,kill:slot=1:recovery=1,"
       "stall:slot=2:recovery=1,kill:slot=1:step=8:ms=250,"
-      "hang:slot=0:step=9:committed=3,kill:slot=2:restore=2");
+      "hang:slot=0:step=9:committed=3,kill:slot=2:restore=2,"
+      "slow-init:slot=2:ms=800");
   REQUIRE(ok.ok());
-  REQUIRE(ok->size() == 10);
+  REQUIRE(ok->size() == 11);
   CHECK((*ok)[2].code == 7);
   CHECK((*ok)[3].ms == 300);
   CHECK((*ok)[4].seq == 120);
@@ -68,15 +69,30 @@ TEST_CASE("recovery: fault specs parse and bad ones are refused by name") {
   CHECK((*ok)[9].restore == 2);
   CHECK((*ok)[9].recovery == -1);
   CHECK((*ok)[9].step == -1);
-  for (const char* bad :
-       {"boom:slot=1:step=2", "kill:step=3", "kill:slot=1", "stall:slot=1",
-        "kill:slot=x:step=1", "slow:slot=1", "fail-op:slot=1:step=3",
-        "kill:slot=1:step=2:recovery=1", "exit:slot=0:step=1:code=300",
-        "kill:slot=1:recovery=1:ms=5", "fail-op:slot=1:seq=3:ms=5",
-        "kill:slot=1:recovery=1:committed=2", "slow:slot=1:ms=5:committed=2",
-        "kill:slot=1:restore=0", "kill:slot=1:step=2:restore=1",
-        "kill:slot=1:recovery=1:restore=1", "kill:slot=1:restore=1:ms=5",
-        "corrupt-restore:slot=1:restore=1", "slow:slot=1:ms=5:restore=1"}) {
+  CHECK((*ok)[10].kind == holdfast::fault::Kind::kSlowInit);
+  CHECK((*ok)[10].ms == 800);
+  for (const char* bad : {"boom:slot=1:step=2",
+                          "kill:step=3",
+                          "kill:slot=1",
+                          "stall:slot=1",
+                          "kill:slot=x:step=1",
+                          "slow:slot=1",
+                          "fail-op:slot=1:step=3",
+                          "kill:slot=1:step=2:recovery=1",
+                          "exit:slot=0:step=1:code=300",
+                          "kill:slot=1:recovery=1:ms=5",
+                          "fail-op:slot=1:seq=3:ms=5",
+                          "kill:slot=1:recovery=1:committed=2",
+                          "slow:slot=1:ms=5:committed=2",
+                          "kill:slot=1:restore=0",
+                          "kill:slot=1:step=2:restore=1",
+                          "kill:slot=1:recovery=1:restore=1",
+                          "kill:slot=1:restore=1:ms=5",
+                          "corrupt-restore:slot=1:restore=1",
+                          "slow:slot=1:ms=5:restore=1",
+                          "slow-init:slot=1",
+                          "slow-init:slot=1:ms=5:step=3",
+                          "slow-init:slot=1:ms=5:recovery=1"}) {
     auto r = holdfast::fault::Parse(bad);
     INFO(bad);
     CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
@@ -207,6 +223,58 @@ TEST_CASE(
   const int64_t received = std::stoll(m[2]), read = std::stoll(m[3]);
   CHECK(read > 0);
   CHECK(read < received);
+}
+
+TEST_CASE(
+    "recovery: with the runtime's exchanges on the side communicator, as in "
+    "NCCL jobs, the restore runs while a slow training communicator is "
+    "built") {
+  // Every build of slot 2's training communicator waits 2 s first (an
+  // NCCL init that takes long), and so every member's build with it. With
+  // HOLDFAST_SIDE_EXCHANGES on (the NCCL jobs' protocol, over Gloo), each
+  // member of generation 1 restores over the side communicator meanwhile
+  // (the standby receives the survivors' live state), then waits for the
+  // training one; off, the restore waits for it. Either way the job ends
+  // with the fault-free hash.
+  const std::vector<std::string> trainer = {
+      "--steps",   "40", "--snapshot-every", "5",
+      "--step-ms", "10", "--state-mb",       "3"};
+  const std::string ref = holdfast::test::FaultFreeHash(4, trainer, 40);
+  const std::string side = GENERATE("on", "off");
+  INFO("HOLDFAST_SIDE_EXCHANGES=" << side);
+  holdfast::test::ScopedEnv env("HOLDFAST_SIDE_EXCHANGES", side.c_str());
+  JobRun r = Launch({"-n", "4", "--standby", "1", "--inject",
+                     "kill:slot=1:step=13:committed=10", "--inject",
+                     "slow-init:slot=2:ms=2000"},
+                    trainer);
+  CHECK(r.rc == 0);
+  CheckConsistent(r, 4);
+  CHECK(r.hashes[0] == ref);
+  INFO("stderr: " << r.err);
+  CHECK(r.err.find("injecting fault 'slow-init:slot=2:ms=2000'") !=
+        std::string::npos);
+  // Generation 0's start (the checks of the starting state, its
+  // commit) and generation 1's restore, on every slot.
+  for (int gen = 0; gen < 2; ++gen) {
+    for (int slot = 0; slot < 4; ++slot) {
+      INFO("generation " << gen << ", slot " << slot);
+      const std::regex kOverlap(
+          "slot " + std::to_string(slot) +
+          ": the training communicator of generation " + std::to_string(gen) +
+          R"( was up (\d+) ms after the side one; the runtime's exchanges ran meanwhile, then waited (\d+) ms for it)");
+      std::smatch m;
+      if (side == "off") {
+        CHECK(!std::regex_search(r.err, m, kOverlap));
+        continue;
+      }
+      REQUIRE(std::regex_search(r.err, m, kOverlap));
+      // The exchanges ended before the communicator was up.
+      CHECK(std::stoll(m[2]) > 0);
+    }
+  }
+  static const std::regex kStandby(
+      R"(slot 1 of 4 joined at generation 1: step \d+ restored \(([1-9][0-9]*) bytes received)");
+  CHECK(std::regex_search(r.err, kStandby));
 }
 
 TEST_CASE(

@@ -95,6 +95,7 @@ std::optional<int> PreferredSlot();
 int Replicas();                     // HOLDFAST_REPLICAS (1)
 VerifyBackups VerifyBackupsWhen();  // HOLDFAST_VERIFY_BACKUPS (arrival)
 bool SameHostRestore();             // HOLDFAST_SAME_HOST_RESTORE (on)
+bool SideExchanges();               // HOLDFAST_SIDE_EXCHANGES (off)
 bool LiveRestore();                 // HOLDFAST_LIVE_RESTORE (on)
 int TpSize();                       // HOLDFAST_TP_SIZE (1)
 int PpSize();                       // HOLDFAST_PP_SIZE (1)
@@ -151,6 +152,14 @@ struct RuntimeOptions {
   // Whether a restore reads the pieces a member on the same host holds
   // straight from its memory, where the kernel allows it.
   bool same_host_restore = defaults::SameHostRestore();
+  // Whether the runtime's own exchanges (a restore's agreements and
+  // transfers, the start's checks) go over the side communicator (Gloo)
+  // while the training communicator is built, as they always do when the
+  // training one takes device memory (NCCL): a restore then overlaps the
+  // training communicator's build. Off: over the training communicator
+  // when it takes host memory, once it is built. On runs the NCCL jobs'
+  // protocol on a machine without a GPU.
+  bool side_exchanges = defaults::SideExchanges();
   // After a fault, with all registered state replicated: whether the job
   // goes on from the survivors' live state when it is a completed step
   // past the committed one and the same on each of them (they restore
@@ -321,6 +330,11 @@ struct RecoveryRecord {
   // Of those, read straight from the memory of a member on this host
   // (HOLDFAST_SAME_HOST_RESTORE), not over the communicator.
   int64_t bytes_read_in_place = 0;
+  // The training communicator was up (Unix ms, as the times above). Where the
+  // runtime's exchanges go over the side communicator (NCCL; side_exchanges),
+  // rebuilt_ms is the side one's, and the training one is built during the
+  // restore: this may come before or after restored_ms. Else rebuilt_ms.
+  int64_t comm_up_ms = 0;
 };
 
 struct RunResult {

@@ -17,6 +17,11 @@ std::atomic<BackendWarmer>& NcclWarmer() {
   return warmer;
 }
 
+std::atomic<DeviceBinder>& NcclBinder() {
+  static std::atomic<DeviceBinder> binder{nullptr};
+  return binder;
+}
+
 }  // namespace
 
 void SetNcclFactory(BackendFactory factory) { Nccl().store(factory); }
@@ -30,6 +35,16 @@ absl::Status Warm(absl::string_view name, int device) {
   if (name != "nccl" || warmer == nullptr) return absl::OkStatus();
   return warmer(device);
 }
+
+void SetNcclBinder(DeviceBinder binder) { NcclBinder().store(binder); }
+
+absl::Status BindDevice(absl::string_view name, int device) {
+  DeviceBinder binder = NcclBinder().load();
+  if (name != "nccl" || binder == nullptr) return absl::OkStatus();
+  return binder(device);
+}
+
+bool TakesHostMemory(absl::string_view name) { return name != "nccl"; }
 
 absl::Status CheckLinked(absl::string_view name) {
   if (name == "nccl" && NcclFactory() == nullptr) {

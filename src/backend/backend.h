@@ -137,6 +137,18 @@ BackendFactory NcclFactory();
 using BackendWarmer = absl::Status (*)(int device);
 void SetNcclWarmer(BackendWarmer warmer);
 absl::Status Warm(absl::string_view name, int device);
+// Makes `device` the calling thread's current device for backend `name`
+// (NCCL: cudaSetDevice), as building a communicator of it does on the
+// thread that builds it: a trainer whose communicator was built on
+// another thread still finds its device current. OK, and nothing done,
+// for the other backends and where NCCL is not linked.
+using DeviceBinder = absl::Status (*)(int device);
+void SetNcclBinder(DeviceBinder binder);
+absl::Status BindDevice(absl::string_view name, int device);
+// Whether the buffers of backend `name`'s ops live in host memory: false
+// for NCCL, true for Gloo (and for a name no backend has: building one
+// refuses it).
+bool TakesHostMemory(absl::string_view name);
 // Whether backend `name` can be built in this program: FailedPrecondition
 // naming the library to link when it is known but not linked ("nccl");
 // OK otherwise (an unknown name is refused when a communicator is built).

@@ -111,6 +111,14 @@ const std::vector<Entry>& Registry() {
         "them at once; off: always the committed step"},
        Kind::kString,
        {"on", "off"}},
+      {{"HOLDFAST_SIDE_EXCHANGES", "off",
+        "on: the runtime's own exchanges (a restore's agreements and "
+        "transfers, the start's checks) go over the side communicator "
+        "(Gloo) while the training communicator is still being built, as "
+        "they always do when the training one is NCCL; off: over the "
+        "training communicator when it is Gloo"},
+       Kind::kString,
+       {"on", "off"}},
       {{"HOLDFAST_SAME_HOST_RESTORE", "on",
         "on: a restore reads the pieces a member on the same host holds "
         "straight from its memory (process_vm_readv), where the kernel "

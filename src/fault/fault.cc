@@ -29,7 +29,8 @@ absl::Status Bad(absl::string_view spec, absl::string_view why) {
       absl::StrCat("fault spec '", spec, "': ", why,
                    " (expected e.g. kill:slot=2:step=30, hang:slot=1:step=50, "
                    "stall:slot=1:recovery=1, kill:slot=2:restore=1, "
-                   "exit:slot=0:step=10, slow:slot=3:ms=300 or "
+                   "exit:slot=0:step=10, slow:slot=3:ms=300, "
+                   "slow-init:slot=2:ms=800 or "
                    "fail-op:slot=2:seq=120, mismatch:slot=2:seq=120, "
                    "corrupt-piece:slot=1:step=20, "
                    "corrupt-backup:slot=1:step=10, corrupt-restore:slot=1, "
@@ -40,45 +41,74 @@ absl::Status Bad(absl::string_view spec, absl::string_view why) {
 
 // Every kind, in the order KindName and the error messages list them.
 constexpr Kind kKinds[] = {
-    Kind::kKill,           Kind::kHang,         Kind::kStall,
-    Kind::kExit,           Kind::kSlow,         Kind::kFailOp,
-    Kind::kMismatch,       Kind::kCorruptPiece, Kind::kCorruptBackup,
-    Kind::kCorruptRestore, Kind::kRefuseRead,   Kind::kNan,
-    Kind::kSpike,          Kind::kBitflip,      Kind::kGradflip,
+    Kind::kKill,          Kind::kHang,           Kind::kStall,
+    Kind::kExit,          Kind::kSlow,           Kind::kSlowInit,
+    Kind::kFailOp,        Kind::kMismatch,       Kind::kCorruptPiece,
+    Kind::kCorruptBackup, Kind::kCorruptRestore, Kind::kRefuseRead,
+    Kind::kNan,           Kind::kSpike,          Kind::kBitflip,
+    Kind::kGradflip,
 };
+
+// Whether `key`, besides slot, applies to a fault of kind `k`.
+bool Applies(Kind k, absl::string_view key) {
+  const bool process = IsProcessFault(k);
+  if (key == "step") return k != Kind::kSlowInit;  // slow-init: every build
+  if (key == "seq") return k == Kind::kFailOp || k == Kind::kMismatch;
+  if (key == "ms") return process || k == Kind::kSlow || k == Kind::kSlowInit;
+  if (key == "recovery" || key == "restore" || key == "committed") {
+    return process;
+  }
+  if (key == "bit") return k == Kind::kGradflip;
+  if (key == "code") return k == Kind::kExit;
+  return false;
+}
 
 // Sets the field of `f` that `key` names to `v`; an error for a key that
 // does not apply to f's kind, or a value out of its range.
 absl::Status SetKey(absl::string_view text, absl::string_view key, int64_t v,
                     FaultSpec* f) {
-  const bool process = IsProcessFault(f->kind);
+  if (key != "slot" && !Applies(f->kind, key)) {
+    return Bad(text, absl::StrCat("key '", key, "' does not apply to ",
+                                  KindName(f->kind)));
+  }
   if (key == "slot") {
     if (v > (1 << 20)) return Bad(text, "slot out of range");
     f->slot = static_cast<int>(v);
   } else if (key == "step") {
     f->step = v;
-  } else if (key == "seq" &&
-             (f->kind == Kind::kFailOp || f->kind == Kind::kMismatch)) {
+  } else if (key == "seq") {
     f->seq = v;
-  } else if (key == "ms" && (f->kind == Kind::kSlow || process)) {
+  } else if (key == "ms") {
     if (v > 3600000) return Bad(text, "ms out of range");
     f->ms = v;
-  } else if ((key == "recovery" || key == "restore") && process) {
+  } else if (key == "recovery" || key == "restore") {
     if (v < 1 || v > (1 << 20)) {
       return Bad(text, absl::StrCat(key, " counts from 1"));
     }
     (key == "recovery" ? f->recovery : f->restore) = static_cast<int>(v);
-  } else if (key == "committed" && process) {
+  } else if (key == "committed") {
     f->committed = v;
-  } else if (key == "bit" && f->kind == Kind::kGradflip) {
+  } else if (key == "bit") {
     if (v > 31) return Bad(text, "bit out of range [0, 31] (a float32's)");
     f->bit = static_cast<int>(v);
-  } else if (key == "code" && f->kind == Kind::kExit) {
+  } else {  // code
     if (v > 255) return Bad(text, "code out of range [0, 255]");
     f->code = static_cast<int>(v);
-  } else {
-    return Bad(text, absl::StrCat("key '", key, "' does not apply to ",
-                                  KindName(f->kind)));
+  }
+  return absl::OkStatus();
+}
+
+// The trigger of a process fault (kill, hang, stall, exit): exactly one
+// of step, recovery and restore; ms and committed with a step only.
+absl::Status CheckTrigger(absl::string_view text, const FaultSpec& f) {
+  if ((f.step >= 0) + (f.recovery >= 0) + (f.restore >= 0) != 1) {
+    return Bad(text, "give exactly one of step=N, recovery=N and restore=N");
+  }
+  if (f.ms > 0 && f.step < 0) {
+    return Bad(text, "ms=N (into the step) applies with step=N only");
+  }
+  if (f.committed >= 0 && f.step < 0) {
+    return Bad(text, "committed=N applies with step=N only");
   }
   return absl::OkStatus();
 }
@@ -91,18 +121,9 @@ absl::Status CheckRequired(absl::string_view text, const FaultSpec& f) {
     case Kind::kHang:
     case Kind::kStall:
     case Kind::kExit:
-      if ((f.step >= 0) + (f.recovery >= 0) + (f.restore >= 0) != 1) {
-        return Bad(text,
-                   "give exactly one of step=N, recovery=N and restore=N");
-      }
-      if (f.ms > 0 && f.step < 0) {
-        return Bad(text, "ms=N (into the step) applies with step=N only");
-      }
-      if (f.committed >= 0 && f.step < 0) {
-        return Bad(text, "committed=N applies with step=N only");
-      }
-      break;
+      return CheckTrigger(text, f);
     case Kind::kSlow:
+    case Kind::kSlowInit:
       if (f.ms <= 0) return Bad(text, "ms=N (> 0) is required");
       break;
     case Kind::kFailOp:
@@ -133,11 +154,12 @@ absl::StatusOr<FaultSpec> ParseOne(absl::string_view text, int index) {
   const Kind* found = std::find_if(std::begin(kKinds), std::end(kKinds),
                                    [&](Kind k) { return kind == KindName(k); });
   if (found == std::end(kKinds)) {
-    return Bad(text, absl::StrCat(
-                         "unknown kind '", kind,
-                         "' (kill, hang, stall, exit, slow, fail-op, mismatch, "
-                         "corrupt-piece, corrupt-backup, corrupt-restore, "
-                         "nan, spike, bitflip or gradflip)"));
+    return Bad(text,
+               absl::StrCat("unknown kind '", kind,
+                            "' (kill, hang, stall, exit, slow, slow-init, "
+                            "fail-op, mismatch, corrupt-piece, corrupt-backup, "
+                            "corrupt-restore, refuse-read, nan, spike, bitflip "
+                            "or gradflip)"));
   }
   f.kind = *found;
   for (size_t i = 1; i < parts.size(); ++i) {
@@ -170,6 +192,8 @@ const char* KindName(Kind kind) {
       return "exit";
     case Kind::kSlow:
       return "slow";
+    case Kind::kSlowInit:
+      return "slow-init";
     case Kind::kFailOp:
       return "fail-op";
     case Kind::kMismatch:
@@ -301,6 +325,7 @@ void Injector::Fire(const FaultSpec& f, absl::string_view where) {
       std::fflush(nullptr);
       _exit(f.code);
     case Kind::kSlow:
+    case Kind::kSlowInit:
     case Kind::kFailOp:
     case Kind::kMismatch:
     case Kind::kCorruptPiece:
@@ -354,6 +379,21 @@ void Injector::AtStep(int slot, int64_t step) {
     }
     Fire(*fire, where);
   }
+}
+
+int64_t Injector::InitDelayMs(int slot) {
+  int64_t ms = 0;
+  absl::MutexLock lock(&mu_);
+  for (const FaultSpec& f : faults_) {
+    if (f.kind != Kind::kSlowInit || f.slot != slot) continue;
+    ms += f.ms;
+    if (!fired_[static_cast<size_t>(f.index)]) {  // its onset, once
+      fired_[static_cast<size_t>(f.index)] = true;
+      HOLDFAST_LOG_WARN("injecting fault '{}' (pid {}, unix ms {})", f.text,
+                        getpid(), absl::ToUnixMillis(absl::Now()));
+    }
+  }
+  return ms;
 }
 
 void Injector::AtRecovery(int slot, int recovery) {

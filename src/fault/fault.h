@@ -19,6 +19,9 @@
 //   exit:slot=0:step=10      exit(code), code=1 unless given
 //   slow:slot=3:ms=300       sleep ms at the start of every step (a
 //                            straggler), from step=S if given
+//   slow-init:slot=2:ms=800  sleep ms before every build of the training
+//                            communicator (an NCCL init that takes long;
+//                            the peers' builds wait for it)
 //   fail-op:slot=2:seq=120   collective number 120 of the communicator fails
 //   mismatch:slot=2:seq=120  slot 2 issues a Barrier in place of its
 //                            collective number 120 (a collective mismatch:
@@ -142,6 +145,7 @@ class Injector final : public Hooks {
   // Points. Kill and exit do not return when they fire; hang returns when
   // the process is continued, stall when it is released.
   void AtStep(int slot, int64_t step) override;
+  int64_t InitDelayMs(int slot) override;
   void AtRecovery(int slot, int recovery) override;
   void AtRestore(int slot, int restore) override;
   // Non-OK (Internal, "injected fault ...") when fail-op fires.

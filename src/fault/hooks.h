@@ -18,6 +18,7 @@ enum class Kind {
   kStall,
   kExit,
   kSlow,
+  kSlowInit,
   kFailOp,
   kMismatch,
   kCorruptPiece,
@@ -36,6 +37,9 @@ class Hooks {
 
   // At the start of `step` (kill, hang, stall, exit, slow).
   virtual void AtStep(int /*slot*/, int64_t /*step*/) {}
+  // How long `slot` waits before each build of its training communicator
+  // (slow-init), in ms.
+  virtual int64_t InitDelayMs(int /*slot*/) { return 0; }
   // At the start of recovery number `recovery` (1 = the first).
   virtual void AtRecovery(int /*slot*/, int /*recovery*/) {}
   // As the pieces of restore number `restore` begin to move.

@@ -4,12 +4,15 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "holdfast/status.h"
+#include "src/backend/backend.h"
 #include "src/checkpoint/pieces.h"
 #include "src/comm/create.h"
 #include "src/common/logging.h"
@@ -62,38 +65,85 @@ absl::StatusOr<std::shared_ptr<Communicator>> CommSet::CreateComm(
   return std::shared_ptr<Communicator>(std::move(*c));
 }
 
-absl::Status CommSet::Build() {
+CommSet::~CommSet() {
+  if (pending_.joinable()) pending_.join();
+}
+
+bool CommSet::ExchangesOnSide() const {
+  return options_.side_exchanges ||
+         !backend::TakesHostMemory(options_.comm.backend);
+}
+
+absl::Status CommSet::Build(bool defer) {
+  // A deferred build of an earlier generation whose restore failed: it
+  // ends once it sees that generation abandoned.
+  (void)AwaitComm();
   const GenerationView::View v = gens_->Current();
   if (v.standby || v.slot < 0) {
     return absl::FailedPreconditionError("runtime: this member has no slot");
   }
-  gens_->BeginComm(v.generation)
+  const bool on_side = ExchangesOnSide();
+  gens_->BeginComm(v.generation, on_side)
       .reset();  // joins its threads; never blocks on a peer
   const int64_t gen = v.generation;
   at_rendezvous_(gen);
-  // The side communicator for backups is built here too, at the same
-  // time on a thread of its own, while every member is in the same
-  // protocol step: Gloo's connect phase cannot be cancelled, so building
-  // it later, while peers train (and may die), could hold a member for
-  // Gloo's own timeout. It gives up if the training one fails.
-  std::atomic<bool> comm_failed{false};
-  bulk::Cancelled side_cancelled =
-      [this, gen, &comm_failed]() -> std::optional<std::string> {
-    if (comm_failed.load()) {
+  // Both communicators are built at the same time, each on a thread,
+  // while every member is in the same protocol step: Gloo's connect
+  // phase cannot be cancelled, so building the side one later, while
+  // peers train (and may die), could hold a member for Gloo's own
+  // timeout. The side one gives up if the training one fails.
+  comm_failed_ = false;
+  bulk::Cancelled side_cancelled = [this, gen]() -> std::optional<std::string> {
+    if (comm_failed_.load()) {
       return std::string("the training communicator failed");
     }
     return gens_->RendezvousAbandoned(gen);
   };
-  absl::Status side_status;
-  std::thread side(
-      [&] { side_status = BuildSide(gen, v.world, v.slot, side_cancelled); });
-  absl::StatusOr<std::shared_ptr<Communicator>> built =
-      CreateComm(store_, gen, v.world, v.slot, options_.comm.connect_timeout);
-  if (!built.ok()) comm_failed = true;
-  side.join();
-  if (!built.ok()) return built.status();
-  gens_->SetComm(gen, *std::move(built));
+  pending_gen_ = gen;
+  pending_ = std::thread([this, gen, world = v.world, slot = v.slot] {
+    if (const int64_t ms = faults_->InitDelayMs(slot); ms > 0) {
+      absl::SleepFor(absl::Milliseconds(ms));  // a slow NCCL init
+    }
+    pending_comm_ =
+        CreateComm(store_, gen, world, slot, options_.comm.connect_timeout);
+    pending_up_ = absl::Now();
+    if (!pending_comm_.ok()) comm_failed_ = true;
+  });
+  absl::Status side_status = BuildSide(gen, v.world, v.slot, side_cancelled);
+  // The runtime's exchanges need the side communicator only: the
+  // training one may come up while they run.
+  if (defer && on_side && side_status.ok()) {
+    deferred_since_ = absl::Now();
+    return absl::OkStatus();
+  }
+  HOLDFAST_RETURN_IF_ERROR(AwaitComm());
   return side_status;
+}
+
+absl::Status CommSet::AwaitComm() {
+  if (!pending_.joinable()) return absl::OkStatus();
+  const absl::Time t0 = absl::Now();
+  pending_.join();
+  const absl::Duration waited = absl::Now() - t0;
+  absl::StatusOr<std::shared_ptr<Communicator>> built =
+      std::move(pending_comm_);
+  pending_comm_ = absl::AbortedError("no communicator is being built");
+  const absl::Time deferred_since =
+      std::exchange(deferred_since_, absl::InfinitePast());
+  if (!built.ok()) return built.status();
+  comm_up_ = pending_up_;
+  if (deferred_since != absl::InfinitePast()) {
+    const int64_t after = absl::ToInt64Milliseconds(comm_up_ - deferred_since);
+    HOLDFAST_LOG_INFO(
+        "runtime: slot {}: the training communicator of generation {} was up "
+        "{} ms {} the side one; the runtime's exchanges ran meanwhile, then "
+        "waited {} ms for it",
+        gens_->Current().slot, pending_gen_, std::abs(after),
+        after >= 0 ? "after" : "before", absl::ToInt64Milliseconds(waited));
+  }
+  gens_->SetComm(pending_gen_, *std::move(built));
+  // Building it set the device on the thread that built it.
+  return backend::BindDevice(options_.comm.backend, options_.comm.device);
 }
 
 absl::Status CommSet::AwaitArrivals(Store& store, int64_t gen, int world,

@@ -6,14 +6,22 @@
 // or the job's end cancels it. They are installed in the GenerationView,
 // which holds them.
 //
-// Threading: Build belongs to the training thread.
+// When the runtime's own exchanges go over the side communicator (the
+// training one takes device memory, or RuntimeOptions::side_exchanges),
+// Build may return once the side communicator is up and leave the training
+// one building on its thread (an NCCL init: tens of ms), so that a restore
+// overlaps it; AwaitComm joins it and installs it.
+//
+// Threading: Build and AwaitComm belong to the training thread.
 #ifndef HOLDFAST_SRC_RUNTIME_COMM_SET_H_
 #define HOLDFAST_SRC_RUNTIME_COMM_SET_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -44,11 +52,25 @@ class CommSet {
         snapshots_(snapshots),
         faults_(std::move(faults)),
         at_rendezvous_(std::move(at_rendezvous)) {}
+  // Joins a training communicator still being built (its rendezvous gives
+  // up once the member stops).
+  ~CommSet();
 
   // Builds the communicators of the current generation (the training one,
   // and the side one with its backup links) and installs them.
-  // FailedPrecondition for a member with no slot.
-  absl::Status Build();
+  // FailedPrecondition for a member with no slot. With `defer`, when the
+  // runtime's exchanges go over the side communicator, returns once the
+  // side one is up, with the training one still building: the caller
+  // must call AwaitComm before it uses the training communicator.
+  absl::Status Build(bool defer = false);
+  // Joins the training communicator a deferred Build left building and
+  // installs it: its error, or OK (at once when there is none). Logs
+  // (info) when it came up after the side one and how long it waited.
+  absl::Status AwaitComm();
+  // Whether the runtime's own exchanges go over the side communicator.
+  bool ExchangesOnSide() const;
+  // When the training communicator AwaitComm installed last was built.
+  absl::Time comm_up() const { return comm_up_; }
 
  private:
   // A communicator of generation `gen` on `store` (rendezvous keys are
@@ -90,6 +112,19 @@ class CommSet {
   checkpoint::Snapshots* const snapshots_;
   const std::shared_ptr<fault::Hooks> faults_;
   const std::function<void(int64_t gen)> at_rendezvous_;
+  // A deferred Build's training communicator: the thread building it for
+  // generation pending_gen_, and what it built. Written by that thread
+  // before it ends; read after the join.
+  std::thread pending_;
+  int64_t pending_gen_ = -1;
+  absl::StatusOr<std::shared_ptr<Communicator>> pending_comm_;
+  absl::Time pending_up_;
+  // When a deferred Build returned (the side communicator up); else
+  // InfinitePast.
+  absl::Time deferred_since_ = absl::InfinitePast();
+  absl::Time comm_up_;
+  // Set when the training communicator failed: the side one gives up.
+  std::atomic<bool> comm_failed_{false};
 };
 
 }  // namespace holdfast

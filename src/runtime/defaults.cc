@@ -64,6 +64,9 @@ bool LiveRestore() {
 bool SameHostRestore() {
   return config::StringParam("HOLDFAST_SAME_HOST_RESTORE") == "on";
 }
+bool SideExchanges() {
+  return config::StringParam("HOLDFAST_SIDE_EXCHANGES") == "on";
+}
 int TpSize() { return IntOf("HOLDFAST_TP_SIZE"); }
 int PpSize() { return IntOf("HOLDFAST_PP_SIZE"); }
 std::string CheckpointDir() {

@@ -138,7 +138,8 @@ Communicator* GenerationView::CurrentHealthyComm() const {
 absl::StatusOr<Communicator*> GenerationView::HostComm() const {
   absl::MutexLock lock(&mu_);
   Communicator* c = comm_.get();
-  if (c != nullptr && c->memory() != MemoryKind::kHost) {
+  if (exchanges_on_side_ ||
+      (c != nullptr && c->memory() != MemoryKind::kHost)) {
     c = side_generation_ == comm_generation_ ? side_.get() : nullptr;
   }
   if (c == nullptr) {
@@ -149,9 +150,11 @@ absl::StatusOr<Communicator*> GenerationView::HostComm() const {
   return c;
 }
 
-std::shared_ptr<Communicator> GenerationView::BeginComm(int64_t gen) {
+std::shared_ptr<Communicator> GenerationView::BeginComm(
+    int64_t gen, bool exchanges_on_side) {
   absl::MutexLock lock(&mu_);
   comm_generation_ = gen;
+  exchanges_on_side_ = exchanges_on_side;
   return std::move(comm_);
 }
 

@@ -104,11 +104,16 @@ class GenerationView {
   Communicator* CurrentHealthyComm() const;
   // The communicator for the runtime's own exchanges, whose buffers are in
   // host memory: the training one, unless its backend takes device memory
-  // only; then the side one of the same generation. Aborted when none.
+  // only or BeginComm said they go on the side; then the side one of the
+  // same generation (also while the training one is still being built).
+  // Aborted when none.
   absl::StatusOr<Communicator*> HostComm() const;
   // Generation `gen`'s training communicator is about to be built: the
   // old one is handed back (to be destroyed outside the lock).
-  std::shared_ptr<Communicator> BeginComm(int64_t gen);
+  // `exchanges_on_side`: the runtime's exchanges go over the side
+  // communicator in this generation (HostComm).
+  std::shared_ptr<Communicator> BeginComm(int64_t gen,
+                                          bool exchanges_on_side = false);
   // Installs it; aborted at once when a newer generation opened meanwhile.
   void SetComm(int64_t gen, std::shared_ptr<Communicator> comm);
   // Generation `gen`'s side communicator is about to be built: the old
@@ -159,6 +164,7 @@ class GenerationView {
   std::vector<std::pair<int64_t, int64_t>> job_skip_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<Communicator> comm_ ABSL_GUARDED_BY(mu_);
   int64_t comm_generation_ ABSL_GUARDED_BY(mu_) = -1;
+  bool exchanges_on_side_ ABSL_GUARDED_BY(mu_) = false;
   std::shared_ptr<Communicator> side_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<bulk::Links> links_ ABSL_GUARDED_BY(mu_);
   int64_t side_generation_ ABSL_GUARDED_BY(mu_) = -1;

@@ -46,25 +46,44 @@ Recovery::Recovery(const RuntimeOptions* options, GenerationView* gens,
       faults_(std::move(faults)),
       member_(member) {}
 
+namespace {
+
+// A communicator that cannot be built by this program at all (an unknown
+// backend, NCCL not linked, no GPU) will not be built by the next
+// generation either: stop instead of cycling.
+bool CannotBuild(const absl::Status& s) {
+  return s.code() == absl::StatusCode::kInvalidArgument ||
+         s.code() == absl::StatusCode::kFailedPrecondition;
+}
+
+}  // namespace
+
 absl::StatusOr<int64_t> Recovery::RecoverIn(const GenerationView::View& v,
                                             RecoveryRecord* rec, bool* fatal) {
   absl::Status s = member_->BuildComms();
-  // A communicator that cannot be built by this program at all (an
-  // unknown backend, NCCL not linked, no GPU) will not be built by the
-  // next generation either: stop instead of cycling.
-  if (s.code() == absl::StatusCode::kInvalidArgument ||
-      s.code() == absl::StatusCode::kFailedPrecondition) {
+  if (CannotBuild(s)) {
     *fatal = true;
     return s;
   }
   if (!s.ok()) return s;
   rec->rebuilt_ms = NowMs();
+  // The restore may run while the training communicator is still being
+  // built (Member::BuildComms); it is awaited whatever the restore's
+  // outcome, so that no build outlives this generation's attempt.
   absl::StatusOr<int64_t> restored = member_->Restore(rec);
+  const int64_t restore_end = NowMs();
+  absl::StatusOr<int64_t> up = member_->AwaitComms();
   if (!restored.ok()) {
-    *fatal = !IsRecoverable(restored.status()) && gens_->CommHealth().ok();
+    *fatal = !IsRecoverable(restored.status()) && up.ok() &&
+             gens_->CommHealth().ok();
     return restored.status();
   }
-  rec->restored_ms = NowMs();
+  if (!up.ok()) {
+    *fatal = CannotBuild(up.status());
+    return up.status();
+  }
+  rec->comm_up_ms = *up;
+  rec->restored_ms = restore_end;
   rec->generation = v.generation;
   rec->restored_step = *restored;
   rec->lost_steps = member_->lost_steps();

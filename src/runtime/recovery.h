@@ -57,8 +57,13 @@ class Recovery {
   class Member {
    public:
     virtual ~Member() = default;
-    // Builds the current generation's communicators (CommSet::Build).
+    // Builds the current generation's communicators (CommSet::Build),
+    // leaving the training one building where the runtime's exchanges do
+    // not need it.
     virtual absl::Status BuildComms() = 0;
+    // Waits for the training communicator BuildComms left building and
+    // installs it (CommSet::AwaitComm): the Unix ms it was up.
+    virtual absl::StatusOr<int64_t> AwaitComms() = 0;
     // Restores the newest committed step (rule 4); fills what it received
     // into `rec`. The step restored.
     virtual absl::StatusOr<int64_t> Restore(RecoveryRecord* rec) = 0;

@@ -19,6 +19,7 @@ inline nlohmann::json ToJson(const RecoveryRecord& r) {
           {"agreed_ms", r.agreed_ms},
           {"rebuilt_ms", r.rebuilt_ms},
           {"restored_ms", r.restored_ms},
+          {"comm_up_ms", r.comm_up_ms},
           {"first_step_ms", r.first_step_ms},
           {"restored_step", r.restored_step},
           {"lost_steps", r.lost_steps},

@@ -150,6 +150,11 @@ absl::StatusOr<Communicator*> RuntimeImpl::communicator() {
   return gens_.Comm();
 }
 
+absl::StatusOr<int64_t> RuntimeImpl::AwaitComms() {
+  HOLDFAST_RETURN_IF_ERROR(comms_->AwaitComm());
+  return absl::ToUnixMillis(comms_->comm_up());
+}
+
 void RuntimeImpl::Leave(bool finished) {
   if (left_) return;
   left_ = true;

@@ -207,6 +207,9 @@ class RuntimeImpl final : public Runtime,
   // recovered. Returns the step the state is at: `fresh_step` when this
   // is a fresh job and no disk checkpoint is there.
   absl::StatusOr<int64_t> Start(int64_t fresh_step);
+  // Start's state in generation `v`, with the communicators built (the
+  // training one possibly still building): restored, or FreshStart's.
+  absl::StatusOr<int64_t> StartState(const View& v, int64_t fresh_step);
   // Start's fresh part, in generation `v`: the disk tier's checkpoint or
   // `fresh_step`, checked alike on every member, snapshotted and committed.
   // Also a recovery's, when no member has a committed step (the first
@@ -269,7 +272,8 @@ class RuntimeImpl final : public Runtime,
   // received.
   absl::StatusOr<int64_t> Restore(RecoveryRecord* rec) override;
   // Recovery::Member's.
-  absl::Status BuildComms() override { return comms_->Build(); }
+  absl::Status BuildComms() override { return comms_->Build(/*defer=*/true); }
+  absl::StatusOr<int64_t> AwaitComms() override;
   int64_t lost_steps() const override { return progress_.lost_steps; }
   void NoteRestored(const checkpoint::Restored& r, RecoveryRecord* rec);
 

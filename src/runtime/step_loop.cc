@@ -425,8 +425,21 @@ absl::StatusOr<int64_t> RuntimeImpl::Start(int64_t fresh_step) {
   // A communicator of this generation built before Run (communicator(),
   // or a torch.distributed call outside a step) is used as it is: a
   // second rendezvous of the same generation would meet the first one's
-  // addresses in the store.
-  HOLDFAST_RETURN_IF_ERROR(communicator().status());
+  // addresses in the store. Else the state comes in while the training
+  // communicator is built, where the runtime's exchanges do not need it
+  // (CommSet::Build), and it is awaited whatever the outcome.
+  if (gens_.CurrentHealthyComm() == nullptr) {
+    HOLDFAST_RETURN_IF_ERROR(comms_->Build(/*defer=*/true));
+  }
+  absl::StatusOr<int64_t> at = StartState(v, fresh_step);
+  const absl::Status up = comms_->AwaitComm();
+  HOLDFAST_RETURN_IF_ERROR(at.status());
+  HOLDFAST_RETURN_IF_ERROR(up);
+  return at;
+}
+
+absl::StatusOr<int64_t> RuntimeImpl::StartState(const View& v,
+                                                int64_t fresh_step) {
   if (v.generation > 0 || committed_step() >= 0) {
     const absl::Time t0 = absl::Now();
     RecoveryRecord rec;

@@ -851,6 +851,17 @@ absl::Status WarmNccl(int device) {
   return absl::OkStatus();
 }
 
+// Makes `device` the calling thread's current device (BindDevice).
+absl::Status BindNcclDevice(int device) {
+  HOLDFAST_RETURN_IF_ERROR(CheckDevice(device));
+  const cudaError_t e = cudaSetDevice(device);
+  if (e != cudaSuccess) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("nccl: cudaSetDevice(", device, "): ", CudaError(e)));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<Backend>> Wrap(ncclComm_t comm,
                                               const BackendOptions& options) {
   auto backend = std::make_unique<NcclBackend>(comm, options);
@@ -906,6 +917,7 @@ namespace {
 void Install() {
   SetNcclFactory(&CreateNcclBackend);
   SetNcclWarmer(&WarmNccl);
+  SetNcclBinder(&BindNcclDevice);
 }
 
 // Installs the factory when holdfast_nccl is linked (CMake forces this
