@@ -278,6 +278,39 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "recovery: a standby killed in its restore while the training "
+    "communicator is still being built is replaced too") {
+  // NCCL jobs' protocol (HOLDFAST_SIDE_EXCHANGES on): the standby that
+  // takes slot 1 dies as its restore's transfers begin, while every
+  // member's training communicator of generation 1 is still being built
+  // (slot 2's waits 1.5 s first). The survivors' restore fails, their wait
+  // for that communicator ends with the abandoned rendezvous, and the
+  // second standby restores in generation 2.
+  const std::vector<std::string> trainer = {
+      "--steps",   "40", "--snapshot-every", "5",
+      "--step-ms", "10", "--state-mb",       "3"};
+  const std::string ref = holdfast::test::FaultFreeHash(4, trainer, 40);
+  holdfast::test::ScopedEnv env("HOLDFAST_SIDE_EXCHANGES", "on");
+  JobRun r =
+      Launch({"-n", "4", "--standby", "2", "--inject",
+              "kill:slot=1:step=13:committed=10", "--inject",
+              "kill:slot=1:restore=1", "--inject", "slow-init:slot=2:ms=1500"},
+             trainer);
+  CHECK(r.rc == 0);
+  CheckConsistent(r, 4);
+  CHECK(r.hashes[0] == ref);
+  INFO("stderr: " << r.err);
+  CHECK_KINDS(r, {"crashed", "crashed"});
+  CHECK_EXITS(r, "killed by signal 9 (Killed)", 2);
+  CHECK(r.err.find("injecting fault 'kill:slot=1:restore=1'") !=
+        std::string::npos);
+  CHECK(r.err.find("generation 1 failed during recovery") != std::string::npos);
+  CHECK(std::regex_search(
+      r.err, std::regex("slot 1 of 4 joined at generation 2: step \\d+ "
+                        "restored \\([1-9][0-9]* bytes received")));
+}
+
+TEST_CASE(
     "recovery: survivors whose live states differ go back to the committed "
     "step") {
   // A bit of slot 0's parameters flips after step 10 (in a byte its own

@@ -101,8 +101,11 @@ absl::Status CommSet::Build(bool defer) {
   };
   pending_gen_ = gen;
   pending_ = std::thread([this, gen, world = v.world, slot = v.slot] {
-    if (const int64_t ms = faults_->InitDelayMs(slot); ms > 0) {
-      absl::SleepFor(absl::Milliseconds(ms));  // a slow NCCL init
+    // A slow NCCL init (slow-init), which an abandoned rendezvous ends.
+    const absl::Time slow_until =
+        absl::Now() + absl::Milliseconds(faults_->InitDelayMs(slot));
+    while (absl::Now() < slow_until && !gens_->RendezvousAbandoned(gen)) {
+      absl::SleepFor(absl::Milliseconds(10));
     }
     pending_comm_ =
         CreateComm(store_, gen, world, slot, options_.comm.connect_timeout);

@@ -774,8 +774,48 @@ absl::Status CheckDevice(int device) {
   return absl::OkStatus();
 }
 
+// Why the rendezvous of `options` is abandoned (BackendOptions::cancelled),
+// polled at most every 5 ms; nullopt while it goes on.
+class CancelPoll {
+ public:
+  explicit CancelPoll(const BackendOptions& options) : options_(options) {}
+  std::optional<std::string> operator()() {
+    const absl::Time now = absl::Now();
+    if (options_.cancelled == nullptr || now < next_) return std::nullopt;
+    next_ = now + absl::Milliseconds(5);
+    return options_.cancelled();
+  }
+
+ private:
+  const BackendOptions& options_;
+  absl::Time next_ = absl::InfinitePast();
+};
+
+// The unique id rank 0 put under `key`, waited for until `deadline` or
+// until the rendezvous is abandoned (Aborted).
+absl::StatusOr<std::string> AwaitUniqueId(Store& store, const std::string& key,
+                                          absl::Time deadline,
+                                          const BackendOptions& options) {
+  for (;;) {
+    const absl::Duration left = deadline - absl::Now();
+    absl::StatusOr<std::string> bytes = store.Get(
+        key, std::clamp(left, absl::Milliseconds(1), absl::Milliseconds(100)));
+    if (bytes.ok() || !absl::IsDeadlineExceeded(bytes.status()) ||
+        left <= absl::Milliseconds(100)) {
+      return bytes;
+    }
+    if (options.cancelled != nullptr) {
+      if (std::optional<std::string> why = options.cancelled()) {
+        return absl::AbortedError(absl::StrCat("nccl: ", *why));
+      }
+    }
+  }
+}
+
 // A fresh communicator of options.size ranks: the unique id goes through
-// `store` under the generation's key.
+// `store` under the generation's key. A rendezvous abandoned meanwhile
+// (BackendOptions::cancelled: a newer generation opened) ends it with
+// Aborted, the half-built communicator aborted.
 absl::StatusOr<ncclComm_t> InitComm(Store& store,
                                     const BackendOptions& options) {
   HOLDFAST_RETURN_IF_ERROR(CheckDevice(options.device));
@@ -799,7 +839,7 @@ absl::StatusOr<ncclComm_t> InitComm(Store& store,
         absl::string_view(reinterpret_cast<const char*>(&id), sizeof(id))));
   } else {
     HOLDFAST_ASSIGN_OR_RETURN(std::string bytes,
-                              store.Get(key, options.connect_timeout));
+                              AwaitUniqueId(store, key, deadline, options));
     if (bytes.size() != sizeof(id)) {
       return absl::InvalidArgumentError(
           absl::StrCat("nccl: the unique id under '", key, "' has ",
@@ -818,7 +858,16 @@ absl::StatusOr<ncclComm_t> InitComm(Store& store,
     return absl::UnavailableError(
         absl::StrCat("nccl: ncclCommInitRankConfig: ", ncclGetErrorString(r)));
   }
-  absl::Status s = AwaitReady(comm, deadline, "init");
+  CancelPoll cancelled(options);
+  absl::Status s =
+      PollUntil(deadline, absl::Microseconds(20), absl::Milliseconds(1),
+                "nccl: init: not done by its deadline",
+                [&]() -> std::optional<absl::Status> {
+                  if (std::optional<std::string> why = cancelled()) {
+                    return absl::AbortedError(absl::StrCat("nccl: ", *why));
+                  }
+                  return CallDone(comm, "init");
+                });
   if (!s.ok()) {
     ncclCommAbort(comm);
     HOLDFAST_RETURN_IF_ERROR(BrokenContext());
