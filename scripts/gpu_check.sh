@@ -12,8 +12,10 @@
 # GDB_TARGET: a test to rerun under cuda-gdb when the Python tests fail;
 # REPEAT_FROZEN: runs of nccl_job_test's frozen-rank case after the rest
 # (default 0); BENCH_STOPS: the HOLDFAST_NCCL_STOP of each recovery_bench
-# run, each optionally with /P for HOLDFAST_NCCL_PRECONNECT=P (default
-# "revoke revoke/0 revoke": an A/B of the preconnect); BENCH_KILL_STEP: its kill's step
+# run, each optionally with /P for HOLDFAST_NCCL_PRECONNECT=P and then /O
+# for HOLDFAST_OVERLAP_INIT (1 on, 0 off) (default
+# "revoke revoke/0 revoke/1/0 revoke": an A/B of the preconnect and one of
+# the NCCL init overlapped with the restore); BENCH_KILL_STEP: its kill's step
 # (default 100: about 2 s in, once the standby's NCCL is warm; at step 5
 # the rebuild waited for the warm-up); HOLDFAST_NCCL_STOP: how every test
 # job's NCCL communicators stop (default abort); BUDGET: seconds for the
@@ -142,16 +144,19 @@ part_bench() {
   LD_LIBRARY_PATH="$LD_LIBRARY_PATH_CPP" check nccl-bench 60 .gpu/bin/nccl_bench --json || failed=1
   printf '#!/bin/sh\nNCCL_HOSTID=holdfast-$$ exec %s "$@"\n' "$root/build/holdfast-dp-trainer-nccl" > /tmp/holdfast-trainer-nccl.sh
   chmod +x /tmp/holdfast-trainer-nccl.sh
-  local run stop pre i=0
-  for run in ${BENCH_STOPS:-revoke revoke/0 revoke}; do
+  local run stop pre overlap i=0
+  for run in ${BENCH_STOPS:-revoke revoke/0 revoke/1/0 revoke}; do
     i=$((i + 1))
-    stop=${run%%/*}
-    pre=1
-    [ "$run" != "$stop" ] && pre=${run#*/}
+    IFS=/ read -r stop pre overlap <<< "$run"
+    pre=${pre:-1}
+    overlap=${overlap:-1}
+    local overlap_env=on
+    [ "$overlap" = 0 ] && overlap_env=off
     LD_LIBRARY_PATH="$LD_LIBRARY_PATH_CPP" HOLDFAST_BACKEND=nccl HOLDFAST_DEVICE=0 \
       HOLDFAST_NCCL_STOP=$stop HOLDFAST_NCCL_PRECONNECT=$pre \
+      HOLDFAST_OVERLAP_INIT=$overlap_env \
       NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 \
-      check "recovery-bench-$i-$stop-pre$pre" 120 \
+      check "recovery-bench-$i-$stop-pre$pre-overlap$overlap" 120 \
       .gpu/bin/recovery_bench --ranks 4 --state-mb 256 --json \
       --kill-step "${BENCH_KILL_STEP:-100}" \
       --trainer /tmp/holdfast-trainer-nccl.sh || failed=1

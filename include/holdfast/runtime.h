@@ -96,6 +96,7 @@ int Replicas();                     // HOLDFAST_REPLICAS (1)
 VerifyBackups VerifyBackupsWhen();  // HOLDFAST_VERIFY_BACKUPS (arrival)
 bool SameHostRestore();             // HOLDFAST_SAME_HOST_RESTORE (on)
 bool SideExchanges();               // HOLDFAST_SIDE_EXCHANGES (off)
+bool OverlapInit();                 // HOLDFAST_OVERLAP_INIT (on)
 bool LiveRestore();                 // HOLDFAST_LIVE_RESTORE (on)
 int TpSize();                       // HOLDFAST_TP_SIZE (1)
 int PpSize();                       // HOLDFAST_PP_SIZE (1)
@@ -160,6 +161,10 @@ struct RuntimeOptions {
   // when it takes host memory, once it is built. On runs the NCCL jobs'
   // protocol on a machine without a GPU.
   bool side_exchanges = defaults::SideExchanges();
+  // Where they go over the side communicator: whether a restore (and the
+  // start's checks) runs while the training communicator is still being
+  // built, rather than after it is (off: for comparison).
+  bool overlap_init = defaults::OverlapInit();
   // After a fault, with all registered state replicated: whether the job
   // goes on from the survivors' live state when it is a completed step
   // past the committed one and the same on each of them (they restore

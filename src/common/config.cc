@@ -119,6 +119,13 @@ const std::vector<Entry>& Registry() {
         "training communicator when it is Gloo"},
        Kind::kString,
        {"on", "off"}},
+      {{"HOLDFAST_OVERLAP_INIT", "on",
+        "where the runtime's exchanges go over the side communicator (NCCL, "
+        "HOLDFAST_SIDE_EXCHANGES=on), on: a restore and the start's checks "
+        "run while the training communicator is still being built; off: "
+        "once it is built (for comparison)"},
+       Kind::kString,
+       {"on", "off"}},
       {{"HOLDFAST_SAME_HOST_RESTORE", "on",
         "on: a restore reads the pieces a member on the same host holds "
         "straight from its memory (process_vm_readv), where the kernel "

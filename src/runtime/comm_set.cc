@@ -115,7 +115,7 @@ absl::Status CommSet::Build(bool defer) {
   absl::Status side_status = BuildSide(gen, v.world, v.slot, side_cancelled);
   // The runtime's exchanges need the side communicator only: the
   // training one may come up while they run.
-  if (defer && on_side && side_status.ok()) {
+  if (defer && on_side && options_.overlap_init && side_status.ok()) {
     deferred_since_ = absl::Now();
     return absl::OkStatus();
   }

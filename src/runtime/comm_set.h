@@ -8,8 +8,9 @@
 //
 // When the runtime's own exchanges go over the side communicator (the
 // training one takes device memory, or RuntimeOptions::side_exchanges),
-// Build may return once the side communicator is up and leave the training
-// one building on its thread (an NCCL init: tens of ms), so that a restore
+// Build may return once the side communicator is up (unless
+// RuntimeOptions::overlap_init is off) and leave the training one building
+// on its thread (an NCCL init: tens of ms), so that a restore
 // overlaps it; AwaitComm joins it and installs it.
 //
 // Threading: Build and AwaitComm belong to the training thread.

@@ -67,6 +67,9 @@ bool SameHostRestore() {
 bool SideExchanges() {
   return config::StringParam("HOLDFAST_SIDE_EXCHANGES") == "on";
 }
+bool OverlapInit() {
+  return config::StringParam("HOLDFAST_OVERLAP_INIT") == "on";
+}
 int TpSize() { return IntOf("HOLDFAST_TP_SIZE"); }
 int PpSize() { return IntOf("HOLDFAST_PP_SIZE"); }
 std::string CheckpointDir() {
