@@ -34,6 +34,11 @@ using holdfast::test::Launch;
 using holdfast::test::ReadFile;
 
 const std::vector<std::string> kTrainer = {"--steps", "40"};
+// A snapshot every 5 steps and a 3 MiB table (each of 4 slots holds a
+// share of it): the live restore's cases.
+const std::vector<std::string> kLiveTrainer = {
+    "--steps",   "40", "--snapshot-every", "5",
+    "--step-ms", "10", "--state-mb",       "3"};
 
 // The fault-free run's hash for `n` slots.
 std::string Reference(int n) {
@@ -150,9 +155,7 @@ TEST_CASE(
   INFO("HOLDFAST_SAME_HOST_RESTORE=" << same_host);
   holdfast::test::ScopedEnv env("HOLDFAST_SAME_HOST_RESTORE",
                                 same_host.c_str());
-  const std::vector<std::string> trainer = {
-      "--steps",   "40", "--snapshot-every", "5",
-      "--step-ms", "10", "--state-mb",       "3"};
+  const std::vector<std::string>& trainer = kLiveTrainer;
   const std::string ref = holdfast::test::FaultFreeHash(4, trainer, 40);
   JobRun r = Launch({"-n", "4", "--standby", "1", "--inject",
                      "kill:slot=1:step=13:committed=10"},
@@ -202,9 +205,7 @@ TEST_CASE(
   // holder's live state is refused (as the CUDA driver's pinned memory
   // may refuse process_vm_readv): that holder's share comes over the
   // communicator, the other two are read in place.
-  const std::vector<std::string> trainer = {
-      "--steps",   "40", "--snapshot-every", "5",
-      "--step-ms", "10", "--state-mb",       "3"};
+  const std::vector<std::string>& trainer = kLiveTrainer;
   const std::string ref = holdfast::test::FaultFreeHash(4, trainer, 40);
   JobRun r = Launch(
       {"-n", "4", "--standby", "1", "--inject",
@@ -236,9 +237,7 @@ TEST_CASE(
   // (the standby receives the survivors' live state), then waits for the
   // training one; off, the restore waits for it. Either way the job ends
   // with the fault-free hash.
-  const std::vector<std::string> trainer = {
-      "--steps",   "40", "--snapshot-every", "5",
-      "--step-ms", "10", "--state-mb",       "3"};
+  const std::vector<std::string>& trainer = kLiveTrainer;
   const std::string ref = holdfast::test::FaultFreeHash(4, trainer, 40);
   // With HOLDFAST_OVERLAP_INIT off the restore waits too.
   const auto [side, overlap] = GENERATE(table<std::string, std::string>(
@@ -290,9 +289,7 @@ TEST_CASE(
   // (slot 2's waits 1.5 s first). The survivors' restore fails, their wait
   // for that communicator ends with the abandoned rendezvous, and the
   // second standby restores in generation 2.
-  const std::vector<std::string> trainer = {
-      "--steps",   "40", "--snapshot-every", "5",
-      "--step-ms", "10", "--state-mb",       "3"};
+  const std::vector<std::string>& trainer = kLiveTrainer;
   const std::string ref = holdfast::test::FaultFreeHash(4, trainer, 40);
   holdfast::test::ScopedEnv env("HOLDFAST_SIDE_EXCHANGES", "on");
   JobRun r =
