@@ -164,6 +164,46 @@ TEST_CASE(
   CHECK(s.vacant_slots() == 0);
 }
 
+TEST_CASE(
+    "membership: a silent member's slot goes to a standby on another host "
+    "before one on its own host, in its block first") {
+  // b's host "h2" went quiet: its standby there (c, in b's block and the
+  // longest waiting) may be as dead as b, even while its last heartbeat is
+  // recent enough. d, in b's block on another host, takes the slot; with
+  // no d, e on a third host in another block does; only with neither, c.
+  const int others = GENERATE(2, 1, 0);
+  INFO(others << " standbys on other hosts");
+  Job job(2);
+  job.Join("h1", kT0, "rack1");
+  job.Join("h2", kT0, "rack2");
+  job.Join("h2", kT0, "rack2");                   // c: b's host and block
+  if (others >= 1) job.Join("h4", kT0, "rack9");  // e: another block
+  if (others >= 2) job.Join("h3", kT0, "rack2");  // d: b's block
+  const size_t n = job.ids.size();
+  absl::Time t = kT0;
+  for (int step = 0; step < 4; ++step) {
+    t += absl::Seconds(1);
+    for (size_t i = 0; i < n; ++i) {
+      if (i != 1 || step == 0) REQUIRE(job.Beat(i, step, t, 1000000).ok());
+    }
+    job.m.Scan(t);
+  }
+  t += absl::Seconds(3);  // b silent for 6 s
+  for (size_t i = 0; i < n; ++i) {
+    if (i != 1) REQUIRE(job.Beat(i, 4, t, 1000000).ok());
+  }
+  job.m.Scan(t);
+  REQUIRE(job.Incidents(t).size() == 1);
+  const size_t taker = others == 2 ? 4 : others == 1 ? 3 : 2;
+  for (size_t i = 2; i < n; ++i) {
+    INFO("standby " << i);
+    REQUIRE(job.sinks[i]->pushed.back().has_membership());
+    const auto& m = job.sinks[i]->pushed.back().membership();
+    CHECK(m.role() == (i == taker ? ROLE_WORKER : ROLE_STANDBY));
+    if (i == taker) CHECK(m.slot() == 1);
+  }
+}
+
 TEST_CASE("membership: a broken stream is a crash and a goodbye is not") {
   Job job(3);
   job.Join("a", kT0);

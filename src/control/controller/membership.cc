@@ -517,7 +517,7 @@ absl::StatusOr<bool> Membership::CommFailedLocked(
   abort.set_reason(
       absl::StrCat("slot ", r.slot, "'s communicator failed: ", req.reason()));
   abort.set_failed_slot(-1);
-  OpenGenerationLocked(-1, "", std::move(abort), now);
+  OpenGenerationLocked(-1, "", "", std::move(abort), now);
   return true;
 }
 
@@ -702,29 +702,38 @@ void Membership::DeclareFencedLocked(Member& m, Incident incident,
                                 IncidentKindName(kind), ": ", evidence));
   abort.set_failed_slot(slot);
   abort.set_failed_member_id(m.id);
-  OpenGenerationLocked(slot, m.topology_block, std::move(abort), now);
+  OpenGenerationLocked(slot, m.host, m.topology_block, std::move(abort), now);
+}
+
+std::map<uint64_t, uint64_t>::const_iterator Membership::PickStandbyLocked(
+    const std::string& lost_host, const std::string& topology_block) const {
+  const std::map<uint64_t, uint64_t>& standbys = slots_.standbys();
+  auto pick = standbys.end();
+  int best = -1;
+  for (auto it = standbys.begin(); it != standbys.end(); ++it) {
+    const Member& c = members_.at(it->second);
+    if (network_.IsCutOff(c.host)) continue;
+    const bool elsewhere = lost_host.empty() || c.host != lost_host;
+    const bool near =
+        !topology_block.empty() && c.topology_block == topology_block;
+    const int rank = 2 * elsewhere + near;
+    if (rank > best) {  // the first of a rank waited longest
+      best = rank;
+      pick = it;
+    }
+  }
+  return pick;
 }
 
 void Membership::OpenGenerationLocked(int lost_slot,
+                                      const std::string& lost_host,
                                       const std::string& topology_block,
                                       AbortOrder abort, absl::Time now) {
   NextGenerationLocked(&abort);
   std::vector<SlotChange> changes;
   int removed = 0;  // slots a shrink took away
-  // Replace: the standby that waited longest takes the slot, preferring
-  // one in the same topology block so communication groups stay compact,
-  // and never one on a host cut off from the data network.
   const std::map<uint64_t, uint64_t>& standbys = slots_.standbys();
-  auto pick = standbys.end();
-  for (auto it = standbys.begin(); it != standbys.end(); ++it) {
-    const Member& c = members_.at(it->second);
-    if (network_.IsCutOff(c.host)) continue;
-    if (pick == standbys.end()) pick = it;
-    if (!topology_block.empty() && c.topology_block == topology_block) {
-      pick = it;
-      break;
-    }
-  }
+  const auto pick = PickStandbyLocked(lost_host, topology_block);
   if (lost_slot >= 0 && !policy_.shrink && pick != standbys.end()) {
     slots_changed_at_ = generation_;
     const uint64_t id = pick->second;

@@ -281,10 +281,20 @@ class Membership {
   void DeclareFencedLocked(Member& m, Incident incident, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Opens the next generation after `lost_slot` was lost (-1: none lost,
-  // the group is only rebuilt): a standby takes the slot, or the world
-  // shrinks; below the minimum world the job stops. Pushes it all.
-  void OpenGenerationLocked(int lost_slot, const std::string& topology_block,
-                            AbortOrder abort, absl::Time now)
+  // the group is only rebuilt) by the member on `lost_host` in
+  // `topology_block`: a standby takes the slot, or the world shrinks;
+  // below the minimum world the job stops. Pushes it all.
+  void OpenGenerationLocked(int lost_slot, const std::string& lost_host,
+                            const std::string& topology_block, AbortOrder abort,
+                            absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The standby that takes a slot lost by a member on `lost_host` in
+  // `topology_block`, or end(): never one on a host cut off from the data
+  // network; one on another host before one on `lost_host` (which may
+  // have failed whole: its standby's last heartbeat can be recent enough
+  // while it is as dead); then one in `topology_block`, so communication
+  // groups stay compact; then the one that waited longest.
+  std::map<uint64_t, uint64_t>::const_iterator PickStandbyLocked(
+      const std::string& lost_host, const std::string& topology_block) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends the generation `abort` names (the current one) and starts the
   // next: the ledgers that count per generation start over.

@@ -74,7 +74,7 @@ void Membership::DecideAnomalyLocked(const AnomalyLedger::Case& c,
     AbortOrder abort;
     abort.set_reason(d.evidence);
     abort.set_failed_slot(-1);
-    OpenGenerationLocked(-1, "", std::move(abort), now);
+    OpenGenerationLocked(-1, "", "", std::move(abort), now);
   }
   for (const auto& [id, why] : d.suspects) {
     auto m = members_.find(id);
