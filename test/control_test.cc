@@ -7,12 +7,15 @@
 #include <unistd.h>
 
 #include <grpcpp/grpcpp.h>
+#include <spdlog/sinks/ostream_sink.h>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "holdfast/communicator.h"
+#include "src/common/logging.h"
 #include "src/control/controller/kv_store.h"
 #include "src/control/controller/server.h"
 #include "src/control/member/client.h"
@@ -645,4 +648,55 @@ TEST_CASE(
   CHECK(s->left() == 3);
   CHECK(s->incidents_total() == 0);
   CHECK(s->committed_step() == 0);
+}
+
+TEST_CASE(
+    "controller service: an abandoned controller (a deposed leader) orders "
+    "nothing: the streams it cuts are not taken for crashes") {
+  // Abandon cancels every stream at once. Were each cut stream a crash,
+  // the deposed leader would open generations and push them (and the
+  // job's end) on the streams not yet cut, to members that the next
+  // leader is about to adopt.
+  // Its log says what it made of them.
+  std::ostringstream log;
+  auto& sinks = holdfast::log::Get().sinks();
+  sinks.push_back(std::make_shared<spdlog::sinks::ostream_sink_mt>(log));
+  {
+    ControllerOptions o;
+    o.token = "t";
+    o.world_size = 4;
+    o.epoch = 2;
+    auto server = ControllerServer::Start(o);
+    REQUIRE(server.ok());
+    MemberOptions m;
+    m.client = {(*server)->address(), "t"};
+    m.heartbeat_interval = absl::Milliseconds(20);
+    m.reconnect_max = absl::Milliseconds(200);
+    std::atomic<int> orders{0};
+    MemberCallbacks cb;
+    cb.on_membership = [&](const MembershipUpdate&) { ++orders; };
+    cb.on_abort = [&](const AbortOrder&) { ++orders; };
+    cb.on_job_end = [&](const JobEnd&) { ++orders; };
+    cb.on_fenced = [&](const absl::Status&) { ++orders; };
+    std::vector<std::unique_ptr<MemberClient>> members;
+    for (int i = 0; i < 6; ++i) {
+      auto c = MemberClient::Join(m, cb);
+      REQUIRE(c.ok());
+      members.push_back(std::move(*c));
+    }
+    absl::SleepFor(absl::Milliseconds(100));
+    const int before = orders.load();
+    (*server)->Abandon();
+    absl::SleepFor(absl::Milliseconds(300));
+    CHECK(orders.load() == before);
+    for (auto& c : members) CHECK(c->assignment().generation == 0);
+    server->reset();
+    members.clear();
+  }
+  sinks.pop_back();
+  const std::string text = log.str();
+  INFO(text);
+  CHECK(text.find("incident") == std::string::npos);
+  CHECK(text.find("generation 1") == std::string::npos);
+  CHECK(text.find("job stopped") == std::string::npos);
 }

@@ -425,6 +425,11 @@ void Membership::Unbind(uint64_t member_id, MemberSink* sink) {
   }
 }
 
+void Membership::Close() {
+  absl::MutexLock lock(&mu_);
+  closed_ = true;
+}
+
 void Membership::Detach(uint64_t member_id, MemberSink* sink, bool clean,
                         bool finished, absl::string_view why, absl::Time now,
                         absl::Time heard_at) {
@@ -433,7 +438,7 @@ void Membership::Detach(uint64_t member_id, MemberSink* sink, bool clean,
   if (it == members_.end() || it->second.sink != sink) return;
   Member& m = it->second;
   m.sink = nullptr;
-  if (m.state != STATE_ALIVE) return;
+  if (m.state != STATE_ALIVE || (closed_ && !clean)) return;
   const bool worker = m.role == ROLE_WORKER;
   if (clean && worker && !finished && job_state_ == JOB_RUNNING &&
       finished_workers_ == 0) {

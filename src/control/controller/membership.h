@@ -158,6 +158,7 @@ class Membership {
   // last heartbeat). A stream that breaks more than two heartbeat
   // intervals after that is the late news of a link that was down: the
   // silence rule decides.
+  // After Close, a stream that breaks only unbinds its sink.
   void Detach(uint64_t member_id, MemberSink* sink, bool clean, bool finished,
               absl::string_view why, absl::Time now,
               absl::Time heard_at = absl::InfinitePast());
@@ -179,6 +180,11 @@ class Membership {
   // health (its host agent is restarting): it may resume on a new stream,
   // and the silence rule decides if it does not.
   void Unbind(uint64_t member_id, MemberSink* sink);
+  // The server stops serving (a shutdown, or a deposed leader abandoning
+  // the job): the streams it cuts say nothing about their members, so a
+  // broken stream is no longer taken for a crash (a clean leave still
+  // counts).
+  void Close();
 
   // Declares the reporter's peer dead (kind reported). Returns false if it
   // already was. A peer slot of -1 reports that the reporter's
@@ -434,6 +440,7 @@ class Membership {
   const RecoveryPolicy policy_;
 
   mutable absl::Mutex mu_;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
   JobState job_state_ ABSL_GUARDED_BY(mu_) = JOB_RUNNING;
   std::string job_reason_ ABSL_GUARDED_BY(mu_);
   int finished_workers_ ABSL_GUARDED_BY(mu_) = 0;

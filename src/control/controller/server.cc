@@ -662,6 +662,7 @@ class ServerImpl final : public ControllerServer {
       stop_ = true;
     }
     detector_.join();
+    service_->membership().Close();
     server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
     server_->Wait();
     server_.reset();
