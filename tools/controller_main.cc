@@ -210,10 +210,12 @@ int main(int argc, char** argv) {
   app.add_option("--advertise", advertise,
                  "with --etcd: the address the leader writes under the key "
                  "(default --bind:--port)");
-  int lease_s = 2;
+  int lease_s = holdfast::control::ElectionOptions{}.ttl_s;
   app.add_option("--etcd-lease-s", lease_s,
                  "with --etcd: the leader's lease; a lost leader is replaced "
-                 "this long after its last renewal")
+                 "this long after its last renewal. Keep it above twice "
+                 "etcd's election timeout, or losing etcd's leader deposes "
+                 "ours too")
       ->check(CLI::Range(1, 600));
   holdfast::TlsFiles tls_files;
   holdfast::tools::AddTlsFlags(app, &tls_files);

@@ -157,10 +157,15 @@ class ElectionImpl final : public Election {
 
   // Keeps lease `id` alive until Resign, or until a renewal reports it
   // gone (TTL 0). A renewal that fails leaves valid_until_ where it was,
-  // so Leading() turns false when the lease may have expired.
+  // so Leading() turns false when the lease may have expired; it is tried
+  // again after retry_every (etcd electing a new leader of its own takes
+  // one to two of its election timeouts, and the renewal must land within
+  // the lease).
   void Renew(int64_t id) {
+    absl::Duration wait = options_.renew_every;
+    absl::Time failing_since = absl::InfiniteFuture();
     while (!stop_renewing_) {
-      absl::SleepFor(options_.renew_every);
+      absl::SleepFor(wait);
       const absl::Time sent = absl::Now();
       auto ctx = Context(absl::Seconds(1));
       auto stream = lease_->LeaseKeepAlive(ctx.get());
@@ -169,8 +174,26 @@ class ElectionImpl final : public Election {
       pb::LeaseKeepAliveResponse resp;
       const bool answered = stream->Write(req) && stream->Read(&resp);
       stream->WritesDone();
-      (void)stream->Finish();
-      if (!answered) continue;
+      const grpc::Status st = stream->Finish();
+      if (!answered) {
+        if (failing_since == absl::InfiniteFuture()) {
+          failing_since = sent;
+          HOLDFAST_LOG_WARN(
+              "election: etcd did not renew the lease ({}); the lead holds "
+              "for {} ms more, retrying every {} ms",
+              st.ok() ? "no answer" : st.error_message(),
+              absl::ToInt64Milliseconds(ValidFor()),
+              absl::ToInt64Milliseconds(options_.retry_every));
+        }
+        wait = options_.retry_every;
+        continue;
+      }
+      if (failing_since != absl::InfiniteFuture()) {
+        HOLDFAST_LOG_INFO("election: the lease was renewed again after {} ms",
+                          absl::ToInt64Milliseconds(sent - failing_since));
+        failing_since = absl::InfiniteFuture();
+      }
+      wait = options_.renew_every;
       absl::MutexLock l(&mu_);
       if (lease_id_ != id) return;
       if (resp.ttl() <= 0) {
@@ -179,6 +202,11 @@ class ElectionImpl final : public Election {
       }
       valid_until_ = sent + absl::Seconds(resp.ttl());
     }
+  }
+
+  absl::Duration ValidFor() const {
+    absl::MutexLock l(&mu_);
+    return valid_until_ - absl::Now();
   }
 
   const ElectionOptions options_;

@@ -28,10 +28,13 @@ struct ElectionOptions {
   std::string key;
   // What the leader writes there: its address for members.
   std::string value;
-  // The lease's time to live, in whole seconds (etcd's unit).
-  int ttl_s = 2;
-  // How often the leader renews the lease.
+  // The lease's time to live, in whole seconds (etcd's unit). It must
+  // outlast etcd electing a leader of its own (one to two election
+  // timeouts, 1 s by default), or losing etcd's leader deposes ours too.
+  int ttl_s = 4;
+  // How often the leader renews the lease, and retries a failed renewal.
   absl::Duration renew_every = absl::Milliseconds(400);
+  absl::Duration retry_every = absl::Milliseconds(100);
   // How often a candidate looks whether the key is free.
   absl::Duration poll_every = absl::Milliseconds(100);
 };
