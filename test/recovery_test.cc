@@ -805,8 +805,10 @@ TEST_CASE(
 TEST_CASE(
     "recovery: a job that lost every process resumes from the disk tier when "
     "the same command runs again, with the fault-free hash") {
-  // Steps of 10 ms: the disk tier (every 100 steps by default) has step 200
-  // when slot 1 dies at step 250, and without a standby and with
+  // Steps of 10 ms: the disk tier (the first committed step of every 100
+  // by default) has a step of [200, 250) when slot 1 dies at step 250
+  // (200 itself unless its snapshot was skipped, the previous one still
+  // moving bytes: seen under CI's load), and without a standby and with
   // --min-world 3 the job stops.
   const std::vector<std::string> trainer = {"--steps", "300", "--step-ms",
                                             "10"};
@@ -824,18 +826,23 @@ TEST_CASE(
   JobRun lost = Launch(
       {"-n", "3", "--min-world", "3", "--inject", "kill:slot=1:step=250"},
       trainer, cwd);
+  INFO(lost.err.substr(lost.err.size() -
+                       std::min<size_t>(lost.err.size(), 4000)));
   CHECK(lost.rc == 3);  // stopped
   CHECK(lost.summary.value("outcome", "") == "stopped");
-  CHECK(lost.summary.value("disk_checkpoint_step", int64_t{-1}) == 200);
+  const int64_t on_disk =
+      lost.summary.value("disk_checkpoint_step", int64_t{-1});
+  REQUIRE(on_disk >= 200);
+  REQUIRE(on_disk < 250);
   CHECK(lost.err.find("run the same command again to resume") !=
         std::string::npos);
 
   JobRun again = Launch({"-n", "3"}, trainer, cwd);
   REQUIRE(again.rc == 0);
   holdfast::test::CheckFinished(again, 3, 300);
-  CHECK(again.summary.value("resumed_from_step", int64_t{-1}) == 200);
-  CHECK(again.err.find("resumed from the disk checkpoint of step 200") !=
-        std::string::npos);
+  CHECK(again.summary.value("resumed_from_step", int64_t{-1}) == on_disk);
+  CHECK(again.err.find(absl::StrCat("resumed from the disk checkpoint of step ",
+                                    on_disk)) != std::string::npos);
   CHECK(again.hashes[0] == ref.hashes[0]);
   CHECK(again.summary.value("state_hash", "") ==
         ref.summary.value("state_hash", "x"));
@@ -845,7 +852,7 @@ TEST_CASE(
   JobRun lost2 = Launch(
       {"-n", "3", "--min-world", "3", "--inject", "kill:slot=1:step=250"},
       trainer, cwd);
-  REQUIRE(lost2.summary.value("disk_checkpoint_step", int64_t{-1}) == 200);
+  REQUIRE(lost2.summary.value("disk_checkpoint_step", int64_t{-1}) >= 200);
   JobRun fresh = Launch({"-n", "3", "--fresh"}, trainer, cwd);
   REQUIRE(fresh.rc == 0);
   CHECK(!fresh.summary.contains("resumed_from_step"));
