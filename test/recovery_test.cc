@@ -278,6 +278,12 @@ TEST_CASE(
   static const std::regex kStandby(
       R"(slot 1 of 4 joined at generation 1: step \d+ restored \(([1-9][0-9]*) bytes received)");
   CHECK(std::regex_search(r.err, kStandby));
+  // The timeline draws the wait for the training communicator as a stage
+  // of its own, not inside the first step.
+  const bool awaited =
+      ReadFile(r.dir + "/timeline.html")
+          .find("training communicator awaited,") != std::string::npos;
+  CHECK(awaited == (side == "on" && overlap == "on"));
 }
 
 TEST_CASE(

@@ -20,19 +20,23 @@ constexpr int kLane = 36;   // one slot's lane, and the commits'
 constexpr int kStage = 18;  // one recovery's bar
 constexpr int kMinLabelGap = 30;  // px between two step labels of a lane
 
-// The stages of a recovery, as its record's timestamps bound them.
+// The stages of a recovery, as its record's timestamps bound them
+// ("comm_ready_ms" is derived: see Recoveries).
 struct Stage {
   const char* from;
   const char* to;
   const char* name;
   const char* color;
+  bool only_if_lasted = false;  // no sliver when it took no time
 };
 constexpr Stage kStages[] = {
     {"seen_ms", "aborted_ms", "abort", "#e4572e"},
     {"aborted_ms", "agreed_ms", "new generation agreed", "#f3a712"},
     {"agreed_ms", "rebuilt_ms", "communicator rebuilt", "#a8c686"},
     {"rebuilt_ms", "restored_ms", "state restored", "#669bbc"},
-    {"restored_ms", "first_step_ms", "first step", "#29335c"},
+    {"restored_ms", "comm_ready_ms", "training communicator awaited", "#b56576",
+     true},
+    {"comm_ready_ms", "first_step_ms", "first step", "#29335c"},
 };
 
 std::string ShortId(const std::string& id) {
@@ -191,12 +195,17 @@ void Incidents(Canvas& c, const json& incidents) {
 // The recoveries, one bar each, by stage, and the legend.
 void Recoveries(Canvas& c, const json& recoveries) {
   for (size_t k = 0; k < recoveries.size(); ++k) {
-    const json& r = recoveries[k];
+    // Where the training communicator was built during the restore
+    // (comm_up_ms, NCCL jobs), the first step waited for it past the
+    // restore's end; else it was up before the restore began.
+    json r = recoveries[k];
+    const int64_t restored = r.value("restored_ms", int64_t{0});
+    r["comm_ready_ms"] = std::max(restored, r.value("comm_up_ms", int64_t{0}));
     const int y = c.stages_y + static_cast<int>(k) * kStage;
     for (const Stage& st : kStages) {
       const int64_t a = r.value(st.from, int64_t{0});
       const int64_t b = r.value(st.to, int64_t{0});
-      if (a <= 0 || b < a) continue;
+      if (a <= 0 || b < a || (b == a && st.only_if_lasted)) continue;
       absl::StrAppendFormat(
           &c.svg,
           "<rect x=\"%.1f\" y=\"%d\" width=\"%.1f\" height=\"%d\" "
