@@ -472,8 +472,11 @@ json Launcher::Summary(const StatusResponse& s, const std::string& outcome,
       const int64_t to = r.value("generation", int64_t{-1});
       if (inc.generation() >= from && inc.generation() < to) {
         i["recovered_generation"] = to;
-        i["recovery_ms"] =
-            r.value("first_step_ms", int64_t{0}) - inc.detected_unix_ms();
+        // To the first step after it, or to the restore where no step
+        // came after it (it restored the job's last step).
+        const int64_t first = r.value("first_step_ms", int64_t{0});
+        i["recovery_ms"] = (first > 0 ? first : r.value("restored_ms", first)) -
+                           inc.detected_unix_ms();
         i["lost_steps"] = r.value("lost_steps", int64_t{0});
         break;
       }

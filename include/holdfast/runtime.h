@@ -326,7 +326,8 @@ struct RecoveryRecord {
   int64_t agreed_ms = 0;          // the new generation was known
   int64_t rebuilt_ms = 0;         // the new communicator was up
   int64_t restored_ms = 0;        // the state was rolled back
-  int64_t first_step_ms = 0;      // the first step after it ended
+  int64_t first_step_ms = 0;      // the first step after it ended; 0: none
+                                  // came (it restored the job's last step)
   int64_t restored_step = 0;      // the committed step restored
   int64_t lost_steps = 0;         // steps done past it, done again
   bool received_state = false;    // pieces came from other members
@@ -338,7 +339,7 @@ struct RecoveryRecord {
   // The training communicator was up (Unix ms, as the times above). Where the
   // runtime's exchanges go over the side communicator (NCCL; side_exchanges),
   // rebuilt_ms is the side one's, and the training one is built during the
-  // restore: this may come before or after restored_ms. Else rebuilt_ms.
+  // restore: this may come before or after restored_ms. Else by rebuilt_ms.
   int64_t comm_up_ms = 0;
 };
 

@@ -570,6 +570,13 @@ void BindRecords(py::module_& m) {
       .def_readonly("from_disk", &RecoveryRecord::from_disk)
       .def_readonly("bytes_received", &RecoveryRecord::bytes_received)
       .def_readonly("bytes_read_in_place", &RecoveryRecord::bytes_read_in_place)
+      .def_readonly("seen_ms", &RecoveryRecord::seen_ms)
+      .def_readonly("aborted_ms", &RecoveryRecord::aborted_ms)
+      .def_readonly("agreed_ms", &RecoveryRecord::agreed_ms)
+      .def_readonly("rebuilt_ms", &RecoveryRecord::rebuilt_ms)
+      .def_readonly("restored_ms", &RecoveryRecord::restored_ms)
+      .def_readonly("first_step_ms", &RecoveryRecord::first_step_ms)
+      .def_readonly("comm_up_ms", &RecoveryRecord::comm_up_ms)
       .def_property_readonly("recovery_ms", [](const RecoveryRecord& r) {
         return r.restored_ms - r.seen_ms;
       });

@@ -280,6 +280,9 @@ class RuntimeImpl final : public Runtime,
   // ---- report.cc: what this member leaves in the controller's store -------
 
   void PublishRecovery(const RecoveryRecord& r);
+  // Moves the pending recovery record (if any) into the run's records and
+  // publishes it: after the first step that follows it, or at the run's end.
+  void KeepRecoveryRecord();
   void PublishFinalState(int slot);
   void PublishFinal(const RunResult& r);
 

@@ -361,12 +361,15 @@ absl::Status RuntimeImpl::CompleteStep(const RunOptions& options, int64_t step,
     }
   }
   reporter_->Report(step, t0, t1, metrics);
-  if (pending_record_.has_value()) {
-    recovery_records_.push_back(*pending_record_);
-    PublishRecovery(*pending_record_);
-    pending_record_.reset();
-  }
+  KeepRecoveryRecord();
   return absl::OkStatus();
+}
+
+void RuntimeImpl::KeepRecoveryRecord() {
+  if (!pending_record_.has_value()) return;
+  recovery_records_.push_back(*pending_record_);
+  PublishRecovery(*pending_record_);
+  pending_record_.reset();
 }
 
 void RuntimeImpl::InjectBitflip(int64_t step) {
@@ -395,6 +398,9 @@ RunResult RuntimeImpl::Result(const RunOptions& options) {
   result.world_size = v.world;
   result.slot = v.slot;
   result.generation = v.generation;
+  // A recovery that restored the last step has no step after it
+  // (first_step_ms stays 0).
+  KeepRecoveryRecord();
   result.recoveries = recovery_records_;
   result.skipped_data = SkippedData();
   result.snapshots = snapshots_taken_;

@@ -227,6 +227,18 @@ def test_a_loss_after_the_last_step_is_recovered_not_left_hanging(tmp_path):
     assert (tmp_path / "fired").exists()
     # 12 steps of (1 + 2) * step on a world of 2: 3 * 78 per element.
     assert sorted(final_lines(lines)) == ["final step=12 world=2 sum=936.0"] * 2, out
+    # Slot 0's record of the recovery (RecoveryRecord's times), though no
+    # step came after it (first_step_ms 0): the stages in order, and the
+    # training communicator up with the rebuild (on Gloo, built beside
+    # the side one, before the restore).
+    records = [m for line in lines for m in [re.search(
+        r"^\[slot 0\] recovery generation=1 stages_ms=([\d,]+) "
+        r"comm_up_ms=(\d+)", line)] if m]
+    assert len(records) == 1, out
+    stages = [int(t) for t in records[0].group(1).split(",")]
+    assert stages[0] > 0 and stages[:5] == sorted(stages[:5]), stages
+    assert stages[5] == 0, stages
+    assert stages[2] <= int(records[0].group(2)) <= stages[3], records[0][0]
 
 
 def _standby_pids(lines):
