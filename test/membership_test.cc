@@ -1778,3 +1778,27 @@ TEST_CASE(
                                "stalled 3 times"));
   }
 }
+
+TEST_CASE(
+    "membership: a process exit the controller sees in /proc is left to the "
+    "host agent that relays the member's stream") {
+  // A worker behind an agent says goodbye to the agent and exits; the
+  // controller, on the same kernel, may see the exit before the relayed
+  // goodbye arrives. The agent reports the exit itself, after the goodbye.
+  Job j(2);
+  j.Join("h0", kT0);
+  j.Join("h1", kT0);
+  j.sinks[1]->relayed = true;
+  const absl::Time t = kT0 + absl::Milliseconds(10);
+  j.m.ProcessExiting(j.ids[1], "process 1001 has exited", t);
+  CHECK(j.Incidents(t).empty());
+  j.m.Detach(j.ids[1], j.sinks[1].get(), /*clean=*/true, /*finished=*/true, "",
+             t);
+  CHECK(j.Incidents(t).empty());
+  // A member on a stream of its own is judged by what /proc shows.
+  j.m.ProcessExiting(j.ids[0], "process 1000 has exited", t);
+  const std::vector<Incident> incidents = j.Incidents(t);
+  REQUIRE(incidents.size() == 1);
+  CHECK(incidents[0].kind() == INCIDENT_CRASHED);
+  CHECK(incidents[0].slot() == 0);
+}

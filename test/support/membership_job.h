@@ -25,6 +25,8 @@ struct FakeSink : MemberSink {
     is_closed = true;
   }
   bool Closed() const override { return is_closed; }
+  bool relayed = false;  // as a host agent's stream
+  bool Relayed() const override { return relayed; }
   // The last membership update pushed, or nullptr.
   const MembershipUpdate* LastUpdate() const {
     for (auto it = pushed.rbegin(); it != pushed.rend(); ++it) {

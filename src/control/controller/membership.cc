@@ -484,6 +484,9 @@ void Membership::ProcessExiting(uint64_t member_id, absl::string_view why,
       job_state_ != JOB_RUNNING) {
     return;
   }
+  // A member behind a host agent: its goodbye may still be on the way
+  // through the agent, which reports the exit itself, in order.
+  if (it->second.sink != nullptr && it->second.sink->Relayed()) return;
   DeclareLocked(it->second, INCIDENT_CRASHED,
                 absl::StrCat(why, " (seen in /proc by the controller)"),
                 it->second.last_seen, 0, now);

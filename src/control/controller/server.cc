@@ -204,6 +204,7 @@ class HostReactor final
     void Close(const absl::Status& status) override {
       host_->CloseMember(this, status);
     }
+    bool Relayed() const override { return true; }
     bool Closed() const override {
       absl::MutexLock lock(&host_->mu_);
       return closed_;

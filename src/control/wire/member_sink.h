@@ -22,6 +22,11 @@ class MemberSink {
   // Whether Close was called: a message the stream read before it closed
   // must not bind it again.
   virtual bool Closed() const = 0;
+  // Whether the stream is relayed by the host agent on the member's host,
+  // which watches the member's process and reports its exit after any
+  // goodbye the member said (so the controller's own watch of it, racing
+  // the relayed goodbye, must not judge it).
+  virtual bool Relayed() const { return false; }
 };
 
 // A member's message on `sink` while `*bound` carries it: makes `sink` the
