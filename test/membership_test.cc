@@ -1802,3 +1802,20 @@ TEST_CASE(
   CHECK(incidents[0].kind() == INCIDENT_CRASHED);
   CHECK(incidents[0].slot() == 0);
 }
+
+TEST_CASE(
+    "membership: once closed, a broken stream or a process exit declares "
+    "nothing, and a clean leave still counts") {
+  Job j(3);
+  for (const char* h : {"h0", "h1", "h2"}) j.Join(h, kT0);
+  const absl::Time t = kT0 + absl::Milliseconds(10);
+  j.m.Close();
+  j.m.ProcessExiting(j.ids[0], "process 1000 has exited", t);
+  j.m.Detach(j.ids[1], j.sinks[1].get(), /*clean=*/false, /*finished=*/false,
+             "stream cancelled", t);
+  CHECK(j.Incidents(t).empty());
+  j.m.Detach(j.ids[2], j.sinks[2].get(), /*clean=*/true, /*finished=*/true, "",
+             t);
+  StatusRequest r;
+  CHECK(j.m.Status(r, t).left() == 1);
+}

@@ -481,7 +481,7 @@ void Membership::ProcessExiting(uint64_t member_id, absl::string_view why,
   absl::MutexLock lock(&mu_);
   auto it = members_.find(member_id);
   if (it == members_.end() || it->second.state != STATE_ALIVE ||
-      job_state_ != JOB_RUNNING) {
+      job_state_ != JOB_RUNNING || closed_) {
     return;
   }
   // A member behind a host agent: its goodbye may still be on the way

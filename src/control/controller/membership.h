@@ -183,7 +183,8 @@ class Membership {
   // The server stops serving (a shutdown, or a deposed leader abandoning
   // the job): the streams it cuts say nothing about their members, so a
   // broken stream is no longer taken for a crash (a clean leave still
-  // counts).
+  // counts), and neither is a process exit its /proc watch, which runs
+  // until the server is destroyed, still sees.
   void Close();
 
   // Declares the reporter's peer dead (kind reported). Returns false if it
