@@ -250,6 +250,36 @@ TEST_CASE("a silent connection does not hold the owner behind it") {
   PieceCrosses(owner, buddy);
 }
 
+TEST_CASE(
+    "silent connections that fill the handshakes in progress do not keep "
+    "the owner out") {
+  // More silent connections than the handshakes that may be in progress
+  // at once (16): the newest were refused, and so was the owner after
+  // them (a hostile client held a generation's backup links for the
+  // hello's timeout, 2 s). Now the oldest makes room.
+  auto l = bulk::Listener::Open("127.0.0.1", "");
+  REQUIRE(l.ok());
+  bulk::Links buddy(7, 1, kToken, absl::Seconds(10));
+  absl::Status accepted;
+  std::thread acceptor(
+      [&] { accepted = buddy.AcceptFrom(**l, {0}, Soon(), nullptr); });
+  std::vector<int> silent;
+  for (int i = 0; i < 20; ++i) silent.push_back(RawConnect((*l)->address()));
+  absl::SleepFor(absl::Milliseconds(100));  // accepted first
+  bulk::Links owner(7, 0, kToken, absl::Seconds(10));
+  const absl::Time t0 = absl::Now();
+  const absl::Status s = owner.ConnectTo(1, (*l)->address(), Soon());
+  const absl::Duration took = absl::Now() - t0;
+  INFO(s.ToString());
+  CHECK(s.ok());
+  acceptor.join();  // by its deadline if the owner was refused
+  for (int fd : silent) close(fd);
+  REQUIRE(s.ok());
+  REQUIRE(accepted.ok());
+  CHECK(took < absl::Milliseconds(500));
+  PieceCrosses(owner, buddy);
+}
+
 namespace {
 
 // Relays one connection accepted on `front` to `back` ("127.0.0.1:port")

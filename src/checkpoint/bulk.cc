@@ -313,7 +313,13 @@ struct Links::Admissions {
   int wake[2] = {-1, -1};              // a byte for each handshake that ended
   std::map<int, std::thread> threads;  // by socket; joined when taken
   absl::Mutex mu;
-  std::set<int> running ABSL_GUARDED_BY(mu);
+  // By socket: when it was accepted, and whether it is being shut down
+  // to make room.
+  struct Running {
+    absl::Time accepted;
+    bool dropped = false;
+  };
+  std::map<int, Running> running ABSL_GUARDED_BY(mu);
   std::vector<Ended> ended ABSL_GUARDED_BY(mu);
 };
 
@@ -367,15 +373,35 @@ void Links::StartAdmission(Admissions& a, int fd, const std::set<int>& want,
                            absl::Duration left) {
   {
     absl::MutexLock lock(&a.mu);
-    if (a.running.size() >= kMaxAdmissions) {
+    size_t live = 0;
+    auto oldest = a.running.end();
+    for (auto it = a.running.begin(); it != a.running.end(); ++it) {
+      if (it->second.dropped) continue;
+      ++live;
+      if (oldest == a.running.end() ||
+          it->second.accepted < oldest->second.accepted) {
+        oldest = it;
+      }
+    }
+    if (a.running.size() >= 2 * kMaxAdmissions) {
       HOLDFAST_LOG_WARN(
           "bulk: slot {} of generation {} refused a backup link: {} "
-          "handshakes are in progress",
-          slot_, generation_, a.running.size());
+          "handshakes are in progress, {} of them being shut down",
+          slot_, generation_, a.running.size(), a.running.size() - live);
       close(fd);
       return;
     }
-    a.running.insert(fd);
+    if (live >= kMaxAdmissions) {
+      // Its thread sees the shutdown and ends with its refusal.
+      HOLDFAST_LOG_WARN(
+          "bulk: slot {} of generation {}: {} backup links in their "
+          "handshake; the oldest ({} ms) is dropped for a new one",
+          slot_, generation_, live,
+          absl::ToInt64Milliseconds(absl::Now() - oldest->second.accepted));
+      shutdown(oldest->first, SHUT_RDWR);
+      oldest->second.dropped = true;
+    }
+    a.running[fd] = Admissions::Running{absl::Now()};
   }
   {
     absl::MutexLock lock(&mu_);
@@ -392,6 +418,10 @@ void Links::StartAdmission(Admissions& a, int fd, const std::set<int>& want,
                       }
                       {
                         absl::MutexLock lock(&a.mu);
+                        // Shut down to make room as it ended: unusable.
+                        if (e.why.empty() && a.running[fd].dropped) {
+                          e.why = "it was dropped to make room";
+                        }
                         a.running.erase(fd);
                         a.ended.push_back(std::move(e));
                       }
@@ -441,7 +471,7 @@ absl::Status Links::TakeAdmissions(Admissions& a, std::set<int>* want) {
 void Links::EndAdmissions(Admissions& a) {
   {
     absl::MutexLock lock(&a.mu);
-    for (int fd : a.running) shutdown(fd, SHUT_RDWR);
+    for (const auto& [fd, r] : a.running) shutdown(fd, SHUT_RDWR);
   }
   for (auto& [fd, t] : a.threads) t.join();
   a.threads.clear();

@@ -137,8 +137,11 @@ class Links {
   absl::Status AcceptLoop(const Listener& listener, std::set<int>* want,
                           absl::Time deadline, const Cancelled& cancelled,
                           Admissions& a);
-  // Starts the handshake of accepted `fd` on a thread of its own (refused
-  // when kMaxAdmissions are in progress), bounded by kHelloTimeout.
+  // Starts the handshake of accepted `fd` on a thread of its own, bounded
+  // by kHelloTimeout. With kMaxAdmissions in progress the oldest is shut
+  // down to make room (connections that say nothing hold no owner out),
+  // unless every one of them is being shut down already: then `fd` is
+  // refused.
   void StartAdmission(Admissions& a, int fd, const std::set<int>& want,
                       absl::Duration left);
   // Takes the handshakes that ended: an owner in `want` that proved the
