@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -631,6 +632,62 @@ TEST_CASE(
   }
   auto& sinks = holdfast::log::Get().sinks();
   sinks.erase(std::remove(sinks.begin(), sinks.end(), sink), sinks.end());
+}
+
+TEST_CASE(
+    "runtime: the first step after a start or a restore names what the "
+    "training communicator did in it") {
+  std::ostringstream log;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+  auto& logger = holdfast::log::Get();
+  const spdlog::level::level_enum level = logger.level();
+  logger.set_level(spdlog::level::info);
+  logger.sinks().push_back(sink);
+  absl::Cleanup restore_log = [&] {
+    auto& sinks = logger.sinks();
+    sinks.erase(std::remove(sinks.begin(), sinks.end(), sink), sinks.end());
+    logger.set_level(level);
+  };
+  Controller c(3);
+  std::vector<std::string> errors =
+      RunSlots(c, 3, nullptr, [&](int, holdfast::Runtime& rt) -> absl::Status {
+        std::vector<float> params(4, 1.0f);
+        HOLDFAST_RETURN_IF_ERROR(rt.RegisterState(
+            "params", params.data(), params.size() * sizeof(float)));
+        holdfast::RunOptions ro;
+        ro.steps = 2;
+        auto step = [](const holdfast::StepContext& ctx) -> absl::Status {
+          absl::SleepFor(absl::Milliseconds(40));  // compute, then its one op
+          float g[4] = {1, 2, 3, 4};
+          return ctx.comm
+              ->AllReduce(g, 4, holdfast::DataType::kFloat32,
+                          holdfast::ReduceOp::kSum)
+              ->Wait();
+        };
+        return rt.Run(step, ro).status();
+      });
+  for (const std::string& e : errors) CHECK(e.empty());
+  // Each slot's first step: its one all-reduce, issued after the compute.
+  const std::regex line(
+      "after the restore, on_restore took \\d+ ms and the first step (\\d+) "
+      "ms \\(done \\d+ ms after the restore\\); 1 operation of the training "
+      "communicator in it, the first issued (\\d+) ms into it, the last done "
+      "at (\\d+) ms, the longest a AllReduce of 16 bytes \\((\\d+) ms\\)");
+  const std::string text = log.str();
+  int lines = 0;
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), line);
+       it != std::sregex_iterator(); ++it) {
+    ++lines;
+    const int step_ms = std::stoi((*it)[1]);
+    const int issued = std::stoi((*it)[2]), done = std::stoi((*it)[3]);
+    INFO((*it)[0]);
+    CHECK(issued >= 40);
+    CHECK(done >= issued);
+    CHECK(done <= step_ms + 1);  // each rounded down on its own
+    CHECK(std::stoi((*it)[4]) <= done - issued + 1);
+  }
+  INFO(text);
+  CHECK(lines == 3);
 }
 
 TEST_CASE("runtime: one slot runs with replicated and sharded state") {

@@ -1,13 +1,16 @@
 #include "src/runtime/runtime_impl.h"
 
 #include <algorithm>
+#include <string>
 #include <system_error>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "holdfast/clock.h"
 #include "holdfast/status.h"
+#include "holdfast/trace.h"
 #include "src/common/logging.h"
 #include "src/fault/hooks.h"
 #include "src/store/keys.h"
@@ -30,6 +33,45 @@ absl::Status SameStartStep(Communicator* host, int world, int slot,
     }
   }
   return absl::OkStatus();
+}
+
+// What `comm` did for the step [t0, t1] of `generation`: the operations
+// issued in it, when the first was issued and the last done (ms into the
+// step), and the longest. For the first step after a restore: whether its
+// time went to the communicator (a new one's connections, say) or before
+// its first operation (the trainer's own rebuild and compute).
+std::string StepOps(Communicator* comm, int64_t generation, absl::Time t0,
+                    absl::Time t1) {
+  if (comm == nullptr) return "";
+  // The trace's clock (monotonic) at t0 and t1.
+  const int64_t now = MonotonicNanos();
+  const absl::Time abs_now = absl::Now();
+  const int64_t start = now - absl::ToInt64Nanoseconds(abs_now - t0);
+  const int64_t end = now - absl::ToInt64Nanoseconds(abs_now - t1);
+  int n = 0;
+  int64_t first = 0, last = 0, longest = -1;
+  TraceRecord slow;
+  for (const TraceRecord& r : comm->TraceSnapshot()) {
+    if (r.generation != generation || r.enqueued_ns < start ||
+        r.enqueued_ns > end) {
+      continue;
+    }
+    const int64_t done = r.ended_ns > 0 ? r.ended_ns : end;
+    first = n++ == 0 ? r.enqueued_ns : std::min(first, r.enqueued_ns);
+    last = std::max(last, done);
+    if (done - r.enqueued_ns > longest) {
+      longest = done - r.enqueued_ns;
+      slow = r;
+    }
+  }
+  if (n == 0) return "; no operation of the training communicator in it";
+  constexpr int64_t kMs = 1000000;
+  return absl::StrCat("; ", n, " operation", n == 1 ? "" : "s",
+                      " of the training communicator in it, the first issued ",
+                      (first - start) / kMs, " ms into it, the last done at ",
+                      (last - start) / kMs, " ms, the longest a ",
+                      OpTypeName(slow.op), " of ", slow.bytes, " bytes (",
+                      longest / kMs, " ms)");
 }
 
 }  // namespace
@@ -283,11 +325,13 @@ void RuntimeImpl::NoteResumed(absl::Time t0, absl::Time t1) {
   // standby's first step included): the trainer's hook, then the step.
   HOLDFAST_LOG_INFO(
       "runtime: slot {} (generation {}): after the restore, on_restore "
-      "took {} ms and the first step {} ms (done {} ms after the restore)",
+      "took {} ms and the first step {} ms (done {} ms after the "
+      "restore){}",
       slot(), gens_.Current().generation,
       absl::ToInt64Milliseconds(resumed_->on_restore),
       absl::ToInt64Milliseconds(t1 - t0),
-      absl::ToInt64Milliseconds(t1 - resumed_->at));
+      absl::ToInt64Milliseconds(t1 - resumed_->at),
+      StepOps(gens_.Comm(), gens_.Current().generation, t0, t1));
   resumed_.reset();
 }
 
