@@ -672,7 +672,7 @@ TEST_CASE(
       "after the restore, on_restore took \\d+ ms and the first step (\\d+) "
       "ms \\(done \\d+ ms after the restore\\); 1 operation of the training "
       "communicator in it, the first issued (\\d+) ms into it, the last done "
-      "at (\\d+) ms, the longest a AllReduce of 16 bytes \\((\\d+) ms\\)");
+      "at (\\d+) ms, the longest an AllReduce of 16 bytes \\((\\d+) ms\\)");
   const std::string text = log.str();
   int lines = 0;
   for (auto it = std::sregex_iterator(text.begin(), text.end(), line);

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "holdfast/clock.h"
 #include "holdfast/status.h"
@@ -66,11 +67,15 @@ std::string StepOps(Communicator* comm, int64_t generation, absl::Time t0,
   }
   if (n == 0) return "; no operation of the training communicator in it";
   constexpr int64_t kMs = 1000000;
+  const absl::string_view op = OpTypeName(slow.op);
+  const bool vowel =
+      !op.empty() && absl::string_view("aeiou").find(
+                         absl::ascii_tolower(op[0])) != absl::string_view::npos;
   return absl::StrCat("; ", n, " operation", n == 1 ? "" : "s",
                       " of the training communicator in it, the first issued ",
                       (first - start) / kMs, " ms into it, the last done at ",
-                      (last - start) / kMs, " ms, the longest a ",
-                      OpTypeName(slow.op), " of ", slow.bytes, " bytes (",
+                      (last - start) / kMs, " ms, the longest ",
+                      vowel ? "an " : "a ", op, " of ", slow.bytes, " bytes (",
                       longest / kMs, " ms)");
 }
 
