@@ -10,7 +10,9 @@
 
 #include <atomic>
 #include <optional>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
@@ -792,7 +794,12 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
     const std::string where =
         absl::StrCat(options.bind_address, ":", options.metrics_port);
     try {
-      exposer = std::make_unique<prometheus::Exposer>(where);
+      // Civetweb's defaults under prometheus-cpp (2 threads, a request
+      // awaited 30 s) let 2 connections that send nothing hold the
+      // endpoint for 30 s each: 16 threads, a request awaited 2 s.
+      exposer = std::make_unique<prometheus::Exposer>(
+          std::vector<std::string>{"listening_ports", where, "num_threads",
+                                   "16", "request_timeout_ms", "2000"});
     } catch (const std::exception& e) {
       return absl::UnavailableError(absl::StrCat(
           "controller: cannot serve metrics on ", where, ": ", e.what()));
