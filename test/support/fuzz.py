@@ -33,9 +33,10 @@ from jobs import descendants
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 KINDS = ("random", "h2", "hello", "gloo", "replay", "silent")
-# Silent connections held open at once to one port or socket: enough to
-# fill a small accept queue; more only grow the socket tables each cycle
-# reads.
+# Silent connections opened to one port or socket over the fuzzer's run
+# (held until it stops, unless the listener closes them first): enough to
+# fill a listener's handshakes in progress (16 for Gloo pairs and backup
+# links); more only grow the socket tables each pass reads.
 SILENT_PER_TARGET = 16
 # A handshake's hello starts with its magic; the connecting side's next
 # message is its proof (an HMAC-SHA256).
@@ -233,7 +234,7 @@ class PortFuzzer:
         self.slowest_ms = 0.0  # the longest pass
         self.recorder = None
         self._held = []
-        self._silent = {}  # target -> silent connections held open
+        self._silent = {}  # target -> silent connections opened to it
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
