@@ -6,8 +6,9 @@ cluster node has:
          collectives and backup links bind here (HOLDFAST_BIND_ADDR)
   eth-c  the control network (bridge hfb<run>c, 10.<N>.1.0/24): the
          controller is reached here (HOLDFAST_CONTROLLER)
-where <run> is the test process's pid and N = 100 + pid % 100, so that two
-runs on one machine do not meet. The controller's host is on the control
+where <run> is the test process's pid and N = 100 + pid % 100, or the next
+N that no other run's bridge holds, so that two runs on one machine do not
+meet (test/network/run.sh runs two at once). The controller's host is on the control
 network only. The root namespace holds the bridges (with .254 on each),
 so the test reaches every host.
 
@@ -17,13 +18,16 @@ nobody's sockets see an error. iproute2 from Debian (scripts/setup.sh).
 Needs CAP_NET_ADMIN (root); `available()` says why not otherwise.
 """
 
+import fcntl
 import os
 import re
 import subprocess
+import tempfile
 
 RUN = os.getpid()
 PREFIX = f"hfnet{RUN}"
-NETS = {"d": f"10.{100 + RUN % 100}.0", "c": f"10.{100 + RUN % 100}.1"}
+# This run's subnets: set by TestNet (_claim_nets).
+NETS = {}
 
 
 def _ip(*args, check=True):
@@ -145,17 +149,37 @@ class Host:
         subprocess.run(nft + ["-f", "-"], input=rules, text=True, check=True)
 
 
+def _claim_nets():
+    """The subnets of this run's networks: 10.N.0 and 10.N.1 for the first
+    N from 100 + pid % 100 on (modulo 100) that no bridge of another run
+    holds. The caller holds the machine's lock until its bridges exist."""
+    held = set(re.findall(r"inet 10\.(\d+)\.[01]\.254/",
+                          _ip("-o", "addr", "show", check=False).stdout))
+    for k in range(100):
+        n = 100 + (RUN + k) % 100
+        if str(n) not in held:
+            return {"d": f"10.{n}.0", "c": f"10.{n}.1"}
+    raise RuntimeError("test hosts: every subnet 10.100-199.0.0/16 is held "
+                       "by another run's bridges")
+
+
 class TestNet:
     """Bridges and test hosts. `hosts`: [(name, nets)], nets a subset of
     "dc". Idempotent: it removes what an earlier run left first."""
 
     def __init__(self, hosts):
         cleanup()
-        for n, prefix in NETS.items():
-            br = f"hfb{RUN}{n}"
-            _ip("link", "add", br, "type", "bridge")
-            _ip("addr", "add", f"{prefix}.254/24", "dev", br)
-            _ip("link", "set", br, "up")
+        # One run at a time picks its subnets and makes its bridges.
+        lock = os.path.join(tempfile.gettempdir(), "holdfast-netns.lock")
+        with open(lock, "w") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            NETS.clear()
+            NETS.update(_claim_nets())
+            for n, prefix in NETS.items():
+                br = f"hfb{RUN}{n}"
+                _ip("link", "add", br, "type", "bridge")
+                _ip("addr", "add", f"{prefix}.254/24", "dev", br)
+                _ip("link", "set", br, "up")
         self.hosts = {}
         for i, (name, nets) in enumerate(hosts):
             h = Host(name, i, nets)
