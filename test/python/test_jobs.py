@@ -25,16 +25,17 @@ def test_collectives_on_torch_tensors():
     assert oks == [f"ok rank={r} marker=3" for r in range(3)]
 
 
-# A kill at many steps and on every slot: the first step after a restore
-# runs on a freshly built DDP (its buckets in their initial layout, where
-# the fault-free run at that step had rebuilt them), so every one of these
-# would show a reduction whose order depends on a bucket's layout.
+# A kill early, midway and late in the run and on every slot: the first
+# step after a restore runs on a freshly built DDP (its buckets in their
+# initial layout, where the fault-free run at that step had rebuilt them),
+# so every one of these would show a reduction whose order depends on a
+# bucket's layout. (Four more kills at other steps added 100 s to CI and
+# nothing these do not see; holdfast-chaos soaks a trainer with kills at
+# random steps: docs/benchmarks.md.)
 @pytest.mark.parametrize("ranks,fault", [
-    (3, "kill:slot=1:step=5"), (3, "kill:slot=0:step=9"),
-    (3, "kill:slot=2:step=13"), (3, "kill:slot=1:step=17"),
-    (3, "kill:slot=0:step=22"), (3, "kill:slot=2:step=27"),
-    (3, "hang:slot=0:step=8"), (3, "fail-op:slot=1:seq=15"),
-    (4, "kill:slot=3:step=7"), (4, "kill:slot=1:step=19"),
+    (3, "kill:slot=1:step=5"), (3, "kill:slot=2:step=13"),
+    (3, "kill:slot=0:step=22"), (3, "hang:slot=0:step=8"),
+    (3, "fail-op:slot=1:seq=15"), (4, "kill:slot=3:step=7"),
     (4, "hang:slot=2:step=11"),
 ])
 def test_ddp_survives_a_fault_with_the_fault_free_hash(ranks, fault):
