@@ -14,11 +14,12 @@ from conftest import (DDP, FSDP, GPT, HERE, PP_DDP, PYTHON, assert_survives,
 
 # FSDP2 (fully_shard) over the holdfast group: each slot's shards are
 # sharded state, so the standby that takes the lost slot gets its shards
-# from buddies (the hash would show a shard it lacked).
+# from buddies (the hash would show a shard it lacked). (A kill of slot 0
+# at step 22 and a hang on 4 ranks added 65 s to CI and nothing these and
+# the two FSDP2 kills below do not check.)
 @pytest.mark.parametrize("ranks,fault", [
-    (3, "kill:slot=1:step=13"), (3, "kill:slot=0:step=22"),
-    (3, "hang:slot=2:step=9"), (4, "kill:slot=3:step=17"),
-    (4, "hang:slot=1:step=11"),
+    (3, "kill:slot=1:step=13"), (3, "hang:slot=2:step=9"),
+    (4, "kill:slot=3:step=17"),
 ])
 def test_fsdp2_survives_a_fault_with_the_fault_free_hash(ranks, fault):
     assert_survives(ranks, fault, FSDP)
