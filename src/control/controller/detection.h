@@ -123,11 +123,12 @@ struct DetectionOptions {
   // the first report (a loss spike seen by one slot only).
   absl::Duration anomaly_settle = absl::Seconds(1);
   // A verdict of a link between two hosts with as many members each
-  // (ReachVerdict::tie) is taken only once the first report of a lost
-  // peer since the last commit is this old: a host cut off from the data
-  // network is first reported by one peer host, and looks like the link
-  // to it until another reports it too. The loop bound
-  // (RecoveryPolicy::max_unexplained_rebuilds) takes it at once.
+  // (ReachVerdict::tie), or of one member's bad NIC, is taken only once
+  // the first report of a lost peer since the last commit is this old: a
+  // host cut off from the data network is first reported by one peer host,
+  // and looks like the link to it until another reports it too, and its
+  // first member named looks like a bad NIC until its others are. The
+  // loop bound (RecoveryPolicy::max_unexplained_rebuilds) takes it at once.
   absl::Duration link_settle = absl::Seconds(3);
   // A slot whose local gradient norm of a step (StepReport::local_norms)
   // is above this many times the median of the other slots' is named

@@ -61,11 +61,17 @@ bool Membership::NoteUnreachableLocked(const Member& reporter,
     }
     return false;
   }
-  if (v.tie && !force && now - network_.first_lost() < detection_.link_settle) {
+  // A tie, and a bad NIC (which rests on the host's other members not
+  // being named), may be the first reports of a host cut off: both wait
+  // for more words, up to link_settle since the first report.
+  const bool unsettled = v.tie || v.rule == "bad NIC";
+  if (unsettled && !force &&
+      now - network_.first_lost() < detection_.link_settle) {
     HOLDFAST_LOG_INFO(
         "data network: {} (waiting up to {} since the first report for "
-        "another host's word before a side is picked by name)",
-        v.evidence, absl::FormatDuration(detection_.link_settle));
+        "{} before it is acted on)",
+        v.evidence, absl::FormatDuration(detection_.link_settle),
+        v.tie ? "another host's word" : "reports of that host's others");
     return false;
   }
   if (v.rule != "bad NIC") {
