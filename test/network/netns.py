@@ -8,9 +8,9 @@ cluster node has:
          controller is reached here (HOLDFAST_CONTROLLER)
 where <run> is the test process's pid and N = 100 + pid % 100, or the next
 N that no other run's bridge holds, so that two runs on one machine do not
-meet (test/network/run.sh runs two at once). The controller's host is on the control
-network only. The root namespace holds the bridges (with .254 on each),
-so the test reaches every host.
+meet (a benchmark beside the tests, or two runs by hand). The
+controller's host is on the control network only. The root namespace
+holds the bridges (with .254 on each), so the test reaches every host.
 
 Cutting a link sets the bridge's end of the veth pair down: packets are
 dropped silently, as with a pulled cable or a dead switch port, and
