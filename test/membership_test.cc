@@ -1408,6 +1408,20 @@ absl::StatusOr<bool> ReportUnreachable(Job& job, size_t i, int64_t gen,
   return job.m.ReportFailure(req, now);
 }
 
+// How many members were fenced by `now`; each must be on `host` and fenced
+// with `evidence` in its incident's evidence.
+int Fenced(Job& job, absl::Time now, const std::string& host,
+           const std::string& evidence) {
+  int fenced = 0;
+  for (const Incident& i : job.Incidents(now)) {
+    if (!i.evicted()) continue;
+    ++fenced;
+    CHECK(i.host() == host);
+    CHECK(i.evidence().find(evidence) != std::string::npos);
+  }
+  return fenced;
+}
+
 }  // namespace
 
 TEST_CASE(
@@ -1470,14 +1484,7 @@ TEST_CASE(
   auto r = ReportUnreachable(job, 4, 0, {2, 3}, kT0 + absl::Seconds(1));
   REQUIRE(r.ok());
   CHECK(*r);
-  int fenced = 0;
-  for (const Incident& i : job.Incidents(kT0)) {
-    if (!i.evicted()) continue;
-    ++fenced;
-    CHECK(i.host() == "h1");
-    CHECK(i.evidence().find("host cut off: host h1") != std::string::npos);
-  }
-  CHECK(fenced == 2);
+  CHECK(Fenced(job, kT0, "h1", "host cut off: host h1") == 2);
 }
 
 TEST_CASE(
@@ -1494,67 +1501,50 @@ TEST_CASE(
   auto r = ReportUnreachable(job, 0, 1, {2, 3}, later);
   REQUIRE(r.ok());
   CHECK(*r);
-  int fenced = 0;
-  for (const Incident& i : job.Incidents(later)) {
-    if (!i.evicted()) continue;
-    ++fenced;
-    CHECK(i.host() == "b");  // the later name
-    CHECK(i.evidence().find("link: hosts a and b") != std::string::npos);
-  }
-  CHECK(fenced == 2);
+  // b: the later name.
+  CHECK(Fenced(job, later, "b", "link: hosts a and b") == 2);
 }
+
+namespace {
+
+// Slots 0-1 on h0, 2-3 on h1, 4-5 on h2, a standby on h2 (`job`: 6
+// slots). Members on h0 and h2 report that they lost slot 2, and nobody
+// else: alone, slot 2's NIC. Nobody is fenced yet.
+void NameSlotTwoFromTwoHosts(Job& job) {
+  for (const char* h : {"h0", "h0", "h1", "h1", "h2", "h2", "h2"}) {
+    job.Join(h, kT0);
+  }
+  REQUIRE(ReportUnreachable(job, 1, 0, {2}, kT0).ok());
+  (void)ReportUnreachable(job, 4, 0, {2}, kT0 + absl::Milliseconds(20));
+  CHECK(Fenced(job, kT0, "", "") == 0);
+}
+
+}  // namespace
 
 TEST_CASE(
     "membership: one member of a host named before its other members could "
     "be reported is not taken for a bad NIC") {
-  // Slots 0-1 on h0, 2-3 on h1 (its data link cut), 4-5 on h2; a standby
-  // on h2.
   Job job(6);
-  for (const char* h : {"h0", "h0", "h1", "h1", "h2", "h2", "h2"}) {
-    job.Join(h, kT0);
-  }
-  // Members on h0 and h2 lost slot 2 first: alone, slot 2's NIC.
-  REQUIRE(ReportUnreachable(job, 1, 0, {2}, kT0).ok());
-  (void)ReportUnreachable(job, 4, 0, {2}, kT0 + absl::Milliseconds(20));
-  for (const Incident& i : job.Incidents(kT0)) CHECK_FALSE(i.evicted());
+  NameSlotTwoFromTwoHosts(job);
   // Slot 3's neighbours report it 400 ms later (a loaded machine): h1 is
   // the host cut off, and both of its workers go in one verdict.
   auto r = ReportUnreachable(job, 5, 1, {3}, kT0 + absl::Milliseconds(400));
   REQUIRE(r.ok());
   CHECK(*r);
-  int fenced = 0;
-  for (const Incident& i : job.Incidents(kT0)) {
-    if (!i.evicted()) continue;
-    ++fenced;
-    CHECK(i.host() == "h1");
-    CHECK(i.evidence().find("host cut off: host h1") != std::string::npos);
-  }
-  CHECK(fenced == 2);
+  CHECK(Fenced(job, kT0, "h1", "host cut off: host h1") == 2);
 }
 
 TEST_CASE(
     "membership: a bad NIC is acted on once the other members of its host "
     "had time to be reported and were not") {
   Job job(6);
-  for (const char* h : {"h0", "h0", "h1", "h1", "h2", "h2", "h2"}) {
-    job.Join(h, kT0);
-  }
-  REQUIRE(ReportUnreachable(job, 1, 0, {2}, kT0).ok());
-  (void)ReportUnreachable(job, 4, 0, {2}, kT0 + absl::Milliseconds(20));
-  for (const Incident& i : job.Incidents(kT0)) CHECK_FALSE(i.evicted());
+  NameSlotTwoFromTwoHosts(job);
   // The rebuilt group fails the same way past the settle time.
   const absl::Time later = kT0 + Job::Defaults().link_settle;
   auto r = ReportUnreachable(job, 0, 1, {2}, later);
   REQUIRE(r.ok());
   CHECK(*r);
-  int fenced = 0;
-  for (const Incident& i : job.Incidents(later)) {
-    if (!i.evicted()) continue;
-    ++fenced;
-    CHECK(i.slot() == 2);
-    CHECK(i.evidence().find("bad NIC: slot 2 on h1") != std::string::npos);
-  }
-  CHECK(fenced == 1);
+  CHECK(Fenced(job, later, "h1", "bad NIC: slot 2 on h1") == 1);
 }
 
 TEST_CASE("membership: out-of-range unreachable slots are refused by name") {
