@@ -1545,6 +1545,9 @@ TEST_CASE(
   REQUIRE(r.ok());
   CHECK(*r);
   CHECK(Fenced(job, later, "h1", "bad NIC: slot 2 on h1") == 1);
+  for (const Incident& i : job.Incidents(later)) {
+    if (i.evicted()) CHECK(i.slot() == 2);
+  }
 }
 
 TEST_CASE("membership: out-of-range unreachable slots are refused by name") {
