@@ -87,14 +87,14 @@ ReachVerdict HostCutOff(const ReachInput& in, Edges& e, const std::string& h) {
                                   absl::StrJoin(lost, ", ")));
   if (inv.size() == 1 && on.size() > 1) {
     v.culprits = {*inv.begin()};
-    v.rule = "bad NIC";
+    v.rule = ReachRule::kBadNic;
     v.evidence = absl::StrCat(
         "slot ", *inv.begin(), " on ", h, ": ", seen,
         ", and no other member of that host took part in a failed connect");
     return v;
   }
   v.culprits = on;
-  v.rule = "host cut off";
+  v.rule = ReachRule::kHostCutOff;
   v.evidence = absl::StrCat("host ", h, ": ", seen);
   return v;
 }
@@ -113,7 +113,7 @@ std::optional<ReachVerdict> Link(const ReachInput& in, Edges& e) {
   const bool evict_a = sa.size() < sb.size();
   ReachVerdict v;
   v.culprits = evict_a ? sa : sb;
-  v.rule = "link";
+  v.rule = ReachRule::kLink;
   v.tie = sa.size() == sb.size();
   v.evidence = absl::StrCat(
       "hosts ", a, " and ", b,
@@ -126,10 +126,23 @@ std::optional<ReachVerdict> Link(const ReachInput& in, Edges& e) {
 
 }  // namespace
 
+const char* ReachRuleName(ReachRule rule) {
+  switch (rule) {
+    case ReachRule::kUndecided:
+      return "undecided";
+    case ReachRule::kHostCutOff:
+      return "host cut off";
+    case ReachRule::kBadNic:
+      return "bad NIC";
+    case ReachRule::kLink:
+      return "link";
+  }
+  return "undecided";
+}
+
 ReachVerdict Triangulate(const ReachInput& in) {
   Edges e = Collect(in);
   ReachVerdict v;
-  v.rule = "undecided";
   if (e.accused.empty()) {
     v.evidence = "no member reported a peer on another host it could not reach";
     return v;

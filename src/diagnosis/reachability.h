@@ -32,10 +32,16 @@ struct ReachInput {
   std::vector<std::pair<int, int>> failed;
 };
 
+// The rule that decided a verdict (see above).
+enum class ReachRule { kUndecided, kHostCutOff, kBadNic, kLink };
+
+// "undecided", "host cut off", "bad NIC" or "link": the rule's name in
+// incidents' evidence.
+const char* ReachRuleName(ReachRule rule);
+
 struct ReachVerdict {
   std::vector<int> culprits;  // ascending slots; empty: undecided
-  // "host cut off", "bad NIC", "link" or "undecided".
-  std::string rule;
+  ReachRule rule = ReachRule::kUndecided;
   std::string evidence;  // in words
   // A link between two hosts with as many members each: the evicted side
   // is picked by name. A host cut off looks so until a third host reports

@@ -64,7 +64,7 @@ bool Membership::NoteUnreachableLocked(const Member& reporter,
   // A tie, and a bad NIC (which rests on the host's other members not
   // being named), may be the first reports of a host cut off: both wait
   // for more words, up to link_settle since the first report.
-  const bool unsettled = v.tie || v.rule == "bad NIC";
+  const bool unsettled = v.tie || v.rule == diagnosis::ReachRule::kBadNic;
   if (unsettled && !force &&
       now - network_.first_lost() < detection_.link_settle) {
     HOLDFAST_LOG_INFO(
@@ -74,14 +74,15 @@ bool Membership::NoteUnreachableLocked(const Member& reporter,
         v.tie ? "another host's word" : "reports of that host's others");
     return false;
   }
-  if (v.rule != "bad NIC") {
+  if (v.rule != diagnosis::ReachRule::kBadNic) {
     // Its standbys cannot reach the data network either.
     network_.CutOff(in.host_of_slot[static_cast<size_t>(v.culprits[0])]);
   }
   std::vector<uint64_t> ids;
   for (int s : v.culprits) ids.push_back(slots_.holder(s));
   network_.Spend();
-  const std::string evidence = absl::StrCat(v.rule, ": ", v.evidence);
+  const std::string evidence =
+      absl::StrCat(diagnosis::ReachRuleName(v.rule), ": ", v.evidence);
   for (uint64_t id : ids) {
     auto m = members_.find(id);
     if (m == members_.end() || m->second.state != STATE_ALIVE) continue;
