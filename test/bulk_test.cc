@@ -274,6 +274,48 @@ TEST_CASE(
   ExpectOwnerAfterSilent(20);
 }
 
+TEST_CASE("an owner whose handshake the buddy dropped connects again") {
+  // A buddy with its handshakes in progress full drops the oldest for a
+  // newcomer (the case above), which may be the owner: here its first
+  // connection is accepted and closed before the buddy starts AcceptFrom.
+  // The owner gave up ("slot 1 closed its backup link (received 0 of 48
+  // bytes)"), and its generation's backup links with it.
+  auto l = bulk::Listener::Open("127.0.0.1", "");
+  REQUIRE(l.ok());
+  bulk::Links buddy(7, 1, kToken, absl::Seconds(10));
+  bulk::Links owner(7, 0, kToken, absl::Seconds(10));
+  absl::Status accepted;
+  std::thread acceptor([&] {
+    const int first = accept((*l)->fd(), nullptr, nullptr);
+    if (first >= 0) close(first);
+    accepted = buddy.AcceptFrom(**l, {0}, Soon(), nullptr);
+  });
+  const absl::Status connected = owner.ConnectTo(1, (*l)->address(), Soon());
+  acceptor.join();
+  INFO(connected.ToString());
+  REQUIRE(connected.ok());
+  REQUIRE(accepted.ok());
+  PieceCrosses(owner, buddy);
+}
+
+TEST_CASE("an owner does not connect again to a buddy that is gone") {
+  // A refused connect names the buddy at once: only a handshake the buddy
+  // dropped is tried again.
+  std::string address;
+  {
+    auto l = bulk::Listener::Open("127.0.0.1", "");
+    REQUIRE(l.ok());
+    address = (*l)->address();
+  }
+  bulk::Links owner(7, 0, kToken, absl::Seconds(10));
+  const absl::Time start = absl::Now();
+  const absl::Status s = owner.ConnectTo(1, address, Soon());
+  CHECK(absl::IsUnavailable(s));
+  CHECK(s.message().find("cannot connect to slot 1 at " + address) !=
+        absl::string_view::npos);
+  CHECK(absl::Now() - start < absl::Seconds(1));
+}
+
 namespace {
 
 // Relays one connection accepted on `front` to `back` ("127.0.0.1:port")

@@ -38,6 +38,8 @@ constexpr char kPieceMagic[8] = {'H', 'F', 'B', 'P', 'I', 'E', 'C', 'E'};
 constexpr absl::Duration kHelloTimeout = absl::Seconds(2);
 // Accepted connections in their handshake at once (AcceptFrom).
 constexpr size_t kMaxAdmissions = 16;
+// Connects of an owner whose handshake the buddy closed (ConnectTo).
+constexpr int kDialAttempts = 4;
 using link_auth::kMac;
 using link_auth::kNonce;
 
@@ -250,22 +252,47 @@ absl::Status Links::ConnectTo(int peer, const std::string& address,
                                                peer, "'s address '", address,
                                                "': ", gai_strerror(rc)));
   }
-  const int fd = socket(res->ai_family, res->ai_socktype | SOCK_CLOEXEC, 0);
+  // A buddy whose handshakes in progress are full drops the oldest for a
+  // newcomer (StartAdmission), which may be this owner while connections
+  // that say nothing flood its port. A closed handshake is tried again a
+  // few times, after a pause: a buddy that refuses this owner by name (its
+  // generation or slot) closes it the same way, and is told apart only by
+  // doing so every time. A refused connect (the buddy is gone) and a
+  // failed proof are not tried again.
+  absl::Status s;
+  for (int attempt = 1;; ++attempt) {
+    bool dropped = false;
+    s = Dial(peer, address, *res, deadline, &dropped);
+    const absl::Duration pause = absl::Milliseconds(10) * attempt;
+    if (s.ok() || !dropped || attempt == kDialAttempts ||
+        absl::Now() + pause >= deadline) {
+      break;
+    }
+    HOLDFAST_LOG_INFO(
+        "bulk: slot {} closed our backup link's handshake ({}); connecting "
+        "again",
+        peer, std::string(s.message()));
+    absl::SleepFor(pause);
+  }
+  freeaddrinfo(res);
+  return s;
+}
+
+absl::Status Links::Dial(int peer, const std::string& address,
+                         const addrinfo& to, absl::Time deadline,
+                         bool* dropped) {
+  const int fd = socket(to.ai_family, to.ai_socktype | SOCK_CLOEXEC, 0);
   if (fd < 0) {
-    freeaddrinfo(res);
     return absl::UnavailableError(
         absl::StrCat("bulk: socket(): ", Errno(errno)));
   }
   // SO_SNDTIMEO bounds connect() too.
   SetTimeouts(fd, deadline - absl::Now());
-  int ok = connect(fd, res->ai_addr, res->ai_addrlen);
-  const int err = errno;
-  freeaddrinfo(res);
   absl::Status s;
-  if (ok != 0) {
+  if (connect(fd, to.ai_addr, to.ai_addrlen) != 0) {
     s = absl::UnavailableError(absl::StrCat("bulk: cannot connect to slot ",
                                             peer, " at ", address, ": ",
-                                            Errno(err)));
+                                            Errno(errno)));
   } else {
     NoDelay(fd);
     // The buddy answers once it accepts, which may be the deadline away;
@@ -276,12 +303,19 @@ absl::Status Links::ConnectTo(int peer, const std::string& address,
       if (aborted_) s = absl::AbortedError(*aborted_);
       handshaking_.insert(fd);
     }
-    if (s.ok()) s = Handshake(fd, peer);
+    if (s.ok()) {
+      s = Handshake(fd, peer);
+      // Connected, then closed or reset by the buddy before the proof:
+      // Unavailable (a timeout is DeadlineExceeded, a bad proof
+      // PermissionDenied, Abort() Aborted).
+      *dropped = absl::IsUnavailable(s);
+    }
     SetTimeouts(fd, io_timeout_);
   }
   absl::MutexLock lock(&mu_);
   handshaking_.erase(fd);
   if (s.ok() && aborted_) s = absl::AbortedError(*aborted_);
+  if (aborted_) *dropped = false;
   if (s.ok() && out_.count(peer) != 0) {
     s = absl::FailedPreconditionError(
         absl::StrCat("bulk: a second link to slot ", peer));

@@ -47,6 +47,8 @@
 #include "absl/time/time.h"
 #include "src/checkpoint/pieces.h"
 
+struct addrinfo;  // <netdb.h>
+
 namespace holdfast::bulk {
 
 // Bytes hashed (and written or read) per call: small enough that a chunk
@@ -125,6 +127,11 @@ class Links {
   void Abort(absl::string_view reason);
 
  private:
+  // One connect to buddy `peer` at `address` (resolved: `to`) and the
+  // owner's side of the handshake; *dropped says the buddy closed or reset
+  // the connection before the handshake ended (worth another try).
+  absl::Status Dial(int peer, const std::string& address, const addrinfo& to,
+                    absl::Time deadline, bool* dropped);
   // The owner's side of the handshake on `fd`, connected to buddy `peer`.
   absl::Status Handshake(int fd, int peer);
   // The buddy's side on accepted `fd`: "" once an owner in `want` proved
