@@ -34,7 +34,7 @@ packages=(
   python3-dev python3-venv
   nlohmann-json3-dev libxxhash-dev libcli11-dev libspdlog-dev libfmt-dev
   prometheus-cpp-dev libssl-dev clang-format
-  iproute2 nftables patchelf
+  iproute2 nftables patchelf ccache
   etcd-server
 )
 
@@ -77,6 +77,14 @@ flags=(-G Ninja -DCMAKE_BUILD_TYPE="$build_type"
        -DHOLDFAST_WITH_NCCL="${HOLDFAST_WITH_NCCL:-AUTO}"
        -DPython_EXECUTABLE="$venv/bin/python3")
 [ -n "$sanitize" ] && flags+=(-DHOLDFAST_SANITIZE="$sanitize")
+# ccache, with paths under the checkout hashed relative to the build
+# directory: `pip install .` from another copy of the tree (scripts/
+# test_install.sh) then reuses these objects instead of compiling them again.
+if command -v ccache >/dev/null; then
+  launcher="env;CCACHE_BASEDIR=$PWD;ccache"
+  flags+=(-DCMAKE_C_COMPILER_LAUNCHER="$launcher"
+          -DCMAKE_CXX_COMPILER_LAUNCHER="$launcher")
+fi
 # shellcheck disable=SC2206
 [ -n "${CMAKE_ARGS:-}" ] && flags+=(${CMAKE_ARGS})
 cmake -S . -B "$build_dir" "${flags[@]}"

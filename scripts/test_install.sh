@@ -51,11 +51,28 @@ home="$work/home"
 rm -rf "$home"
 mkdir -p "$home"
 venv="$home/venv"
+# `pip install .` compiles what scripts/setup.sh compiled into build/: with
+# ccache (which setup.sh configures, paths under the checkout hashed
+# relative to the build directory), scikit-build-core's build directory at
+# the copy's build/ (the same place relative to the sources), build/'s
+# compilers (scikit-build-core would name Python's: g++, not c++, which
+# ccache hashes apart) and this user's cache, it reuses those objects. It
+# saves about 5 of the command's 8 minutes on 2 cores; the command and
+# what it installs are the same.
+cache_env=()
+cache="${BUILD_DIR:-build}/CMakeCache.txt"
+if command -v ccache >/dev/null && grep -q "^CMAKE_CXX_COMPILER_LAUNCHER:.*ccache" "$cache" 2>/dev/null; then
+  launcher="env;CCACHE_BASEDIR=$work/src;ccache"
+  cache_env=(SKBUILD_BUILD_DIR=build CCACHE_DIR="$(ccache -k cache_dir)"
+    CC="$(sed -n 's/^CMAKE_C_COMPILER:[A-Z]*=//p' "$cache")"
+    CXX="$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "$cache")"
+    CMAKE_ARGS="-DCMAKE_C_COMPILER_LAUNCHER=$launcher -DCMAKE_CXX_COMPILER_LAUNCHER=$launcher")
+fi
 start=$(date +%s)
 for command in "${commands[@]}"; do
   echo "test_install.sh: \$ $command"
   set +e
-  out=$(cd "$work/src" && env -u PYTHONPATH HOME="$home" \
+  out=$(cd "$work/src" && env -u PYTHONPATH "${cache_env[@]}" HOME="$home" \
     PIP_CACHE_DIR="${PIP_CACHE_DIR:-$HOME/.cache/pip}" \
     PATH="$(dirname "$(command -v "${HOLDFAST_PYTHON:-python3}")"):$PATH" \
     bash -c "$command" 2>&1)
