@@ -23,6 +23,7 @@ import os
 import re
 import subprocess
 import tempfile
+import time
 
 RUN = os.getpid()
 PREFIX = f"hfnet{RUN}"
@@ -104,9 +105,26 @@ class Host:
         return ["ip", "netns", "exec", self.ns]
 
     def set_link(self, up, nets=("d", "c")):
-        for n in nets:
-            if n in self.veth:
-                _ip("link", "set", self.veth[n], "up" if up else "down")
+        """Cuts or restores this host's links. A restore returns once the
+        kernel has brought the host's end up (its operational state, which
+        the kernel's link watch sets, up to a second later and longer
+        while other namespaces are being torn down): until then what the
+        host sends is dropped, and a connect made at once can fail with No
+        route to host."""
+        links = [n for n in nets if n in self.veth]
+        for n in links:
+            _ip("link", "set", self.veth[n], "up" if up else "down")
+        if not up:
+            return
+        deadline = time.monotonic() + 10
+        for n in links:
+            while "state UP" not in _ip("-n", self.ns, "-o", "link", "show",
+                                        f"eth-{n}").stdout:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"{self.name}'s eth-{n} is not up 10 s after its "
+                        "link was restored")
+                time.sleep(0.02)
 
     def block(self, addrs):
         """Drops every packet between this host and `addrs` (nftables in
