@@ -6,6 +6,7 @@
 // and equal to a fault-free run in replace mode), the launcher's outcome
 // and summary.json. Nothing asserts on speed.
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -809,6 +810,54 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "recovery: the launcher starts the workers with the standbys, and they "
+    "join after the standbys") {
+  // Every process sleeps 4 s before the trainer starts (as a Python one
+  // imports torch). The workers started once the standby had registered,
+  // 8 s in (a Python job here lost 3.5 s so); now they start with it
+  // and wait only to join, so that a fault early on still finds the
+  // standby in place.
+  const std::string dir = holdfast::proc::MakeTempDir();
+  const std::string cmd =
+      absl::StrCat("timeout -s KILL 120 ", HOLDFAST_RUN_BIN,
+                   " --no-disk-tier -n 3 --standby 1 -- sh -c 'sleep 4; exec ",
+                   HOLDFAST_DP_TRAINER_BIN, " --steps 5' > ", dir,
+                   "/out.txt 2> ", dir, "/err.txt");
+  const int status = std::system(cmd.c_str());
+  const std::string err = ReadFile(dir + "/err.txt");
+  INFO(err);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  // The controller's lines: when it listened, and when each registered.
+  const std::regex line(
+      R"((\d\d):(\d\d\.\d+) \S+ info: (controller listening|member \d+ .* registered as (standby|slot)))");
+  double listening = -1, standby = -1;
+  std::vector<double> workers;
+  std::istringstream lines(err);
+  for (std::string l; std::getline(lines, l);) {
+    std::smatch m;
+    if (!std::regex_search(l, m, line)) continue;
+    const double t = std::stod(m[1]) * 60 + std::stod(m[2]);
+    if (m[3] == "controller listening") {
+      listening = t;
+    } else if (m[4] == "standby") {
+      standby = t;
+    } else {
+      workers.push_back(t);
+    }
+  }
+  REQUIRE(listening >= 0);
+  REQUIRE(standby >= 0);
+  REQUIRE(workers.size() == 3);
+  for (double w : workers) {
+    CHECK(w >= standby);
+    // (Across an hour's wrap.) 4 s and a start-up in, not 8 s.
+    const double in = std::fmod(w - listening + 3600, 3600);
+    CHECK(in < 6.5);
+  }
+}
+
+TEST_CASE(
     "recovery: a job that lost every process resumes from the disk tier when "
     "the same command runs again, with the fault-free hash") {
   // Steps of 10 ms: the disk tier (the first committed step of every 100
@@ -892,11 +941,20 @@ TEST_CASE("recovery: the launcher refuses bad input with a clear error") {
   auto [rc5, err5] = run("-n 2 --join-timeout-s 2 -- /bin/sleep 30");
   CHECK(rc5 == 1);
   CHECK(err5.find("only 0 of 2 processes joined") != std::string::npos);
-  // Standbys start first; one that never joins stops the launch at once.
+  // A standby that never joins stops the launch at once.
   auto [rc6, err6] = run("-n 2 --standby 1 -- /bin/true");
   CHECK(rc6 == 1);
-  CHECK(err6.find("a standby exited before it registered") !=
+  CHECK(err6.find("a standby exited with code 0 before it registered") !=
         std::string::npos);
+  // So does a worker that ends while it waits for the standbys to
+  // register (they start together; workers join after the standbys).
+  auto [rc6b, err6b] = run(
+      "-n 2 --standby 1 -- sh -c '[ \"$HOLDFAST_PREFERRED_SLOT\" = standby ] "
+      "&& exec sleep 30; exit 3'");
+  CHECK(rc6b == 1);
+  CHECK(err6b.find("the worker for slot ") != std::string::npos);
+  CHECK(err6b.find(" exited with code 3 while it waited for this node's "
+                   "standbys to register") != std::string::npos);
   auto [rc7, err7] =
       run("-n 2 --standby 1 --join-timeout-s 2 -- /bin/sleep 30");
   CHECK(rc7 == 1);

@@ -2,6 +2,9 @@
 // input gets a clear error that names it, and a one-slot job runs with
 // replicated and sharded state. Multi-process behaviour (faults, buddies,
 // restores) is in recovery_test and checkpoint_test.
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
@@ -199,6 +202,70 @@ TEST_CASE("runtime: a bad preferred slot in the environment is refused") {
   unsetenv("HOLDFAST_PREFERRED_SLOT");
   CHECK(rt.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(Mentions(rt.status(), "HOLDFAST_PREFERRED_SLOT='first'"));
+}
+
+TEST_CASE("runtime: a start gate holds the join until its pipe ends") {
+  // holdfast-run's workers join once the node's standbys registered: the
+  // launcher closes the write end of a pipe whose read end they hold.
+  Controller c(1);
+  int gate[2];
+  REQUIRE(pipe(gate) == 0);
+  const std::string fd = std::to_string(gate[0]);
+  setenv("HOLDFAST_START_GATE_FD", fd.c_str(), 1);
+  holdfast::RuntimeOptions o = c.Options();
+  REQUIRE(o.start_gate_fd == gate[0]);
+  struct stat st;
+  REQUIRE(fstat(gate[0], &st) == 0);
+  const ino_t pipe_inode = st.st_ino;
+  const absl::Time start = absl::Now();
+  bool wrote = false;  // (Catch's assertions stay on this thread.)
+  std::thread opener([&] {
+    absl::SleepFor(absl::Milliseconds(500));
+    wrote = write(gate[1], "x", 1) == 1;  // a byte does not open it
+    absl::SleepFor(absl::Milliseconds(300));
+    close(gate[1]);
+  });
+  auto rt = holdfast::Runtime::Create(o);
+  const absl::Duration took = absl::Now() - start;
+  opener.join();
+  CHECK(wrote);
+  REQUIRE(rt.ok());
+  CHECK(took >= absl::Milliseconds(800));
+  CHECK((*rt)->world_size() == 1);
+  // Used once: the variable is gone and the descriptor closed (its number
+  // may name another file since).
+  CHECK(std::getenv("HOLDFAST_START_GATE_FD") == nullptr);
+  struct stat now;
+  CHECK((fstat(gate[0], &now) != 0 || now.st_ino != pipe_inode));
+}
+
+TEST_CASE("runtime: a start gate that stays shut ends Create at join_timeout") {
+  Controller c(1);
+  int gate[2];
+  REQUIRE(pipe(gate) == 0);
+  holdfast::RuntimeOptions o = c.Options();
+  o.start_gate_fd = gate[0];
+  o.join_timeout = absl::Milliseconds(400);
+  auto rt = holdfast::Runtime::Create(o);
+  close(gate[1]);
+  CHECK(rt.status().code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(Mentions(rt.status(), "did not let this worker join within 400ms"));
+  // What is not a pipe is no gate; a negative descriptor is refused.
+  o.join_timeout = absl::Seconds(60);
+  o.start_gate_fd = 0;  // not a pipe under ctest (a file or a terminal)
+  struct stat st;
+  if (fstat(0, &st) != 0 || !S_ISFIFO(st.st_mode)) {
+    auto plain = holdfast::Runtime::Create(o);
+    CHECK(plain.ok());
+  }
+  o.start_gate_fd = -2;
+  CHECK(Mentions(holdfast::Runtime::Create(o).status(),
+                 "start_gate_fd is -2; it must be a file descriptor"));
+  setenv("HOLDFAST_START_GATE_FD", "three", 1);
+  auto bad = holdfast::Runtime::Create(c.Options());
+  unsetenv("HOLDFAST_START_GATE_FD");
+  CHECK(Mentions(bad.status(),
+                 "HOLDFAST_START_GATE_FD='three' is not a file descriptor"));
 }
 
 TEST_CASE(

@@ -74,11 +74,18 @@ absl::Status Launcher::AwaitStandbys(int k, absl::Time deadline) {
     Pump(absl::Milliseconds(20));
     Reap();
     if (g_signal != 0) return absl::CancelledError("interrupted");
-    if (std::any_of(procs_.begin(), procs_.end(),
-                    [](const auto& p) { return p->exited; })) {
-      return absl::UnavailableError(
-          "a standby exited before it registered with the controller (does "
-          "the command create a holdfast Runtime? see its output above)");
+    for (const auto& p : procs_) {
+      if (!p->exited) continue;
+      if (p->slot < 0) {
+        return absl::UnavailableError(absl::StrCat(
+            "a standby ", DescribeExit(p->status),
+            " before it registered with the controller (does the command "
+            "create a holdfast Runtime? see its output above)"));
+      }
+      return absl::UnavailableError(absl::StrCat(
+          "the worker for slot ", p->slot, " ", DescribeExit(p->status),
+          " while it waited for this node's standbys to register (see its "
+          "output above)"));
     }
     auto s = FetchJob();
     if (s.ok()) {

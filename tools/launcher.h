@@ -143,7 +143,8 @@ class Launcher {
                           const std::string& token);
   // The start-up line: where the controller is, what runs here.
   void PrintStart(const Flags& f, const std::string& faults) const;
-  // Starts the standbys, waits for them to register, then the workers.
+  // Starts the standbys and the workers, and lets the workers join once
+  // the standbys have registered (HOLDFAST_START_GATE_FD).
   absl::Status SpawnAll(const Flags& f, const std::string& token,
                         const std::string& faults);
   // Watches the job until it ends, every process is gone, or a signal;

@@ -14,8 +14,9 @@
 //                [--rendezvous-grace-ms MS] [--join-timeout-s S]
 //                -- CMD ARGS...
 //
-// Starts the embedded controller, then K standbys and, once they have
-// registered, N workers (all the same CMD), with HOLDFAST_CONTROLLER,
+// Starts the embedded controller, then K standbys and N workers (all the
+// same CMD; the workers join once the standbys have registered), with
+// HOLDFAST_CONTROLLER,
 // HOLDFAST_JOB_TOKEN and, for
 // --inject, HOLDFAST_FAULTS set. Each output line is prefixed with the
 // process's current slot. When the job ends it prints a summary (steps,
@@ -29,11 +30,15 @@
 // same command runs again. The directory is removed when the job finishes.
 //
 // Exit codes: 0 the job finished; 1 it stopped or failed; 2 bad usage.
+#include <fcntl.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -343,19 +348,31 @@ absl::Status Launcher::StartAgents(const Flags& f, const std::string& token) {
 
 absl::Status Launcher::SpawnAll(const Flags& f, const std::string& token,
                                 const std::string& faults) {
-  // Standbys first, and the workers once they have registered: a fault
-  // early in the job then finds its standby in place, however long the
-  // trainer takes to start (a Python process importing torch).
+  // Every process at once, so the workers start (a Python process
+  // importing torch takes seconds) while the standbys do. A fault early in
+  // the job must find its standby in place, so the workers join only once
+  // this node's standbys have registered: each worker inherits the read
+  // end of a pipe (HOLDFAST_START_GATE_FD), and the runtime joins when it
+  // reads the end of it, which closing the write end here gives (or this
+  // launcher's death). Only the write end is close-on-exec.
   const std::vector<std::pair<int, std::string>> order = LocalProcesses(f);
   int standbys = 0;
   for (const auto& [slot, host] : order) standbys += slot < 0;
+  const bool gated = standbys > 0 && standbys < static_cast<int>(order.size());
+  int gate[2] = {-1, -1};
+  if (gated &&
+      (pipe2(gate, O_CLOEXEC) != 0 || fcntl(gate[0], F_SETFD, 0) != 0)) {
+    const int err = errno;
+    for (int fd : gate) {
+      if (fd >= 0) close(fd);
+    }
+    return absl::InternalError(
+        absl::StrCat("the workers' start gate: ", strerror(err)));
+  }
   // Workers are numbered from 0, standbys after them.
   int next_worker = 0, next_standby = static_cast<int>(order.size()) - standbys;
+  absl::Status s;
   for (const auto& [slot, host] : order) {
-    if (slot >= 0 && next_worker == 0 && standbys > 0) {
-      HOLDFAST_RETURN_IF_ERROR(
-          AwaitStandbys(standbys, start_ + absl::Seconds(f.join_timeout_s)));
-    }
     auto p = std::make_unique<Proc>();
     p->index = slot >= 0 ? next_worker++ : next_standby++;
     p->slot = slot;
@@ -363,10 +380,22 @@ absl::Status Launcher::SpawnAll(const Flags& f, const std::string& token,
     if (!log_dir_.empty()) {
       p->log.open(absl::StrCat(log_dir_, "/proc", p->index, ".log"));
     }
-    HOLDFAST_RETURN_IF_ERROR(Spawn(*p, ProcEnv(f, *p, token, faults)));
+    std::vector<std::string> env = ProcEnv(f, *p, token, faults);
+    if (gated && slot >= 0) {
+      env.push_back(absl::StrCat("HOLDFAST_START_GATE_FD=", gate[0]));
+    }
+    s = Spawn(*p, env);
+    if (!s.ok()) break;
     procs_.push_back(std::move(p));
   }
-  return absl::OkStatus();
+  if (gated) {
+    close(gate[0]);
+    if (s.ok()) {
+      s = AwaitStandbys(standbys, start_ + absl::Seconds(f.join_timeout_s));
+    }
+    close(gate[1]);  // the workers join (or, on an error, are killed)
+  }
+  return s;
 }
 
 std::pair<std::string, std::string> Launcher::Watch(const Flags& f,

@@ -92,6 +92,8 @@ std::string Faults();              // HOLDFAST_FAULTS ("")
 // HOLDFAST_PREFERRED_SLOT: a slot, -1 for "standby", none for "" (the
 // controller chooses).
 std::optional<int> PreferredSlot();
+// HOLDFAST_START_GATE_FD: a file descriptor, none for "".
+std::optional<int> StartGateFd();
 int Replicas();                     // HOLDFAST_REPLICAS (1)
 VerifyBackups VerifyBackupsWhen();  // HOLDFAST_VERIFY_BACKUPS (arrival)
 bool SameHostRestore();             // HOLDFAST_SAME_HOST_RESTORE (on)
@@ -146,6 +148,14 @@ struct RuntimeOptions {
   // Ask for this slot when joining (-1: the standby role; none: the
   // controller chooses).
   std::optional<int> preferred_slot = defaults::PreferredSlot();
+  // The read end of a pipe: Create joins the job once it reads the pipe's
+  // end (its writer closed it), within join_timeout. holdfast-run gives
+  // its workers one that it closes once the node's standbys have
+  // registered, so a fault early in the job finds them in place. Create
+  // closes it, and removes HOLDFAST_START_GATE_FD from the environment if
+  // it names it; a descriptor that is not a pipe is ignored with a
+  // warning.
+  std::optional<int> start_gate_fd = defaults::StartGateFd();
   // Copies of each piece on buddies (1 to 64).
   int replicas = defaults::Replicas();
   // When buddies check received copies.

@@ -85,6 +85,11 @@ const std::vector<Entry>& Registry() {
         "the slot to ask for when joining (a launcher's placement), or "
         "'standby'; empty: the controller chooses"},
        Kind::kString},
+      {{"HOLDFAST_START_GATE_FD", "",
+        "a pipe's read end: the runtime joins the job once it reads the "
+        "pipe's end (holdfast-run sets it for workers, and closes the pipe "
+        "once the node's standbys have registered); empty: join at once"},
+       Kind::kString},
       {{"HOLDFAST_REPLICAS", "1",
         "copies of every checkpoint piece kept by buddies in other failure "
         "domains"},
@@ -223,6 +228,16 @@ absl::Status Validate() {
       if (!absl::SimpleAtoi(value, &device) || device < 0) {
         return absl::InvalidArgumentError(absl::StrCat(
             "HOLDFAST_DEVICE='", value, "' is not a device index (0, 1, ...)"));
+      }
+      continue;
+    }
+    if (absl::string_view(e.param.env) == "HOLDFAST_START_GATE_FD" &&
+        *value != 0) {
+      int64_t fd;
+      if (!absl::SimpleAtoi(value, &fd) || fd < 0 || fd > INT32_MAX) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("HOLDFAST_START_GATE_FD='", value,
+                         "' is not a file descriptor number (0, 1, ...)"));
       }
       continue;
     }

@@ -52,6 +52,14 @@ std::optional<int> PreferredSlot() {
   if (absl::SimpleAtoi(want, &slot) && slot >= 0) return slot;
   return std::nullopt;
 }
+std::optional<int> StartGateFd() {
+  int fd;
+  if (absl::SimpleAtoi(config::StringParam("HOLDFAST_START_GATE_FD"), &fd) &&
+      fd >= 0) {
+    return fd;
+  }
+  return std::nullopt;
+}
 int Replicas() { return IntOf("HOLDFAST_REPLICAS"); }
 VerifyBackups VerifyBackupsWhen() {
   return config::StringParam("HOLDFAST_VERIFY_BACKUPS") == "restore"

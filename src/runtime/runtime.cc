@@ -1,8 +1,12 @@
 #include "src/runtime/runtime_impl.h"
 
+#include <poll.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <system_error>
 
 #include "absl/strings/numbers.h"
@@ -17,6 +21,67 @@
 #include "src/store/keys.h"
 
 namespace holdfast {
+namespace {
+
+// Waits until the pipe whose read end is `fd` ends (its writer closed it),
+// up to `timeout` (RuntimeOptions::start_gate_fd), then closes it.
+absl::Status AwaitGate(int fd, absl::Duration timeout) {
+  struct stat st;
+  const bool open = fstat(fd, &st) == 0;
+  if (!open || !S_ISFIFO(st.st_mode)) {
+    HOLDFAST_LOG_WARN(
+        "runtime: HOLDFAST_START_GATE_FD={} is not an open pipe ({}); "
+        "joining at once",
+        fd, open ? "another kind of file" : std::strerror(errno));
+    return absl::OkStatus();
+  }
+  const absl::Time start = absl::Now();
+  const absl::Time deadline = start + timeout;
+  bool told = false;
+  for (;;) {
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) {
+      close(fd);
+      return absl::DeadlineExceededError(absl::StrCat(
+          "Runtime: the launcher did not let this worker join within ",
+          absl::FormatDuration(timeout),
+          " (HOLDFAST_START_GATE_FD: it waits for the node's standbys to "
+          "register)"));
+    }
+    pollfd p{fd, POLLIN, 0};
+    const int rc = poll(&p, 1,
+                        static_cast<int>(absl::ToInt64Milliseconds(
+                            std::min(left, absl::Seconds(1)))) +
+                            1);
+    if (rc < 0 && errno != EINTR) break;
+    if (rc > 0) {
+      char byte;
+      const ssize_t n = read(fd, &byte, 1);
+      if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) break;
+      continue;  // a byte, or a signal: the gate opens at the end
+    }
+    if (!told && absl::Now() - start >= absl::Seconds(1)) {
+      told = true;
+      HOLDFAST_LOG_INFO(
+          "runtime: waiting for the launcher to let this worker join (its "
+          "node's standbys are registering)");
+    }
+  }
+  close(fd);
+  return absl::OkStatus();
+}
+
+// AwaitGate, and then HOLDFAST_START_GATE_FD is removed from the
+// environment if it names `fd` (as sd_listen_fds does with LISTEN_FDS):
+// the descriptor is closed, and its number may name another file later.
+absl::Status AwaitStartGate(int fd, absl::Duration timeout) {
+  absl::Status s = AwaitGate(fd, timeout);
+  const std::optional<int> env = defaults::StartGateFd();
+  if (env.has_value() && *env == fd) unsetenv("HOLDFAST_START_GATE_FD");
+  return s;
+}
+
+}  // namespace
 
 RuntimeImpl::~RuntimeImpl() {
   Leave(finished_);
@@ -30,6 +95,10 @@ absl::Status RuntimeImpl::Init() {
   snapshots_.SetKeep(options_.keep_snapshots);
   if (!options_.faults.empty()) {
     HOLDFAST_RETURN_IF_ERROR(injector_->Configure(options_.faults));
+  }
+  if (options_.start_gate_fd.has_value()) {
+    HOLDFAST_RETURN_IF_ERROR(
+        AwaitStartGate(*options_.start_gate_fd, options_.join_timeout));
   }
   control::ClientOptions client;
   client.address = options_.controller;
@@ -276,6 +345,10 @@ absl::Status CheckOptions(RuntimeOptions* o) {
   if (o->preferred_slot.has_value() && *o->preferred_slot < -1) {
     return refuse("preferred_slot", *o->preferred_slot,
                   "a slot (>= 0) or -1 (standby)");
+  }
+  if (o->start_gate_fd.has_value() && *o->start_gate_fd < 0) {
+    return refuse("start_gate_fd", *o->start_gate_fd,
+                  "a file descriptor (>= 0)");
   }
   if (o->replicas < 1 || o->replicas > 64) {
     return refuse("replicas", o->replicas, "1 to 64");
