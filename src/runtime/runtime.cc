@@ -38,15 +38,16 @@ absl::Status AwaitGate(int fd, absl::Duration timeout) {
   const absl::Time start = absl::Now();
   const absl::Time deadline = start + timeout;
   bool told = false;
+  absl::Status s;
   for (;;) {
     const absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) {
-      close(fd);
-      return absl::DeadlineExceededError(absl::StrCat(
+      s = absl::DeadlineExceededError(absl::StrCat(
           "Runtime: the launcher did not let this worker join within ",
           absl::FormatDuration(timeout),
           " (HOLDFAST_START_GATE_FD: it waits for the node's standbys to "
           "register)"));
+      break;
     }
     pollfd p{fd, POLLIN, 0};
     const int rc = poll(&p, 1,
@@ -68,7 +69,7 @@ absl::Status AwaitGate(int fd, absl::Duration timeout) {
     }
   }
   close(fd);
-  return absl::OkStatus();
+  return s;
 }
 
 // AwaitGate, and then HOLDFAST_START_GATE_FD is removed from the
