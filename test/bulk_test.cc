@@ -11,11 +11,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -26,6 +24,7 @@
 #include "src/checkpoint/pieces.h"
 #include "src/common/logging.h"
 #include "src/common/status_util.h"
+#include "test/support/log_capture.h"
 
 namespace {
 
@@ -278,28 +277,6 @@ TEST_CASE(
   ExpectOwnerAfterSilent(20);
 }
 
-namespace {
-
-// The log's lines while it lives (holdfast's logger, to a stream as well).
-class LogCapture {
- public:
-  LogCapture()
-      : sink_(std::make_shared<spdlog::sinks::ostream_sink_mt>(text_)) {
-    holdfast::log::Get().sinks().push_back(sink_);
-  }
-  ~LogCapture() {
-    auto& sinks = holdfast::log::Get().sinks();
-    sinks.erase(std::remove(sinks.begin(), sinks.end(), sink_), sinks.end());
-  }
-  std::string text() const { return text_.str(); }
-
- private:
-  std::ostringstream text_;
-  std::shared_ptr<spdlog::sinks::ostream_sink_mt> sink_;
-};
-
-}  // namespace
-
 TEST_CASE("an owner whose handshake the buddy dropped connects again") {
   // A buddy with its handshakes in progress full drops the oldest for a
   // newcomer (the case above), which may be the owner: here its first
@@ -316,7 +293,7 @@ TEST_CASE("an owner whose handshake the buddy dropped connects again") {
     if (first >= 0) close(first);
     accepted = buddy.AcceptFrom(**l, {0}, Soon(), nullptr);
   });
-  LogCapture log;
+  holdfast::test::LogCapture log;
   const absl::Status connected = owner.ConnectTo(1, (*l)->address(), Soon());
   acceptor.join();
   INFO(connected.ToString());
@@ -337,7 +314,7 @@ TEST_CASE("an owner does not connect again to a buddy that is gone") {
     address = (*l)->address();
   }
   bulk::Links owner(7, 0, kToken, absl::Seconds(10));
-  LogCapture log;
+  holdfast::test::LogCapture log;
   const absl::Status s = owner.ConnectTo(1, address, Soon());
   CHECK(absl::IsUnavailable(s));
   CHECK(s.message().find("cannot connect to slot 1 at " + address) !=

@@ -16,7 +16,6 @@
 #include <mutex>
 #include <optional>
 #include <regex>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -27,9 +26,8 @@
 #include "holdfast/runtime.h"
 #include "holdfast/status.h"
 #include "holdfast/testing/backup_stats.h"
-#include "spdlog/sinks/ostream_sink.h"
-#include "src/common/logging.h"
 #include "src/control/controller/server.h"
+#include "test/support/log_capture.h"
 #include "test/support/process_group.h"
 
 namespace {
@@ -653,9 +651,7 @@ TEST_CASE(
     "runtime: registered state that differs between slots at the start is "
     "named, and a layout that differs is an error") {
   // The runtime's log goes to a stream as well, to read the warning.
-  std::ostringstream log;
-  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
-  holdfast::log::Get().sinks().push_back(sink);
+  holdfast::test::LogCapture log;
   // Two steps that do nothing, on the registered state.
   auto two_steps = [](holdfast::Runtime& rt) {
     holdfast::RunOptions ro;
@@ -678,9 +674,9 @@ TEST_CASE(
         });
     CHECK(errors[0].empty());
     CHECK(errors[1].empty());
-    CHECK(log.str().find("registered state 'rng' differs between slots at "
-                         "the start (slot 0 and slot 1") != std::string::npos);
-    CHECK(log.str().find("'params' differs") == std::string::npos);
+    CHECK(log.text().find("registered state 'rng' differs between slots at "
+                          "the start (slot 0 and slot 1") != std::string::npos);
+    CHECK(log.text().find("'params' differs") == std::string::npos);
   }
   {
     Controller c(2);
@@ -697,24 +693,12 @@ TEST_CASE(
             std::string::npos);
     }
   }
-  auto& sinks = holdfast::log::Get().sinks();
-  sinks.erase(std::remove(sinks.begin(), sinks.end(), sink), sinks.end());
 }
 
 TEST_CASE(
     "runtime: the first step after a start or a restore names what the "
     "training communicator did in it") {
-  std::ostringstream log;
-  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
-  auto& logger = holdfast::log::Get();
-  const spdlog::level::level_enum level = logger.level();
-  logger.set_level(spdlog::level::info);
-  logger.sinks().push_back(sink);
-  absl::Cleanup restore_log = [&] {
-    auto& sinks = logger.sinks();
-    sinks.erase(std::remove(sinks.begin(), sinks.end(), sink), sinks.end());
-    logger.set_level(level);
-  };
+  holdfast::test::LogCapture log;
   Controller c(3);
   std::vector<std::string> errors =
       RunSlots(c, 3, nullptr, [&](int, holdfast::Runtime& rt) -> absl::Status {
@@ -740,7 +724,7 @@ TEST_CASE(
       "ms \\(done \\d+ ms after the restore\\); 1 operation of the training "
       "communicator in it, the first issued (\\d+) ms into it, the last done "
       "at (\\d+) ms, the longest an AllReduce of 16 bytes \\((\\d+) ms\\)");
-  const std::string text = log.str();
+  const std::string text = log.text();
   int lines = 0;
   for (auto it = std::sregex_iterator(text.begin(), text.end(), line);
        it != std::sregex_iterator(); ++it) {
